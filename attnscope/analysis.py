@@ -1,0 +1,175 @@
+"""Stage 5: the library's entry points, wiring inputs, tokens, capture, statistics and roles together.
+
+    from attnscope.model import load_model
+    from attnscope.inputs import Text
+    from attnscope.analysis import analyze_heads
+    loaded = load_model("gpt2")
+    result = analyze_heads(loaded, [Text("The cat sat on the mat because it was tired.", "argument")])
+    result.heads[0].role, result.heads[0].scores["previous_token"]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnscope import capture, metrics, roles
+from attnscope.errors import AttnscopeError
+from attnscope.inputs import Text
+from attnscope.model import LoadedModel
+from attnscope.tokens import Tokenized, batches, token_labels, tokenize
+
+DEFAULT_BATCH_SIZE = 8
+
+
+@dataclass(frozen=True)
+class HeadRecord:
+    layer: int
+    head: int
+    scores: dict[str, float]
+    role: roles.Role
+
+    @property
+    def label(self) -> str:
+        return f"{self.layer}.{self.head}"
+
+
+@dataclass
+class AttentionMap:
+    """One window's full attention for one layer: maps (H, n, n) float32 on the host, with token labels."""
+
+    layer: int
+    maps: Any
+    tokens: list[str]
+    text_index: int
+
+
+@dataclass
+class HeadsResult:
+    model: dict[str, Any]
+    inputs: dict[str, Any]
+    window: int
+    thresholds: dict[str, float]
+    heads: list[HeadRecord]
+    notes: list[str] = field(default_factory=list)
+    attention: dict[int, AttentionMap] = field(default_factory=dict)  # layer -> maps of the first window
+
+
+def select_heads(
+    heads: Sequence[HeadRecord], layer: int | None = None, sort: str | None = None, top: int | None = None
+) -> list[HeadRecord]:
+    """Heads of one layer (or all), sorted by a score (descending, ties in layer.head order), the first `top`."""
+    selected = [record for record in heads if layer is None or record.layer == layer]
+    if sort is not None:
+        name = sort.strip().replace("-", "_")
+        if name not in metrics.SCORES:
+            raise AttnscopeError(f"--sort '{sort}': use one of {', '.join(metrics.SCORES)}")
+        selected.sort(key=lambda record: -record.scores[name])
+    if top is not None:
+        if top < 1:
+            raise AttnscopeError("--top must be at least 1")
+        selected = selected[:top]
+    return selected
+
+
+def parse_head(label: str, n_layer: int, n_head: int) -> tuple[int, int]:
+    """`L.H` (0-based, as in the literature: `4.11`) checked against the model's shape."""
+    layer_text, sep, head_text = label.strip().partition(".")
+    if not sep or not layer_text.isdigit() or not head_text.isdigit():
+        raise AttnscopeError(f"head '{label}': expected LAYER.HEAD such as 4.11 (0-based)")
+    layer, head = int(layer_text), int(head_text)
+    check_layer(layer, n_layer)
+    if head >= n_head:
+        raise AttnscopeError(f"head '{label}': head {head} is out of range (this model has heads 0-{n_head - 1})")
+    return layer, head
+
+
+def check_layer(layer: int, n_layer: int) -> int:
+    if not 0 <= layer < n_layer:
+        raise AttnscopeError(f"layer {layer} is out of range (this model has layers 0-{n_layer - 1})")
+    return layer
+
+
+def input_summary(texts: Sequence[Text], tokenized: Tokenized, scored_rows: int | None = None) -> dict[str, Any]:
+    summary = {
+        "n_texts": len(texts),
+        "n_windows": len(tokenized.windows),
+        "n_tokens": tokenized.n_tokens,
+        "bos": tokenized.bos,
+        "sources": [item.source for item in texts],
+    }
+    if scored_rows is not None:
+        summary["scored_rows"] = scored_rows
+    return summary
+
+
+def _pad_id(tokenizer: Any) -> int:
+    for token_id in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if token_id is not None:
+            return token_id
+    return 0
+
+
+def analyze_heads(
+    loaded: LoadedModel,
+    texts: Sequence[Text],
+    window: int = metrics.DEFAULT_WINDOW,
+    bos: bool | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    thresholds: Mapping[str, float] = roles.DEFAULT_THRESHOLDS,
+    keep_layers: Sequence[int] = (),
+) -> HeadsResult:
+    """Every head's statistics over `texts` and its role; full maps of `keep_layers` for the first window."""
+    from attnscope.stats import HeadStatistics
+
+    if window < 1:
+        raise AttnscopeError("--window must be at least 1")
+    tokenized = tokenize(loaded.tokenizer, texts, loaded.n_ctx, bos)
+    statistics = HeadStatistics(loaded.n_layer, loaded.n_head, loaded.device, window)
+    captured = capture.run(
+        loaded.model,
+        batches(tokenized.windows, batch_size, loaded.device, _pad_id(loaded.tokenizer)),
+        statistics,
+        keep_layers=keep_layers,
+        keep_window=0,
+    )
+    if int(statistics.row_count) == 0:
+        raise AttnscopeError("every text is a single token once tokenized; give at least two tokens to score")
+    means = statistics.means()
+    heads = []
+    for layer in range(loaded.n_layer):
+        for head in range(loaded.n_head):
+            scores = {name: float(means[name][layer, head]) for name in metrics.SCORES}
+            heads.append(HeadRecord(layer, head, scores, roles.classify(scores, thresholds)))
+    first = tokenized.windows[0]
+    labels = token_labels(loaded.tokenizer, first.ids)
+    attention = {
+        layer: AttentionMap(layer, maps, labels, first.text_index) for layer, maps in captured.maps.items()
+    }
+    return HeadsResult(
+        model=loaded.info(),
+        inputs=input_summary(texts, tokenized, int(statistics.row_count)),
+        window=window,
+        thresholds=dict(thresholds),
+        heads=heads,
+        notes=list(tokenized.notes),
+        attention=attention,
+    )
+
+
+def layer_attention(
+    loaded: LoadedModel, text: Text, layer: int, bos: bool | None = None
+) -> tuple[AttentionMap, list[str]]:
+    """One layer's full attention maps for one text (its first window when it is longer than the context)."""
+    check_layer(layer, loaded.n_layer)
+    tokenized = tokenize(loaded.tokenizer, [text], loaded.n_ctx, bos)
+    notes = list(tokenized.notes)
+    if len(tokenized.windows) > 1:
+        notes.append("showing the first window only")
+    first = tokenized.windows[:1]
+    captured = capture.run(
+        loaded.model, batches(first, 1, loaded.device, _pad_id(loaded.tokenizer)), None, keep_layers=[layer], keep_window=0
+    )
+    labels = token_labels(loaded.tokenizer, first[0].ids)
+    return AttentionMap(layer, captured.maps[layer], labels, 0), notes

@@ -1,0 +1,128 @@
+"""Machine-readable output: JSON documents and CSV tables, written atomically.
+
+Every JSON document has the same top-level shape (schema_version 1):
+
+    {"schema_version": 1, "command": "heads", "attnscope_version": "...",
+     "model": {...}, "input": {...}, "settings": {...}, "notes": [...], <command-specific keys>}
+
+Floats are rounded to 6 decimals and keys keep a fixed order, so the same command gives byte-identical output.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from attnscope import __version__
+from attnscope.errors import AttnscopeError
+
+SCHEMA_VERSION = 1
+DECIMALS = 6
+
+
+def clean(value: Any) -> Any:
+    """Round floats (NaN and infinities become null: JSON has no spelling for them), recursively."""
+    if isinstance(value, float):
+        return round(value, DECIMALS) if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: clean(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(item) for item in value]
+    return value
+
+
+def document(command: str, model: dict, inputs: dict, settings: dict, notes: Sequence[str], **body: Any) -> dict:
+    return clean(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "command": command,
+            "attnscope_version": __version__,
+            "model": model,
+            "input": inputs,
+            "settings": settings,
+            "notes": list(notes),
+            **body,
+        }
+    )
+
+
+def to_json(doc: dict) -> str:
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def to_csv(records: Sequence[dict]) -> str:
+    """One row per record, columns in the first record's key order."""
+    buffer = io.StringIO()
+    if records:
+        writer = csv.DictWriter(buffer, fieldnames=list(records[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(clean(list(records)))
+    return buffer.getvalue()
+
+
+def prepare_out_dir(path: str | os.PathLike) -> Path:
+    """Create `path` (and parents) and prove it is writable, before any work is done."""
+    folder = Path(path).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".attnscope-probe-"):
+            pass
+    except OSError as error:
+        raise AttnscopeError(f"cannot write to --out {path}: {error.strerror or error}") from None
+    return folder
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_atomic(path: Path, data: str | bytes) -> Path:
+    """Write to a temporary name in the same folder, then rename: a reader never sees half a file."""
+    mode = "wb" if isinstance(data, bytes) else "w"
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode, **({} if isinstance(data, bytes) else {"encoding": "utf-8", "newline": ""})) as file:
+            file.write(data)
+        os.chmod(temp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the permissions open() would
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def head_records(heads: Sequence[Any]) -> list[dict]:
+    """One flat record per head (the `heads` list of the JSON and the rows of the CSV)."""
+    return [
+        {
+            "layer": record.layer,
+            "head": record.head,
+            "label": record.label,
+            "role": record.role.role,
+            "role_metric": record.role.metric,
+            "role_score": record.role.score,
+            **record.scores,
+        }
+        for record in heads
+    ]
+
+
+def heads_document(result: Any, heads: Sequence[Any], settings: dict) -> dict:
+    """The `heads` command's JSON: metadata, thresholds and one record per selected head."""
+    return document(
+        "heads",
+        result.model,
+        result.inputs,
+        {"window": result.window, "thresholds": result.thresholds, **settings},
+        result.notes,
+        heads=head_records(heads),
+    )

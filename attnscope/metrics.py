@@ -1,0 +1,116 @@
+"""Per-head attention statistics: pure functions of attention tensors (no model, no I/O).
+
+Notation: A is one head's causal attention map of one window, A[i, j] the weight query row i puts on key j
+(0 <= j <= i, Σ_j A[i, j] = 1). Every statistic is a mean over the *scored rows*: real (unpadded) query rows with
+i >= 1. Row 0 sees only itself, so every quantity there is fixed by construction (A[0, 0] = 1, entropy 0) and
+carries no information about the head; padded rows are not text. Means pool rows of all windows, so a long text
+weighs more than a short one.
+
+    previous_token      mean_i A[i, i-1]
+    first_token         mean_i A[i, 0]                       (attention sink)
+    self                mean_i A[i, i]
+    local               mean_i Σ_{j = max(1, i-w)}^{i} A[i, j]   (current token and the w before it, token 0 excluded)
+    local_uniform       mean_i |{max(1, i-w) .. i}| / (i + 1)    (what `local` would be for uniform attention)
+    entropy             mean_i -Σ_j A[i, j] ln A[i, j]           (nats)
+    entropy_normalized  mean_i (-Σ_j A[i, j] ln A[i, j]) / ln(i + 1)   (1.0 = uniform over the visible keys)
+    confidence          mean_i max_j A[i, j]                     (Voita et al. 2019)
+
+Derived, from the means: local_lift = (local - local_uniform) / (1 - local_uniform): 0 for uniform attention,
+1 when all attention stays in the window, so a uniform head on a short text is not mistaken for a local one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ROW_SCORES = (
+    "previous_token",
+    "first_token",
+    "self",
+    "local",
+    "entropy",
+    "entropy_normalized",
+    "confidence",
+)
+SCORES = ROW_SCORES + ("local_uniform", "local_lift")
+DEFAULT_WINDOW = 3
+
+
+def window_mask(positions: torch.Tensor, n_keys: int, window: int) -> torch.Tensor:
+    """(b, n_keys) bool: key j is in the local window of the query at `positions[r]`, max(1, i-w) <= j <= i."""
+    keys = torch.arange(n_keys, device=positions.device)  # (n,)
+    low = (positions - window).clamp(min=1)  # (b,)
+    return (keys[None, :] >= low[:, None]) & (keys[None, :] <= positions[:, None])  # (b, n)
+
+
+def row_scores(attn: torch.Tensor, positions: torch.Tensor, window: int = DEFAULT_WINDOW) -> dict[str, torch.Tensor]:
+    """Every row statistic for a block of query rows.
+
+    attn: (B, H, b, n) attention probabilities of query rows `positions` (b,) over keys 0..n-1.
+    Returns name -> (B, H, b). Values at rows that are not scored (row 0, padding) are meaningless; weight them 0.
+    """
+    B, H, b, n = attn.shape
+    index_shape = (B, H, b, 1)
+    previous = (positions - 1).clamp(min=0).view(1, 1, b, 1).expand(index_shape)  # (B, H, b, 1)
+    current = positions.view(1, 1, b, 1).expand(index_shape)  # (B, H, b, 1)
+    entropy = -torch.special.xlogy(attn, attn).sum(-1)  # (B, H, b); 0·ln 0 = 0
+    visible = (positions + 1).to(attn.dtype)  # (b,) keys a causal row sees
+    return {
+        "previous_token": attn.gather(-1, previous).squeeze(-1),  # (B, H, b)
+        "first_token": attn[..., 0],  # (B, H, b)
+        "self": attn.gather(-1, current).squeeze(-1),  # (B, H, b)
+        "local": (attn * window_mask(positions, n, window)).sum(-1),  # (B, H, b)
+        "entropy": entropy,
+        "entropy_normalized": entropy / torch.log(visible).clamp(min=1e-12),  # (B, H, b)
+        "confidence": attn.amax(-1),  # (B, H, b)
+    }
+
+
+def local_uniform(positions: torch.Tensor, window: int = DEFAULT_WINDOW) -> torch.Tensor:
+    """(b,) share of the visible keys that lie in the local window: `local` for uniform attention."""
+    in_window = positions - (positions - window).clamp(min=1) + 1  # (b,)
+    return in_window.to(torch.float64) / (positions + 1).to(torch.float64)
+
+
+def scored_rows(lengths: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """(B, b) bool: query row `positions[r]` of window `B` is real text (< length) and not row 0."""
+    return (positions[None, :] >= 1) & (positions[None, :] < lengths[:, None])
+
+
+def weighted_row_sums(
+    attn: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor, window: int = DEFAULT_WINDOW
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sums over scored rows of one block, ready to accumulate exactly across blocks, layers and texts.
+
+    Returns (sums (H, len(ROW_SCORES)) float64, local_uniform sum (scalar float64), scored row count (scalar)).
+    """
+    scored = scored_rows(lengths, positions)  # (B, b)
+    scores = row_scores(attn, positions, window)
+    stacked = torch.stack([scores[name] for name in ROW_SCORES], dim=-1)  # (B, H, b, S)
+    stacked = torch.where(scored[:, None, :, None], stacked, 0.0)  # padded rows may hold anything, even NaN
+    sums = stacked.sum(dim=(0, 2), dtype=torch.float64)  # (H, S)
+    uniform = (local_uniform(positions, window)[None, :] * scored).sum()  # scalar
+    return sums, uniform, scored.sum()
+
+
+def finish(sums: torch.Tensor, uniform_sum: float, count: int) -> dict[str, torch.Tensor]:
+    """Means from accumulated sums: name -> (..., H) tensor, plus `local_uniform` and `local_lift`."""
+    if count == 0:
+        raise ValueError("no scored rows: every window has a single token")
+    means = sums / count  # (..., H, S)
+    result = {name: means[..., k] for k, name in enumerate(ROW_SCORES)}
+    uniform = torch.full_like(result["local"], uniform_sum / count)
+    result["local_uniform"] = uniform
+    result["local_lift"] = (result["local"] - uniform) / (1.0 - uniform)
+    return result
+
+
+def head_scores(attn: torch.Tensor, lengths: torch.Tensor, window: int = DEFAULT_WINDOW) -> dict[str, torch.Tensor]:
+    """Every statistic of every head from full maps.
+
+    attn: (B, H, n, n) causal attention of B right-padded windows; lengths: (B,) real tokens per window.
+    Returns name -> (H,) float64 means over the scored rows of all windows.
+    """
+    positions = torch.arange(attn.shape[-2], device=attn.device)  # (n,)
+    sums, uniform, count = weighted_row_sums(attn, positions, lengths, window)
+    return finish(sums, float(uniform), int(count))

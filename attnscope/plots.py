@@ -1,0 +1,166 @@
+"""Pictures (matplotlib, Agg backend): they render what the library computed and compute nothing themselves.
+
+Every figure has a fixed size in inches at DPI dots per inch (no tight bounding box), so a PNG's pixel size is
+known in advance: `figure_size(...)` × DPI.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.colors import ListedColormap  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from attnscope.export import write_atomic  # noqa: E402
+from attnscope.roles import ROLES  # noqa: E402
+
+DPI = 100
+ROLE_COLOURS = {
+    "previous-token": "#1f77b4",
+    "self": "#ff7f0e",
+    "first-token": "#7f3c8d",
+    "local": "#2ca02c",
+    "broad": "#f2d95c",
+    "mixed": "#d0d0d0",
+}
+ROLE_SHORT = {"previous-token": "prev", "self": "self", "first-token": "first", "local": "local", "broad": "broad", "mixed": "mixed"}
+
+
+def _save(figure, path: Path) -> Path:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=DPI)
+    plt.close(figure)
+    return write_atomic(path, buffer.getvalue())
+
+
+# Margins in inches around the axes of each kind of figure: (left, right, top, bottom).
+GRID_MARGINS = (0.9, 2.2, 0.6, 0.7)  # the right margin holds the role legend or the colour bar
+ATTENTION_MARGINS = (1.4, 1.3, 0.5, 1.5)  # token labels on the left and bottom, colour bar on the right
+
+
+def _with_margins(size: tuple[float, float], margins: tuple[float, float, float, float]) -> tuple[float, float]:
+    left, right, top, bottom = margins
+    return (size[0] + left + right, size[1] + top + bottom)
+
+
+def _place_axes(figure, margins: tuple[float, float, float, float]):
+    """Axes filling the figure less fixed margins in inches, so long labels never fall off the picture."""
+    width, height = figure.get_size_inches()
+    left, right, top, bottom = margins
+    return figure.add_axes((left / width, bottom / height, 1 - (left + right) / width, 1 - (top + bottom) / height))
+
+
+def grid_size(n_layer: int, n_head: int) -> tuple[float, float]:
+    """Inches of a layer × head figure (role map, score heatmaps)."""
+    return _with_margins((0.6 * n_head, 0.45 * n_layer + 0.3), GRID_MARGINS)
+
+
+def attention_size(n_tokens: int) -> tuple[float, float]:
+    """Inches of one head's attention heatmap: grows with the tokens so labels stay readable, within limits."""
+    side = min(max(4.0, 0.22 * n_tokens), 22.0)
+    return _with_margins((side, side), ATTENTION_MARGINS)
+
+
+def layer_grid_shape(n_head: int) -> tuple[int, int]:
+    columns = int(np.ceil(np.sqrt(n_head)))
+    return int(np.ceil(n_head / columns)), columns
+
+
+def layer_grid_size(n_head: int, n_tokens: int) -> tuple[float, float]:
+    rows, columns = layer_grid_shape(n_head)
+    panel = min(max(2.5, 0.6 + 0.12 * n_tokens), 8.0)
+    return (columns * panel + 0.5, rows * panel + 0.6)
+
+
+def role_map(roles: Sequence[Sequence[str]], scores: Sequence[Sequence[float]], model_name: str, path: Path) -> Path:
+    """One coloured cell per head (rows = layers, columns = heads), labelled `L.H`, role and deciding score."""
+    n_layer, n_head = len(roles), len(roles[0])
+    codes = np.array([[ROLES.index(role) for role in row] for row in roles])  # (L, H)
+    figure = plt.figure(figsize=grid_size(n_layer, n_head))
+    axes = _place_axes(figure, GRID_MARGINS)
+    colours = ListedColormap([ROLE_COLOURS[role] for role in ROLES])
+    axes.imshow(codes, cmap=colours, vmin=-0.5, vmax=len(ROLES) - 0.5, aspect="auto")
+    fontsize = 7 if n_head <= 12 else 5
+    for layer in range(n_layer):
+        for head in range(n_head):
+            role = roles[layer][head]
+            colour = "white" if role in ("previous-token", "first-token") else "black"
+            text = f"{layer}.{head}\n{ROLE_SHORT[role]}\n{scores[layer][head]:.2f}"
+            axes.text(head, layer, text, ha="center", va="center", fontsize=fontsize, color=colour)
+    axes.set_xticks(range(n_head))
+    axes.set_yticks(range(n_layer))
+    axes.set_xlabel("head")
+    axes.set_ylabel("layer")
+    axes.set_title(f"Head roles: {model_name}")
+    handles = [Patch(color=ROLE_COLOURS[role], label=role) for role in ROLES]
+    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    return _save(figure, path)
+
+
+def score_heatmap(matrix: np.ndarray, title: str, path: Path, vmin: float | None = 0.0, vmax: float | None = 1.0) -> Path:
+    """A layer × head heatmap of one score with a colour bar; values written in the cells when they fit."""
+    n_layer, n_head = matrix.shape
+    figure = plt.figure(figsize=grid_size(n_layer, n_head))
+    axes = _place_axes(figure, GRID_MARGINS)
+    image = axes.imshow(matrix, cmap="viridis", vmin=vmin, vmax=vmax, aspect="auto")
+    figure.colorbar(image, ax=axes, fraction=0.08, pad=0.03)
+    if n_layer <= 16 and n_head <= 16:
+        middle = (np.nanmin(matrix) + np.nanmax(matrix)) / 2 if vmin is None else (vmin + vmax) / 2
+        for layer in range(n_layer):
+            for head in range(n_head):
+                value = matrix[layer, head]
+                colour = "black" if value > middle else "white"
+                axes.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=7, color=colour)
+    axes.set_xticks(range(n_head))
+    axes.set_yticks(range(n_layer))
+    axes.set_xlabel("head")
+    axes.set_ylabel("layer")
+    axes.set_title(title)
+    return _save(figure, path)
+
+
+def _attention_axes(axes, attention: np.ndarray, tokens: Sequence[str], fontsize: float) -> object:
+    image = axes.imshow(attention, cmap="Blues", vmin=0.0, vmax=1.0)
+    ticks = range(len(tokens))
+    axes.set_xticks(ticks)
+    axes.set_yticks(ticks)
+    axes.set_xticklabels(tokens, rotation=90, fontsize=fontsize)
+    axes.set_yticklabels(tokens, fontsize=fontsize)
+    return image
+
+
+def attention_heatmap(attention: np.ndarray, tokens: Sequence[str], title: str, path: Path) -> Path:
+    """One head's attention map: rows = queries, columns = keys, labelled with the tokens."""
+    figure = plt.figure(figsize=attention_size(len(tokens)))
+    axes = _place_axes(figure, ATTENTION_MARGINS)
+    fontsize = 9 if len(tokens) <= 40 else max(3.0, 9 - len(tokens) / 20)
+    image = _attention_axes(axes, attention, tokens, fontsize)
+    figure.colorbar(image, ax=axes, fraction=0.05, pad=0.03)
+    axes.set_xlabel("key (attended to)")
+    axes.set_ylabel("query (attending)")
+    axes.set_title(title)
+    return _save(figure, path)
+
+
+def layer_grid(maps: np.ndarray, tokens: Sequence[str], layer: int, path: Path) -> Path:
+    """All heads of one layer (maps (H, n, n)) side by side, labelled `L.H`."""
+    n_head = maps.shape[0]
+    rows, columns = layer_grid_shape(n_head)
+    figure, grid = plt.subplots(rows, columns, figsize=layer_grid_size(n_head, len(tokens)), squeeze=False)
+    fontsize = 6 if len(tokens) <= 30 else max(2.0, 6 - len(tokens) / 20)
+    for index, axes in enumerate(grid.flat):
+        if index >= n_head:
+            axes.axis("off")
+            continue
+        _attention_axes(axes, maps[index], tokens, fontsize)
+        axes.set_title(f"{layer}.{index}", fontsize=9)
+    figure.suptitle(f"Layer {layer}: attention of every head")
+    figure.tight_layout(rect=(0, 0, 1, 0.97))
+    return _save(figure, path)

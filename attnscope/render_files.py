@@ -1,0 +1,65 @@
+"""Files for `--out`: tables and pictures, each written atomically. Renders what the library computed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnscope import export, plots
+
+# score -> colour range of its layer × head heatmap (None: from the data)
+HEATMAP_SCORES = {
+    "previous_token": (0.0, 1.0),
+    "first_token": (0.0, 1.0),
+    "self": (0.0, 1.0),
+    "local": (0.0, 1.0),
+    "local_lift": (None, None),
+    "entropy": (None, None),
+    "entropy_normalized": (0.0, 1.0),
+    "confidence": (0.0, 1.0),
+}
+
+
+def score_matrix(heads: Sequence[Any], name: str, n_layer: int, n_head: int) -> np.ndarray:
+    matrix = np.full((n_layer, n_head), np.nan)
+    for record in heads:
+        matrix[record.layer, record.head] = record.scores[name]
+    return matrix
+
+
+def heads_files(result: Any, plotted: Sequence[tuple[int, int]], folder: Path, settings: dict) -> list[Path]:
+    """heads.json, heads.csv, role_map.png, score_<name>.png and attention_<L.H>.png for each plotted head."""
+    n_layer, n_head = result.model["n_layer"], result.model["n_head"]
+    name = result.model["name"]
+    written = [
+        export.write_atomic(folder / "heads.json", export.to_json(export.heads_document(result, result.heads, settings))),
+        export.write_atomic(folder / "heads.csv", export.to_csv(export.head_records(result.heads))),
+    ]
+    roles = [[None] * n_head for _ in range(n_layer)]
+    deciding = [[0.0] * n_head for _ in range(n_layer)]
+    for record in result.heads:
+        roles[record.layer][record.head] = record.role.role
+        deciding[record.layer][record.head] = record.role.score
+    written.append(plots.role_map(roles, deciding, name, folder / "role_map.png"))
+    for score, (low, high) in HEATMAP_SCORES.items():
+        title = f"{score} per head: {name}"
+        matrix = score_matrix(result.heads, score, n_layer, n_head)
+        written.append(plots.score_heatmap(matrix, title, folder / f"score_{score}.png", low, high))
+    for layer, head in plotted:
+        attention = result.attention[layer]
+        title = f"Head {layer}.{head}: {name} (text {attention.text_index})"
+        path = folder / f"attention_{layer}.{head}.png"
+        written.append(plots.attention_heatmap(attention.maps[head].numpy(), attention.tokens, title, path))
+    return written
+
+
+def show_file(attention: Any, head: int | None, folder: Path, model_name: str) -> Path:
+    """attention_L<layer>.png (every head of the layer) or attention_<L.H>.png (one head, larger)."""
+    if head is None:
+        return plots.layer_grid(attention.maps.numpy(), attention.tokens, attention.layer, folder / f"attention_L{attention.layer}.png")
+    title = f"Head {attention.layer}.{head}: {model_name}"
+    path = folder / f"attention_{attention.layer}.{head}.png"
+    return plots.attention_heatmap(attention.maps[head].numpy(), attention.tokens, title, path)

@@ -1,0 +1,68 @@
+"""Head roles from per-head scores, by documented thresholds (pure Python, no torch).
+
+Rules, in order:
+1. Pattern roles: `previous-token` (previous_token >= 0.5), `self` (self >= 0.5), `first-token`
+   (first_token >= 0.5). A head passing one of these is that role even if it also looks local; when several pass,
+   the highest score wins. 0.5 means the head puts most of its weight on one position: the literature calls heads
+   positional or [CLS]/[SEP] heads at 0.5-0.6 (Clark et al. 2019, Voita et al. 2019); we take the lower end so
+   the role map shows every head that is *mostly* one thing, and print the score beside the role.
+2. `local` (local_lift >= 0.5): at least half of the attention uniform would put outside the window moved into it.
+   Judged by the lift over uniform, not the raw local mass, so a uniform head on a short text is not "local".
+3. `broad` (entropy_normalized >= 0.8): near-uniform attention; 0.8 matches Clark et al.'s "broad" heads
+   (> 3.8 nats on ~128-token inputs, and 3.8 / ln 128 ≈ 0.78).
+4. `mixed`: nothing passes; the score closest to its threshold (as a fraction of it) is shown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from attnscope.errors import AttnscopeError
+
+# role -> the score that decides it
+PATTERN_RULES = {"previous-token": "previous_token", "self": "self", "first-token": "first_token"}
+SHAPE_RULES = {"local": "local_lift", "broad": "entropy_normalized"}
+RULES = {**PATTERN_RULES, **SHAPE_RULES}
+ROLES = (*PATTERN_RULES, *SHAPE_RULES, "mixed")
+DEFAULT_THRESHOLDS = {"previous-token": 0.5, "self": 0.5, "first-token": 0.5, "local": 0.5, "broad": 0.8}
+
+
+@dataclass(frozen=True)
+class Role:
+    role: str
+    metric: str  # the score that decided the role
+    score: float
+
+
+def parse_thresholds(items: list[str] | None) -> dict[str, float]:
+    """`ROLE=VALUE` overrides (e.g. `previous-token=0.6`) on top of DEFAULT_THRESHOLDS."""
+    thresholds = dict(DEFAULT_THRESHOLDS)
+    for item in items or []:
+        role, sep, value = item.partition("=")
+        role = role.strip().replace("_", "-")
+        if not sep or role not in thresholds:
+            raise AttnscopeError(
+                f"--threshold '{item}': expected ROLE=VALUE with ROLE one of {', '.join(DEFAULT_THRESHOLDS)}"
+            )
+        try:
+            number = float(value)
+        except ValueError:
+            raise AttnscopeError(f"--threshold '{item}': '{value}' is not a number") from None
+        if not 0.0 <= number <= 1.0:
+            raise AttnscopeError(f"--threshold '{item}': thresholds lie between 0 and 1")
+        thresholds[role] = number
+    return thresholds
+
+
+def classify(scores: Mapping[str, float], thresholds: Mapping[str, float] = DEFAULT_THRESHOLDS) -> Role:
+    """The role of one head from its scores (see the module docstring for the rules)."""
+    passing = [(scores[metric], role, metric) for role, metric in PATTERN_RULES.items() if scores[metric] >= thresholds[role]]
+    if passing:
+        score, role, metric = max(passing)
+        return Role(role, metric, score)
+    for role, metric in SHAPE_RULES.items():
+        if scores[metric] >= thresholds[role]:
+            return Role(role, metric, scores[metric])
+    closest = max(RULES.items(), key=lambda rule: scores[rule[1]] / max(thresholds[rule[0]], 1e-12))
+    return Role("mixed", closest[1], scores[closest[1]])

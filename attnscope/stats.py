@@ -1,0 +1,37 @@
+"""Stage 4: per-head statistics accumulated exactly (sums and counts) across blocks, layers, batches and runs."""
+
+from __future__ import annotations
+
+import torch
+
+from attnscope import metrics
+
+
+class HeadStatistics:
+    """Running sums of every row statistic for every (layer, head), kept on the device the model runs on.
+
+    Sums are float64 and counts integers, so two partial runs merged with `merge` give the same means as one run.
+    """
+
+    def __init__(self, n_layer: int, n_head: int, device: torch.device, window: int = metrics.DEFAULT_WINDOW):
+        self.window = window
+        self.sums = torch.zeros(n_layer, n_head, len(metrics.ROW_SCORES), dtype=torch.float64, device=device)
+        self.uniform_sum = torch.zeros((), dtype=torch.float64, device=device)
+        self.row_count = torch.zeros((), dtype=torch.long, device=device)
+
+    def __call__(self, layer: int, attn: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor) -> None:
+        """The capture's reducer: add one block of layer `layer` (attn (B, H, b, n))."""
+        sums, uniform, count = metrics.weighted_row_sums(attn, positions, lengths, self.window)
+        self.sums[layer] += sums
+        if layer == 0:  # row-level quantities are the same for every layer: count them once
+            self.uniform_sum += uniform
+            self.row_count += count
+
+    def merge(self, other: "HeadStatistics") -> None:
+        self.sums += other.sums.to(self.sums.device)
+        self.uniform_sum += other.uniform_sum.to(self.sums.device)
+        self.row_count += other.row_count.to(self.sums.device)
+
+    def means(self) -> dict[str, torch.Tensor]:
+        """name -> (n_layer, n_head) float64 on the host."""
+        return metrics.finish(self.sums.cpu(), float(self.uniform_sum), int(self.row_count))

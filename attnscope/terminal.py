@@ -1,0 +1,76 @@
+"""Terminal rendering with rich: tables and the role map. Renders only; computes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+ROLE_STYLES = {
+    "previous-token": ("prev", "bold white on blue"),
+    "self": ("self", "bold black on dark_orange"),
+    "first-token": ("first", "bold white on purple4"),
+    "local": ("local", "bold white on green4"),
+    "broad": ("broad", "black on khaki1"),
+    "mixed": ("mix", "black on grey70"),
+}
+# score -> short column header (also used to name the score that decided a role)
+COLUMNS = {
+    "previous_token": "prev",
+    "first_token": "first",
+    "self": "self",
+    "local": "local",
+    "local_lift": "lift",
+    "entropy": "H",
+    "entropy_normalized": "Hnorm",
+    "confidence": "conf",
+}
+
+
+def role_cell(role: str) -> Text:
+    short, style = ROLE_STYLES[role]
+    return Text(f"{short:^5}", style=style)
+
+
+def heads_table(heads: Sequence[Any], title: str) -> Table:
+    """One row per head; fits in 80 columns. H is the mean entropy in nats, Hnorm the same over ln(keys)."""
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
+    table.add_column("head", justify="right")
+    table.add_column("role")
+    table.add_column("by", justify="right")
+    for header in COLUMNS.values():
+        table.add_column(header, justify="right")
+    for record in heads:
+        table.add_row(
+            record.label,
+            role_cell(record.role.role),
+            f"{COLUMNS[record.role.metric]} {record.role.score:.2f}",
+            *(f"{record.scores[name]:.2f}" for name in COLUMNS),
+        )
+    return table
+
+
+def role_map(heads: Sequence[Any], n_layer: int, n_head: int, title: str) -> Group:
+    """Layers as rows, heads as columns, one coloured cell per head; GPT-2 small fits in 80 columns."""
+    roles = {(record.layer, record.head): record.role.role for record in heads}
+    grid = Table(box=None, padding=(0, 1, 0, 0), show_edge=False, header_style="bold")
+    grid.add_column("L\\H", justify="right")
+    for head in range(n_head):
+        grid.add_column(str(head), justify="center", width=5)
+    for layer in range(n_layer):
+        grid.add_row(str(layer), *(role_cell(roles[(layer, head)]) for head in range(n_head)))
+    legend = Text(" ").join(Text(f" {ROLE_STYLES[role][0]}={role} ", style=ROLE_STYLES[role][1]) for role in ROLE_STYLES)
+    return Group(Text(title, style="bold"), grid, legend)
+
+
+def key_value_table(rows: Sequence[tuple[str, str]], title: str) -> Table:
+    table = Table(title=title, title_justify="left", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value", justify="right")
+    for key, value in rows:
+        table.add_row(key, value)
+    return table

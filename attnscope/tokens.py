@@ -1,0 +1,109 @@
+"""Stage 2: texts to token windows, and windows to padded batches.
+
+Every window starts with the model's BOS token when `bos` is on, so "first token" means the same thing in every
+window; a text longer than the context is cut into consecutive windows of at most `n_ctx` tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+from attnscope.errors import AttnscopeError
+from attnscope.inputs import Text
+
+
+@dataclass(frozen=True)
+class Window:
+    """At most `n_ctx` token ids of one text (`text_index`), BOS included when it was prepended."""
+
+    text_index: int
+    ids: tuple[int, ...]
+    start: int  # offset of the window's first text token within the text's tokens
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    windows: list[Window]
+    bos: bool
+    notes: list[str]
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(window.ids) for window in self.windows)
+
+
+def default_bos(tokenizer: Any) -> bool:
+    """BOS is prepended by default whenever the tokenizer has one (GPT-2: `<|endoftext|>`, as TransformerLens)."""
+    return tokenizer.bos_token_id is not None
+
+
+def tokenize(tokenizer: Any, texts: Sequence[Text], n_ctx: int, bos: bool | None = None) -> Tokenized:
+    """Token windows for `texts`; `bos=None` means the tokenizer's default (see `default_bos`)."""
+    use_bos = default_bos(tokenizer) if bos is None else bos
+    if use_bos and tokenizer.bos_token_id is None:
+        raise AttnscopeError("--bos: this model's tokenizer has no BOS token; use --no-bos")
+    prefix = (tokenizer.bos_token_id,) if use_bos else ()
+    span = n_ctx - len(prefix)
+    windows, split_texts = [], 0
+    for index, item in enumerate(texts):
+        ids = tokenizer(item.text, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise AttnscopeError(f"text {index} ({item.source}) has no tokens")
+        if len(ids) > span:
+            split_texts += 1
+        for start in range(0, len(ids), span):
+            windows.append(Window(index, prefix + tuple(ids[start : start + span]), start))
+    notes = []
+    if split_texts:
+        notes.append(
+            f"{split_texts} text(s) longer than the model's context ({n_ctx} tokens) were split into windows; "
+            f"{len(windows)} windows in all"
+        )
+    return Tokenized(windows, use_bos, notes)
+
+
+def batch_order(windows: Sequence[Window], batch_size: int) -> list[list[int]]:
+    """Window indices grouped into batches of similar length (longest first), so padding stays small."""
+    if batch_size < 1:
+        raise AttnscopeError("--batch-size must be at least 1")
+    order = sorted(range(len(windows)), key=lambda i: (-len(windows[i].ids), i))
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+@dataclass
+class Batch:
+    """Right-padded ids (B, n) and lengths (B,) of the windows `indices` (right padding keeps GPT-2's positions
+    exact for every real token; padded rows and keys are excluded by the mask and by the statistics)."""
+
+    indices: list[int]
+    input_ids: Any  # (B, n) long
+    attention_mask: Any  # (B, n) long, 1 = real token
+    lengths: Any  # (B,) long
+
+
+def batches(windows: Sequence[Window], batch_size: int, device: Any, pad_id: int = 0) -> Iterator[Batch]:
+    import torch
+
+    for indices in batch_order(windows, batch_size):
+        longest = max(len(windows[i].ids) for i in indices)
+        input_ids = torch.full((len(indices), longest), pad_id, dtype=torch.long)  # (B, n)
+        for row, index in enumerate(indices):
+            ids = windows[index].ids
+            input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        lengths = torch.tensor([len(windows[i].ids) for i in indices], dtype=torch.long)  # (B,)
+        attention_mask = (torch.arange(longest)[None, :] < lengths[:, None]).long()  # (B, n)
+        yield Batch(indices, input_ids.to(device), attention_mask.to(device), lengths.to(device))
+
+
+def token_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """Readable per-token labels for plots: each token decoded alone, newlines and tabs made visible, the BOS
+    token shortened to `<bos>` (GPT-2's `<|endoftext|>` would take the room of five words)."""
+    labels = []
+    for token_id in ids:
+        if token_id == tokenizer.bos_token_id:
+            labels.append("<bos>")
+            continue
+        text = tokenizer.decode([token_id])
+        labels.append(text.replace("\n", "\\n").replace("\t", "\\t") or repr(text))
+    return labels
