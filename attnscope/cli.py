@@ -10,8 +10,12 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
-import click
 import typer
+
+try:  # typer >= 0.25 carries its own copy of click
+    from typer._click import exceptions as click_errors
+except ImportError:  # older typer runs on click itself
+    from click import exceptions as click_errors
 
 from attnscope.errors import AttnscopeError
 
@@ -208,17 +212,17 @@ def run(argv: list[str] | None = None) -> int:
     except AttnscopeError as error:
         print(f"attnscope: error: {error}", file=sys.stderr)
         return 2
-    except click.exceptions.NoArgsIsHelpError as error:  # `attnscope` alone prints the help
+    except click_errors.NoArgsIsHelpError as error:  # `attnscope` alone prints the help
         error.show()
         return 0
-    except click.UsageError as error:
+    except click_errors.UsageError as error:
         hint = f" (see: attnscope {error.ctx.info_name} --help)" if error.ctx is not None and error.ctx.parent else ""
         print(f"attnscope: error: {error.format_message()}{hint}", file=sys.stderr)
         return 2
-    except click.ClickException as error:
+    except click_errors.ClickException as error:
         print(f"attnscope: error: {error.format_message()}", file=sys.stderr)
         return 2
-    except (click.Abort, KeyboardInterrupt):
+    except (click_errors.Abort, KeyboardInterrupt):
         print("attnscope: interrupted", file=sys.stderr)
         return 130
     return 0

@@ -1,0 +1,55 @@
+"""A from-scratch multi-head attention, independent of transformers: the yardstick for the capture.
+
+Given the input x of an attention layer and its fused projection W_qkv (d, 3d) and b_qkv (3d,), as GPT-2's
+`c_attn` Conv1D stores them (y = x W + b), it computes for every head h
+
+    Q_h, K_h, V_h = the h-th d_head-wide slice of x W_q + b_q, x W_k + b_k, x W_v + b_v
+    A_h = softmax(Q_h K_hᵀ · scale + M)          M: 0 where key j <= query i (and j is a real token), else -inf
+    out = concat_h(A_h V_h)
+
+with scale = 1/√d_head unless given. Nothing here is shared with the capture code: it is what the tests compare
+the capture against, and what later benchmarks time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def split_heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
+    """(B, n, d) -> (B, H, n, d/H)."""
+    B, n, d = x.shape
+    return x.reshape(B, n, n_head, d // n_head).permute(0, 2, 1, 3)
+
+
+def multi_head_attention(
+    x: torch.Tensor,
+    w_qkv: torch.Tensor,
+    b_qkv: torch.Tensor,
+    n_head: int,
+    lengths: torch.Tensor | None = None,
+    causal: bool = True,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention output (B, n, d) and weights (B, H, n, n) of x (B, n, d).
+
+    lengths (B,): real tokens per sequence; keys at or past a sequence's length are masked out.
+    """
+    B, n, d = x.shape
+    qkv = x @ w_qkv + b_qkv  # (B, n, 3d)
+    q, k, v = (split_heads(part, n_head) for part in qkv.split(d, dim=-1))  # each (B, H, n, d_head)
+    scale = 1.0 / math.sqrt(d // n_head) if scale is None else scale
+    scores = (q @ k.transpose(-1, -2)) * scale  # (B, H, n, n)
+    allowed = torch.ones(n, n, dtype=torch.bool, device=x.device)  # (n, n)
+    if causal:
+        allowed = torch.tril(allowed)
+    allowed = allowed.expand(B, n, n)  # (B, n, n)
+    if lengths is not None:
+        real_key = torch.arange(n, device=x.device)[None, :] < lengths[:, None]  # (B, n)
+        allowed = allowed & real_key[:, None, :]
+    scores = scores.masked_fill(~allowed[:, None], float("-inf"))  # (B, H, n, n)
+    weights = torch.softmax(scores, dim=-1)  # (B, H, n, n); fully masked rows become NaN: padding, never scored
+    output = (weights.nan_to_num(0.0) @ v).permute(0, 2, 1, 3).reshape(B, n, d)  # (B, n, d)
+    return output, weights

@@ -1,0 +1,83 @@
+"""The role rules on scores with known answers, and on the scores of hand-built maps."""
+
+import pytest
+import torch
+
+from attnscope import metrics, roles
+from attnscope.errors import AttnscopeError
+from tests.test_metrics import band_map, first_token_map, identity_map, previous_token_map, uniform_map
+
+BASE = {
+    "previous_token": 0.1,
+    "first_token": 0.1,
+    "self": 0.1,
+    "local": 0.3,
+    "local_lift": 0.1,
+    "entropy": 1.0,
+    "entropy_normalized": 0.5,
+    "confidence": 0.4,
+    "local_uniform": 0.3,
+}
+
+
+def with_scores(**changes):
+    return {**BASE, **changes}
+
+
+def role_of(attn, window=3):
+    n = attn.shape[-1]
+    scores = {name: float(value[0]) for name, value in metrics.head_scores(attn, torch.tensor([n]), window).items()}
+    return roles.classify(scores)
+
+
+@pytest.mark.parametrize(
+    "attn, expected",
+    [
+        (previous_token_map(16), "previous-token"),
+        (first_token_map(16), "first-token"),
+        (identity_map(16), "self"),
+        (uniform_map(16), "broad"),
+        (band_map(16, 3), "local"),
+    ],
+)
+def test_hand_built_maps_get_their_role(attn, expected):
+    assert role_of(attn).role == expected
+
+
+def test_previous_token_wins_over_local():
+    """A previous-token head also has most of its mass in the local window; it must be called previous-token."""
+    role = roles.classify(with_scores(previous_token=0.8, local=0.85, local_lift=0.8))
+    assert (role.role, role.metric, role.score) == ("previous-token", "previous_token", 0.8)
+
+
+def test_highest_pattern_score_wins():
+    assert roles.classify(with_scores(previous_token=0.55, first_token=0.6)).role == "first-token"
+
+
+def test_uniform_head_on_short_text_is_broad_not_local():
+    """On a 6-token text uniform attention puts most of its mass in a window of 3: raw local is high, lift is 0."""
+    attn = uniform_map(6)
+    n = attn.shape[-1]
+    scores = {name: float(v[0]) for name, v in metrics.head_scores(attn, torch.tensor([n])).items()}
+    assert scores["local"] > 0.5  # a raw-mass rule would call it local
+    assert roles.classify(scores).role == "broad"
+
+
+def test_mixed_reports_the_closest_rule():
+    role = roles.classify(with_scores(previous_token=0.45))
+    assert role.role == "mixed"
+    assert (role.metric, role.score) == ("previous_token", 0.45)  # 0.45 / 0.5 is the closest to its threshold
+
+
+def test_thresholds_are_adjustable():
+    scores = with_scores(previous_token=0.55)
+    assert roles.classify(scores).role == "previous-token"
+    raised = roles.parse_thresholds(["previous-token=0.6"])
+    assert raised["previous-token"] == 0.6 and raised["self"] == roles.DEFAULT_THRESHOLDS["self"]
+    assert roles.classify(scores, raised).role == "mixed"
+
+
+@pytest.mark.parametrize("item", ["previous-token", "nonsense=0.5", "self=abc", "broad=1.5"])
+def test_bad_thresholds_are_user_errors(item):
+    with pytest.raises(AttnscopeError):
+        roles.parse_thresholds([item])
