@@ -18,9 +18,11 @@ from attnscope import capture, metrics, roles
 from attnscope.errors import AttnscopeError
 from attnscope.inputs import Text
 from attnscope.model import LoadedModel
-from attnscope.tokens import Tokenized, batches, token_labels, tokenize
+from attnscope.tokens import PROBE_SEQUENCES, Tokenized, batches, probe_windows, token_labels, tokenize
 
 DEFAULT_BATCH_SIZE = 8
+DEFAULT_PROBE_LEN = 50
+PROBE_SCORES = ("induction", "duplicate_token")
 
 
 @dataclass(frozen=True)
@@ -63,8 +65,10 @@ def select_heads(
     selected = [record for record in heads if layer is None or record.layer == layer]
     if sort is not None:
         name = sort.strip().replace("-", "_")
-        if name not in metrics.SCORES:
-            raise AttnscopeError(f"--sort '{sort}': use one of {', '.join(metrics.SCORES)}")
+        if name not in metrics.SCORES + PROBE_SCORES:
+            raise AttnscopeError(f"--sort '{sort}': use one of {', '.join(metrics.SCORES + PROBE_SCORES)}")
+        if selected and selected[0].scores[name] is None:
+            raise AttnscopeError(f"--sort {sort}: that score comes from the probe, which --no-probe turned off")
         selected.sort(key=lambda record: -record.scores[name])
     if top is not None:
         if top < 1:
@@ -119,8 +123,16 @@ def analyze_heads(
     batch_size: int = DEFAULT_BATCH_SIZE,
     thresholds: Mapping[str, float] = roles.DEFAULT_THRESHOLDS,
     keep_layers: Sequence[int] = (),
+    probe: bool = True,
+    probe_len: int | None = None,
+    probe_seed: int = 0,
 ) -> HeadsResult:
-    """Every head's statistics over `texts` and its role; full maps of `keep_layers` for the first window."""
+    """Every head's statistics over `texts` and its role; full maps of `keep_layers` for the first window.
+
+    With `probe`, one more short forward pass on the repeated-random-token probe of period `probe_len` (None:
+    DEFAULT_PROBE_LEN, or less when twice that does not fit the context) adds the `induction` and
+    `duplicate_token` scores; without it they are None.
+    """
     from attnscope.stats import HeadStatistics
 
     if window < 1:
@@ -137,10 +149,20 @@ def analyze_heads(
     if int(statistics.row_count) == 0:
         raise AttnscopeError("every text is a single token once tokenized; give at least two tokens to score")
     means = statistics.means()
+    summary = input_summary(texts, tokenized, int(statistics.row_count))
+    notes = list(tokenized.notes)
+    if probe:
+        if probe_len is None:
+            probe_len = min(DEFAULT_PROBE_LEN, (loaded.n_ctx - 1) // 2)
+            if probe_len < DEFAULT_PROBE_LEN:
+                notes.append(f"probe period shortened to {probe_len} tokens to fit the context of {loaded.n_ctx}")
+        probe_means, summary["probe"] = probe_scores(loaded, probe_len, probe_seed)
+        means.update(probe_means)
     heads = []
     for layer in range(loaded.n_layer):
         for head in range(loaded.n_head):
             scores = {name: float(means[name][layer, head]) for name in metrics.SCORES}
+            scores.update({name: float(means[name][layer, head]) if name in means else None for name in PROBE_SCORES})
             heads.append(HeadRecord(layer, head, scores, roles.classify(scores, thresholds)))
     first = tokenized.windows[0]
     labels = token_labels(loaded.tokenizer, first.ids)
@@ -149,13 +171,26 @@ def analyze_heads(
     }
     return HeadsResult(
         model=loaded.info(),
-        inputs=input_summary(texts, tokenized, int(statistics.row_count)),
+        inputs=summary,
         window=window,
         thresholds=dict(thresholds),
         heads=heads,
-        notes=list(tokenized.notes),
+        notes=notes,
         attention=attention,
     )
+
+
+def probe_scores(loaded: LoadedModel, period: int, seed: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Induction and duplicate-token scores of every head, name -> (n_layer, n_head), from one forward pass over
+    PROBE_SEQUENCES seeded random sequences of `period` tokens repeated twice; and a summary for the JSON."""
+    from attnscope.stats import ProbeStatistics
+
+    windows = probe_windows(loaded.tokenizer, period, loaded.n_ctx, seed)
+    first_query = len(windows[0].ids) - period  # BOS (when any) + the first copy
+    statistics = ProbeStatistics(loaded.n_layer, loaded.n_head, loaded.device, period, first_query)
+    capture.run(loaded.model, batches(windows, len(windows), loaded.device), statistics)
+    summary = {"period": period, "sequences": PROBE_SEQUENCES, "seed": seed, "scored_rows": int(statistics.row_count)}
+    return statistics.means(), summary
 
 
 def layer_attention(

@@ -89,6 +89,13 @@ def heads(
     plot: Annotated[
         Optional[list[str]], typer.Option("--plot", "-p", help="Also draw the attention map of head L.H (repeatable).")
     ] = None,
+    probe: Annotated[
+        bool, typer.Option("--probe/--no-probe", help="Run the repeated-random-token probe (induction, duplicate-token).")
+    ] = True,
+    probe_len: Annotated[
+        Optional[int], typer.Option("--probe-len", help="Period T of the probe: T random tokens, then again. [default: 50]")
+    ] = None,
+    probe_seed: Annotated[int, typer.Option("--probe-seed", help="Seed of the probe's random tokens.")] = 0,
 ) -> None:
     """Score and classify every attention head.
 
@@ -106,10 +113,10 @@ def heads(
     plotted = [analysis.parse_head(label, loaded.n_layer, loaded.n_head) for label in plot or []]
     result = analysis.analyze_heads(
         loaded, texts, window=window, bos=bos, batch_size=batch_size, thresholds=thresholds,
-        keep_layers=sorted({layer_ for layer_, _ in plotted}),
+        keep_layers=sorted({layer_ for layer_, _ in plotted}), probe=probe, probe_len=probe_len, probe_seed=probe_seed,
     )
     selected = analysis.select_heads(result.heads, layer, sort, top)
-    settings = {"batch_size": batch_size, "layer": layer, "sort": sort, "top": top}
+    settings = {"batch_size": batch_size, "layer": layer, "sort": sort, "top": top, "probe": probe}
     for message in result.notes:
         _note(message)
     if folder is not None:

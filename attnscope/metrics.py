@@ -15,6 +15,12 @@ weighs more than a short one.
     entropy_normalized  mean_i (-Σ_j A[i, j] ln A[i, j]) / ln(i + 1)   (1.0 = uniform over the visible keys)
     confidence          mean_i max_j A[i, j]                     (Voita et al. 2019)
 
+On the repeated-random-token probe (BOS, then T random tokens, then the same T again; Olsson et al. 2022), for
+every query i of the second copy:
+
+    induction           mean_i A[i, i-(T-1)]    (the token right after the earlier occurrence of token i)
+    duplicate_token     mean_i A[i, i-T]        (the earlier occurrence itself)
+
 Derived, from the means: local_lift = (local - local_uniform) / (1 - local_uniform): 0 for uniform attention,
 1 when all attention stays in the window, so a uniform head on a short text is not mistaken for a local one.
 """
@@ -114,3 +120,11 @@ def head_scores(attn: torch.Tensor, lengths: torch.Tensor, window: int = DEFAULT
     positions = torch.arange(attn.shape[-2], device=attn.device)  # (n,)
     sums, uniform, count = weighted_row_sums(attn, positions, lengths, window)
     return finish(sums, float(uniform), int(count))
+
+
+def offset_attention(attn: torch.Tensor, positions: torch.Tensor, offset: int) -> torch.Tensor:
+    """(B, H, b): A[i, i + offset] for the query rows `positions` (offset <= 0; 0 where i + offset < 0)."""
+    B, H, b, _ = attn.shape
+    keys = positions + offset  # (b,)
+    gathered = attn.gather(-1, keys.clamp(min=0).view(1, 1, b, 1).expand(B, H, b, 1)).squeeze(-1)  # (B, H, b)
+    return torch.where(keys[None, None, :] >= 0, gathered, 0.0)

@@ -26,11 +26,22 @@ ROLE_COLOURS = {
     "previous-token": "#1f77b4",
     "self": "#ff7f0e",
     "first-token": "#7f3c8d",
+    "induction": "#d62728",
+    "duplicate-token": "#e377c2",
     "local": "#2ca02c",
     "broad": "#f2d95c",
     "mixed": "#d0d0d0",
 }
-ROLE_SHORT = {"previous-token": "prev", "self": "self", "first-token": "first", "local": "local", "broad": "broad", "mixed": "mixed"}
+ROLE_SHORT = {
+    "previous-token": "prev",
+    "self": "self",
+    "first-token": "first",
+    "induction": "induct",
+    "duplicate-token": "dup",
+    "local": "local",
+    "broad": "broad",
+    "mixed": "mixed",
+}
 
 
 def _save(figure, path: Path) -> Path:
@@ -91,7 +102,7 @@ def role_map(roles: Sequence[Sequence[str]], scores: Sequence[Sequence[float]], 
     for layer in range(n_layer):
         for head in range(n_head):
             role = roles[layer][head]
-            colour = "white" if role in ("previous-token", "first-token") else "black"
+            colour = "white" if role in ("previous-token", "first-token", "induction") else "black"
             text = f"{layer}.{head}\n{ROLE_SHORT[role]}\n{scores[layer][head]:.2f}"
             axes.text(head, layer, text, ha="center", va="center", fontsize=fontsize, color=colour)
     axes.set_xticks(range(n_head))

@@ -15,6 +15,8 @@ HEATMAP_SCORES = {
     "previous_token": (0.0, 1.0),
     "first_token": (0.0, 1.0),
     "self": (0.0, 1.0),
+    "induction": (0.0, 1.0),
+    "duplicate_token": (0.0, 1.0),
     "local": (0.0, 1.0),
     "local_lift": (None, None),
     "entropy": (None, None),
@@ -45,6 +47,8 @@ def heads_files(result: Any, plotted: Sequence[tuple[int, int]], folder: Path, s
         deciding[record.layer][record.head] = record.role.score
     written.append(plots.role_map(roles, deciding, name, folder / "role_map.png"))
     for score, (low, high) in HEATMAP_SCORES.items():
+        if result.heads[0].scores[score] is None:  # the probe was not run
+            continue
         title = f"{score} per head: {name}"
         matrix = score_matrix(result.heads, score, n_layer, n_head)
         written.append(plots.score_heatmap(matrix, title, folder / f"score_{score}.png", low, high))

@@ -2,8 +2,10 @@
 
 Rules, in order:
 1. Pattern roles: `previous-token` (previous_token >= 0.5), `self` (self >= 0.5), `first-token`
-   (first_token >= 0.5). A head passing one of these is that role even if it also looks local; when several pass,
-   the highest score wins. 0.5 means the head puts most of its weight on one position: the literature calls heads
+   (first_token >= 0.5), and from the repeated-random-token probe `induction` (induction >= 0.5) and
+   `duplicate-token` (duplicate_token >= 0.5). A head passing one of these is that role even if it also looks
+   local; when several pass, the highest score wins. A previous-token head attends to i-1 and an induction head to
+   i-(T-1) on the probe, so the two never share a high score. Without the probe (`--no-probe`) its rules are skipped. 0.5 means the head puts most of its weight on one position: the literature calls heads
    positional or [CLS]/[SEP] heads at 0.5-0.6 (Clark et al. 2019, Voita et al. 2019); we take the lower end so
    the role map shows every head that is *mostly* one thing, and print the score beside the role.
 2. `local` (local_lift >= 0.5): at least half of the attention uniform would put outside the window moved into it.
@@ -21,11 +23,25 @@ from dataclasses import dataclass
 from attnscope.errors import AttnscopeError
 
 # role -> the score that decides it
-PATTERN_RULES = {"previous-token": "previous_token", "self": "self", "first-token": "first_token"}
+PATTERN_RULES = {
+    "previous-token": "previous_token",
+    "self": "self",
+    "first-token": "first_token",
+    "induction": "induction",
+    "duplicate-token": "duplicate_token",
+}
 SHAPE_RULES = {"local": "local_lift", "broad": "entropy_normalized"}
 RULES = {**PATTERN_RULES, **SHAPE_RULES}
 ROLES = (*PATTERN_RULES, *SHAPE_RULES, "mixed")
-DEFAULT_THRESHOLDS = {"previous-token": 0.5, "self": 0.5, "first-token": 0.5, "local": 0.5, "broad": 0.8}
+DEFAULT_THRESHOLDS = {
+    "previous-token": 0.5,
+    "self": 0.5,
+    "first-token": 0.5,
+    "induction": 0.5,
+    "duplicate-token": 0.5,
+    "local": 0.5,
+    "broad": 0.8,
+}
 
 
 @dataclass(frozen=True)
@@ -55,14 +71,19 @@ def parse_thresholds(items: list[str] | None) -> dict[str, float]:
     return thresholds
 
 
-def classify(scores: Mapping[str, float], thresholds: Mapping[str, float] = DEFAULT_THRESHOLDS) -> Role:
-    """The role of one head from its scores (see the module docstring for the rules)."""
-    passing = [(scores[metric], role, metric) for role, metric in PATTERN_RULES.items() if scores[metric] >= thresholds[role]]
+def classify(scores: Mapping[str, float | None], thresholds: Mapping[str, float] = DEFAULT_THRESHOLDS) -> Role:
+    """The role of one head from its scores (see the module docstring for the rules); None scores are skipped."""
+    known = {role: metric for role, metric in RULES.items() if scores.get(metric) is not None}
+    passing = [
+        (scores[metric], role, metric)
+        for role, metric in PATTERN_RULES.items()
+        if role in known and scores[metric] >= thresholds[role]
+    ]
     if passing:
         score, role, metric = max(passing)
         return Role(role, metric, score)
     for role, metric in SHAPE_RULES.items():
         if scores[metric] >= thresholds[role]:
             return Role(role, metric, scores[metric])
-    closest = max(RULES.items(), key=lambda rule: scores[rule[1]] / max(thresholds[rule[0]], 1e-12))
+    closest = max(known.items(), key=lambda rule: scores[rule[1]] / max(thresholds[rule[0]], 1e-12))
     return Role("mixed", closest[1], scores[closest[1]])

@@ -35,3 +35,34 @@ class HeadStatistics:
     def means(self) -> dict[str, torch.Tensor]:
         """name -> (n_layer, n_head) float64 on the host."""
         return metrics.finish(self.sums.cpu(), float(self.uniform_sum), int(self.row_count))
+
+
+class ProbeStatistics:
+    """Induction and duplicate-token sums over the second copy of the repeated-random-token probe.
+
+    Windows are `first_query - period` BOS tokens (0 or 1), T = `period` tokens, the same T again; the second copy
+    starts at `first_query`.
+    """
+
+    SCORES = ("induction", "duplicate_token")
+
+    def __init__(self, n_layer: int, n_head: int, device: torch.device, period: int, first_query: int):
+        self.period = period
+        self.first_query = first_query
+        self.sums = torch.zeros(n_layer, n_head, 2, dtype=torch.float64, device=device)
+        self.row_count = torch.zeros((), dtype=torch.long, device=device)
+
+    def __call__(self, layer: int, attn: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor) -> None:
+        second_copy = (positions[None, :] >= self.first_query) & (positions[None, :] < lengths[:, None])  # (B, b)
+        induction = metrics.offset_attention(attn, positions, -(self.period - 1))  # (B, H, b)
+        duplicate = metrics.offset_attention(attn, positions, -self.period)  # (B, H, b)
+        stacked = torch.stack([induction, duplicate], dim=-1)  # (B, H, b, 2)
+        stacked = torch.where(second_copy[:, None, :, None], stacked, 0.0)
+        self.sums[layer] += stacked.sum(dim=(0, 2), dtype=torch.float64)  # (H, 2)
+        if layer == 0:
+            self.row_count += second_copy.sum()
+
+    def means(self) -> dict[str, torch.Tensor]:
+        """name -> (n_layer, n_head) float64 on the host."""
+        means = self.sums.cpu() / int(self.row_count)
+        return {name: means[..., k] for k, name in enumerate(self.SCORES)}

@@ -14,6 +14,8 @@ ROLE_STYLES = {
     "previous-token": ("prev", "bold white on blue"),
     "self": ("self", "bold black on dark_orange"),
     "first-token": ("first", "bold white on purple4"),
+    "induction": ("induc", "bold white on red3"),
+    "duplicate-token": ("dup", "bold black on hot_pink"),
     "local": ("local", "bold white on green4"),
     "broad": ("broad", "black on khaki1"),
     "mixed": ("mix", "black on grey70"),
@@ -23,9 +25,9 @@ COLUMNS = {
     "previous_token": "prev",
     "first_token": "first",
     "self": "self",
-    "local": "local",
+    "induction": "induc",
+    "duplicate_token": "dup",
     "local_lift": "lift",
-    "entropy": "H",
     "entropy_normalized": "Hnorm",
     "confidence": "conf",
 }
@@ -37,11 +39,12 @@ def role_cell(role: str) -> Text:
 
 
 def heads_table(heads: Sequence[Any], title: str) -> Table:
-    """One row per head; fits in 80 columns. H is the mean entropy in nats, Hnorm the same over ln(keys)."""
+    """One row per head; fits in 80 columns. Hnorm is the mean entropy over ln(visible keys); the entropy in nats
+    and the raw local mass are in the JSON (`lift` decides the local role); `-` is a score that was not measured."""
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
     table.add_column("head", justify="right")
     table.add_column("role")
-    table.add_column("by", justify="right")
+    table.add_column("by", justify="right", no_wrap=True)
     for header in COLUMNS.values():
         table.add_column(header, justify="right")
     for record in heads:
@@ -49,7 +52,7 @@ def heads_table(heads: Sequence[Any], title: str) -> Table:
             record.label,
             role_cell(record.role.role),
             f"{COLUMNS[record.role.metric]} {record.role.score:.2f}",
-            *(f"{record.scores[name]:.2f}" for name in COLUMNS),
+            *("-" if record.scores[name] is None else f"{record.scores[name]:.2f}" for name in COLUMNS),
         )
     return table
 

@@ -6,6 +6,7 @@ window; a text longer than the context is cut into consecutive windows of at mos
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -107,3 +108,36 @@ def token_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
         text = tokenizer.decode([token_id])
         labels.append(text.replace("\n", "\\n").replace("\t", "\\t") or repr(text))
     return labels
+
+
+ORDINARY_TOKEN = re.compile(r"^(Ġ|▁)[a-z]{3,}$")  # a space marker and a lowercase word: " house", " river"
+PROBE_SEQUENCES = 4
+
+
+def ordinary_token_ids(tokenizer: Any) -> list[int]:
+    """Vocabulary entries that are a space followed by a lowercase word of 3+ letters, in id order."""
+    vocabulary = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    return [token_id for token_id, token in enumerate(vocabulary) if token and ORDINARY_TOKEN.match(token)]
+
+
+def probe_windows(tokenizer: Any, period: int, n_ctx: int, seed: int = 0, count: int = PROBE_SEQUENCES) -> list[Window]:
+    """`count` windows of BOS (when the model has one), T = `period` distinct random ordinary tokens, the same T again.
+
+    Seeded, so the probe is the same on every run; distinct tokens make "the earlier occurrence" unambiguous.
+    """
+    import numpy as np
+
+    prefix = (tokenizer.bos_token_id,) if tokenizer.bos_token_id is not None else ()
+    if period < 2:
+        raise AttnscopeError("--probe-len must be at least 2")
+    if len(prefix) + 2 * period > n_ctx:
+        raise AttnscopeError(f"--probe-len {period}: twice that must fit the model's context of {n_ctx} tokens")
+    candidates = ordinary_token_ids(tokenizer)
+    if len(candidates) < period:
+        raise AttnscopeError(f"--probe-len {period}: the vocabulary has only {len(candidates)} ordinary word tokens")
+    generator = np.random.default_rng(seed)
+    windows = []
+    for index in range(count):
+        sequence = tuple(int(candidates[k]) for k in generator.choice(len(candidates), size=period, replace=False))
+        windows.append(Window(index, prefix + sequence + sequence, 0))
+    return windows

@@ -54,6 +54,35 @@ def test_heads_json_has_every_head_with_scores_and_role(cli, tiny, tiny_model_di
         assert record["role_score"] == record[record["role_metric"]]
 
 
+def test_probe_scores_equal_the_from_scratch_attention_on_the_probe(cli, tiny, tiny_model_dir):
+    from attnscope.tokens import probe_windows
+
+    code, out, _ = cli("heads", CAT, "-m", tiny_model_dir, "--probe-len", "10", "--probe-seed", "5", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["input"]["probe"] == {"period": 10, "sequences": 4, "seed": 5, "scored_rows": 40}
+    windows = probe_windows(tiny.tokenizer, 10, tiny.n_ctx, seed=5)
+    batch = next(batches(windows, len(windows), tiny.device))
+    reference = reference_maps(tiny, batch)
+    queries = torch.arange(11, 21)  # BOS, copy 1 at 1..10, copy 2 at 11..20
+    for record in doc["heads"]:
+        maps = reference[record["layer"]][:, record["head"]]  # (4, 21, 21)
+        induction = maps[:, queries, queries - 9].mean()
+        duplicate = maps[:, queries, queries - 10].mean()
+        assert record["induction"] == pytest.approx(float(induction), abs=2e-6)
+        assert record["duplicate_token"] == pytest.approx(float(duplicate), abs=2e-6)
+
+
+def test_no_probe_leaves_its_scores_null(cli, tiny_model_dir):
+    code, out, _ = cli("heads", CAT, "-m", tiny_model_dir, "--no-probe", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert "probe" not in doc["input"]
+    assert all(h["induction"] is None and h["duplicate_token"] is None for h in doc["heads"])
+    code, _, err = cli("heads", CAT, "-m", tiny_model_dir, "--no-probe", "--sort", "induction")
+    assert code == 2 and "--no-probe" in err
+
+
 def test_json_is_byte_identical_across_runs(cli, tiny_model_dir):
     first = cli("heads", "--model", tiny_model_dir, "--json")
     second = cli("heads", "--model", tiny_model_dir, "--json")
@@ -95,7 +124,8 @@ def test_out_writes_tables_and_pictures(cli, tiny_model_dir, tmp_path):
     code, out, err = cli("heads", CAT, "-m", tiny_model_dir, "--out", out_dir, "--plot", "1.2", "--plot", "0.0", "--json")
     assert code == 0, err
     names = sorted(p.name for p in out_dir.iterdir())
-    scores = ["confidence", "entropy", "entropy_normalized", "first_token", "local", "local_lift", "previous_token", "self"]
+    scores = ["confidence", "entropy", "entropy_normalized", "first_token", "local", "local_lift", "previous_token", "self",
+              "induction", "duplicate_token"]
     assert names == sorted(
         ["heads.json", "heads.csv", "role_map.png", "attention_1.2.png", "attention_0.0.png"] + [f"score_{s}.png" for s in scores]
     )  # and no temporary files left behind
@@ -190,6 +220,7 @@ def bad_inputs(tiny_model_dir, pickle_only_dir, tmp_path):
         "unknown option": (["heads", CAT, *m, "--colour"], "--colour"),
         "bad device": (["info", *m, "--device", "tpu"], "unknown device"),
         "bad dtype": (["info", *m, "--dtype", "float8"], "unknown dtype"),
+        "probe too long": (["heads", CAT, *m, "--probe-len", "100"], "context"),
     }
     if not torch.cuda.is_available():
         cases["cuda without CUDA"] = (["heads", CAT, *m, "--device", "cuda"], "CUDA is not available")

@@ -164,3 +164,37 @@ def test_blocks_of_rows_sum_to_the_whole():
 def test_single_token_windows_have_no_scored_rows():
     with pytest.raises(ValueError):
         metrics.head_scores(torch.ones(1, 1, 1, 1), torch.tensor([1]))
+
+
+def probe_map(period: int, offset: int) -> torch.Tensor:
+    """(1, 1, n, n) for BOS + 2 copies of `period` tokens: second-copy rows put all weight at key i + offset,
+    every other row on its previous token."""
+    n = 1 + 2 * period
+    rows = [[1.0]]
+    for i in range(1, n):
+        target = i + offset if i >= 1 + period else i - 1
+        rows.append([1.0 if j == target else 0.0 for j in range(i + 1)])
+    return causal_rows(rows)
+
+
+def probe_scores_of(attn, period):
+    from attnscope.stats import ProbeStatistics
+
+    statistics = ProbeStatistics(1, 1, torch.device("cpu"), period, first_query=1 + period)
+    n = attn.shape[-1]
+    statistics(0, attn, torch.arange(n), torch.tensor([n]))
+    return {name: float(value[0, 0]) for name, value in statistics.means().items()}
+
+
+def test_planted_induction_and_duplicate_heads():
+    period = 7
+    assert probe_scores_of(probe_map(period, -(period - 1)), period) == pytest.approx({"induction": 1.0, "duplicate_token": 0.0})
+    assert probe_scores_of(probe_map(period, -period), period) == pytest.approx({"induction": 0.0, "duplicate_token": 1.0})
+    # a previous-token head on the probe scores nothing on either
+    assert probe_scores_of(previous_token_map(1 + 2 * period), period) == pytest.approx({"induction": 0.0, "duplicate_token": 0.0})
+
+
+def test_offset_attention_before_the_start_is_zero():
+    attn = uniform_map(5)
+    got = metrics.offset_attention(attn, torch.arange(5), -3)
+    assert got[0, 0].tolist() == pytest.approx([0.0, 0.0, 0.0, 1 / 4, 1 / 5])

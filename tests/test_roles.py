@@ -17,6 +17,8 @@ BASE = {
     "entropy_normalized": 0.5,
     "confidence": 0.4,
     "local_uniform": 0.3,
+    "induction": 0.05,
+    "duplicate_token": 0.05,
 }
 
 
@@ -81,3 +83,16 @@ def test_thresholds_are_adjustable():
 def test_bad_thresholds_are_user_errors(item):
     with pytest.raises(AttnscopeError):
         roles.parse_thresholds([item])
+
+
+def test_previous_token_head_and_induction_head_are_told_apart():
+    previous = roles.classify(with_scores(previous_token=0.9, induction=0.05))
+    induction = roles.classify(with_scores(previous_token=0.1, induction=0.7, first_token=0.3))
+    assert previous.role == "previous-token" and induction.role == "induction"
+    assert roles.classify(with_scores(duplicate_token=0.6)).role == "duplicate-token"
+
+
+def test_without_the_probe_its_rules_are_skipped():
+    scores = with_scores(induction=None, duplicate_token=None, previous_token=0.45)
+    role = roles.classify(scores)
+    assert role.role == "mixed" and role.metric == "previous_token"

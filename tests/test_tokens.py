@@ -40,3 +40,31 @@ def test_batches_are_right_padded_and_length_bucketed():
 def test_token_labels():
     ids = tokenize(TOKENIZER, [Text("The cat\nsat", "t")], n_ctx=64).windows[0].ids
     assert token_labels(TOKENIZER, ids) == ["<bos>", "The", " cat", "\\n", "sat"]
+
+
+def test_probe_windows_repeat_distinct_ordinary_tokens():
+    from attnscope.tokens import PROBE_SEQUENCES, probe_windows
+
+    windows = probe_windows(TOKENIZER, period=20, n_ctx=1024, seed=3)
+    assert len(windows) == PROBE_SEQUENCES
+    for window in windows:
+        ids = window.ids
+        assert len(ids) == 41 and ids[0] == 50256
+        first, second = ids[1:21], ids[21:]
+        assert first == second and len(set(first)) == 20
+        for token_id in first:
+            text = TOKENIZER.decode([token_id])
+            assert text.startswith(" ") and text[1:].isalpha() and text[1:].islower() and len(text) >= 4
+    assert windows[0].ids != windows[1].ids
+    assert probe_windows(TOKENIZER, period=20, n_ctx=1024, seed=3) == windows  # seeded
+    assert probe_windows(TOKENIZER, period=20, n_ctx=1024, seed=4) != windows
+
+
+def test_probe_must_fit_the_context():
+    import pytest
+
+    from attnscope.errors import AttnscopeError
+    from attnscope.tokens import probe_windows
+
+    with pytest.raises(AttnscopeError, match="context"):
+        probe_windows(TOKENIZER, period=10, n_ctx=16)
