@@ -208,3 +208,127 @@ def layer_attention(
     )
     labels = token_labels(loaded.tokenizer, first[0].ids)
     return AttentionMap(layer, captured.maps[layer], labels, 0), notes
+
+
+DEFAULT_REDUNDANT = 0.1  # bits: heads whose rows differ by less than a tenth of the way to disjoint
+DEFAULT_CLUSTER_AT = 0.3  # bits: average-linkage merges below this form a cluster (--layer all)
+ALL_LAYERS_BUDGET = 256 * 2**20  # bytes of all layers' attention held at once for --layer all
+
+
+@dataclass
+class DiversityResult:
+    """Pairwise similarity of the heads `labels` (one layer's, or all heads of the model in layer.head order).
+
+    Matrices are (K, K) numpy float64: `cosine`, `js` (mean JSD per scored row, bits) and `js_distance` (mean of
+    its square root per row). `layer_scores`: layer -> mean JSD over the pairs of its heads.
+    """
+
+    model: dict[str, Any]
+    inputs: dict[str, Any]
+    layer: int | None  # None: all layers
+    labels: list[str]
+    cosine: Any
+    js: Any
+    js_distance: Any
+    layer_scores: dict[int, float]
+    redundant: float
+    groups: list[list[str]]  # near-duplicate heads: JSD below `redundant`, joined transitively
+    order: list[int]  # heads ordered so that similar ones sit together (average linkage)
+    clusters: list[list[str]]  # average-linkage clusters below `cluster_at`
+    cluster_at: float
+    notes: list[str] = field(default_factory=list)
+
+    def pairs(self) -> list[dict[str, Any]]:
+        """Every unordered pair of heads, in label order."""
+        K = len(self.labels)
+        return [
+            {
+                "a": self.labels[i],
+                "b": self.labels[j],
+                "cosine": float(self.cosine[i, j]),
+                "js": float(self.js[i, j]),
+                "js_distance": float(self.js_distance[i, j]),
+            }
+            for i in range(K)
+            for j in range(i + 1, K)
+        ]
+
+    def ranked_pairs(self, k: int, most_similar: bool) -> list[dict[str, Any]]:
+        """The k most redundant (lowest JSD) or most distinct (highest JSD) pairs; ties in label order."""
+        pairs = self.pairs()
+        pairs.sort(key=lambda pair: pair["js"] if most_similar else -pair["js"])
+        return pairs[:k]
+
+
+def parse_layer_choice(text: str | None, n_layer: int) -> int | None:
+    """`--layer N` or `--layer all` (None)."""
+    if text is None:
+        raise AttnscopeError("--layer is required: a layer number (0-based) or 'all'")
+    if text.strip().lower() == "all":
+        return None
+    if not text.strip().isdigit():
+        raise AttnscopeError(f"--layer '{text}': expected a layer number (0-based) or 'all'")
+    return check_layer(int(text), n_layer)
+
+
+def analyze_diversity(
+    loaded: LoadedModel,
+    texts: Sequence[Text],
+    layer: int | None,
+    bos: bool | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    redundant: float = DEFAULT_REDUNDANT,
+    cluster_at: float = DEFAULT_CLUSTER_AT,
+) -> DiversityResult:
+    """Cosine and Jensen–Shannon similarity between the heads of `layer` (None: all heads of the model)."""
+    import numpy as np
+
+    from attnscope import groups
+    from attnscope.stats import DiversityStatistics
+
+    if not 0.0 < redundant <= 1.0:
+        raise AttnscopeError("--redundant is a JS divergence in bits: between 0 (excluded) and 1")
+    if not 0.0 < cluster_at <= 1.0:
+        raise AttnscopeError("--cluster-at is a JS divergence in bits: between 0 (excluded) and 1")
+    layers = list(range(loaded.n_layer)) if layer is None else [layer]
+    tokenized = tokenize(loaded.tokenizer, texts, loaded.n_ctx, bos)
+    notes = list(tokenized.notes)
+    if layer is None:  # all layers' maps of a batch are held at once: size batches to the budget
+        longest = max(len(window.ids) for window in tokenized.windows)
+        per_window = loaded.n_layer * loaded.n_head * longest * longest * 4
+        fitting = max(1, ALL_LAYERS_BUDGET // per_window)
+        batch_size = min(batch_size, fitting)
+    statistics = DiversityStatistics(layers, loaded.n_head, loaded.device)
+    capture.run(
+        loaded.model,
+        batches(tokenized.windows, batch_size, loaded.device, _pad_id(loaded.tokenizer)),
+        statistics,
+        on_batch=statistics.flush,
+    )
+    if int(statistics.row_count) == 0:
+        raise AttnscopeError("every text is a single token once tokenized; give at least two tokens to compare")
+    matrices = {name: value.numpy() for name, value in statistics.results().items()}
+    labels = [f"{layer_}.{head}" for layer_ in layers for head in range(loaded.n_head)]
+    H = loaded.n_head
+    layer_scores = {}
+    for index, layer_ in enumerate(layers):
+        block = matrices["js"][index * H : (index + 1) * H, index * H : (index + 1) * H]
+        upper = block[np.triu_indices(H, k=1)]
+        layer_scores[layer_] = float(upper.mean()) if upper.size else float("nan")
+    linkage = groups.average_linkage(matrices["js"])
+    return DiversityResult(
+        model=loaded.info(),
+        inputs=input_summary(texts, tokenized, int(statistics.row_count)),
+        layer=layer,
+        labels=labels,
+        cosine=matrices["cosine"],
+        js=matrices["js"],
+        js_distance=matrices["js_distance"],
+        layer_scores=layer_scores,
+        redundant=redundant,
+        groups=[[labels[k] for k in group] for group in groups.near_duplicate_groups(matrices["js"], redundant)],
+        order=linkage.order,
+        clusters=[[labels[k] for k in group] for group in groups.clusters(linkage, cluster_at)],
+        cluster_at=cluster_at,
+        notes=notes,
+    )

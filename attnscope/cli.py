@@ -176,6 +176,112 @@ def show(
 
 
 @app.command()
+def diversity(
+    text: TextArg = None,
+    layer: Annotated[Optional[str], typer.Option("--layer", "-l", help="Layer number (0-based) or 'all'.")] = None,
+    model: ModelOpt = "gpt2",
+    file: FileOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    bos: BosOpt = None,
+    batch_size: BatchOpt = 8,
+    redundant: Annotated[float, typer.Option("--redundant", help="JSD (bits) below which two heads are near-duplicates.")] = 0.1,
+    cluster_at: Annotated[float, typer.Option("--cluster-at", help="JSD (bits) below which average-linkage clusters merge.")] = 0.3,
+    pairs: Annotated[int, typer.Option("--pairs", help="How many most redundant and most distinct pairs to list.")] = 5,
+    json_out: JsonOpt = False,
+    csv_out: Annotated[bool, typer.Option("--csv", help="Print every pair of heads as CSV to stdout.")] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write JSON, CSV and PNG matrices here.")] = None,
+    random_mha: Annotated[
+        bool, typer.Option("--random-mha", help="Instead: random multi-head attention, diversity against head count.")
+    ] = False,
+    d_model: Annotated[int, typer.Option("--d-model", help="--random-mha: model width.")] = 64,
+    heads: Annotated[str, typer.Option("--heads", help="--random-mha: head counts, comma-separated.")] = "1,2,4,8",
+    seq_len: Annotated[int, typer.Option("--seq-len", help="--random-mha: tokens per random sequence.")] = 32,
+    trials: Annotated[int, typer.Option("--trials", help="--random-mha: random layers averaged per head count.")] = 4,
+    seed: Annotated[int, typer.Option("--seed", help="--random-mha: seed.")] = 0,
+) -> None:
+    """How different are the heads? Cosine and Jensen–Shannon between every pair of heads of a layer (or all).
+
+    Example: attnscope diversity --layer 5 --pairs 10; attnscope diversity --layer all --out results/
+    """
+    from attnscope import export
+
+    _check_output_flags(json_out, csv_out)
+    folder = export.prepare_out_dir(out) if out is not None else None
+    if random_mha:
+        _random_mha(d_model, heads, seq_len, trials, seed, json_out, csv_out, folder)
+        return
+    from attnscope import analysis, inputs
+
+    if pairs < 1:
+        raise AttnscopeError("--pairs must be at least 1")
+    texts = inputs.gather_texts(text, file)
+    if layer is None:
+        raise AttnscopeError("--layer is required: a layer number (0-based) or 'all'")
+    loaded = _load(model, device, dtype)
+    chosen = analysis.parse_layer_choice(layer, loaded.n_layer)
+    result = analysis.analyze_diversity(loaded, texts, chosen, bos, batch_size, redundant, cluster_at)
+    doc = export.diversity_document(result, pairs)
+    for message in result.notes:
+        _note(message)
+    if folder is not None:
+        from attnscope import render_files
+
+        written = render_files.diversity_files(result, folder, doc)
+        _note(f"wrote {len(written)} files to {folder}")
+    if json_out:
+        sys.stdout.write(export.to_json(doc))
+        return
+    if csv_out:
+        sys.stdout.write(export.to_csv(result.pairs()))
+        return
+    from attnscope import terminal
+
+    console = _console()
+    scope = "all heads" if chosen is None else f"layer {chosen}"
+    console.print(terminal.layer_scores_table(result.layer_scores, f"Head diversity: {loaded.name}, {scope}"))
+    if chosen is not None and len(result.labels) <= 16:
+        console.print(terminal.matrix_table(result.js, result.labels, "JS divergence between heads (bits)"))
+    console.print(terminal.pairs_table(result.ranked_pairs(pairs, True), "Most redundant pairs (lowest JSD)"))
+    console.print(terminal.pairs_table(result.ranked_pairs(pairs, False), "Most distinct pairs (highest JSD)"))
+    groups = "; ".join(", ".join(group) for group in result.groups) or "none"
+    console.print(f"Near-duplicate groups (JSD < {result.redundant} bits): {groups}")
+    if chosen is None:
+        clusters = "; ".join(", ".join(group) for group in result.clusters) or "none"
+        console.print(f"Clusters (average linkage below {result.cluster_at} bits): {clusters}")
+
+
+def _random_mha(d_model, heads, seq_len, trials, seed, json_out, csv_out, folder) -> None:
+    from attnscope import export
+    from attnscope.experiments import random_mha_diversity
+
+    try:
+        counts = [int(part) for part in heads.split(",") if part.strip()]
+    except ValueError:
+        raise AttnscopeError(f"--heads '{heads}': expected comma-separated numbers such as 1,2,4,8") from None
+    if not counts:
+        raise AttnscopeError("--heads: give at least one head count")
+    rows = random_mha_diversity(d_model, counts, seq_len, trials=trials, seed=seed)
+    settings = {"d_model": d_model, "heads": counts, "seq_len": seq_len, "trials": trials, "seed": seed}
+    doc = export.random_mha_document(rows, settings)
+    if folder is not None:
+        from attnscope import render_files
+
+        export.write_atomic(folder / "random_mha.json", export.to_json(doc))
+        render_files.random_mha_file(rows, folder, d_model)
+        _note(f"wrote 2 files to {folder}")
+    if json_out:
+        sys.stdout.write(export.to_json(doc))
+    elif csv_out:
+        sys.stdout.write(export.to_csv(rows))
+    else:
+        from attnscope import terminal
+
+        title = f"Random multi-head attention (d_model {d_model}, {seq_len} tokens, {trials} trials): diversity by heads"
+        _console().print(terminal.records_table(rows, title))
+
+
+@app.command()
 def info(
     model: ModelOpt = "gpt2",
     device: DeviceOpt = "auto",

@@ -126,3 +126,27 @@ def heads_document(result: Any, heads: Sequence[Any], settings: dict) -> dict:
         result.notes,
         heads=head_records(heads),
     )
+
+
+def diversity_document(result: Any, k: int) -> dict:
+    """The `diversity` command's JSON: layer scores, ranked pairs, groups, clusters and the full matrices."""
+    return document(
+        "diversity",
+        result.model,
+        result.inputs,
+        {"layer": "all" if result.layer is None else result.layer, "redundant": result.redundant,
+         "cluster_at": result.cluster_at, "pairs": k, "js_unit": "bits (log base 2)"},
+        result.notes,
+        layer_scores={str(layer): score for layer, score in result.layer_scores.items()},
+        most_redundant=result.ranked_pairs(k, most_similar=True),
+        most_distinct=result.ranked_pairs(k, most_similar=False),
+        redundant_groups=result.groups,
+        clusters=result.clusters,
+        labels=result.labels,
+        order=[result.labels[i] for i in result.order],
+        matrices={name: getattr(result, name).tolist() for name in ("cosine", "js", "js_distance")},
+    )
+
+
+def random_mha_document(rows: list[dict], settings: dict) -> dict:
+    return document("diversity", {}, {}, {"random_mha": True, **settings}, [], random_mha=rows)

@@ -128,3 +128,58 @@ def offset_attention(attn: torch.Tensor, positions: torch.Tensor, offset: int) -
     keys = positions + offset  # (b,)
     gathered = attn.gather(-1, keys.clamp(min=0).view(1, 1, b, 1).expand(B, H, b, 1)).squeeze(-1)  # (B, H, b)
     return torch.where(keys[None, None, :] >= 0, gathered, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Diversity between heads.
+#
+#   cosine(h, g)  = Σ A_h·A_g / sqrt(Σ A_h² · Σ A_g²), the sums running over every scored row of every window and
+#                   every key: the cosine of the two heads' maps flattened and concatenated over all texts (so many
+#                   texts give one number, and a long text weighs by its entries).
+#   JSD(p, q)     = H(m) - (H(p) + H(q)) / 2 with m = (p + q) / 2 and H in bits: 0 = identical, 1 = disjoint.
+#   js(h, g)      = mean over scored rows of JSD(A_h[i], A_g[i]);   js_distance(h, g) = mean of sqrt(JSD) per row
+#                   (scipy.spatial.distance.jensenshannon(p, q, base=2) is that square root for one row).
+# ---------------------------------------------------------------------------------------------------------------
+
+LN2 = 0.6931471805599453
+
+
+def entropy_bits(p: torch.Tensor) -> torch.Tensor:
+    """Σ_j -p_j log2 p_j over the last dim (0·log 0 = 0)."""
+    return -torch.special.xlogy(p, p).sum(-1) / LN2
+
+
+def js_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Jensen–Shannon divergence in bits between distributions along the last dim (broadcasting), >= 0."""
+    return (entropy_bits((p + q) / 2) - (entropy_bits(p) + entropy_bits(q)) / 2).clamp(min=0.0)
+
+
+def pairwise_sums(
+    attn: torch.Tensor, scored: torch.Tensor, budget_bytes: int = 64 * 2**20
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sums over scored rows for every pair of the K heads of `attn` (B, K, b, n), scored (B, b) bool.
+
+    Returns (dot products (K, K), JSD sums (K, K), sqrt-JSD sums (K, K)), float64. Pairs are computed in chunks of
+    heads and rows so that no intermediate exceeds about `budget_bytes`.
+    """
+    B, K, b, n = attn.shape
+    weights = scored.to(attn.dtype)  # (B, b)
+    attn = torch.where(scored[:, None, :, None], attn, 0.0)  # (B, K, b, n); unscored rows may hold anything
+    flat = attn.permute(1, 0, 2, 3).reshape(K, -1)  # (K, B·b·n)
+    dots = (flat @ flat.T).to(torch.float64)  # (K, K)
+    js = torch.zeros(K, K, dtype=torch.float64, device=attn.device)
+    js_root = torch.zeros(K, K, dtype=torch.float64, device=attn.device)
+    own = entropy_bits(attn)  # (B, K, b)
+    rows = max(1, min(b, budget_bytes // max(1, B * K * n * 4 * 2)))
+    heads = max(1, min(K, budget_bytes // max(1, B * K * rows * n * 4 * 2)))
+    for r0 in range(0, b, rows):
+        r1 = min(b, r0 + rows)
+        block = attn[:, :, r0:r1]  # (B, K, r, n)
+        w = weights[:, r0:r1]  # (B, r)
+        for k0 in range(0, K, heads):
+            k1 = min(K, k0 + heads)
+            mixed = entropy_bits((block[:, k0:k1, None] + block[:, None]) / 2)  # (B, k, K, r)
+            divergence = (mixed - (own[:, k0:k1, None, r0:r1] + own[:, None, :, r0:r1]) / 2).clamp(min=0.0)
+            js[k0:k1] += torch.einsum("bkgr,br->kg", divergence, w).to(torch.float64)
+            js_root[k0:k1] += torch.einsum("bkgr,br->kg", divergence.sqrt(), w).to(torch.float64)
+    return dots, js, js_root

@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 from attnscope.errors import AttnscopeError
 
 SUPPORTED_MODEL_TYPES = ("gpt2",)
+DEMO = "demo"  # --model demo: the small GPT-2 trained by scripts/train_demo_model.py, shipped in the package
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
@@ -137,6 +138,13 @@ def _check_local_directory(path: Path) -> None:
         raise AttnscopeError(f"{path} holds no model weights (no .safetensors file)")
 
 
+def demo_model_dir() -> Path:
+    """The bundled demo model's folder (inside the installed package)."""
+    from importlib import resources
+
+    return Path(str(resources.files("attnscope") / "demo_model"))
+
+
 def _hub_reachable(timeout: float = 3.0) -> bool:
     """One quick TCP connection to the Hub, so an offline machine gets an answer now rather than after retries."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
@@ -162,20 +170,23 @@ def _is_cached(name: str) -> bool:
 def _offline_message(name: str) -> str:
     return (
         f"model '{name}' is not in the local Hugging Face cache and the Hub cannot be reached; "
-        "pass a directory saved with save_pretrained (--model PATH), or point HF_HOME at a cache that has it "
-        "(with HF_HUB_OFFLINE=1 to skip the network)"
+        "pass a directory saved with save_pretrained (--model PATH), point HF_HOME at a cache that has it "
+        "(with HF_HUB_OFFLINE=1 to skip the network), or try the bundled --model demo"
     )
 
 
 def load_model(name: str, device: str = "auto", dtype: str = "auto") -> LoadedModel:
-    """Load `name` (a Hub id or a local directory) for analysis on `device` in `dtype`.
+    """Load `name` (`demo`, a Hub id or a local directory) for analysis on `device` in `dtype`.
 
     Raises AttnscopeError, with one line saying what to do, for every failure a user can cause.
     """
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
-    local = _looks_like_path(name)
-    if local:
+    if name == DEMO:
+        path = demo_model_dir()
+        _check_local_directory(path)
+        source = str(path)
+    elif _looks_like_path(name):
         path = Path(name).expanduser()
         _check_local_directory(path)
         source = str(path)

@@ -175,3 +175,59 @@ def layer_grid(maps: np.ndarray, tokens: Sequence[str], layer: int, path: Path) 
     figure.suptitle(f"Layer {layer}: attention of every head")
     figure.tight_layout(rect=(0, 0, 1, 0.97))
     return _save(figure, path)
+
+
+def matrix_size(n: int) -> tuple[float, float]:
+    """Inches of a heads × heads matrix: 0.45 in per head up to 16 heads, then shrinking to fit 16 in."""
+    side = min(max(3.0, 0.45 * n), 16.0)
+    return _with_margins((side, side), MATRIX_MARGINS)
+
+
+MATRIX_MARGINS = (1.0, 1.4, 0.6, 1.0)
+
+
+def head_matrix(matrix: np.ndarray, labels: Sequence[str], title: str, path: Path, vmin: float, vmax: float, cmap: str) -> Path:
+    """A heads × heads matrix (cosine or JS) with `L.H` labels, a colour bar, values written in when it is small."""
+    n = len(labels)
+    figure = plt.figure(figsize=matrix_size(n))
+    axes = _place_axes(figure, MATRIX_MARGINS)
+    image = axes.imshow(matrix, cmap=cmap, vmin=vmin, vmax=vmax)
+    figure.colorbar(image, ax=axes, fraction=0.05, pad=0.03)
+    fontsize = 8 if n <= 16 else max(2.0, 8 - n / 24)
+    step = 1 if n <= 48 else int(np.ceil(n / 48))  # at most 48 tick labels
+    axes.set_xticks(range(0, n, step))
+    axes.set_yticks(range(0, n, step))
+    axes.set_xticklabels(labels[::step], rotation=90, fontsize=fontsize)
+    axes.set_yticklabels(labels[::step], fontsize=fontsize)
+    if n <= 16:
+        middle = (vmin + vmax) / 2
+        for i in range(n):
+            for j in range(n):
+                colour = "white" if (matrix[i, j] > middle) == (cmap.endswith("_r")) else "black"
+                axes.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=6, color=colour)
+    axes.set_title(title)
+    return _save(figure, path)
+
+
+LINE_SIZE = (7.0, 4.0)
+
+
+def line_plot(x: Sequence[float], series: dict[str, Sequence[float | None]], xlabel: str, ylabel: str, title: str, path: Path, log_x: bool = False) -> Path:
+    """One or more lines over the same x, with markers; None values are left out."""
+    figure, axes = plt.subplots(figsize=LINE_SIZE)
+    for name, values in series.items():
+        points = [(a, b) for a, b in zip(x, values) if b is not None]
+        if points:
+            axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    if log_x:
+        axes.set_xscale("log", base=2)
+    axes.set_xticks(list(x))
+    axes.set_xticklabels([str(v) for v in x])
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    if len(series) > 1:
+        axes.legend()
+    figure.tight_layout()
+    return _save(figure, path)

@@ -67,3 +67,43 @@ def show_file(attention: Any, head: int | None, folder: Path, model_name: str) -
     title = f"Head {attention.layer}.{head}: {model_name}"
     path = folder / f"attention_{attention.layer}.{head}.png"
     return plots.attention_heatmap(attention.maps[head].numpy(), attention.tokens, title, path)
+
+
+def diversity_files(result: Any, folder: Path, doc: dict) -> list[Path]:
+    """diversity.json, diversity_pairs.csv, js_matrix.png, cosine_matrix.png and, for all layers,
+    layer_diversity.png. Matrices of all heads are drawn in linkage order (similar heads together)."""
+    order = result.order if result.layer is None else list(range(len(result.labels)))
+    labels = [result.labels[k] for k in order]
+    name = result.model["name"]
+    scope = "all heads" if result.layer is None else f"layer {result.layer}"
+    written = [
+        export.write_atomic(folder / "diversity.json", export.to_json(doc)),
+        export.write_atomic(folder / "diversity_pairs.csv", export.to_csv(result.pairs())),
+        plots.head_matrix(
+            result.js[np.ix_(order, order)], labels, f"JS divergence (bits), {scope}: {name}",
+            folder / "js_matrix.png", 0.0, 1.0, "viridis_r",
+        ),
+        plots.head_matrix(
+            result.cosine[np.ix_(order, order)], labels, f"Cosine similarity, {scope}: {name}",
+            folder / "cosine_matrix.png", 0.0, 1.0, "viridis",
+        ),
+    ]
+    if result.layer is None:
+        layers = sorted(result.layer_scores)
+        written.append(
+            plots.line_plot(
+                layers, {"mean pairwise JSD": [result.layer_scores[layer] for layer in layers]}, "layer",
+                "mean JS divergence between heads (bits)", f"Head diversity per layer: {name}",
+                folder / "layer_diversity.png",
+            )
+        )
+    return written
+
+
+def random_mha_file(rows: list[dict], folder: Path, d_model: int) -> Path:
+    heads = [row["heads"] for row in rows]
+    series = {name: [row[name] for row in rows] for name in ("js", "js_distance", "cosine", "entropy_normalized")}
+    return plots.line_plot(
+        heads, series, "heads", "value", f"Random multi-head attention, d_model {d_model}",
+        folder / "random_mha.png", log_x=True,
+    )

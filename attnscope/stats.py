@@ -66,3 +66,62 @@ class ProbeStatistics:
         """name -> (n_layer, n_head) float64 on the host."""
         means = self.sums.cpu() / int(self.row_count)
         return {name: means[..., k] for k, name in enumerate(self.SCORES)}
+
+
+class DiversityStatistics:
+    """Pairwise sums (dot products, JSD, sqrt JSD) between the heads of `layers`, over scored rows.
+
+    One layer: each block the capture hands over holds all its heads, so pairs are summed block by block and
+    nothing is stored. Several layers: a pair may span two layers whose attention exists at different moments of
+    the forward pass, so the blocks of those layers are held until the batch ends (`flush`, the capture's
+    `on_batch`), then reduced; the caller sizes batches so that this stays within memory.
+    """
+
+    def __init__(self, layers: list[int], n_head: int, device: torch.device):
+        self.layers = list(layers)
+        self.n_head = n_head
+        K = len(self.layers) * n_head
+        self.dots = torch.zeros(K, K, dtype=torch.float64, device=device)
+        self.js = torch.zeros(K, K, dtype=torch.float64, device=device)
+        self.js_root = torch.zeros(K, K, dtype=torch.float64, device=device)
+        self.row_count = torch.zeros((), dtype=torch.long, device=device)
+        self.pending: dict[int, list[torch.Tensor]] = {}
+        self.lengths: torch.Tensor | None = None
+
+    def _add(self, attn: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor) -> None:
+        scored = metrics.scored_rows(lengths, positions)  # (B, b)
+        dots, js, js_root = metrics.pairwise_sums(attn, scored)
+        self.dots += dots
+        self.js += js
+        self.js_root += js_root
+        self.row_count += scored.sum()
+
+    def __call__(self, layer: int, attn: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor) -> None:
+        if layer not in self.layers:
+            return
+        if len(self.layers) == 1:
+            self._add(attn, positions, lengths)
+        else:
+            self.pending.setdefault(layer, []).append(attn)
+            self.lengths = lengths
+
+    def flush(self, _batch=None) -> None:
+        """Reduce the held blocks of a batch: heads of all layers side by side, (B, L·H, n, n)."""
+        if not self.pending:
+            return
+        maps = torch.cat([torch.cat(self.pending[layer], dim=2) for layer in self.layers], dim=1)  # (B, K, n, n)
+        self.pending = {}
+        self._add(maps, torch.arange(maps.shape[2], device=maps.device), self.lengths)
+
+    def results(self) -> dict[str, torch.Tensor]:
+        """(K, K) float64 on the host: cosine, js (mean JSD, bits), js_distance (mean sqrt JSD)."""
+        count = int(self.row_count)
+        if count == 0:
+            raise ValueError("no scored rows")
+        dots = self.dots.cpu()
+        norms = dots.diagonal().sqrt()
+        return {
+            "cosine": dots / (norms[:, None] * norms[None, :]).clamp(min=1e-300),
+            "js": self.js.cpu() / count,
+            "js_distance": self.js_root.cpu() / count,
+        }

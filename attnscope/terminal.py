@@ -77,3 +77,43 @@ def key_value_table(rows: Sequence[tuple[str, str]], title: str) -> Table:
     for key, value in rows:
         table.add_row(key, value)
     return table
+
+
+def pairs_table(pairs: Sequence[dict], title: str) -> Table:
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
+    for header in ("heads", "JSD bits", "JS distance", "cosine"):
+        table.add_column(header, justify="right")
+    for pair in pairs:
+        table.add_row(f"{pair['a']} ~ {pair['b']}", f"{pair['js']:.3f}", f"{pair['js_distance']:.3f}", f"{pair['cosine']:.3f}")
+    return table
+
+
+def matrix_table(matrix: Any, labels: Sequence[str], title: str) -> Table:
+    """A small square matrix (one layer's heads) as a table, two decimals."""
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
+    table.add_column("", justify="right", style="bold")
+    short = [label.split(".")[-1] for label in labels]
+    for name in short:
+        table.add_column(name, justify="right")
+    for i, label in enumerate(labels):
+        table.add_row(label, *("" if i == j else f"{matrix[i][j]:.2f}" for j in range(len(labels))))
+    return table
+
+
+def layer_scores_table(scores: dict, title: str) -> Table:
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
+    table.add_column("layer", justify="right")
+    table.add_column("mean pairwise JSD (bits)", justify="right")
+    for layer, score in scores.items():
+        table.add_row(str(layer), f"{score:.3f}")
+    return table
+
+
+def records_table(rows: Sequence[dict], title: str) -> Table:
+    """Any list of flat records with the same keys; floats with three decimals, None as '-'."""
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
+    for key in rows[0]:
+        table.add_column(key, justify="right")
+    for row in rows:
+        table.add_row(*("-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()))
+    return table

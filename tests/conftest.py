@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 DATA = Path(__file__).parent / "data"
+REAL_HF_HOME = os.environ.get("HF_HOME")  # before the `offline` fixture points HF_HOME at an empty folder
 TOKENIZER_DIR = DATA / "gpt2-tokenizer"
 
 
