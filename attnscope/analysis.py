@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,10 @@ from attnscope.model import LoadedModel
 from attnscope.tokens import PROBE_SEQUENCES, Tokenized, batches, probe_windows, token_labels, tokenize
 
 DEFAULT_BATCH_SIZE = 8
+DEFAULT_MAX_TOKENS = 16384  # padded tokens per batch: bounds activations whatever --batch-size says
+
+# progress(windows done, tokens done, windows in all, tokens in all), called after every batch
+Progress = Callable[[int, int, int, int], None]
 DEFAULT_PROBE_LEN = 50
 PROBE_SCORES = ("induction", "duplicate_token")
 
@@ -108,6 +112,42 @@ def input_summary(texts: Sequence[Text], tokenized: Tokenized, scored_rows: int 
     return summary
 
 
+def _run_windows(
+    loaded: LoadedModel,
+    tokenized: Tokenized,
+    reducer: capture.Reducer,
+    batch_size: int,
+    max_tokens: int | None,
+    progress: Progress | None,
+    keep_layers: Sequence[int] = (),
+    flush: Callable[[Any], None] | None = None,
+) -> capture.Captured:
+    """Forward this process's share of the windows (every N-th under torchrun) in batches, reducing as it goes."""
+    from attnscope import distributed
+
+    place = distributed.world()
+    mine = tokenized.windows[place.rank :: place.size]  # window 0, whose maps pictures use, is rank 0's
+    total_windows, total_tokens = len(mine), sum(len(window.ids) for window in mine)
+    done = [0, 0]
+
+    def after_batch(batch) -> None:
+        if flush is not None:
+            flush(batch)
+        done[0] += len(batch.indices)
+        done[1] += int(batch.lengths.sum())
+        if progress is not None:
+            progress(done[0], done[1], total_windows, total_tokens)
+
+    return capture.run(
+        loaded.model,
+        batches(mine, batch_size, loaded.device, _pad_id(loaded.tokenizer), max_tokens),
+        reducer,
+        keep_layers=keep_layers,
+        keep_window=0 if place.rank == 0 else None,
+        on_batch=after_batch,
+    )
+
+
 def _pad_id(tokenizer: Any) -> int:
     for token_id in (tokenizer.pad_token_id, tokenizer.eos_token_id):
         if token_id is not None:
@@ -126,6 +166,8 @@ def analyze_heads(
     probe: bool = True,
     probe_len: int | None = None,
     probe_seed: int = 0,
+    max_tokens: int | None = DEFAULT_MAX_TOKENS,
+    progress: Progress | None = None,
 ) -> HeadsResult:
     """Every head's statistics over `texts` and its role; full maps of `keep_layers` for the first window.
 
@@ -133,19 +175,15 @@ def analyze_heads(
     DEFAULT_PROBE_LEN, or less when twice that does not fit the context) adds the `induction` and
     `duplicate_token` scores; without it they are None.
     """
+    from attnscope import distributed
     from attnscope.stats import HeadStatistics
 
     if window < 1:
         raise AttnscopeError("--window must be at least 1")
     tokenized = tokenize(loaded.tokenizer, texts, loaded.n_ctx, bos)
     statistics = HeadStatistics(loaded.n_layer, loaded.n_head, loaded.device, window)
-    captured = capture.run(
-        loaded.model,
-        batches(tokenized.windows, batch_size, loaded.device, _pad_id(loaded.tokenizer)),
-        statistics,
-        keep_layers=keep_layers,
-        keep_window=0,
-    )
+    captured = _run_windows(loaded, tokenized, statistics, batch_size, max_tokens, progress, keep_layers)
+    distributed.all_reduce_sum(statistics.sums, statistics.uniform_sum, statistics.row_count)
     if int(statistics.row_count) == 0:
         raise AttnscopeError("every text is a single token once tokenized; give at least two tokens to score")
     means = statistics.means()
@@ -279,11 +317,13 @@ def analyze_diversity(
     batch_size: int = DEFAULT_BATCH_SIZE,
     redundant: float = DEFAULT_REDUNDANT,
     cluster_at: float = DEFAULT_CLUSTER_AT,
+    max_tokens: int | None = DEFAULT_MAX_TOKENS,
+    progress: Progress | None = None,
 ) -> DiversityResult:
     """Cosine and Jensen–Shannon similarity between the heads of `layer` (None: all heads of the model)."""
     import numpy as np
 
-    from attnscope import groups
+    from attnscope import distributed, groups
     from attnscope.stats import DiversityStatistics
 
     if not 0.0 < redundant <= 1.0:
@@ -299,12 +339,8 @@ def analyze_diversity(
         fitting = max(1, ALL_LAYERS_BUDGET // per_window)
         batch_size = min(batch_size, fitting)
     statistics = DiversityStatistics(layers, loaded.n_head, loaded.device)
-    capture.run(
-        loaded.model,
-        batches(tokenized.windows, batch_size, loaded.device, _pad_id(loaded.tokenizer)),
-        statistics,
-        on_batch=statistics.flush,
-    )
+    _run_windows(loaded, tokenized, statistics, batch_size, max_tokens, progress, flush=statistics.flush)
+    distributed.all_reduce_sum(statistics.dots, statistics.js, statistics.js_root, statistics.row_count)
     if int(statistics.row_count) == 0:
         raise AttnscopeError("every text is a single token once tokenized; give at least two tokens to compare")
     matrices = {name: value.numpy() for name, value in statistics.results().items()}

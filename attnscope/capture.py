@@ -8,8 +8,10 @@ only for the layers a picture needs, and only for one window.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -17,10 +19,74 @@ import torch
 from attnscope.tokens import Batch
 
 IMPLEMENTATION = "attnscope"
-BLOCK_BYTES = 32 * 2**20  # one block of float32 attention probabilities (B, H, rows, n) stays under this
+# One block of float32 logits (B, H, rows, keys) stays under about this: small enough for the passes over a block
+# to run in cache, large enough that per-operation overhead does not dominate.
+BLOCK_BYTES = 2 * 2**20
+MASKED = -1e30  # a masked logit: finite, so exp gives 0 and 0 · logit stays 0 (no NaN)
 
-# reducer(layer, attn (B, H, b, n) float32, positions (b,), lengths (B,))
-Reducer = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
+
+@dataclass
+class AttentionBlock:
+    """Attention of query rows `positions` of one layer, as the capture computed it (all float32).
+
+    logits:  (B, H, b, k) scaled QKᵀ plus the mask, shifted so that each row's maximum is 0 (masked keys hold a
+             very negative finite number); k = keys up to the block's last row (later keys are causally masked).
+    exp_logits: (B, H, b, k) exp(logits);  normalizer: (B, H, b) Σ_j exp(logits), so A = exp_logits / normalizer.
+    lengths: (B,) real tokens per window;  n_keys: all keys of the layer (the padded window length).
+    """
+
+    logits: torch.Tensor
+    exp_logits: torch.Tensor
+    normalizer: torch.Tensor
+    positions: torch.Tensor
+    lengths: torch.Tensor
+    n_keys: int
+
+    @classmethod
+    def from_probs(cls, probs: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor) -> "AttentionBlock":
+        """A block from given probabilities (B, H, b, k), e.g. hand-built ones: zeros become logits of -1e30."""
+        logits = torch.log(probs.float().clamp(min=1e-30))
+        logits = torch.where(probs > 0, logits, MASKED)
+        logits = logits - logits.amax(dim=-1, keepdim=True)
+        exp_logits = torch.exp(logits)
+        return cls(logits, exp_logits, exp_logits.sum(-1), positions, lengths, int(probs.shape[-1]))
+
+    @cached_property
+    def probs(self) -> torch.Tensor:
+        """(B, H, b, k) attention probabilities."""
+        return self.exp_logits / self.normalizer[..., None]
+
+
+@dataclass
+class LayerRows:
+    """Per-row summaries of one layer's attention, gathered block by block; with the layer's queries and keys they
+    determine every per-head statistic without any (n × n) tensor (see metrics.layer_row_scores).
+
+    query, key: (B, H, n, d_head) as the model computed them; scaling: the logit scale.
+    row_max: (B, H, n) max_j s_ij;  normalizer: (B, H, n) Z_i = Σ_j exp(s_ij - max);
+    expected_logit: (B, H, n) Σ_j A_ij (s_ij - max), all float32, s = scaled logits.
+    """
+
+    query: torch.Tensor
+    key: torch.Tensor
+    scaling: float
+    row_max: torch.Tensor
+    normalizer: torch.Tensor
+    expected_logit: torch.Tensor
+    lengths: torch.Tensor
+
+
+class Reducer:
+    """What the capture hands attention to. A reducer overrides one or both methods; `wants_blocks` says whether
+    `add_block` must be called (the capture then keeps no more than one block alive at a time either way)."""
+
+    wants_blocks = False
+
+    def add_block(self, layer: int, block: AttentionBlock) -> None:
+        """One block of query rows of layer `layer`, probabilities available as `block.probs`."""
+
+    def add_layer(self, layer: int, rows: LayerRows) -> None:
+        """The per-row summaries of layer `layer`, once all its blocks are done."""
 
 
 @dataclass
@@ -36,6 +102,20 @@ class CaptureState:
     layers_seen: list[int] = field(default_factory=list)
 
 
+def _upper_triangle(size: int, device: torch.device) -> torch.Tensor:
+    """(size, size) bool, True above the diagonal: keys after the query."""
+    return torch.ones(size, size, dtype=torch.bool, device=device).triu(diagonal=1)
+
+
+def _block_rows(start: int, n: int, per_entry: int, budget: int, causal: bool) -> int:
+    """Rows for the block starting at `start` so that rows × keys × per_entry ≈ budget, where keys grow with the
+    block when causal (rows · (start + rows) = budget / per_entry, solved for rows)."""
+    entries = max(1, budget // per_entry)
+    if not causal:
+        return max(1, entries // n)
+    return max(1, int((-start + math.sqrt(start * start + 4 * entries)) / 2))
+
+
 def _eager_fallback(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     from transformers.models.gpt2.modeling_gpt2 import eager_attention_forward
 
@@ -43,35 +123,63 @@ def _eager_fallback(module, query, key, value, attention_mask, scaling=None, dro
 
 
 def reducing_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Attention with the weights handed to a reducer instead of returned.
+    """Attention computed one block of query rows at a time; blocks go to the reducer before they are freed.
 
     query: (B, H, n, d_head), key/value: (B, H, n_k, d_head), attention_mask: (B, 1, n, n_k) additive (0 or the
-    dtype's minimum). Returns (output (B, n, H, d_head), None), as transformers expects.
+    dtype's minimum). Returns (output (B, n, H, d_head), None), as transformers expects. The output equals eager
+    attention's; softmax runs in float32 whatever the model's dtype, and the output is (exp(s - max) V) / Z, which
+    spares a pass normalising the block.
     """
     state: CaptureState | None = kwargs.get("attnscope_state")
     if state is None:  # the model was called outside a capture: behave exactly like eager attention
         return _eager_fallback(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout)
     layer = module.layer_idx
     state.layers_seen.append(layer)
+    reducer = state.reducer
     B, H, n, _ = query.shape
     n_keys = key.shape[-2]
+    causal = getattr(module, "is_causal", False) and n == n_keys
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    rows = max(1, state.block_bytes // (B * H * n_keys * 4))
     output = torch.empty_like(query)  # (B, H, n, d_head)
+    row_max = torch.empty(B, H, n, device=query.device)  # (B, H, n) float32
+    normalizer = torch.empty_like(row_max)
+    expected_logit = torch.empty_like(row_max)
     keys_t = key.transpose(-1, -2)  # (B, H, d_head, n_k)
     keep = layer in state.keep_layers and state.keep_row is not None
-    for start in range(0, n, rows):
-        stop = min(start + rows, n)
-        logits = torch.matmul(query[:, :, start:stop], keys_t).float() * scaling  # (B, H, b, n_k)
-        if attention_mask is not None:
-            logits = logits + attention_mask[:, :, start:stop, :n_keys].float()  # (B, 1, b, n_k) broadcast
-        probs = torch.softmax(logits, dim=-1)  # (B, H, b, n_k) float32 whatever the model's dtype
-        output[:, :, start:stop] = torch.matmul(probs.to(value.dtype), value)  # (B, H, b, d_head)
-        if state.reducer is not None:
+    blocks_wanted = reducer is not None and reducer.wants_blocks
+    start = 0
+    while start < n:
+        stop = min(n, start + _block_rows(start, n_keys, B * H * 4, state.block_bytes, causal))
+        keys = stop if causal else n_keys  # a causal row never sees a key after itself
+        logits = torch.matmul(query[:, :, start:stop] * scaling, keys_t[..., :keys]).float()  # (B, H, b, k)
+        if causal:
+            # Batches are right-padded, so a real row's keys 0..i are all real: the causal triangle of the block's
+            # last b keys is the whole mask (padded rows see padded keys, and are never scored). One small
+            # in-place fill instead of a pass over the block adding the model's mask.
+            logits[..., start:stop].masked_fill_(_upper_triangle(stop - start, logits.device), MASKED)
+        elif attention_mask is not None:
+            logits.add_(attention_mask[:, :, start:stop, :keys])  # (B, 1, b, k) broadcast
+        block_max = logits.amax(dim=-1)  # (B, H, b)
+        logits.sub_(block_max[..., None])  # each row's maximum is now 0
+        exp_logits = torch.exp(logits)  # (B, H, b, k)
+        block_z = exp_logits.sum(dim=-1)  # (B, H, b)
+        values = torch.matmul(exp_logits.to(value.dtype), value[:, :, :keys])  # (B, H, b, d_head)
+        output[:, :, start:stop] = values / block_z[..., None].to(value.dtype)
+        row_max[..., start:stop] = block_max
+        normalizer[..., start:stop] = block_z
+        expected_logit[..., start:stop] = torch.einsum("bhrk,bhrk->bhr", exp_logits, logits) / block_z
+        if blocks_wanted or keep:
             positions = torch.arange(start, stop, device=query.device)  # (b,)
-            state.reducer(layer, probs, positions, state.lengths)
-        if keep:
-            state.kept.setdefault(layer, []).append(probs[state.keep_row].cpu())  # (H, b, n_k)
+            block = AttentionBlock(logits, exp_logits, block_z, positions, state.lengths, n_keys)
+            if blocks_wanted:
+                reducer.add_block(layer, block)
+            if keep:
+                kept = torch.zeros(H, stop - start, n_keys)  # (H, b, n_k) on the host
+                kept[..., :keys] = block.probs[state.keep_row].cpu()
+                state.kept.setdefault(layer, []).append(kept)
+        start = stop
+    if reducer is not None:
+        reducer.add_layer(layer, LayerRows(query, key, scaling, row_max, normalizer, expected_logit, state.lengths))
     return output.transpose(1, 2), None  # (B, n, H, d_head)
 
 

@@ -7,6 +7,7 @@ Every AttnscopeError and usage error ends as one line on stderr with exit status
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -42,6 +43,10 @@ BosOpt = Annotated[
     Optional[bool], typer.Option("--bos/--no-bos", help="Prepend the BOS token (default: on when the model has one).", show_default=False)
 ]
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="Windows per forward pass (padded, length-bucketed).")]
+MaxTokensOpt = Annotated[
+    int, typer.Option("--max-tokens", help="Padded tokens per batch at most (a long window still runs alone).")
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (schema_version 1) to stdout instead of tables.")]
 CsvOpt = Annotated[bool, typer.Option("--csv", help="Print CSV (one row per head) to stdout instead of tables.")]
 
@@ -56,15 +61,67 @@ def _note(message: str) -> None:
     print(f"note: {message}", file=sys.stderr)
 
 
+def _is_main() -> bool:
+    """Only rank 0 prints and writes under torchrun."""
+    from attnscope import distributed
+
+    return distributed.world().is_main
+
+
 def _check_output_flags(json_out: bool, csv_out: bool) -> None:
     if json_out and csv_out:
         raise AttnscopeError("give --json or --csv, not both")
 
 
 def _load(model: str, device: str, dtype: str):
-    from attnscope.model import load_model
+    """Load the model; under torchrun, join the process group and take this rank's GPU."""
+    from attnscope import distributed
+    from attnscope.model import load_model, resolve_device
 
-    return load_model(model, device, dtype)
+    place = distributed.world()
+    if place.size > 1 and resolve_device(device).type == "cuda":
+        device = f"cuda:{place.local_rank}"
+    loaded = load_model(model, device, dtype)
+    distributed.init(loaded.device)
+    return loaded
+
+
+class _ProgressBar:
+    """A rich progress bar on stderr (windows, tokens/s, ETA), shown only when stdout is a terminal and not --quiet;
+    rank 0 only under torchrun. Use as a context manager; `callback` is None when hidden."""
+
+    def __init__(self, quiet: bool, label: str):
+        from attnscope import distributed
+
+        self.shown = not quiet and sys.stdout.isatty() and distributed.world().is_main
+        self.label = label
+        self.callback = self._update if self.shown else None
+
+    def __enter__(self) -> "_ProgressBar":
+        if self.shown:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(
+                TextColumn(self.label), BarColumn(), MofNCompleteColumn(), TextColumn("windows"),
+                TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=_console(stderr=True), transient=True,
+                auto_refresh=False,  # a refresh thread competing with torch's threads made runs several times slower
+            )
+            self.bar.__enter__()
+            self.task = self.bar.add_task(self.label, total=None, rate="")
+            self.started = self.refreshed = time.perf_counter()
+        return self
+
+    def _update(self, windows: int, tokens: int, total_windows: int, total_tokens: int) -> None:
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        self.bar.update(self.task, completed=windows, total=total_windows, rate=f"{tokens / elapsed:,.0f} tokens/s")
+        now = time.perf_counter()
+        if now - self.refreshed > 0.1 or windows == total_windows:  # at most 10 redraws a second
+            self.refreshed = now
+            self.bar.refresh()
+
+    def __exit__(self, *exc) -> None:
+        if self.shown:
+            self.bar.__exit__(*exc)
 
 
 @app.command()
@@ -96,6 +153,8 @@ def heads(
         Optional[int], typer.Option("--probe-len", help="Period T of the probe: T random tokens, then again. [default: 50]")
     ] = None,
     probe_seed: Annotated[int, typer.Option("--probe-seed", help="Seed of the probe's random tokens.")] = 0,
+    max_tokens: MaxTokensOpt = 16384,
+    quiet: QuietOpt = False,
 ) -> None:
     """Score and classify every attention head.
 
@@ -111,12 +170,16 @@ def heads(
     if layer is not None:
         analysis.check_layer(layer, loaded.n_layer)
     plotted = [analysis.parse_head(label, loaded.n_layer, loaded.n_head) for label in plot or []]
-    result = analysis.analyze_heads(
-        loaded, texts, window=window, bos=bos, batch_size=batch_size, thresholds=thresholds,
-        keep_layers=sorted({layer_ for layer_, _ in plotted}), probe=probe, probe_len=probe_len, probe_seed=probe_seed,
-    )
+    with _ProgressBar(quiet, "heads") as bar:
+        result = analysis.analyze_heads(
+            loaded, texts, window=window, bos=bos, batch_size=batch_size, thresholds=thresholds,
+            keep_layers=sorted({layer_ for layer_, _ in plotted}), probe=probe, probe_len=probe_len,
+            probe_seed=probe_seed, max_tokens=max_tokens, progress=bar.callback,
+        )
+    if not _is_main():
+        return
     selected = analysis.select_heads(result.heads, layer, sort, top)
-    settings = {"batch_size": batch_size, "layer": layer, "sort": sort, "top": top, "probe": probe}
+    settings = {"batch_size": batch_size, "max_tokens": max_tokens, "layer": layer, "sort": sort, "top": top, "probe": probe}
     for message in result.notes:
         _note(message)
     if folder is not None:
@@ -199,6 +262,8 @@ def diversity(
     seq_len: Annotated[int, typer.Option("--seq-len", help="--random-mha: tokens per random sequence.")] = 32,
     trials: Annotated[int, typer.Option("--trials", help="--random-mha: random layers averaged per head count.")] = 4,
     seed: Annotated[int, typer.Option("--seed", help="--random-mha: seed.")] = 0,
+    max_tokens: MaxTokensOpt = 16384,
+    quiet: QuietOpt = False,
 ) -> None:
     """How different are the heads? Cosine and Jensen–Shannon between every pair of heads of a layer (or all).
 
@@ -220,7 +285,12 @@ def diversity(
         raise AttnscopeError("--layer is required: a layer number (0-based) or 'all'")
     loaded = _load(model, device, dtype)
     chosen = analysis.parse_layer_choice(layer, loaded.n_layer)
-    result = analysis.analyze_diversity(loaded, texts, chosen, bos, batch_size, redundant, cluster_at)
+    with _ProgressBar(quiet, "diversity") as bar:
+        result = analysis.analyze_diversity(
+            loaded, texts, chosen, bos, batch_size, redundant, cluster_at, max_tokens=max_tokens, progress=bar.callback
+        )
+    if not _is_main():
+        return
     doc = export.diversity_document(result, pairs)
     for message in result.notes:
         _note(message)
@@ -279,6 +349,110 @@ def _random_mha(d_model, heads, seq_len, trials, seed, json_out, csv_out, folder
 
         title = f"Random multi-head attention (d_model {d_model}, {seq_len} tokens, {trials} trials): diversity by heads"
         _console().print(terminal.records_table(rows, title))
+
+
+def _numbers(text: str, option: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise AttnscopeError(f"{option} '{text}': expected comma-separated numbers") from None
+    if not values:
+        raise AttnscopeError(f"{option}: give at least one number")
+    return values
+
+
+@app.command()
+def bench(
+    model: ModelOpt = "gpt2",
+    random_weights: Annotated[
+        bool, typer.Option("--random-weights", help="The model's architecture with random weights (no download).")
+    ] = False,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    seq: Annotated[str, typer.Option("--seq", help="Sequence lengths, comma-separated.")] = "128,512,1024",
+    batch: Annotated[str, typer.Option("--batch", help="Batch sizes, comma-separated.")] = "1,8",
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed runs per configuration (median reported).")] = 3,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs first.")] = 1,
+    methods: Annotated[str, typer.Option("--methods", help="Which of floor,attnscope,tutorial,cache.")] = "floor,attnscope,tutorial,cache",
+    micro: Annotated[bool, typer.Option("--micro/--no-micro", help="Also the from-scratch attention micro-benchmark.")] = True,
+    json_out: JsonOpt = False,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write bench.json and tokens_per_s.png here.")] = None,
+) -> None:
+    """How fast is the analysis? Against a plain SDPA forward (the floor) and the usual notebook ways.
+
+    Example: attnscope bench --device cpu --random-weights --seq 128,512 --batch 1
+    """
+    from attnscope import bench as bench_lib, export
+    from attnscope.model import load_model, resolve_device, resolve_dtype
+
+    torch_device = resolve_device(device)
+    chosen = [name.strip() for name in methods.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - set(bench_lib.METHODS))
+    if unknown or not chosen:
+        raise AttnscopeError(f"--methods: use some of {', '.join(bench_lib.METHODS)}")
+    seqs, batches = _numbers(seq, "--seq"), _numbers(batch, "--batch")
+    folder = export.prepare_out_dir(out) if out is not None else None
+    notes = []
+    if random_weights:
+        network, name = _random_network(model, torch_device, dtype, notes), f"{model} (random weights)"
+    else:
+        try:
+            network, name = load_model(model, str(torch_device), dtype).model, model
+        except AttnscopeError as error:
+            notes.append(f"weights unavailable ({error}); timing random weights instead")
+            network, name = _random_network(model, torch_device, dtype, notes), f"{model} (random weights)"
+    import torch
+
+    measurements = bench_lib.run_bench(network, torch_device, seqs, batches, warmup, repeats, chosen)
+    rows = bench_lib.records(measurements)
+    micro_rows = bench_lib.micro_benchmark(device=torch_device) if micro else []
+    machine = {
+        "device": str(torch_device),
+        "device_name": torch.cuda.get_device_name(torch_device) if torch_device.type == "cuda" else "cpu",
+        "cpu_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "dtype": str(next(network.parameters()).dtype).removeprefix("torch."),
+    }
+    doc = export.document(
+        "bench", {"name": name, "n_layer": network.config.num_hidden_layers, "n_head": network.config.num_attention_heads,
+                  "d_model": network.config.hidden_size},
+        {}, {"seq": seqs, "batch": batches, "repeats": repeats, "warmup": warmup, "methods": chosen, **machine},
+        notes, results=rows, micro=micro_rows,
+    )
+    for message in notes:
+        _note(message)
+    if folder is not None:
+        from attnscope import render_files
+
+        export.write_atomic(folder / "bench.json", export.to_json(doc))
+        render_files.bench_file(rows, folder, name, machine)
+        _note(f"wrote 2 files to {folder}")
+    if json_out:
+        sys.stdout.write(export.to_json(doc))
+        return
+    from attnscope import terminal
+
+    console = _console()
+    where = f"{machine['device_name']}, {machine['cpu_threads']} CPU threads, {machine['dtype']}"
+    console.print(terminal.bench_table(rows, f"attnscope bench: {name} on {where}"))
+    if micro_rows:
+        console.print(terminal.records_table(micro_rows, "From-scratch multi-head attention vs SDPA, ms per call (one 256-token sequence)"))
+
+
+def _random_network(model: str, device, dtype: str, notes: list[str]):
+    """The architecture of `model` (its config when readable offline, else GPT-2 small's) with random weights."""
+    from attnscope import bench as bench_lib
+    from attnscope.model import demo_model_dir, resolve_dtype
+
+    from transformers import AutoConfig, GPT2Config
+
+    try:
+        source = str(demo_model_dir()) if model == "demo" else model
+        config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError):
+        notes.append(f"config of '{model}' unavailable; using GPT-2 small's architecture")
+        config = GPT2Config()
+    return bench_lib.random_model(config, device, resolve_dtype(dtype))
 
 
 @app.command()

@@ -72,6 +72,46 @@ def row_scores(attn: torch.Tensor, positions: torch.Tensor, window: int = DEFAUL
     }
 
 
+def layer_row_scores(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    scaling: float,
+    row_max: torch.Tensor,
+    normalizer: torch.Tensor,
+    expected_logit: torch.Tensor,
+    window: int = DEFAULT_WINDOW,
+) -> dict[str, torch.Tensor]:
+    """The statistics of `row_scores` for every row of a causal layer (window >= 1), without any (n × n) tensor.
+
+    query, key: (B, H, n, d); s_ij = scaling · q_i·k_j; per row: row_max = max_j s_ij, normalizer Z_i = Σ_j
+    exp(s_ij - max), expected_logit = Σ_j A_ij (s_ij - max), all (B, H, n), as the capture gathers them block by
+    block. Then exactly, with A_ij = exp(s_ij - max - ln Z_i):
+        confidence = max_j A_ij = 1 / Z_i
+        entropy    = -Σ_j A_ij ln A_ij = ln Z_i - expected_logit
+        A at the few keys the scores need (i, i-1, ..., i-w, and 0) from w + 2 dot products per row.
+    """
+    q, k = query.float(), key.float()
+    B, H, n, _ = q.shape
+    positions = torch.arange(n, device=q.device)  # (n,)
+    offsets = torch.arange(window + 1, device=q.device)  # (w+1,) 0 = self, 1 = previous, ...
+    window_keys = positions[:, None] - offsets[None, :]  # (n, w+1)
+    needed = torch.cat([window_keys, torch.zeros_like(positions)[:, None]], dim=1).clamp(min=0)  # (n, w+2), last: 0
+    logits = torch.einsum("bhnd,bhnjd->bhnj", q, k[:, :, needed]) * scaling  # (B, H, n, w+2)
+    log_z = torch.log(normalizer)  # (B, H, n)
+    probs = torch.exp(logits - (row_max + log_z)[..., None])  # (B, H, n, w+2)
+    in_window = (window_keys >= 1).to(probs.dtype)  # (n, w+1): token 0 is never local
+    entropy = log_z - expected_logit  # (B, H, n)
+    return {
+        "previous_token": probs[..., 1],
+        "first_token": probs[..., -1],
+        "self": probs[..., 0],
+        "local": (probs[..., : window + 1] * in_window).sum(-1),  # (B, H, n)
+        "entropy": entropy,
+        "entropy_normalized": entropy / torch.log((positions + 1).to(entropy.dtype)).clamp(min=1e-12),
+        "confidence": 1.0 / normalizer,
+    }
+
+
 def local_uniform(positions: torch.Tensor, window: int = DEFAULT_WINDOW) -> torch.Tensor:
     """(b,) share of the visible keys that lie in the local window: `local` for uniform attention."""
     in_window = positions - (positions - window).clamp(min=1) + 1  # (b,)
@@ -86,12 +126,19 @@ def scored_rows(lengths: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 def weighted_row_sums(
     attn: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor, window: int = DEFAULT_WINDOW
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sums over scored rows of one block, ready to accumulate exactly across blocks, layers and texts.
+    """Sums over scored rows of one block of probabilities attn (B, H, b, n), ready to accumulate exactly across
+    blocks, layers and texts.
 
     Returns (sums (H, len(ROW_SCORES)) float64, local_uniform sum (scalar float64), scored row count (scalar)).
     """
+    return sum_scored_rows(row_scores(attn, positions, window), positions, lengths, window)
+
+
+def sum_scored_rows(
+    scores: dict[str, torch.Tensor], positions: torch.Tensor, lengths: torch.Tensor, window: int = DEFAULT_WINDOW
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Row scores (name -> (B, H, b)) summed over the scored rows: (sums (H, S) float64, local_uniform sum, count)."""
     scored = scored_rows(lengths, positions)  # (B, b)
-    scores = row_scores(attn, positions, window)
     stacked = torch.stack([scores[name] for name in ROW_SCORES], dim=-1)  # (B, H, b, S)
     stacked = torch.where(scored[:, None, :, None], stacked, 0.0)  # padded rows may hold anything, even NaN
     sums = stacked.sum(dim=(0, 2), dtype=torch.float64)  # (H, S)

@@ -53,3 +53,39 @@ def multi_head_attention(
     weights = torch.softmax(scores, dim=-1)  # (B, H, n, n); fully masked rows become NaN: padding, never scored
     output = (weights.nan_to_num(0.0) @ v).permute(0, 2, 1, 3).reshape(B, n, d)  # (B, n, d)
     return output, weights
+
+
+def numpy_mha_loop(x, w_qkv, b_qkv, n_head: int, causal: bool = True):
+    """The tutorials' way: one head at a time in numpy. x (n, d) -> (output (n, d), weights (H, n, n))."""
+    import numpy as np
+
+    n, d = x.shape
+    d_head = d // n_head
+    qkv = x @ w_qkv + b_qkv  # (n, 3d)
+    q, k, v = qkv[:, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :]
+    mask = np.triu(np.ones((n, n), dtype=bool), k=1) if causal else np.zeros((n, n), dtype=bool)
+    outputs, weights = [], []
+    for h in range(n_head):
+        part = slice(h * d_head, (h + 1) * d_head)
+        scores = q[:, part] @ k[:, part].T / np.sqrt(d_head)  # (n, n)
+        scores = np.where(mask, -np.inf, scores)
+        scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        attn = scores / scores.sum(axis=-1, keepdims=True)  # (n, n)
+        outputs.append(attn @ v[:, part])  # (n, d_head)
+        weights.append(attn)
+    return np.concatenate(outputs, axis=-1), np.stack(weights)
+
+
+def numpy_mha_batched(x, w_qkv, b_qkv, n_head: int, causal: bool = True):
+    """All heads at once in numpy: x (n, d) -> (output (n, d), weights (H, n, n))."""
+    import numpy as np
+
+    n, d = x.shape
+    qkv = (x @ w_qkv + b_qkv).reshape(n, 3, n_head, d // n_head).transpose(1, 2, 0, 3)  # (3, H, n, d_head)
+    q, k, v = qkv
+    scores = q @ k.transpose(0, 2, 1) / np.sqrt(d // n_head)  # (H, n, n)
+    if causal:
+        scores = np.where(np.triu(np.ones((n, n), dtype=bool), k=1), -np.inf, scores)
+    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    attn = scores / scores.sum(axis=-1, keepdims=True)  # (H, n, n)
+    return (attn @ v).transpose(1, 0, 2).reshape(n, d), attn

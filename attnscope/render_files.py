@@ -107,3 +107,18 @@ def random_mha_file(rows: list[dict], folder: Path, d_model: int) -> Path:
         heads, series, "heads", "value", f"Random multi-head attention, d_model {d_model}",
         folder / "random_mha.png", log_x=True,
     )
+
+
+def bench_file(rows: list[dict], folder: Path, model_name: str, machine: dict) -> Path:
+    """tokens_per_s.png: tokens per second against sequence length, one line per method and batch size."""
+    seqs = sorted({row["seq"] for row in rows})
+    series = {}
+    for row in rows:
+        label = f"{row['method']}, batch {row['batch']}"
+        series.setdefault(label, {})[row["seq"]] = row["tokens_per_s"]
+    lines = {label: [values.get(seq) for seq in seqs] for label, values in series.items()}
+    where = machine["device_name"] if machine["device"] != "cpu" else f"CPU, {machine['cpu_threads']} threads"
+    return plots.line_plot(
+        seqs, lines, "sequence length (tokens)", "tokens per second", f"{model_name} on {where}",
+        folder / "tokens_per_s.png", log_x=True,
+    )

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 
 from attnscope import metrics
+from attnscope.capture import AttentionBlock, LayerRows, Reducer
 
 
-class HeadStatistics:
+class HeadStatistics(Reducer):
     """Running sums of every row statistic for every (layer, head), kept on the device the model runs on.
 
     Sums are float64 and counts integers, so two partial runs merged with `merge` give the same means as one run.
@@ -19,9 +20,13 @@ class HeadStatistics:
         self.uniform_sum = torch.zeros((), dtype=torch.float64, device=device)
         self.row_count = torch.zeros((), dtype=torch.long, device=device)
 
-    def __call__(self, layer: int, attn: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor) -> None:
-        """The capture's reducer: add one block of layer `layer` (attn (B, H, b, n))."""
-        sums, uniform, count = metrics.weighted_row_sums(attn, positions, lengths, self.window)
+    def add_layer(self, layer: int, rows: LayerRows) -> None:
+        """Add every row of layer `layer` of a batch, from the capture's per-row summaries."""
+        scores = metrics.layer_row_scores(
+            rows.query, rows.key, rows.scaling, rows.row_max, rows.normalizer, rows.expected_logit, self.window
+        )
+        positions = torch.arange(rows.query.shape[2], device=rows.query.device)  # (n,)
+        sums, uniform, count = metrics.sum_scored_rows(scores, positions, rows.lengths, self.window)
         self.sums[layer] += sums
         if layer == 0:  # row-level quantities are the same for every layer: count them once
             self.uniform_sum += uniform
@@ -37,7 +42,7 @@ class HeadStatistics:
         return metrics.finish(self.sums.cpu(), float(self.uniform_sum), int(self.row_count))
 
 
-class ProbeStatistics:
+class ProbeStatistics(Reducer):
     """Induction and duplicate-token sums over the second copy of the repeated-random-token probe.
 
     Windows are `first_query - period` BOS tokens (0 or 1), T = `period` tokens, the same T again; the second copy
@@ -45,6 +50,7 @@ class ProbeStatistics:
     """
 
     SCORES = ("induction", "duplicate_token")
+    wants_blocks = True
 
     def __init__(self, n_layer: int, n_head: int, device: torch.device, period: int, first_query: int):
         self.period = period
@@ -52,7 +58,8 @@ class ProbeStatistics:
         self.sums = torch.zeros(n_layer, n_head, 2, dtype=torch.float64, device=device)
         self.row_count = torch.zeros((), dtype=torch.long, device=device)
 
-    def __call__(self, layer: int, attn: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor) -> None:
+    def add_block(self, layer: int, block: AttentionBlock) -> None:
+        attn, positions, lengths = block.probs, block.positions, block.lengths
         second_copy = (positions[None, :] >= self.first_query) & (positions[None, :] < lengths[:, None])  # (B, b)
         induction = metrics.offset_attention(attn, positions, -(self.period - 1))  # (B, H, b)
         duplicate = metrics.offset_attention(attn, positions, -self.period)  # (B, H, b)
@@ -68,7 +75,7 @@ class ProbeStatistics:
         return {name: means[..., k] for k, name in enumerate(self.SCORES)}
 
 
-class DiversityStatistics:
+class DiversityStatistics(Reducer):
     """Pairwise sums (dot products, JSD, sqrt JSD) between the heads of `layers`, over scored rows.
 
     One layer: each block the capture hands over holds all its heads, so pairs are summed block by block and
@@ -76,6 +83,8 @@ class DiversityStatistics:
     the forward pass, so those layers' blocks are copied into one buffer (B, L·H, n, n) until the batch ends
     (`flush`, the capture's `on_batch`), then reduced; the caller sizes batches so that this stays within memory.
     """
+
+    wants_blocks = True
 
     def __init__(self, layers: list[int], n_head: int, device: torch.device):
         self.layers = list(layers)
@@ -96,18 +105,20 @@ class DiversityStatistics:
         self.js_root += js_root
         self.row_count += scored.sum()
 
-    def __call__(self, layer: int, attn: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor) -> None:
+    def add_block(self, layer: int, block: AttentionBlock) -> None:
         if layer not in self.layers:
             return
+        attn, positions = block.probs, block.positions  # (B, H, b, k), k = keys up to the block's last row
         if len(self.layers) == 1:
-            self._add(attn, positions, lengths)
+            self._add(attn, positions, block.lengths)
             return
-        B, H, _, n = attn.shape
+        B, H, _, k = attn.shape
         if self.buffer is None:
-            self.buffer = torch.empty(B, len(self.layers) * H, n, n, dtype=attn.dtype, device=attn.device)
-            self.lengths = lengths
+            n = block.n_keys
+            self.buffer = torch.zeros(B, len(self.layers) * H, n, n, dtype=attn.dtype, device=attn.device)
+            self.lengths = block.lengths
         first = self.layers.index(layer) * H
-        self.buffer[:, first : first + H, int(positions[0]) : int(positions[-1]) + 1] = attn
+        self.buffer[:, first : first + H, int(positions[0]) : int(positions[-1]) + 1, :k] = attn
 
     def flush(self, _batch=None) -> None:
         """Reduce the buffered batch: heads of all layers side by side."""

@@ -113,7 +113,24 @@ def records_table(rows: Sequence[dict], title: str) -> Table:
     """Any list of flat records with the same keys; floats with three decimals, None as '-'."""
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
     for key in rows[0]:
-        table.add_column(key, justify="right")
+        table.add_column(key.removesuffix("_ms").replace("_", " "), justify="right")
     for row in rows:
         table.add_row(*("-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()))
+    return table
+
+
+def bench_table(rows: Sequence[dict], title: str) -> Table:
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
+    """Spread is (max - min) / median of the timed runs."""
+    for header in ("method", "B", "n", "median s", "spread", "tokens/s", "×floor", "peak MB", "mem×floor"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for row in rows:
+        ratio = row["time_vs_floor"]
+        memory = row["memory_vs_floor"]
+        spread = (row["max_s"] - row["min_s"]) / row["median_s"]
+        table.add_row(
+            row["method"], str(row["batch"]), str(row["seq"]), f"{row['median_s']:.3f}", f"{spread:.0%}",
+            f"{row['tokens_per_s']:,.0f}", "-" if ratio is None else f"{ratio:.2f}", f"{row['peak_mb']:.0f}",
+            "-" if memory is None else f"{memory:.2f}",
+        )
     return table

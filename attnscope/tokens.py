@@ -64,12 +64,27 @@ def tokenize(tokenizer: Any, texts: Sequence[Text], n_ctx: int, bos: bool | None
     return Tokenized(windows, use_bos, notes)
 
 
-def batch_order(windows: Sequence[Window], batch_size: int) -> list[list[int]]:
-    """Window indices grouped into batches of similar length (longest first), so padding stays small."""
+def batch_order(windows: Sequence[Window], batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Window indices grouped into batches of similar length (longest first), so padding stays small: at most
+    `batch_size` windows, and at most `max_tokens` padded tokens (windows × longest) unless one window alone is
+    longer."""
     if batch_size < 1:
         raise AttnscopeError("--batch-size must be at least 1")
+    if max_tokens is not None and max_tokens < 1:
+        raise AttnscopeError("--max-tokens must be at least 1")
     order = sorted(range(len(windows)), key=lambda i: (-len(windows[i].ids), i))
-    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    groups: list[list[int]] = []
+    for index in order:
+        group = groups[-1] if groups else None
+        # longest first: the group's first window is its longest, so padded size = count × that length
+        fits = group is not None and len(group) < batch_size and (
+            max_tokens is None or (len(group) + 1) * len(windows[group[0]].ids) <= max_tokens
+        )
+        if fits:
+            group.append(index)
+        else:
+            groups.append([index])
+    return groups
 
 
 @dataclass
@@ -83,10 +98,12 @@ class Batch:
     lengths: Any  # (B,) long
 
 
-def batches(windows: Sequence[Window], batch_size: int, device: Any, pad_id: int = 0) -> Iterator[Batch]:
+def batches(
+    windows: Sequence[Window], batch_size: int, device: Any, pad_id: int = 0, max_tokens: int | None = None
+) -> Iterator[Batch]:
     import torch
 
-    for indices in batch_order(windows, batch_size):
+    for indices in batch_order(windows, batch_size, max_tokens):
         longest = max(len(windows[i].ids) for i in indices)
         input_ids = torch.full((len(indices), longest), pad_id, dtype=torch.long)  # (B, n)
         for row, index in enumerate(indices):

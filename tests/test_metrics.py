@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from attnscope import metrics
+from attnscope.capture import AttentionBlock
 
 
 def causal_rows(rows: list[list[float]]) -> torch.Tensor:
@@ -182,7 +183,7 @@ def probe_scores_of(attn, period):
 
     statistics = ProbeStatistics(1, 1, torch.device("cpu"), period, first_query=1 + period)
     n = attn.shape[-1]
-    statistics(0, attn, torch.arange(n), torch.tensor([n]))
+    statistics.add_block(0, AttentionBlock.from_probs(attn, torch.arange(n), torch.tensor([n])))
     return {name: float(value[0, 0]) for name, value in statistics.means().items()}
 
 
@@ -198,3 +199,25 @@ def test_offset_attention_before_the_start_is_zero():
     attn = uniform_map(5)
     got = metrics.offset_attention(attn, torch.arange(5), -3)
     assert got[0, 0].tolist() == pytest.approx([0.0, 0.0, 0.0, 1 / 4, 1 / 5])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_layer_row_scores_equal_row_scores(seed):
+    """The capture's fast form (per-row max, Z and expected logit, plus w + 2 dot products) against the
+    definitions applied to the probabilities."""
+    generator = torch.Generator().manual_seed(seed)
+    B, H, n, d, scaling = 2, 3, 11, 8, 0.7
+    q, k = torch.randn(B, H, n, d, generator=generator) * 2, torch.randn(B, H, n, d, generator=generator) * 2
+    logits = (q @ k.transpose(-1, -2)) * scaling  # (B, H, n, n)
+    logits = logits.masked_fill(~torch.tril(torch.ones(n, n, dtype=torch.bool)), float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    row_max = logits.amax(-1)
+    shifted = logits - row_max[..., None]
+    normalizer = shifted.exp().sum(-1)
+    expected = (probs * shifted.nan_to_num(neginf=0.0)).sum(-1)
+    positions = torch.arange(n)
+    for window in (1, 3):
+        reference = metrics.row_scores(probs, positions, window)
+        got = metrics.layer_row_scores(q, k, scaling, row_max, normalizer, expected, window)
+        for name in metrics.ROW_SCORES:
+            assert torch.allclose(got[name][..., 1:], reference[name][..., 1:], atol=2e-5), (name, window)

@@ -1,0 +1,291 @@
+"""`attnscope bench`: how much the analysis costs over the model's own forward pass, and against what users do today.
+
+Methods, on the same random token ids, batch shape and device:
+- `floor`: the base model with PyTorch SDPA attention and no attention returned: the cheapest forward there is.
+- `attnscope`: the full per-head analysis (every statistic of `attnscope heads`; the probe excluded).
+- `tutorial`: the multi-head-attention tutorials' way: the LM-head model with eager attention and
+  `output_attentions=True`, one text at a time, every map copied to numpy on the host and scored there.
+- `cache`: TransformerLens-style caching: one prompt at a time, every layer's attention pattern kept in a cache,
+  then scored (TransformerLens's `detect_head` scores a head by the share of its attention on a pattern).
+
+Timing: `warmup` untimed runs, then `repeats` timed runs; median and spread (min, max). On CUDA, events with a
+synchronisation; on CPU, perf_counter. Memory: CUDA `max_memory_allocated` above what was allocated before the run;
+on CPU the peak resident set size above the size before the run, sampled every millisecond by a thread.
+"""
+
+from __future__ import annotations
+
+import statistics as stats_module
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from attnscope import capture
+from attnscope.errors import AttnscopeError
+
+METHODS = ("floor", "attnscope", "tutorial", "cache")
+
+
+class PeakRSS:
+    """Peak resident set size above the size at entry, sampled by a thread (Linux /proc; 0 elsewhere)."""
+
+    def __init__(self, interval: float = 0.001):
+        self.interval = interval
+        self.peak = 0
+
+    @staticmethod
+    def _rss() -> int:
+        try:
+            with open("/proc/self/statm") as file:
+                return int(file.read().split()[1]) * 4096
+        except OSError:
+            return 0
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._rss())
+            time.sleep(self.interval)
+
+    def __enter__(self) -> "PeakRSS":
+        self.start = self._rss()
+        self.peak = self.start
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._rss())
+
+    @property
+    def above_start(self) -> int:
+        return self.peak - self.start
+
+
+@dataclass
+class Measurement:
+    method: str
+    batch: int
+    seq: int
+    times: list[float]  # seconds, one per repeat
+    peak_bytes: int
+
+    @property
+    def median(self) -> float:
+        return stats_module.median(self.times)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.batch * self.seq / self.median
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(run: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> tuple[list[float], int]:
+    """Times of `repeats` runs after `warmup`, and the peak memory of one more run above its start."""
+    for _ in range(warmup):
+        run()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            run()
+            end.record()
+            torch.cuda.synchronize(device)
+            times.append(begin.elapsed_time(end) / 1000)
+        else:
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        run()
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - before
+    else:
+        with PeakRSS() as rss:
+            run()
+        peak = rss.above_start
+    return times, peak
+
+
+def numpy_head_scores(maps: np.ndarray) -> dict[str, np.ndarray]:
+    """The tutorial baseline's scoring on the host: maps (H, n, n) of one text -> per-head means over rows i >= 1."""
+    n = maps.shape[-1]
+    rows = np.arange(1, n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        entropy = -np.nansum(np.where(maps > 0, maps * np.log(maps), 0.0), axis=-1)  # (H, n)
+    return {
+        "previous_token": maps[:, rows, rows - 1].mean(-1),
+        "first_token": maps[:, rows, 0].mean(-1),
+        "self": maps[:, rows, rows].mean(-1),
+        "entropy": entropy[:, 1:].mean(-1),
+        "confidence": maps[:, 1:].max(-1).mean(-1),
+    }
+
+
+def pattern_share(pattern: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """TransformerLens detect_head-style score: share of each head's attention on a 0/1 pattern. attn (H, n, n)."""
+    return (attn * pattern).sum(dim=(-1, -2)) / attn.sum(dim=(-1, -2))
+
+
+def _methods(model: Any, lm_model: Any, ids: torch.Tensor, device: torch.device) -> dict[str, Callable[[], Any]]:
+    from attnscope.stats import HeadStatistics
+    from attnscope.tokens import Batch
+
+    B, n = ids.shape
+    mask = torch.ones_like(ids)
+    batch = Batch(list(range(B)), ids, mask, torch.full((B,), n, device=device))
+    n_layer, n_head = model.config.num_hidden_layers, model.config.num_attention_heads
+
+    def floor():
+        with torch.inference_mode():
+            model.set_attn_implementation("sdpa")
+            model(input_ids=ids, attention_mask=mask)
+
+    def analysis():
+        statistics = HeadStatistics(n_layer, n_head, device)
+        capture.run(model, [batch], statistics)
+        return statistics.means()
+
+    def tutorial():
+        results = []
+        with torch.inference_mode():
+            for row in range(B):
+                out = lm_model(input_ids=ids[row : row + 1], output_attentions=True)
+                results.append([numpy_head_scores(layer[0].float().cpu().numpy()) for layer in out.attentions])
+        return results
+
+    previous = torch.zeros(n, n, device=device)
+    previous[torch.arange(1, n), torch.arange(n - 1)] = 1.0
+
+    def cache():
+        results = []
+        with torch.inference_mode():
+            for row in range(B):
+                out = lm_model(input_ids=ids[row : row + 1], output_attentions=True)
+                cached = {f"blocks.{layer}.attn.hook_pattern": a[0] for layer, a in enumerate(out.attentions)}
+                results.append({name: pattern_share(previous, attn.float()) for name, attn in cached.items()})
+        return results
+
+    return {"floor": floor, "attnscope": analysis, "tutorial": tutorial, "cache": cache}
+
+
+def run_bench(
+    model: Any,
+    device: torch.device,
+    seqs: Sequence[int],
+    batches: Sequence[int],
+    warmup: int = 1,
+    repeats: int = 3,
+    methods: Sequence[str] = METHODS,
+    seed: int = 0,
+) -> list[Measurement]:
+    """Every method at every (batch, seq) on `model` (a base GPT-2 with eager/our attention, eval mode)."""
+    from transformers import GPT2LMHeadModel
+
+    for seq in seqs:
+        if not 2 <= seq <= model.config.max_position_embeddings:
+            raise AttnscopeError(f"--seq {seq}: between 2 and the context, {model.config.max_position_embeddings}")
+    if any(b < 1 for b in batches) or repeats < 1 or warmup < 0:
+        raise AttnscopeError("--batch and --repeats must be at least 1, --warmup at least 0")
+    lm_model = GPT2LMHeadModel(model.config).to(device=device, dtype=next(model.parameters()).dtype).eval()
+    lm_model.transformer.load_state_dict(model.state_dict())  # the same weights, plus an LM head
+    lm_model.set_attn_implementation("eager")
+    generator = torch.Generator().manual_seed(seed)
+    results = []
+    for batch_size in batches:
+        for seq in seqs:
+            ids = torch.randint(0, model.config.vocab_size, (batch_size, seq), generator=generator).to(device)
+            runs = _methods(model, lm_model, ids, device)
+            for method in methods:
+                times, peak = measure(runs[method], device, warmup, repeats)
+                results.append(Measurement(method, batch_size, seq, times, peak))
+    model.set_attn_implementation("eager")
+    return results
+
+
+def records(measurements: Sequence[Measurement]) -> list[dict]:
+    """One record per measurement, with ratios to the floor of the same (batch, seq)."""
+    floors = {(m.batch, m.seq): m for m in measurements if m.method == "floor"}
+    out = []
+    for m in measurements:
+        floor = floors.get((m.batch, m.seq))
+        out.append(
+            {
+                "method": m.method,
+                "batch": m.batch,
+                "seq": m.seq,
+                "median_s": m.median,
+                "min_s": min(m.times),
+                "max_s": max(m.times),
+                "tokens_per_s": m.tokens_per_second,
+                "time_vs_floor": m.median / floor.median if floor else None,
+                "peak_mb": m.peak_bytes / 2**20,
+                "memory_vs_floor": m.peak_bytes / floor.peak_bytes if floor and floor.peak_bytes > 0 else None,
+            }
+        )
+    return out
+
+
+def random_model(config: Any, device: torch.device, dtype: Any) -> Any:
+    """The architecture of `config` with random weights (timing does not depend on weight values)."""
+    from transformers import GPT2Model
+
+    torch.manual_seed(0)
+    model = GPT2Model(config)
+    model.set_attn_implementation("eager")
+    return model.to(device=device, dtype=None if dtype == "auto" else dtype).eval()
+
+
+def micro_benchmark(
+    d_model: int = 512, heads: Sequence[int] = (1, 4, 8, 16), seq: int = 256, repeats: int = 3, device: Any = "cpu"
+) -> list[dict]:
+    """The tutorials' micro-benchmark: the from-scratch attention (numpy loop over heads, numpy batched, torch)
+    against torch's scaled_dot_product_attention, one sequence of `seq` tokens, the same d_model for every head
+    count. Times are medians in milliseconds."""
+    from attnscope.reference import multi_head_attention, numpy_mha_batched, numpy_mha_loop, split_heads
+
+    device = torch.device(device)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(seq, d_model, generator=generator)
+    w = torch.randn(d_model, 3 * d_model, generator=generator) / d_model**0.5
+    b = torch.zeros(3 * d_model)
+    x_np, w_np, b_np = x.numpy(), w.numpy(), b.numpy()
+    xd, wd, bd = x.to(device), w.to(device), b.to(device)
+    rows = []
+    for count in heads:
+        if d_model % count:
+            raise AttnscopeError(f"{count} heads do not divide d_model {d_model}")
+
+        def sdpa():
+            q, k, v = (split_heads(part, count) for part in (xd[None] @ wd + bd).split(d_model, dim=-1))
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        runs = {
+            "numpy_loop": lambda: numpy_mha_loop(x_np, w_np, b_np, count),
+            "numpy_batched": lambda: numpy_mha_batched(x_np, w_np, b_np, count),
+            "torch_scratch": lambda: multi_head_attention(xd[None], wd, bd, count),
+            "torch_sdpa": sdpa,
+        }
+        row = {"heads": count, "d_head": d_model // count}
+        with torch.inference_mode():
+            for name, run in runs.items():
+                times, _ = measure(run, device if name.startswith("torch") else torch.device("cpu"), 1, repeats)
+                row[f"{name}_ms"] = stats_module.median(times) * 1000
+        rows.append(row)
+    return rows
