@@ -22,20 +22,23 @@ IMPLEMENTATION = "attnscope"
 # One block of float32 logits (B, H, rows, keys) stays under about this: small enough for the passes over a block
 # to run in cache, large enough that per-operation overhead does not dominate.
 BLOCK_BYTES = 2 * 2**20
-MASKED = -1e30  # a masked logit: finite, so exp gives 0 and 0 · logit stays 0 (no NaN)
+MASKED = -1e30  # a masked logit: finite, so 0 · logit stays 0 (no NaN)
+# Shifted logits are clamped here before exp: torch's exp takes a slow path for results that underflow (14x slower
+# on the CPU this was measured on), which masked keys and peaked heads hit constantly. exp(-87) = 1.6e-38 is the
+# smallest normal float32, so a masked key or a negligible one weighs at most 1.6e-38 / Z instead of 0.
+LOGIT_FLOOR = -87.0
 
 
 @dataclass
 class AttentionBlock:
     """Attention of query rows `positions` of one layer, as the capture computed it (all float32).
 
-    logits:  (B, H, b, k) scaled QKᵀ plus the mask, shifted so that each row's maximum is 0 (masked keys hold a
-             very negative finite number); k = keys up to the block's last row (later keys are causally masked).
-    exp_logits: (B, H, b, k) exp(logits);  normalizer: (B, H, b) Σ_j exp(logits), so A = exp_logits / normalizer.
+    exp_logits: (B, H, b, k) exp(s) with s the scaled logits shifted so that each row's maximum is 0; k = keys up
+             to the block's last row (later keys are causally masked);
+    normalizer: (B, H, b) Σ_j exp(s), so A = exp_logits / normalizer.
     lengths: (B,) real tokens per window;  n_keys: all keys of the layer (the padded window length).
     """
 
-    logits: torch.Tensor
     exp_logits: torch.Tensor
     normalizer: torch.Tensor
     positions: torch.Tensor
@@ -44,12 +47,9 @@ class AttentionBlock:
 
     @classmethod
     def from_probs(cls, probs: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor) -> "AttentionBlock":
-        """A block from given probabilities (B, H, b, k), e.g. hand-built ones: zeros become logits of -1e30."""
-        logits = torch.log(probs.float().clamp(min=1e-30))
-        logits = torch.where(probs > 0, logits, MASKED)
-        logits = logits - logits.amax(dim=-1, keepdim=True)
-        exp_logits = torch.exp(logits)
-        return cls(logits, exp_logits, exp_logits.sum(-1), positions, lengths, int(probs.shape[-1]))
+        """A block from given probabilities (B, H, b, k), e.g. hand-built ones."""
+        exp_logits = probs.float() / probs.float().amax(dim=-1, keepdim=True)  # row maximum 1 = exp(0)
+        return cls(exp_logits, exp_logits.sum(-1), positions, lengths, int(probs.shape[-1]))
 
     @cached_property
     def probs(self) -> torch.Tensor:
@@ -59,20 +59,17 @@ class AttentionBlock:
 
 @dataclass
 class LayerRows:
-    """Per-row summaries of one layer's attention, gathered block by block; with the layer's queries and keys they
-    determine every per-head statistic without any (n × n) tensor (see metrics.layer_row_scores).
+    """Per-row summaries of one layer's attention, gathered block by block, that determine every per-head
+    statistic without any (n × n) tensor (see metrics.layer_row_scores). All (B, H, n) float32, s the scaled
+    logits shifted so that each row's maximum is 0:
 
-    query, key: (B, H, n, d_head) as the model computed them; scaling: the logit scale.
-    row_max: (B, H, n) max_j s_ij;  normalizer: (B, H, n) Z_i = Σ_j exp(s_ij - max);
-    expected_logit: (B, H, n) Σ_j A_ij (s_ij - max), all float32, s = scaled logits.
+    normalizer: Z_i = Σ_j exp(s_ij);  expected_logit: Σ_j A_ij s_ij;
+    gathered: (B, H, n, m) s_ij at the keys the reducer's `keys_to_gather` named for each row.
     """
 
-    query: torch.Tensor
-    key: torch.Tensor
-    scaling: float
-    row_max: torch.Tensor
     normalizer: torch.Tensor
     expected_logit: torch.Tensor
+    gathered: torch.Tensor
     lengths: torch.Tensor
 
 
@@ -81,6 +78,10 @@ class Reducer:
     `add_block` must be called (the capture then keeps no more than one block alive at a time either way)."""
 
     wants_blocks = False
+
+    def keys_to_gather(self, positions: torch.Tensor) -> torch.Tensor | None:
+        """(b, m) key indices (each <= its row's position) whose logits `add_layer` wants for rows `positions`."""
+        return None
 
     def add_block(self, layer: int, block: AttentionBlock) -> None:
         """One block of query rows of layer `layer`, probabilities available as `block.probs`."""
@@ -141,9 +142,10 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
     causal = getattr(module, "is_causal", False) and n == n_keys
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     output = torch.empty_like(query)  # (B, H, n, d_head)
-    row_max = torch.empty(B, H, n, device=query.device)  # (B, H, n) float32
-    normalizer = torch.empty_like(row_max)
-    expected_logit = torch.empty_like(row_max)
+    normalizer = torch.empty(B, H, n, device=query.device)  # (B, H, n) float32
+    expected_logit = torch.empty_like(normalizer)
+    gather_keys = reducer.keys_to_gather if reducer is not None else (lambda positions: None)
+    gathered = None
     keys_t = key.transpose(-1, -2)  # (B, H, d_head, n_k)
     keep = layer in state.keep_layers and state.keep_row is not None
     blocks_wanted = reducer is not None and reducer.wants_blocks
@@ -159,27 +161,32 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
             logits[..., start:stop].masked_fill_(_upper_triangle(stop - start, logits.device), MASKED)
         elif attention_mask is not None:
             logits.add_(attention_mask[:, :, start:stop, :keys])  # (B, 1, b, k) broadcast
-        block_max = logits.amax(dim=-1)  # (B, H, b)
-        logits.sub_(block_max[..., None])  # each row's maximum is now 0
+        logits.sub_(logits.amax(dim=-1, keepdim=True)).clamp_(min=LOGIT_FLOOR)  # each row's maximum is now 0
         exp_logits = torch.exp(logits)  # (B, H, b, k)
         block_z = exp_logits.sum(dim=-1)  # (B, H, b)
         values = torch.matmul(exp_logits.to(value.dtype), value[:, :, :keys])  # (B, H, b, d_head)
         output[:, :, start:stop] = values / block_z[..., None].to(value.dtype)
-        row_max[..., start:stop] = block_max
         normalizer[..., start:stop] = block_z
-        expected_logit[..., start:stop] = torch.einsum("bhrk,bhrk->bhr", exp_logits, logits) / block_z
+        positions = torch.arange(start, stop, device=query.device)  # (b,)
+        wanted = gather_keys(positions)  # (b, m) or None
+        if wanted is not None:
+            if gathered is None:
+                gathered = torch.empty(B, H, n, wanted.shape[1], device=query.device)  # (B, H, n, m)
+            index = wanted.view(1, 1, *wanted.shape).expand(B, H, *wanted.shape)  # (B, H, b, m)
+            gathered[:, :, start:stop] = logits.gather(-1, index)
         if blocks_wanted or keep:
-            positions = torch.arange(start, stop, device=query.device)  # (b,)
-            block = AttentionBlock(logits, exp_logits, block_z, positions, state.lengths, n_keys)
+            block = AttentionBlock(exp_logits, block_z, positions, state.lengths, n_keys)
             if blocks_wanted:
                 reducer.add_block(layer, block)
             if keep:
                 kept = torch.zeros(H, stop - start, n_keys)  # (H, b, n_k) on the host
                 kept[..., :keys] = block.probs[state.keep_row].cpu()
                 state.kept.setdefault(layer, []).append(kept)
+        # Σ_j exp(s_ij) s_ij, multiplying in place: the logits are not needed after this
+        expected_logit[..., start:stop] = logits.mul_(exp_logits).sum(dim=-1) / block_z
         start = stop
     if reducer is not None:
-        reducer.add_layer(layer, LayerRows(query, key, scaling, row_max, normalizer, expected_logit, state.lengths))
+        reducer.add_layer(layer, LayerRows(normalizer, expected_logit, gathered, state.lengths))
     return output.transpose(1, 2), None  # (B, n, H, d_head)
 
 

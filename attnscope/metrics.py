@@ -72,40 +72,35 @@ def row_scores(attn: torch.Tensor, positions: torch.Tensor, window: int = DEFAUL
     }
 
 
+def gathered_keys(positions: torch.Tensor, window: int = DEFAULT_WINDOW) -> torch.Tensor:
+    """(b, w+2) the keys `layer_row_scores` needs for rows `positions`: i, i-1, ..., i-w (clamped at 0), then 0."""
+    offsets = torch.arange(window + 1, device=positions.device)  # (w+1,) 0 = self, 1 = previous, ...
+    window_keys = (positions[:, None] - offsets[None, :]).clamp(min=0)  # (b, w+1)
+    return torch.cat([window_keys, torch.zeros_like(positions)[:, None]], dim=1)  # (b, w+2)
+
+
 def layer_row_scores(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    scaling: float,
-    row_max: torch.Tensor,
-    normalizer: torch.Tensor,
-    expected_logit: torch.Tensor,
-    window: int = DEFAULT_WINDOW,
+    normalizer: torch.Tensor, expected_logit: torch.Tensor, gathered: torch.Tensor, window: int = DEFAULT_WINDOW
 ) -> dict[str, torch.Tensor]:
     """The statistics of `row_scores` for every row of a causal layer (window >= 1), without any (n × n) tensor.
 
-    query, key: (B, H, n, d); s_ij = scaling · q_i·k_j; per row: row_max = max_j s_ij, normalizer Z_i = Σ_j
-    exp(s_ij - max), expected_logit = Σ_j A_ij (s_ij - max), all (B, H, n), as the capture gathers them block by
-    block. Then exactly, with A_ij = exp(s_ij - max - ln Z_i):
-        confidence = max_j A_ij = 1 / Z_i
+    With s_ij the scaled logits shifted so each row's maximum is 0 (the capture's form), the inputs are per row
+    (all (B, H, n)): normalizer Z_i = Σ_j exp(s_ij), expected_logit = Σ_j A_ij s_ij, and `gathered` (B, H, n, w+2)
+    s_ij at the keys of `gathered_keys`. Then exactly, with A_ij = exp(s_ij) / Z_i:
+        confidence = max_j A_ij = 1 / Z_i               (the row maximum is exp(0))
         entropy    = -Σ_j A_ij ln A_ij = ln Z_i - expected_logit
-        A at the few keys the scores need (i, i-1, ..., i-w, and 0) from w + 2 dot products per row.
+        A at keys i, i-1, ..., i-w, 0 = exp(gathered) / Z_i
     """
-    q, k = query.float(), key.float()
-    B, H, n, _ = q.shape
-    positions = torch.arange(n, device=q.device)  # (n,)
-    offsets = torch.arange(window + 1, device=q.device)  # (w+1,) 0 = self, 1 = previous, ...
-    window_keys = positions[:, None] - offsets[None, :]  # (n, w+1)
-    needed = torch.cat([window_keys, torch.zeros_like(positions)[:, None]], dim=1).clamp(min=0)  # (n, w+2), last: 0
-    logits = torch.einsum("bhnd,bhnjd->bhnj", q, k[:, :, needed]) * scaling  # (B, H, n, w+2)
-    log_z = torch.log(normalizer)  # (B, H, n)
-    probs = torch.exp(logits - (row_max + log_z)[..., None])  # (B, H, n, w+2)
-    in_window = (window_keys >= 1).to(probs.dtype)  # (n, w+1): token 0 is never local
-    entropy = log_z - expected_logit  # (B, H, n)
+    n = normalizer.shape[-1]
+    positions = torch.arange(n, device=normalizer.device)  # (n,)
+    probs = torch.exp(gathered) / normalizer[..., None]  # (B, H, n, w+2)
+    in_window = (positions[:, None] - torch.arange(window + 1, device=normalizer.device) >= 1).to(probs.dtype)
+    entropy = torch.log(normalizer) - expected_logit  # (B, H, n)
     return {
         "previous_token": probs[..., 1],
         "first_token": probs[..., -1],
         "self": probs[..., 0],
-        "local": (probs[..., : window + 1] * in_window).sum(-1),  # (B, H, n)
+        "local": (probs[..., : window + 1] * in_window).sum(-1),  # (B, H, n); token 0 is never local
         "entropy": entropy,
         "entropy_normalized": entropy / torch.log((positions + 1).to(entropy.dtype)).clamp(min=1e-12),
         "confidence": 1.0 / normalizer,

@@ -20,12 +20,13 @@ class HeadStatistics(Reducer):
         self.uniform_sum = torch.zeros((), dtype=torch.float64, device=device)
         self.row_count = torch.zeros((), dtype=torch.long, device=device)
 
+    def keys_to_gather(self, positions: torch.Tensor) -> torch.Tensor:
+        return metrics.gathered_keys(positions, self.window)
+
     def add_layer(self, layer: int, rows: LayerRows) -> None:
         """Add every row of layer `layer` of a batch, from the capture's per-row summaries."""
-        scores = metrics.layer_row_scores(
-            rows.query, rows.key, rows.scaling, rows.row_max, rows.normalizer, rows.expected_logit, self.window
-        )
-        positions = torch.arange(rows.query.shape[2], device=rows.query.device)  # (n,)
+        scores = metrics.layer_row_scores(rows.normalizer, rows.expected_logit, rows.gathered, self.window)
+        positions = torch.arange(rows.normalizer.shape[-1], device=rows.normalizer.device)  # (n,)
         sums, uniform, count = metrics.sum_scored_rows(scores, positions, rows.lengths, self.window)
         self.sums[layer] += sums
         if layer == 0:  # row-level quantities are the same for every layer: count them once
