@@ -495,7 +495,12 @@ def info(
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI on `argv` and return its exit status: the one error boundary for every command."""
     try:
-        app(args=argv, prog_name="attnscope", standalone_mode=False)
+        # Commands return None; typer returns an exit status instead when one stopped early: 130 for Ctrl-C
+        # (it turns KeyboardInterrupt into that itself), 0 after --help.
+        status = app(args=argv, prog_name="attnscope", standalone_mode=False)
+        if status == 130:
+            print("attnscope: interrupted", file=sys.stderr)
+        return status if isinstance(status, int) else 0
     except AttnscopeError as error:
         print(f"attnscope: error: {error}", file=sys.stderr)
         return 2
@@ -512,9 +517,12 @@ def run(argv: list[str] | None = None) -> int:
     except (click_errors.Abort, KeyboardInterrupt):
         print("attnscope: interrupted", file=sys.stderr)
         return 130
-    return 0
 
 
 def main() -> None:
     """Console-script entry point (`attnscope`, `python -m attnscope`)."""
+    import signal
+
+    # Ctrl-C must stop a run even when the parent started us with SIGINT ignored (as shells do for `&` jobs).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(run(sys.argv[1:]))

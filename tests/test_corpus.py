@@ -69,3 +69,27 @@ def test_torchrun_two_gloo_processes_equal_one(tiny_model_dir, tmp_path):
     for a, b in zip(one["heads"], two["heads"]):
         for name in ("previous_token", "first_token", "self", "local", "entropy", "confidence", "induction"):
             assert b[name] == pytest.approx(a[name], abs=2e-6), (a["label"], name)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="sends SIGINT")
+def test_ctrl_c_stops_cleanly_and_writes_nothing(tiny_model_dir, tmp_path):
+    import signal
+    import time
+
+    file = tmp_path / "big.jsonl"
+    file.write_text("".join(json.dumps({"text": t.text}) + "\n" for t in corpus(20000, seed=3)))
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "attnscope", "heads", "--file", str(file), "-m", str(tiny_model_dir), "--out", str(out),
+         "--batch-size", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not out.exists() and time.monotonic() < deadline:  # the command has started (inside the CLI)
+        time.sleep(0.05)
+    time.sleep(3.0)  # into the model load or the analysis
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert err.strip().splitlines() == ["attnscope: interrupted"]
+    assert list(out.iterdir()) == []  # nothing written, nothing half-written
