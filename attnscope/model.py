@@ -170,8 +170,8 @@ def _is_cached(name: str) -> bool:
 def _offline_message(name: str) -> str:
     return (
         f"model '{name}' is not in the local Hugging Face cache and the Hub cannot be reached; "
-        "pass a directory saved with save_pretrained (--model PATH), point HF_HOME at a cache that has it "
-        "(with HF_HUB_OFFLINE=1 to skip the network), or try the bundled --model demo"
+        "pass a directory saved with save_pretrained (--model PATH), or point HF_HOME at a cache that has it "
+        "(with HF_HUB_OFFLINE=1 to skip the network)"
     )
 
 
@@ -184,7 +184,11 @@ def load_model(name: str, device: str = "auto", dtype: str = "auto") -> LoadedMo
     torch_dtype = resolve_dtype(dtype)
     if name == DEMO:
         path = demo_model_dir()
-        _check_local_directory(path)
+        if not (path / "config.json").exists():
+            raise AttnscopeError(
+                "the demo model is not bundled with this version of attnscope yet; "
+                "use --model gpt2 or a directory saved with save_pretrained"
+            )
         source = str(path)
     elif _looks_like_path(name):
         path = Path(name).expanduser()

@@ -42,3 +42,12 @@ def test_cuda_device_index_out_of_range():
 def test_directory_without_config(tmp_path):
     with pytest.raises(AttnscopeError, match="config.json"):
         load_model(str(tmp_path), "cpu")
+
+
+def test_demo_model_absent_is_a_clear_error():
+    from attnscope.model import demo_model_dir
+
+    if (demo_model_dir() / "config.json").exists():
+        pytest.skip("the demo model is bundled in this checkout")
+    with pytest.raises(AttnscopeError, match="demo model is not bundled"):
+        load_model("demo", "cpu")
