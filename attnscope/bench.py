@@ -10,7 +10,8 @@ Methods, on the same random token ids, batch shape and device:
 
 Timing: `warmup` untimed runs, then `repeats` timed runs; median and spread (min, max). On CUDA, events with a
 synchronisation; on CPU, perf_counter. Memory: CUDA `max_memory_allocated` above what was allocated before the run;
-on CPU the peak resident set size above the size before the run, sampled every millisecond by a thread.
+on CPU the peak resident set size above the size before the run, sampled every millisecond by a thread, after
+freed memory is handed back to the OS (glibc malloc_trim) so that the run's own allocations show.
 """
 
 from __future__ import annotations
@@ -117,10 +118,25 @@ def measure(run: Callable[[], Any], device: torch.device, warmup: int, repeats: 
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - before
     else:
+        _release_freed_memory()  # so that the run's allocations show in the resident set size again
         with PeakRSS() as rss:
             run()
         peak = rss.above_start
     return times, peak
+
+
+def _release_freed_memory() -> None:
+    """Give memory freed by earlier runs back to the OS (glibc's malloc_trim), where that is possible: without it
+    the allocator reuses cached pages and a run's peak barely moves the resident set size."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def numpy_head_scores(maps: np.ndarray) -> dict[str, np.ndarray]:

@@ -440,16 +440,14 @@ def bench(
 
 
 def _random_network(model: str, device, dtype: str, notes: list[str]):
-    """The architecture of `model` (its config when readable offline, else GPT-2 small's) with random weights."""
+    """The architecture of `model` (its config when it can be had, else GPT-2 small's) with random weights."""
+    from transformers import GPT2Config
+
     from attnscope import bench as bench_lib
-    from attnscope.model import demo_model_dir, resolve_dtype
+    from attnscope.model import load_config, resolve_dtype
 
-    from transformers import AutoConfig, GPT2Config
-
-    try:
-        source = str(demo_model_dir()) if model == "demo" else model
-        config = AutoConfig.from_pretrained(source)
-    except (OSError, ValueError):
+    config = load_config(model)
+    if config is None:
         notes.append(f"config of '{model}' unavailable; using GPT-2 small's architecture")
         config = GPT2Config()
     return bench_lib.random_model(config, device, resolve_dtype(dtype))

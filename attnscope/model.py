@@ -167,6 +167,20 @@ def _is_cached(name: str) -> bool:
         return False
 
 
+def load_config(name: str) -> Any | None:
+    """The model's config without its weights, or None when it cannot be had (offline and not cached)."""
+    from transformers import AutoConfig
+
+    if name == DEMO:
+        name = str(demo_model_dir())
+    elif not _looks_like_path(name) and not _is_cached(name) and not _hub_reachable():
+        return None
+    try:
+        return AutoConfig.from_pretrained(name, trust_remote_code=False)
+    except (OSError, ValueError):
+        return None
+
+
 def _offline_message(name: str) -> str:
     return (
         f"model '{name}' is not in the local Hugging Face cache and the Hub cannot be reached; "

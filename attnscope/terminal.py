@@ -121,8 +121,8 @@ def records_table(rows: Sequence[dict], title: str) -> Table:
 
 def bench_table(rows: Sequence[dict], title: str) -> Table:
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
-    """Spread is (max - min) / median of the timed runs."""
-    for header in ("method", "B", "n", "median s", "spread", "tokens/s", "×floor", "peak MB", "mem×floor"):
+    """Spread is (max - min) / median of the timed runs; ×floor compares with the floor of the same B and n."""
+    for header in ("method", "B", "n", "median s", "spread", "tokens/s", "×floor", "peak MB", "mem ×"):
         table.add_column(header, justify="right", no_wrap=True)
     for row in rows:
         ratio = row["time_vs_floor"]
