@@ -19,10 +19,11 @@ import torch
 from attnscope.tokens import Batch
 
 IMPLEMENTATION = "attnscope"
-# One block of float32 logits (B, H, rows, keys) stays under about this: small enough to stay in cache-friendly
-# sizes, large enough that per-operation overhead and tiny matmuls do not dominate (measured: 2 MiB blocks made
-# batch 8 × 1024 tokens 1.39× the floor, 8 MiB 1.23×, 16 MiB 1.17×; batch 1 was within noise from 1 to 4 MiB).
-BLOCK_BYTES = 8 * 2**20
+# Float32 logits per window in one block (H, rows, keys): the block is this times the batch size. Small enough to
+# stay cache-friendly, large enough that per-operation overhead and tiny matmuls do not dominate. Measured on the
+# 2-core CPU: batch 1 × 1024 tokens ran at the floor's speed with 1 to 4 MiB blocks and slower with 8; batch 8 × 1024
+# was 1.39× the floor with 2 MiB blocks, 1.23× with 8 and 1.17× with 16 (= 2 MiB per window).
+BLOCK_BYTES = 2 * 2**20
 MASKED = -1e30  # a masked logit: finite, so 0 · logit stays 0 (no NaN)
 # Shifted logits are clamped here before exp: torch's exp takes a slow path for results that underflow (14x slower
 # on the CPU this was measured on), which masked keys and peaked heads hit constantly. exp(-87) = 1.6e-38 is the
@@ -99,7 +100,6 @@ class CaptureState:
     lengths: torch.Tensor  # (B,) real tokens per window
     keep_layers: frozenset[int] = frozenset()
     keep_row: int | None = None  # which window of the batch to keep full maps of
-    block_bytes: int = BLOCK_BYTES
     kept: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     layers_seen: list[int] = field(default_factory=list)
 
@@ -152,7 +152,7 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
     blocks_wanted = reducer is not None and reducer.wants_blocks
     start = 0
     while start < n:
-        stop = min(n, start + _block_rows(start, n_keys, B * H * 4, state.block_bytes, causal))
+        stop = min(n, start + _block_rows(start, n_keys, H * 4, BLOCK_BYTES, causal))
         keys = stop if causal else n_keys  # a causal row never sees a key after itself
         logits = torch.matmul(query[:, :, start:stop] * scaling, keys_t[..., :keys]).float()  # (B, H, b, k)
         if causal:

@@ -53,6 +53,7 @@ def captured_maps(loaded, batch, block_bytes=capture.BLOCK_BYTES):
         wants_blocks = True
 
         def add_block(self, layer, block):
+            self.blocks = getattr(self, "blocks", 0) + 1
             n = block.n_keys
             padded = torch.nn.functional.pad(block.probs, (0, n - block.probs.shape[-1]))  # keys after the block: 0
             blocks.setdefault(layer, []).append(padded)
@@ -64,7 +65,13 @@ def captured_maps(loaded, batch, block_bytes=capture.BLOCK_BYTES):
         capture.run(loaded.model, [batch], reducer)
     finally:
         capture.BLOCK_BYTES = original
+    if block_bytes == 1:  # one row per block: the blocking itself is under test
+        assert reducer.blocks == tiny_rows(batch) * len(blocks)
     return {layer: torch.cat(parts, dim=2) for layer, parts in blocks.items()}
+
+
+def tiny_rows(batch):
+    return batch.input_ids.shape[1]
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +138,15 @@ def test_model_output_is_unchanged_by_the_capture(tiny, batch):
 
 def test_small_blocks_give_the_same_maps(tiny, batch):
     whole, small = captured_maps(tiny, batch), captured_maps(tiny, batch, block_bytes=1)  # one row per block
+    statistics = [HeadStatistics(tiny.n_layer, tiny.n_head, tiny.device) for _ in range(2)]
+    capture.run(tiny.model, [batch], statistics[0])
+    original, capture.BLOCK_BYTES = capture.BLOCK_BYTES, 1
+    try:
+        capture.run(tiny.model, [batch], statistics[1])
+    finally:
+        capture.BLOCK_BYTES = original
+    for name, value in statistics[0].means().items():
+        assert torch.allclose(value, statistics[1].means()[name], atol=1e-6), name
     for layer in whole:
         assert torch.allclose(whole[layer], small[layer], atol=1e-6)
 
