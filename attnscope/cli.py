@@ -383,7 +383,7 @@ def bench(
     Example: attnscope bench --device cpu --random-weights --seq 128,512 --batch 1
     """
     from attnscope import bench as bench_lib, export
-    from attnscope.model import load_model, resolve_device, resolve_dtype
+    from attnscope.model import load_model, resolve_device
 
     torch_device = resolve_device(device)
     chosen = [name.strip() for name in methods.split(",") if name.strip()]

@@ -3,7 +3,6 @@
 import csv
 import io
 import json
-import os
 import struct
 import subprocess
 import sys
