@@ -6,6 +6,7 @@ Every AttnscopeError and usage error ends as one line on stderr with exit status
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -523,4 +524,13 @@ def main() -> None:
 
     # Ctrl-C must stop a run even when the parent started us with SIGINT ignored (as shells do for `&` jobs).
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    sys.exit(run(sys.argv[1:]))
+    status = run(sys.argv[1:])
+    if status == 130:
+        # End the way an interrupted Unix program does, killed by SIGINT (the shell shows 130 and stops a script's
+        # loop). This is also the only deterministic ending: CPython itself re-raises SIGINT at exit when the
+        # interrupt landed in an `exec` (e.g. a dataclass being built during an import), and exits 130 otherwise.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(status)

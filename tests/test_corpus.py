@@ -90,6 +90,7 @@ def test_ctrl_c_stops_cleanly_and_writes_nothing(tiny_model_dir, tmp_path):
     time.sleep(3.0)  # into the model load or the analysis
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=60)
-    assert process.returncode == 130, err
+    # Killed by its own SIGINT after cleaning up, as interrupted Unix programs end (a shell shows $? = 130).
+    assert process.returncode == -signal.SIGINT, err
     assert err.strip().splitlines() == ["attnscope: interrupted"]
     assert list(out.iterdir()) == []  # nothing written, nothing half-written
