@@ -240,6 +240,77 @@ def show(
 
 
 @app.command()
+def attend(
+    text: TextArg = None,
+    from_token: Annotated[str, typer.Option("--from", help="The token that looks (its text, without the leading space).")] = ...,
+    to_token: Annotated[
+        Optional[str], typer.Option("--to", help="The token looked at; omitted: each head's top tokens.")
+    ] = None,
+    from_index: Annotated[int, typer.Option("--from-index", help="Which occurrence of --from (0-based).")] = 0,
+    to_index: Annotated[
+        Optional[int], typer.Option("--to-index", help="Which occurrence of --to (0-based); default: all, summed.")
+    ] = None,
+    top: Annotated[int, typer.Option("--top", help="Top tokens listed per head.")] = 3,
+    n_heads: Annotated[int, typer.Option("--heads", help="Strongest heads shown in the table.")] = 10,
+    index: Annotated[int, typer.Option("--index", help="Which input text to use (0-based).")] = 0,
+    model: ModelOpt = "gpt2",
+    file: FileOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    bos: BosOpt = None,
+    json_out: JsonOpt = False,
+    csv_out: CsvOpt = False,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write attend.json, attend.csv and attend.png here.")] = None,
+) -> None:
+    """Where one token looks, in every layer and head.
+
+    Example: attnscope attend "The doctor said that she would help the patient." --from she --to doctor
+    """
+    from attnscope import export, inputs
+    from attnscope.attend import attend as attend_token
+
+    _check_output_flags(json_out, csv_out)
+    if top < 1 or n_heads < 1:
+        raise AttnscopeError("--top and --heads must be at least 1")
+    if from_index < 0 or (to_index is not None and to_index < 0):
+        raise AttnscopeError("--from-index and --to-index count occurrences from 0")
+    texts = inputs.gather_texts(text, file)
+    if not 0 <= index < len(texts):
+        raise AttnscopeError(f"--index {index} is out of range ({len(texts)} text(s) given)")
+    folder = export.prepare_out_dir(out) if out is not None else None
+    loaded = _load(model, device, dtype)
+    result = attend_token(loaded, texts[index], from_token, to_token, from_index, to_index, bos)
+    settings = {"from_index": from_index, "to_index": to_index, "top": top, "heads": n_heads, "index": index}
+    doc = export.attend_document(result, top, n_heads, settings)
+    records = export.attend_records(result, top)
+    for message in result.notes:
+        _note(message)
+    if folder is not None:
+        from attnscope import render_files
+
+        written = render_files.attend_files(result, doc, records, folder)
+        _note(f"wrote {len(written)} files to {folder}")
+    if json_out:
+        sys.stdout.write(export.to_json(doc))
+    elif csv_out:
+        sys.stdout.write(export.to_csv(records))
+    else:
+        from attnscope import terminal
+
+        console = _console()
+        source = f"{result.tokens[result.from_position]!r}@{result.from_position}"
+        if result.to_weight is not None:
+            targets = ", ".join(str(p) for p in result.to_positions)
+            grid_title = f"Attention from {source} to {result.to_token!r} (position {targets}), layer × head"
+            console.print(terminal.layer_head_grid(result.to_weight, grid_title))
+        else:
+            console.print(terminal.layer_head_grid(result.rows.max(axis=-1), f"Largest weight of each head from {source}"))
+        by_label = {record["label"]: record for record in records}
+        strongest = [by_label[f"{layer}.{head}"] for layer, head in result.strongest(n_heads)]
+        console.print(terminal.attend_table(strongest, top, f"Strongest heads from {source}"))
+
+
+@app.command()
 def diversity(
     text: TextArg = None,
     layer: Annotated[Optional[str], typer.Option("--layer", "-l", help="Layer number (0-based) or 'all'.")] = None,

@@ -150,3 +150,39 @@ def diversity_document(result: Any, k: int) -> dict:
 
 def random_mha_document(rows: list[dict], settings: dict) -> dict:
     return document("diversity", {}, {}, {"random_mha": True, **settings}, [], random_mha=rows)
+
+
+def attend_records(result: Any, k: int) -> list[dict]:
+    """One flat record per head, layer.head order: the weight on the target (when one was given) and the head's `k`
+    most attended tokens (position, token, weight)."""
+    n_layer, n_head = result.rows.shape[:2]
+    records = []
+    for layer in range(n_layer):
+        for head in range(n_head):
+            record: dict[str, Any] = {"layer": layer, "head": head, "label": f"{layer}.{head}"}
+            if result.to_weight is not None:
+                record["to_weight"] = float(result.to_weight[layer, head])
+            for rank, (position, weight) in enumerate(result.top_keys(layer, head, k), start=1):
+                record[f"top{rank}_position"] = position
+                record[f"top{rank}_token"] = result.tokens[position]
+                record[f"top{rank}_weight"] = weight
+            records.append(record)
+    return records
+
+
+def attend_document(result: Any, k: int, n_strongest: int, settings: dict) -> dict:
+    """The `attend` command's JSON: the query token, the target, one record per head, the strongest heads and the
+    full attention row of every head (`rows[layer][head][key]`)."""
+    strongest = [f"{layer}.{head}" for layer, head in result.strongest(n_strongest)]
+    return document(
+        "attend",
+        result.model,
+        {"tokens": result.tokens, "n_tokens": len(result.tokens), "bos": result.bos},
+        settings,
+        result.notes,
+        **{"from": {"token": result.tokens[result.from_position], "position": result.from_position}},
+        to=None if result.to_token is None else {"token": result.to_token, "positions": result.to_positions},
+        heads=attend_records(result, k),
+        strongest=strongest,
+        rows=result.rows.tolist(),
+    )

@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 from attnscope.errors import AttnscopeError
 
 SUPPORTED_MODEL_TYPES = ("gpt2",)
+CAUSAL_MODEL_TYPES = ("gpt2",)  # decoders: row i of a map sees keys 0..i
 DEMO = "demo"  # --model demo: the small GPT-2 trained by scripts/train_demo_model.py, shipped in the package
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -50,6 +51,11 @@ class LoadedModel:
     @property
     def n_ctx(self) -> int:
         return self.config.max_position_embeddings
+
+    @property
+    def causal(self) -> bool:
+        """Whether a token sees only itself and earlier tokens (GPT-2), rather than the whole text (BERT)."""
+        return self.config.model_type in CAUSAL_MODEL_TYPES
 
     @property
     def dtype(self) -> Any:

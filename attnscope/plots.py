@@ -68,6 +68,14 @@ def _place_axes(figure, margins: tuple[float, float, float, float]):
     return figure.add_axes((left / width, bottom / height, 1 - (left + right) / width, 1 - (top + bottom) / height))
 
 
+def _fit_title(figure, axes, title: str) -> None:
+    """Title centred on the figure (not the axes, which sit off-centre beside the legend) in a font small enough,
+    down to 6 pt, to fit the figure's width: a character of DejaVu Sans is about 0.6 of the font size wide."""
+    width_points = figure.get_size_inches()[0] * 72 * 0.95
+    longest = max(len(line) for line in title.splitlines())
+    figure.suptitle(title, fontsize=max(6.0, min(12.0, width_points / (0.6 * longest))))
+
+
 def grid_size(n_layer: int, n_head: int) -> tuple[float, float]:
     """Inches of a layer × head figure (role map, score heatmaps)."""
     return _with_margins((0.6 * n_head, 0.45 * n_layer + 0.3), GRID_MARGINS)
@@ -109,14 +117,22 @@ def role_map(roles: Sequence[Sequence[str]], scores: Sequence[Sequence[float]], 
     axes.set_yticks(range(n_layer))
     axes.set_xlabel("head")
     axes.set_ylabel("layer")
-    axes.set_title(f"Head roles: {model_name}")
+    _fit_title(figure, axes, f"Head roles: {model_name}")
     handles = [Patch(color=ROLE_COLOURS[role], label=role) for role in ROLES]
     axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return _save(figure, path)
 
 
-def score_heatmap(matrix: np.ndarray, title: str, path: Path, vmin: float | None = 0.0, vmax: float | None = 1.0) -> Path:
-    """A layer × head heatmap of one score with a colour bar; values written in the cells when they fit."""
+def score_heatmap(
+    matrix: np.ndarray,
+    title: str,
+    path: Path,
+    vmin: float | None = 0.0,
+    vmax: float | None = 1.0,
+    cell_text: Sequence[Sequence[str]] | None = None,
+) -> Path:
+    """A layer × head heatmap of one score with a colour bar; values (or `cell_text`) written in the cells when they
+    fit."""
     n_layer, n_head = matrix.shape
     figure = plt.figure(figsize=grid_size(n_layer, n_head))
     axes = _place_axes(figure, GRID_MARGINS)
@@ -128,12 +144,13 @@ def score_heatmap(matrix: np.ndarray, title: str, path: Path, vmin: float | None
             for head in range(n_head):
                 value = matrix[layer, head]
                 colour = "black" if value > middle else "white"
-                axes.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=7, color=colour)
+                text = f"{value:.2f}" if cell_text is None else cell_text[layer][head]
+                axes.text(head, layer, text, ha="center", va="center", fontsize=7, color=colour)
     axes.set_xticks(range(n_head))
     axes.set_yticks(range(n_layer))
     axes.set_xlabel("head")
     axes.set_ylabel("layer")
-    axes.set_title(title)
+    _fit_title(figure, axes, title)
     return _save(figure, path)
 
 

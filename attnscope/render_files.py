@@ -122,3 +122,26 @@ def bench_file(rows: list[dict], folder: Path, model_name: str, machine: dict) -
         seqs, lines, "sequence length (tokens)", "tokens per second", f"{model_name} on {where}",
         folder / "tokens_per_s.png", log_x=True,
     )
+
+
+def attend_files(result: Any, doc: dict, records: list[dict], folder: Path) -> list[Path]:
+    """attend.json, attend.csv and attend.png: a layer × head heatmap of the weight on the target, or, without one,
+    of each head's largest weight with the token it falls on written in the cell."""
+    source = result.tokens[result.from_position]
+    name = result.model["name"]
+    if result.to_weight is not None:
+        matrix, cells = result.to_weight, None
+        title = f"Attention from {source!r}@{result.from_position} to {result.to_token!r}: {name}"
+    else:
+        n_layer, n_head = result.rows.shape[:2]
+        matrix = result.rows.max(axis=-1)
+        cells = [
+            [f"{result.tokens[result.top_keys(layer, head, 1)[0][0]][:8]}\n{matrix[layer, head]:.2f}" for head in range(n_head)]
+            for layer in range(n_layer)
+        ]
+        title = f"Where {source!r}@{result.from_position} looks (top token per head): {name}"
+    return [
+        export.write_atomic(folder / "attend.json", export.to_json(doc)),
+        export.write_atomic(folder / "attend.csv", export.to_csv(records)),
+        plots.score_heatmap(matrix, title, folder / "attend.png", 0.0, 1.0, cell_text=cells),
+    ]

@@ -134,3 +134,38 @@ def bench_table(rows: Sequence[dict], title: str) -> Table:
             "-" if memory is None else f"{memory:.2f}",
         )
     return table
+
+
+def layer_head_grid(matrix: Any, title: str) -> Group:
+    """A layer × head matrix of weights in [0, 1], two decimals without the leading zero, heavy cells in bold;
+    GPT-2 small (12 × 12) fits in 80 columns."""
+    n_layer, n_head = matrix.shape
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
+    table.add_column("L\\H", justify="right", style="bold")
+    for head in range(n_head):
+        table.add_column(str(head), justify="right")
+    for layer in range(n_layer):
+        cells = []
+        for head in range(n_head):
+            value = float(matrix[layer, head])
+            text = "1.0" if value >= 0.995 else f"{value:.2f}".lstrip("0")
+            cells.append(Text(text, style="bold" if value >= 0.5 else "dim" if value < 0.05 else ""))
+        table.add_row(str(layer), *cells)
+    return Group(Text(title, style="bold"), table)
+
+
+def attend_table(records: Sequence[dict], k: int, title: str) -> Table:
+    """The strongest heads: weight on the target (when there is one) and each head's top tokens."""
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
+    table.add_column("head", justify="right")
+    if records and "to_weight" in records[0]:
+        table.add_column("to target", justify="right")
+    table.add_column(f"top {k} tokens (position: weight)")
+    for record in records:
+        tops = ", ".join(
+            f"{record[f'top{rank}_token']!r}@{record[f'top{rank}_position']}: {record[f'top{rank}_weight']:.2f}"
+            for rank in range(1, k + 1) if f"top{rank}_token" in record
+        )
+        weight = [f"{record['to_weight']:.3f}"] if "to_weight" in record else []
+        table.add_row(record["label"], *weight, tops)
+    return table
