@@ -74,7 +74,7 @@ def _check_output_flags(json_out: bool, csv_out: bool) -> None:
         raise AttnscopeError("give --json or --csv, not both")
 
 
-def _load(model: str, device: str, dtype: str):
+def _load(model: str, device: str, dtype: str, lm_head: bool = False):
     """Load the model; under torchrun, join the process group and take this rank's GPU."""
     from attnscope import distributed
     from attnscope.model import load_model, resolve_device
@@ -82,7 +82,7 @@ def _load(model: str, device: str, dtype: str):
     place = distributed.world()
     if place.size > 1 and resolve_device(device).type == "cuda":
         device = f"cuda:{place.local_rank}"
-    loaded = load_model(model, device, dtype)
+    loaded = load_model(model, device, dtype, lm_head=lm_head)
     distributed.init(loaded.device)
     return loaded
 
@@ -308,6 +308,69 @@ def attend(
         by_label = {record["label"]: record for record in records}
         strongest = [by_label[f"{layer}.{head}"] for layer, head in result.strongest(n_heads)]
         console.print(terminal.attend_table(strongest, top, f"Strongest heads from {source}"))
+
+
+@app.command()
+def ablate(
+    text: TextArg = None,
+    method: Annotated[
+        str, typer.Option("--method", help="loss: remove each head and measure the loss; gradient: |dL/d gate| (fast).")
+    ] = "loss",
+    prune: Annotated[int, typer.Option("--prune", help="Also remove the K least important heads one after another.")] = 0,
+    top: Annotated[int, typer.Option("--top", help="Heads shown in the table.")] = 10,
+    model: ModelOpt = "gpt2",
+    file: FileOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    bos: BosOpt = None,
+    batch_size: BatchOpt = 8,
+    json_out: JsonOpt = False,
+    csv_out: CsvOpt = False,
+    out: Annotated[
+        Optional[Path], typer.Option("--out", "-o", help="Write ablate.json, ablate.csv and PNG pictures here.")
+    ] = None,
+) -> None:
+    """Which heads matter: the language-model loss when each head's output is removed.
+
+    Example: attnscope ablate "The cat sat on the mat because it was tired." --prune 20
+    """
+    from attnscope import ablation, export, inputs
+
+    _check_output_flags(json_out, csv_out)
+    if method not in ablation.METHODS:
+        raise AttnscopeError(f"--method '{method}': use one of {', '.join(ablation.METHODS)}")
+    if top < 1 or prune < 0 or batch_size < 1:
+        raise AttnscopeError("--top and --batch-size must be at least 1, --prune at least 0")
+    texts = inputs.gather_texts(text, file)
+    folder = export.prepare_out_dir(out) if out is not None else None
+    loaded = _load(model, device, dtype, lm_head=True)
+    result = ablation.ablate(loaded, texts, method, prune, bos, batch_size)
+    settings = {"method": method, "prune": prune, "batch_size": batch_size}
+    doc = export.ablate_document(result, settings)
+    records = export.ablate_records(result)
+    for message in result.notes:
+        _note(message)
+    if folder is not None:
+        from attnscope import render_files
+
+        written = render_files.ablate_files(result, doc, records, folder)
+        _note(f"wrote {len(written)} files to {folder}")
+    if json_out:
+        sys.stdout.write(export.to_json(doc))
+    elif csv_out:
+        sys.stdout.write(export.to_csv(records))
+    else:
+        from attnscope import terminal
+
+        console = _console()
+        unit = "loss increase (nats)" if method == "loss" else "|dL/d gate|"
+        console.print(f"baseline loss {result.baseline_loss:.4f} nats/token over {result.inputs['predicted_tokens']} predicted tokens")
+        console.print(terminal.layer_head_grid(result.importance, f"Head importance, {unit}", unit_range=False))
+        by_label = {record["label"]: record for record in records}
+        ranked = [by_label[f"{layer}.{head}"] for layer, head in result.ranked()[:top]]
+        console.print(terminal.records_table(ranked, f"Most important heads ({method})"))
+        if result.prune:
+            console.print(terminal.records_table(result.prune, "Loss as the least important heads are removed"))
 
 
 @app.command()

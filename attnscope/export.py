@@ -186,3 +186,33 @@ def attend_document(result: Any, k: int, n_strongest: int, settings: dict) -> di
         strongest=strongest,
         rows=result.rows.tolist(),
     )
+
+
+def ablate_records(result: Any) -> list[dict]:
+    """One flat record per head, layer.head order: importance, rank (1 = most important) and, with the loss method,
+    the loss with the head removed."""
+    rank = {lh: k for k, lh in enumerate(result.ranked(), start=1)}
+    n_layer, n_head = result.importance.shape
+    records = []
+    for layer in range(n_layer):
+        for head in range(n_head):
+            record: dict[str, Any] = {"layer": layer, "head": head, "label": f"{layer}.{head}",
+                                      "importance": float(result.importance[layer, head]), "rank": rank[(layer, head)]}
+            if result.ablated_loss is not None:
+                record["loss_without_head"] = float(result.ablated_loss[layer, head])
+            records.append(record)
+    return records
+
+
+def ablate_document(result: Any, settings: dict) -> dict:
+    """The `ablate` command's JSON: the baseline loss, one record per head and the pruning curve."""
+    return document(
+        "ablate",
+        result.model,
+        result.inputs,
+        {**settings, "loss_unit": "nats per predicted token"},
+        result.notes,
+        baseline_loss=result.baseline_loss,
+        heads=ablate_records(result),
+        prune=result.prune,
+    )

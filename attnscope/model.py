@@ -31,6 +31,7 @@ class LoadedModel:
     model: Any  # transformers.PreTrainedModel (kept untyped so this module imports without torch)
     tokenizer: Any
     device: Any  # torch.device
+    lm_model: Any = None  # the model with its language-model head, loaded only when asked (`ablate`); `model` is its base
 
     @property
     def config(self) -> Any:
@@ -195,8 +196,9 @@ def _offline_message(name: str) -> str:
     )
 
 
-def load_model(name: str, device: str = "auto", dtype: str = "auto") -> LoadedModel:
-    """Load `name` (`demo`, a Hub id or a local directory) for analysis on `device` in `dtype`.
+def load_model(name: str, device: str = "auto", dtype: str = "auto", lm_head: bool = False) -> LoadedModel:
+    """Load `name` (`demo`, a Hub id or a local directory) for analysis on `device` in `dtype`; with `lm_head`, the
+    model with its language-model head (for losses), whose base model is then the one analysed.
 
     Raises AttnscopeError, with one line saying what to do, for every failure a user can cause.
     """
@@ -219,7 +221,7 @@ def load_model(name: str, device: str = "auto", dtype: str = "auto") -> LoadedMo
         if not _is_cached(name) and not _hub_reachable():
             raise AttnscopeError(_offline_message(name))
 
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # a user of the CLI does not need transformers' load reports
@@ -232,7 +234,8 @@ def load_model(name: str, device: str = "auto", dtype: str = "auto") -> LoadedMo
                 f"({', '.join(SUPPORTED_MODEL_TYPES)})"
             )
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
-        model = AutoModel.from_pretrained(
+        model_class = AutoModelForCausalLM if lm_head else AutoModel
+        model = model_class.from_pretrained(
             source,
             attn_implementation="eager",  # SDPA returns no attention weights (see README, "How it works")
             use_safetensors=True,
@@ -251,4 +254,6 @@ def load_model(name: str, device: str = "auto", dtype: str = "auto") -> LoadedMo
         model.to(torch_device)
     except RuntimeError as error:  # e.g. CUDA out of memory
         raise AttnscopeError(f"cannot move model '{name}' to {torch_device}: {str(error).splitlines()[0]}") from None
+    if lm_head:
+        return LoadedModel(name=name, model=model.base_model, tokenizer=tokenizer, device=torch_device, lm_model=model)
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, device=torch_device)

@@ -145,3 +145,23 @@ def attend_files(result: Any, doc: dict, records: list[dict], folder: Path) -> l
         export.write_atomic(folder / "attend.csv", export.to_csv(records)),
         plots.score_heatmap(matrix, title, folder / "attend.png", 0.0, 1.0, cell_text=cells),
     ]
+
+
+def ablate_files(result: Any, doc: dict, records: list[dict], folder: Path) -> list[Path]:
+    """ablate.json, ablate.csv, importance.png (layer × head) and, with --prune, prune.png (loss against heads
+    removed)."""
+    name = result.model["name"]
+    unit = "loss increase, nats" if result.method == "loss" else "|dL/d gate|"
+    written = [
+        export.write_atomic(folder / "ablate.json", export.to_json(doc)),
+        export.write_atomic(folder / "ablate.csv", export.to_csv(records)),
+        plots.score_heatmap(result.importance, f"Head importance ({unit}): {name}", folder / "importance.png", None, None),
+    ]
+    if result.prune:
+        removed = [0] + [step["removed"] for step in result.prune]
+        losses = [result.baseline_loss] + [step["loss"] for step in result.prune]
+        written.append(
+            plots.line_plot(removed, {"loss": losses}, "heads removed (least important first)", "loss (nats/token)",
+                            f"Pruning heads: {name}", folder / "prune.png")
+        )
+    return written

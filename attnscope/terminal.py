@@ -136,10 +136,14 @@ def bench_table(rows: Sequence[dict], title: str) -> Table:
     return table
 
 
-def layer_head_grid(matrix: Any, title: str) -> Group:
-    """A layer × head matrix of weights in [0, 1], two decimals without the leading zero, heavy cells in bold;
-    GPT-2 small (12 × 12) fits in 80 columns."""
+def layer_head_grid(matrix: Any, title: str, unit_range: bool = True) -> Group:
+    """A layer × head matrix; GPT-2 small (12 × 12) fits in 80 columns. Weights in [0, 1] (`unit_range`) are written
+    with two decimals without the leading zero, heavy cells in bold; any other values as a signed percentage of the
+    largest magnitude, which the title then states."""
     n_layer, n_head = matrix.shape
+    scale = max(float(abs(matrix).max()), 1e-300)
+    if not unit_range:
+        title = f"{title}, as % of the largest magnitude ({scale:.3g})"
     table = Table(header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
     table.add_column("L\\H", justify="right", style="bold")
     for head in range(n_head):
@@ -148,8 +152,12 @@ def layer_head_grid(matrix: Any, title: str) -> Group:
         cells = []
         for head in range(n_head):
             value = float(matrix[layer, head])
-            text = "1.0" if value >= 0.995 else f"{value:.2f}".lstrip("0")
-            cells.append(Text(text, style="bold" if value >= 0.5 else "dim" if value < 0.05 else ""))
+            share = value if unit_range else value / scale
+            if unit_range:
+                text = "1.0" if value >= 0.995 else f"{value:.2f}".lstrip("0")
+            else:
+                text = f"{100 * share:.0f}"
+            cells.append(Text(text, style="bold" if share >= 0.5 else "dim" if abs(share) < 0.05 else ""))
         table.add_row(str(layer), *cells)
     return Group(Text(title, style="bold"), table)
 
