@@ -235,17 +235,27 @@ def layer_attention(
     loaded: LoadedModel, text: Text, layer: int, bos: bool | None = None
 ) -> tuple[AttentionMap, list[str]]:
     """One layer's full attention maps for one text (its first window when it is longer than the context)."""
-    check_layer(layer, loaded.n_layer)
+    maps, notes = attention_maps(loaded, text, [layer], bos)
+    return maps[layer], notes
+
+
+def attention_maps(
+    loaded: LoadedModel, text: Text, layers: Sequence[int], bos: bool | None = None
+) -> tuple[dict[int, AttentionMap], list[str]]:
+    """Full attention maps of `layers` for one text (its first window when it is longer than the context), from
+    one forward pass: layer -> AttentionMap."""
+    for layer in layers:
+        check_layer(layer, loaded.n_layer)
     tokenized = tokenize(loaded.tokenizer, [text], loaded.n_ctx, bos)
     notes = list(tokenized.notes)
     if len(tokenized.windows) > 1:
         notes.append("showing the first window only")
     first = tokenized.windows[:1]
     captured = capture.run(
-        loaded.model, batches(first, 1, loaded.device, _pad_id(loaded.tokenizer)), None, keep_layers=[layer], keep_window=0
+        loaded.model, batches(first, 1, loaded.device, _pad_id(loaded.tokenizer)), None, keep_layers=layers, keep_window=0
     )
     labels = token_labels(loaded.tokenizer, first[0].ids)
-    return AttentionMap(layer, captured.maps[layer], labels, 0), notes
+    return {layer: AttentionMap(layer, captured.maps[layer], labels, 0) for layer in layers}, notes
 
 
 DEFAULT_REDUNDANT = 0.1  # bits: heads whose rows differ by less than a tenth of the way to disjoint

@@ -374,6 +374,58 @@ def ablate(
 
 
 @app.command()
+def report(
+    text: TextArg = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for report.html.")] = Path("attnscope-report"),
+    model: ModelOpt = "gpt2",
+    file: FileOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    bos: BosOpt = None,
+    batch_size: BatchOpt = 8,
+    probe: Annotated[
+        bool, typer.Option("--probe/--no-probe", help="Run the repeated-random-token probe (induction, duplicate-token).")
+    ] = True,
+    with_diversity: Annotated[
+        bool, typer.Option("--diversity/--no-diversity", help="Include the diversity of all heads (one more pass).")
+    ] = True,
+    max_tokens: MaxTokensOpt = 16384,
+    quiet: QuietOpt = False,
+) -> None:
+    """Write one self-contained HTML page (no network needed to read it): roles, scores, diversity, maps.
+
+    Example: attnscope report --model demo --out report/
+    """
+    from attnscope import analysis, export, inputs
+    from attnscope import report as report_page
+
+    texts = inputs.gather_texts(text, file)
+    folder = export.prepare_out_dir(out)
+    loaded = _load(model, device, dtype)
+    with _ProgressBar(quiet, "heads") as bar:
+        result = analysis.analyze_heads(
+            loaded, texts, bos=bos, batch_size=batch_size, probe=probe, max_tokens=max_tokens, progress=bar.callback
+        )
+    layers = sorted({record.layer for record in report_page.characteristic_heads(result.heads)})
+    result.attention, _ = analysis.attention_maps(loaded, texts[0], layers, bos)
+    settings = {"batch_size": batch_size, "max_tokens": max_tokens, "probe": probe}
+    heads_doc = export.heads_document(result, result.heads, settings)
+    diversity_result = diversity_doc = None
+    if with_diversity:
+        with _ProgressBar(quiet, "diversity") as bar:
+            diversity_result = analysis.analyze_diversity(
+                loaded, texts, None, bos=bos, batch_size=batch_size, max_tokens=max_tokens, progress=bar.callback
+            )
+        diversity_doc = export.diversity_document(diversity_result, 5)
+    if not _is_main():
+        return
+    for message in result.notes:
+        _note(message)
+    page = report_page.render(result, heads_doc, diversity_result, diversity_doc)
+    print(export.write_atomic(folder / "report.html", page))
+
+
+@app.command()
 def diversity(
     text: TextArg = None,
     layer: Annotated[Optional[str], typer.Option("--layer", "-l", help="Layer number (0-based) or 'all'.")] = None,

@@ -1,0 +1,200 @@
+"""`attnscope report`: one self-contained HTML page of everything attnscope found about a model's heads.
+
+Rendering only (the analysis is done by `analysis`): the pictures are drawn by `plots` and embedded as base64 PNG
+data, the numbers are embedded as JSON (`<script type="application/json" id="attnscope-data">`), the styles and
+the one small script (sortable head table) are inline. Nothing is fetched, so the page reads the same offline.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from attnscope import __version__, export, plots
+from attnscope.roles import RULES
+
+TOP_PER_ROLE = 3
+MAX_MAPS = 8
+
+
+def characteristic_heads(heads: Sequence[Any]) -> list[Any]:
+    """Per role (mixed excluded), the head of that role with the highest deciding score, in role order."""
+    chosen = []
+    for role in RULES:
+        members = [record for record in heads if record.role.role == role]
+        if members:
+            chosen.append(max(members, key=lambda record: (record.role.score, -record.layer, -record.head)))
+    return chosen[:MAX_MAPS]
+
+
+def top_heads_per_role(heads: Sequence[Any], k: int = TOP_PER_ROLE) -> dict[str, list[Any]]:
+    """role -> the k heads with the highest score of that role's rule, whatever role they were given (ties in
+    layer.head order); roles whose score was not measured (the probe's, with --no-probe) are left out."""
+    table = {}
+    for role, metric in RULES.items():
+        if heads and heads[0].scores[metric] is None:
+            continue
+        table[role] = sorted(heads, key=lambda record: (-record.scores[metric], record.layer, record.head))[:k]
+    return table
+
+
+def _image(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], css: str = "") -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>" for row in rows)
+    return f'<div class="wide"><table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1100px;
+       padding: 0 1em; color: #222; }
+h1 { font-size: 1.6em; } h2 { margin-top: 2em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
+th, td { border: 1px solid #ddd; padding: 0.2em 0.6em; text-align: right; }
+th { background: #f4f4f4; } table.sortable th { cursor: pointer; }
+td:first-child, th:first-child { text-align: left; }
+img { max-width: 100%; height: auto; }
+.grid { display: flex; flex-wrap: wrap; gap: 1em; } .grid figure { margin: 0; flex: 1 1 300px; }
+.note { color: #8a5a00; } .wide { overflow-x: auto; }
+"""
+
+SCRIPT = """
+document.querySelectorAll("table.sortable").forEach(function (table) {
+  table.querySelectorAll("th").forEach(function (header, column) {
+    header.addEventListener("click", function () {
+      var body = table.tBodies[0];
+      var rows = Array.prototype.slice.call(body.rows);
+      var descending = header.dataset.order !== "desc";
+      header.dataset.order = descending ? "desc" : "asc";
+      rows.sort(function (a, b) {
+        var x = a.cells[column].textContent, y = b.cells[column].textContent;
+        var nx = parseFloat(x), ny = parseFloat(y);
+        var order = isNaN(nx) || isNaN(ny) ? x.localeCompare(y) : nx - ny;
+        return descending ? -order : order;
+      });
+      rows.forEach(function (row) { body.appendChild(row); });
+    });
+  });
+});
+document.body.dataset.ready = "yes";
+"""
+
+
+def render(heads_result: Any, heads_doc: dict, diversity: Any | None, diversity_doc: dict | None) -> str:
+    """The report page for a heads analysis (with full maps of the characteristic heads' layers in
+    `heads_result.attention`) and, optionally, a diversity analysis of all heads."""
+    model = heads_result.model
+    name = model["name"]
+    n_layer, n_head = model["n_layer"], model["n_head"]
+    from attnscope.render_files import HEATMAP_SCORES, score_matrix
+
+    parts = [f"<h1>attnscope report: {html.escape(name)}</h1>"]
+    inputs = heads_result.inputs
+    parts.append(
+        f"<p>{inputs['n_texts']} text(s), {inputs['n_windows']} window(s), {inputs['n_tokens']} tokens, "
+        f"{inputs['scored_rows']} scored query rows; attnscope {html.escape(__version__)}.</p>"
+    )
+    parts.extend(f'<p class="note">note: {html.escape(note)}</p>' for note in heads_result.notes)
+    facts = [(key, value) for key, value in model.items() if not isinstance(value, (dict, list))]
+    parts.append("<h2>Model</h2>" + _table(("what", "value"), facts))
+
+    with tempfile.TemporaryDirectory(prefix="attnscope-report-") as temp:
+        folder = Path(temp)
+        roles = [[None] * n_head for _ in range(n_layer)]
+        deciding = [[0.0] * n_head for _ in range(n_layer)]
+        for record in heads_result.heads:
+            roles[record.layer][record.head] = record.role.role
+            deciding[record.layer][record.head] = record.role.score
+        role_map = plots.role_map(roles, deciding, name, folder / "role_map.png")
+        counts = {}
+        for record in heads_result.heads:
+            counts[record.role.role] = counts.get(record.role.role, 0) + 1
+        parts.append('<h2 id="role-map">Role map</h2>' + _image(role_map, "role map"))
+        parts.append(_table(("role", "heads"), sorted(counts.items(), key=lambda item: (-item[1], item[0]))))
+
+        rows = []
+        for role, records in top_heads_per_role(heads_result.heads).items():
+            metric = RULES[role]
+            rows.extend((role, metric, record.label, _number(record.scores[metric]), record.role.role) for record in records)
+        parts.append(
+            "<h2>Top heads per role</h2><p>The heads with the highest score of each role's rule, whatever role they "
+            "were given.</p>" + _table(("role", "score", "head", "value", "assigned role"), rows)
+        )
+
+        figures = []
+        for score, (low, high) in HEATMAP_SCORES.items():
+            if heads_result.heads[0].scores[score] is None:
+                continue
+            path = plots.score_heatmap(
+                score_matrix(heads_result.heads, score, n_layer, n_head), f"{score}: {name}",
+                folder / f"score_{score}.png", low, high,
+            )
+            figures.append(f"<figure>{_image(path, score)}<figcaption>{html.escape(score)}</figcaption></figure>")
+        parts.append('<h2>Scores per head</h2><div class="grid">' + "".join(figures) + "</div>")
+
+        if diversity is not None:
+            layers = sorted(diversity.layer_scores)
+            plot = plots.line_plot(
+                layers, {"mean pairwise JSD": [diversity.layer_scores[layer] for layer in layers]}, "layer",
+                "mean JS divergence between heads (bits)", f"Head diversity per layer: {name}",
+                folder / "layer_diversity.png",
+            )
+            pair_rows = lambda pairs: [(f"{p['a']} ~ {p['b']}", _number(p["js"]), _number(p["cosine"])) for p in pairs]  # noqa: E731
+            parts.append(
+                "<h2>Diversity</h2><p>Jensen–Shannon divergence (bits) between the attention rows of every pair of "
+                "heads, averaged over the scored rows; 0 = identical heads, 1 = disjoint.</p>"
+                + _image(plot, "diversity per layer")
+                + "<h3>Most redundant pairs</h3>" + _table(("heads", "JSD bits", "cosine"), pair_rows(diversity.ranked_pairs(5, True)))
+                + "<h3>Most distinct pairs</h3>" + _table(("heads", "JSD bits", "cosine"), pair_rows(diversity.ranked_pairs(5, False)))
+                + f"<p>{len(diversity.groups)} group(s) of near-duplicate heads (JSD &lt; {diversity.redundant} bits): "
+                + html.escape("; ".join(", ".join(group) for group in diversity.groups) or "none") + "</p>"
+            )
+        elif diversity_doc is None:
+            parts.append("<h2>Diversity</h2><p>Not computed (--no-diversity).</p>")
+
+        maps = []
+        for record in characteristic_heads(heads_result.heads):
+            attention = heads_result.attention.get(record.layer)
+            if attention is None:
+                continue
+            title = f"Head {record.label} ({record.role.role}, {record.role.metric} {record.role.score:.2f})"
+            path = plots.attention_heatmap(
+                attention.maps[record.head].numpy(), attention.tokens, title, folder / f"attention_{record.label}.png"
+            )
+            maps.append(f"<figure>{_image(path, title)}<figcaption>{html.escape(title)}</figcaption></figure>")
+        if maps:
+            parts.append(
+                "<h2>Attention of the most characteristic heads</h2><p>For each role, the head that fills it best, on "
+                "the first text.</p><div class=\"grid\">" + "".join(maps) + "</div>"
+            )
+
+    columns = ["head", "role", "by", *heads_result.heads[0].scores]
+    head_rows = [
+        (record.label, record.role.role, f"{record.role.metric} {record.role.score:.2f}",
+         *(_number(value) for value in record.scores.values()))
+        for record in heads_result.heads
+    ]
+    parts.append("<h2>Every head</h2><p>Click a column to sort.</p>" + _table(columns, head_rows, "sortable"))
+    data = {"heads": heads_doc, "diversity": diversity_doc}
+    # "</" cannot end the script element early once escaped; the JSON stays valid
+    payload = json.dumps(data, ensure_ascii=False, sort_keys=False).replace("</", "<\\/")
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>attnscope report: {html.escape(name)}</title><style>{STYLE}</style></head><body>"
+        + "".join(parts)
+        + f'<script type="application/json" id="attnscope-data">{payload}</script>'
+        + f"<script>{SCRIPT}</script></body></html>\n"
+    )
