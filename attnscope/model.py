@@ -208,8 +208,8 @@ def load_model(name: str, device: str = "auto", dtype: str = "auto", lm_head: bo
         path = demo_model_dir()
         if not (path / "config.json").exists():
             raise AttnscopeError(
-                "the demo model is not bundled with this version of attnscope yet; "
-                "use --model gpt2 or a directory saved with save_pretrained"
+                f"the demo model is not bundled in this installation ({path} has no config.json); reinstall "
+                "attnscope, or use --model gpt2 or a directory saved with save_pretrained"
             )
         source = str(path)
     elif _looks_like_path(name):

@@ -44,10 +44,9 @@ def test_directory_without_config(tmp_path):
         load_model(str(tmp_path), "cpu")
 
 
-def test_demo_model_absent_is_a_clear_error():
-    from attnscope.model import demo_model_dir
+def test_demo_model_missing_from_an_install_is_a_clear_error(monkeypatch, tmp_path):
+    from attnscope import model
 
-    if (demo_model_dir() / "config.json").exists():
-        pytest.skip("the demo model is bundled in this checkout")
-    with pytest.raises(AttnscopeError, match="demo model is not bundled"):
+    monkeypatch.setattr(model, "demo_model_dir", lambda: tmp_path)  # an install that lost the package data
+    with pytest.raises(AttnscopeError, match="demo model is not bundled in this installation"):
         load_model("demo", "cpu")

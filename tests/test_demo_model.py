@@ -1,0 +1,66 @@
+"""The bundled demo model: loads offline through the real path, and attnscope finds its learned heads.
+
+The heads were trained, not planted (scripts/train_demo_model.py); these tests check that the shipped weights have
+them and that the tool finds them with its default settings, on the bundled sample texts and the default probe.
+"""
+
+import json
+
+import pytest
+
+from attnscope.model import demo_model_dir
+
+pytestmark = pytest.mark.skipif(
+    not (demo_model_dir() / "config.json").exists(), reason="the demo model is not in this checkout"
+)
+
+
+@pytest.fixture(scope="module")
+def heads_doc():
+    from attnscope.cli import run
+    import io
+    import contextlib
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert run(["heads", "--model", "demo", "--json", "--device", "cpu"]) == 0
+    return json.loads(buffer.getvalue())
+
+
+def test_small_safetensors_only_with_a_model_card():
+    files = {path.name: path.stat().st_size for path in demo_model_dir().iterdir()}
+    assert sum(files.values()) <= 10 * 10**6
+    assert "model.safetensors" in files and "MODEL_CARD.md" in files
+    assert not [name for name in files if name.endswith((".bin", ".pt", ".pth", ".ckpt", ".pkl"))]
+    card = (demo_model_dir() / "MODEL_CARD.md").read_text()
+    assert "python scripts/train_demo_model.py" in card and "Python Software Foundation License" in card
+
+
+def test_loads_like_any_gpt2_checkpoint():
+    from attnscope.model import load_model
+
+    loaded = load_model("demo", "cpu")
+    assert type(loaded.model).__name__ == "GPT2Model" and loaded.config.model_type == "gpt2"
+    assert loaded.tokenizer("The cat sat on the mat.")["input_ids"]  # ordinary English encodes
+    assert loaded.tokenizer.bos_token == "<|endoftext|>"
+
+
+def test_attnscope_finds_a_previous_token_head_and_an_induction_head(heads_doc):
+    heads = heads_doc["heads"]
+    assert heads_doc["input"]["sources"][0].startswith("sample")  # the bundled sample texts
+    assert heads_doc["input"]["probe"]["period"] == 50  # the default probe, not shortened
+    best_previous = max(heads, key=lambda head: head["previous_token"])
+    best_induction = max(heads, key=lambda head: head["induction"])
+    assert best_previous["previous_token"] >= 0.7 and best_previous["role"] == "previous-token"
+    assert best_induction["induction"] >= 0.5 and best_induction["role"] == "induction"
+    assert best_previous["layer"] < best_induction["layer"]  # the induction circuit: previous-token head first
+    # the two patterns are told apart: the induction head is not a previous-token head on the probe's terms
+    assert best_induction["previous_token"] < 0.5 and best_previous["induction"] < 0.5
+
+
+def test_model_card_scores_are_what_the_tool_measures(heads_doc):
+    scores = json.loads((demo_model_dir() / "scores.json").read_text())
+    by_label = {head["label"]: head for head in heads_doc["heads"]}
+    for kind in ("previous_token", "induction"):
+        head = by_label[scores[kind]["head"]]
+        assert head[kind] == pytest.approx(scores[kind]["score"], abs=1e-5)
