@@ -120,8 +120,8 @@ def records_table(rows: Sequence[dict], title: str) -> Table:
 
 
 def bench_table(rows: Sequence[dict], title: str) -> Table:
-    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
     """Spread is (max - min) / median of the timed runs; ×floor compares with the floor of the same B and n."""
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
     for header in ("method", "B", "n", "median s", "spread", "tokens/s", "×floor", "peak MB", "mem ×"):
         table.add_column(header, justify="right", no_wrap=True)
     for row in rows:

@@ -83,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--synthetic", type=float, default=0.5, help="share of samples made of copied random words")
     p.add_argument("--sinusoid-scale", type=float, default=1.0, help="initial position embeddings: sinusoids × 0.02 × this")
+    p.add_argument("--alternating", type=float, default=0.0,
+                   help="in copied-word samples, the chance that a segment is two random words alternating (x y x y ...)")
     p.add_argument("--min-span", type=int, default=10)
     p.add_argument("--max-span", type=int, default=60)
     p.add_argument("--eval-every", type=int, default=200)
@@ -157,7 +159,13 @@ class Samples:
         rng.choice(self.words, size=S)
         i = 1
         while i < S:
-            if i > a.min_span + 1 and rng.random() < 0.5:  # copy an earlier span here
+            if a.alternating > 0 and rng.random() < a.alternating:  # "x y x y x y": only the token before tells
+                length = min(int(rng.integers(6, 13)), S - i)
+                pair = rng.choice(self.words, size=2, replace=False)
+                ids[i:i + length] = np.resize(pair, length)
+                labels[i + 2:i + length] = ids[i + 2:i + length]
+                i += length
+            elif i > a.min_span + 1 and rng.random() < 0.5:  # copy an earlier span here
                 length = min(int(rng.integers(a.min_span, a.max_span + 1)), i - 1, S - i)
                 source = int(rng.integers(1, i - length + 1))
                 ids[i:i + length] = ids[source:source + length]
