@@ -74,6 +74,23 @@ def _check_output_flags(json_out: bool, csv_out: bool) -> None:
         raise AttnscopeError("give --json or --csv, not both")
 
 
+def _emit(notes, doc: dict, records: list[dict], folder, write_files, json_out: bool, csv_out: bool) -> bool:
+    """The common ending of a command: notes on stderr, `write_files(folder)` for --out, then --json or --csv on
+    stdout. Returns False when neither was asked for, and the command renders its tables."""
+    from attnscope import export
+
+    for message in notes:
+        _note(message)
+    if folder is not None:
+        written = write_files(folder)
+        _note(f"wrote {len(written)} files to {folder}")
+    if json_out:
+        sys.stdout.write(export.to_json(doc))
+    elif csv_out:
+        sys.stdout.write(export.to_csv(records))
+    return json_out or csv_out
+
+
 def _load(model: str, device: str, dtype: str, lm_head: bool = False):
     """Load the model; under torchrun, join the process group and take this rank's GPU."""
     from attnscope import distributed
@@ -283,18 +300,13 @@ def attend(
     settings = {"from_index": from_index, "to_index": to_index, "top": top, "heads": n_heads, "index": index}
     doc = export.attend_document(result, top, n_heads, settings)
     records = export.attend_records(result, top)
-    for message in result.notes:
-        _note(message)
-    if folder is not None:
+
+    def write_files(folder):
         from attnscope import render_files
 
-        written = render_files.attend_files(result, doc, records, folder)
-        _note(f"wrote {len(written)} files to {folder}")
-    if json_out:
-        sys.stdout.write(export.to_json(doc))
-    elif csv_out:
-        sys.stdout.write(export.to_csv(records))
-    else:
+        return render_files.attend_files(result, doc, records, folder)
+
+    if not _emit(result.notes, doc, records, folder, write_files, json_out, csv_out):
         from attnscope import terminal
 
         console = _console()
@@ -348,18 +360,13 @@ def ablate(
     settings = {"method": method, "prune": prune, "batch_size": batch_size}
     doc = export.ablate_document(result, settings)
     records = export.ablate_records(result)
-    for message in result.notes:
-        _note(message)
-    if folder is not None:
+
+    def write_files(folder):
         from attnscope import render_files
 
-        written = render_files.ablate_files(result, doc, records, folder)
-        _note(f"wrote {len(written)} files to {folder}")
-    if json_out:
-        sys.stdout.write(export.to_json(doc))
-    elif csv_out:
-        sys.stdout.write(export.to_csv(records))
-    else:
+        return render_files.ablate_files(result, doc, records, folder)
+
+    if not _emit(result.notes, doc, records, folder, write_files, json_out, csv_out):
         from attnscope import terminal
 
         console = _console()

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from attnscope import __version__, export, plots
+from attnscope import __version__, plots
 from attnscope.roles import RULES
 
 TOP_PER_ROLE = 3
