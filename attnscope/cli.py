@@ -41,7 +41,12 @@ FileOpt = Annotated[
     Optional[str], typer.Option("--file", "-f", help="Texts separated by blank lines, or .jsonl with a 'text' field.")
 ]
 BosOpt = Annotated[
-    Optional[bool], typer.Option("--bos/--no-bos", help="Prepend the BOS token (default: on when the model has one).", show_default=False)
+    Optional[bool],
+    typer.Option(
+        "--bos/--no-bos",
+        help="Prepend the BOS token, or wrap in [CLS] … [SEP] for an encoder (default: on when the model has them).",
+        show_default=False,
+    ),
 ]
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="Windows per forward pass (padded, length-bucketed).")]
 MaxTokensOpt = Annotated[
