@@ -181,3 +181,14 @@ def test_heads_result_of_an_encoder(tiny_bert):
     kept = result.attention[0]
     assert kept.tokens[0] == "[CLS]" and kept.tokens[-1] == "[SEP]" and kept.tokens[1:3] == ["the", "cat"]
     assert kept.maps.shape == (tiny_bert.n_head, len(kept.tokens), len(kept.tokens))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_capture_matches_cpu(tiny_bert_dir):
+    from attnscope.model import load_model
+
+    cpu = analyze_heads(load_model(str(tiny_bert_dir), "cpu"), TEXTS)
+    gpu = analyze_heads(load_model(str(tiny_bert_dir), "cuda"), TEXTS)
+    for a, b in zip(cpu.heads, gpu.heads):
+        for name in metrics.ALL_SCORES:
+            assert a.scores[name] == pytest.approx(b.scores[name], abs=1e-4)

@@ -178,6 +178,8 @@ def test_bad_input_ends_in_one_line_and_status_2(cli, tiny_bert_dir, tmp_path):
         "ablate nothing to mask": (["ablate", "cat", *m, "--no-bos"], "nothing to mask"),
         "attend missing token": (["attend", CAT, *m, "--from", "dog"], "is not a token"),
         "layer out of range": (["diversity", CAT, *m, "--layer", "2"], "out of range"),
+        "bench is for decoders": (["bench", *m, "--device", "cpu"], "GPT-2-family decoders only"),
+        "bench random weights": (["bench", *m, "--random-weights", "--device", "cpu"], "GPT-2-family decoders only"),
     }
     for name, (args, expected) in cases.items():
         code, out, err = cli(*args)
