@@ -1,15 +1,21 @@
 """Which heads matter: the change in language-model loss when a head's output is removed (`attnscope ablate`).
 
-A head is removed by zeroing its slice of the input of `attn.c_proj` (the concatenated head outputs) with a forward
-pre-hook: transformers v5 has no `head_mask`. Every head's output passes through one gate ξ_h (1 = kept, 0 =
+A head is removed by zeroing its slice of the input of the output projection W_O (the concatenated head outputs:
+GPT-2's `attn.c_proj`, BERT's `attention.output.dense`) with a forward pre-hook: transformers v5 has no `head_mask`. Every head's output passes through one gate ξ_h (1 = kept, 0 =
 removed); Michel et al. 2019 ("Are Sixteen Heads Really Better than One?") estimate importance without removing
 anything as |∂L/∂ξ_h| at ξ = 1, one backward pass for all heads.
 
     loss:     importance_h = L(ξ_h = 0) − L(ξ = 1)             (one forward per head; heads batched together)
     gradient: importance_h = mean over windows of |∂L_w/∂ξ_h|   (L_w: mean loss of window w)
 
-L is the mean next-token cross-entropy (nats) over every predicted token of every window (a window's first token is
-not predicted; with BOS prepended, the text's first token is predicted from BOS).
+Decoders: L is the mean next-token cross-entropy (nats) over every predicted token of every window (a window's first
+token is not predicted; with BOS prepended, the text's first token is predicted from BOS).
+
+Encoders: L is the masked-language-model loss, made deterministic. In each window, MASK_FRACTION (15 %) of the
+scored rows (rows 1 .. length-2: the text's tokens between [CLS] and [SEP]), at least one, are chosen by a numpy
+generator seeded with MASK_SEED (0) and drawn window after window in input order; they are replaced by [MASK] (no
+80/10/10 mix: the loss measures the model, not trains it). L is the mean cross-entropy (nats) of the original tokens
+at the masked positions, pooled over all windows. Windows of fewer than 3 tokens are left out.
 """
 
 from __future__ import annotations
@@ -26,12 +32,16 @@ from attnscope.model import LoadedModel
 from attnscope.tokens import Tokenized, Window, batches, tokenize
 
 METHODS = ("loss", "gradient")
+MASK_FRACTION = 0.15  # of an encoder window's scored rows, replaced by [MASK] for the masked-LM loss
+MASK_SEED = 0
+IGNORED = -100  # label of a position that is not predicted (transformers' convention)
 # Copies of a batch run at once, one per head configuration: bounds activations at copies × padded tokens.
 MAX_COPY_TOKENS = 8192
 
 
 class HeadGates:
-    """Forward pre-hooks on every layer's `attn.c_proj` multiplying each head's output by a gate.
+    """Forward pre-hooks on every layer's output projection (`LoadedModel.head_output_projections`: GPT-2's
+    `attn.c_proj`, BERT's `attention.output.dense`) multiplying each head's output by a gate.
 
     `gates` is (B, L, H): one row of gates per sequence of the batch, so one forward pass can run the same window
     under many head configurations. None switches the hooks off (the model runs unchanged).
@@ -41,8 +51,8 @@ class HeadGates:
         self.n_head = loaded.n_head
         self.gates: Any = None
         self.handles = [
-            module.c_proj.register_forward_pre_hook(self._hook(layer))
-            for layer, module in enumerate(loaded.attention_modules())
+            module.register_forward_pre_hook(self._hook(layer))
+            for layer, module in enumerate(loaded.head_output_projections())
         ]
 
     def _hook(self, layer: int) -> Callable:
@@ -68,11 +78,63 @@ class HeadGates:
         self.remove()
 
 
-def _token_losses(loaded: LoadedModel, input_ids, attention_mask):
-    """(B, n-1) next-token cross-entropy in nats (0 where the target is padding) and the (B, n-1) target mask."""
+@dataclass
+class LossWindows:
+    """The windows the loss runs on; for an encoder, with [MASK] in place and `labels` (one per window, the same
+    length: the original token at a masked position, IGNORED elsewhere). Decoders: labels None."""
+
+    windows: list[Window]
+    labels: list[tuple[int, ...]] | None = None
+
+    @property
+    def predicted(self) -> int:
+        if self.labels is None:
+            return sum(len(window.ids) - 1 for window in self.windows)
+        return sum(sum(label != IGNORED for label in labels) for labels in self.labels)
+
+
+def masked_windows(windows: Sequence[Window], mask_id: int, seed: int = MASK_SEED) -> LossWindows:
+    """Encoder windows (of 3 tokens or more) with MASK_FRACTION of their scored rows 1 .. length-2, at least one,
+    replaced by `mask_id`; positions drawn by one numpy generator seeded `seed`, window after window."""
+    generator = np.random.default_rng(seed)
+    masked, labels = [], []
+    for window in windows:
+        length = len(window.ids)
+        if length < 3:
+            continue
+        rows = np.arange(1, length - 1)  # the scored rows
+        count = max(1, int(round(MASK_FRACTION * len(rows))))
+        chosen = set(int(i) for i in generator.choice(rows, size=count, replace=False))
+        masked.append(Window(window.text_index, tuple(mask_id if i in chosen else t for i, t in enumerate(window.ids)), window.start))
+        labels.append(tuple(t if i in chosen else IGNORED for i, t in enumerate(window.ids)))
+    return LossWindows(masked, labels)
+
+
+def _batch_labels(loss_windows: LossWindows, batch) -> Any:
+    """(B, n) labels of the batch's windows, right-padded with IGNORED; None for a decoder."""
+    import torch
+
+    if loss_windows.labels is None:
+        return None
+    labels = torch.full(tuple(batch.input_ids.shape), IGNORED, dtype=torch.long)  # (B, n)
+    for row, index in enumerate(batch.indices):
+        window_labels = loss_windows.labels[index]
+        labels[row, : len(window_labels)] = torch.tensor(window_labels, dtype=torch.long)
+    return labels.to(batch.input_ids.device)
+
+
+def _token_losses(loaded: LoadedModel, input_ids, attention_mask, labels=None):
+    """Cross-entropy in nats per predicted position (0 elsewhere) and the mask of predicted positions: a decoder's
+    next-token losses (B, n-1) (labels None), or an encoder's losses at the positions `labels` (B, n) names."""
     import torch
 
     logits = loaded.lm_model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, n, V)
+    if labels is not None:  # masked LM: predict the original token where labels has one
+        valid = labels != IGNORED  # (B, n)
+        losses = torch.nn.functional.cross_entropy(
+            logits.float().transpose(1, 2), labels.clamp(min=0), reduction="none"
+        )  # (B, n)
+        return losses * valid, valid
     targets = input_ids[:, 1:]  # (B, n-1)
     valid = attention_mask[:, 1:].bool()  # (B, n-1) right padding: a real target has a real context
     losses = torch.nn.functional.cross_entropy(
@@ -101,7 +163,7 @@ class AblationResult:
         return sorted(((l, h) for l in range(n_layer) for h in range(n_head)), key=lambda lh: (-self.importance[lh], lh))
 
 
-def losses_under(loaded: LoadedModel, windows: Sequence[Window], configurations: Any, batch_size: int = 8) -> np.ndarray:
+def losses_under(loaded: LoadedModel, windows: LossWindows, configurations: Any, batch_size: int = 8) -> np.ndarray:
     """Mean loss over all windows under each head configuration: configurations (K, L, H) of gates; returns (K,)
     float64. Each batch of windows is repeated once per configuration in as few forward passes as fit the budget."""
     import torch
@@ -112,22 +174,24 @@ def losses_under(loaded: LoadedModel, windows: Sequence[Window], configurations:
     count = 0
     pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else loaded.tokenizer.eos_token_id
     with HeadGates(loaded) as hooks, torch.inference_mode():
-        for batch in batches(windows, batch_size, loaded.device, pad or 0):
+        for batch in batches(windows.windows, batch_size, loaded.device, pad or 0):
             B, n = batch.input_ids.shape
+            labels = _batch_labels(windows, batch)  # (B, n) or None
             per_pass = max(1, MAX_COPY_TOKENS // (B * n))  # configurations per forward pass
             for first in range(0, K, per_pass):
                 chunk = configurations[first : first + per_pass]  # (k, L, H)
                 k = chunk.shape[0]
                 hooks.gates = chunk.repeat_interleave(B, dim=0)  # (k·B, L, H): configuration-major
                 losses, valid = _token_losses(
-                    loaded, batch.input_ids.repeat(k, 1), batch.attention_mask.repeat(k, 1)
-                )  # (k·B, n-1)
+                    loaded, batch.input_ids.repeat(k, 1), batch.attention_mask.repeat(k, 1),
+                    None if labels is None else labels.repeat(k, 1),
+                )  # (k·B, n-1) or (k·B, n)
                 total[first : first + k] += losses.view(k, B, -1).sum(dim=(1, 2)).double().cpu()
             count += int(valid[:B].sum())
     return (total / count).numpy()
 
 
-def _gradient_importance(loaded: LoadedModel, windows: Sequence[Window], batch_size: int) -> tuple[float, np.ndarray]:
+def _gradient_importance(loaded: LoadedModel, windows: LossWindows, batch_size: int) -> tuple[float, np.ndarray]:
     """Baseline loss and mean over windows of |∂L_w/∂ξ| at ξ = 1: gates per window, so one backward gives each
     window's own gradient (∂ of Σ_w L_w with respect to window w's gates is ∂L_w/∂ξ)."""
     import torch
@@ -137,17 +201,18 @@ def _gradient_importance(loaded: LoadedModel, windows: Sequence[Window], batch_s
     loss_sum, token_count = 0.0, 0
     pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else loaded.tokenizer.eos_token_id
     with HeadGates(loaded) as hooks:
-        for batch in batches(windows, batch_size, loaded.device, pad or 0):
+        for batch in batches(windows.windows, batch_size, loaded.device, pad or 0):
             B = batch.input_ids.shape[0]
             gates = torch.ones(B, L, H, device=loaded.device, requires_grad=True)  # (B, L, H)
             hooks.gates = gates
-            losses, valid = _token_losses(loaded, batch.input_ids, batch.attention_mask)  # (B, n-1)
+            labels = _batch_labels(windows, batch)
+            losses, valid = _token_losses(loaded, batch.input_ids, batch.attention_mask, labels)  # (B, n-1) or (B, n)
             per_window = losses.sum(-1) / valid.sum(-1)  # (B,) mean loss of each window
             (gradient,) = torch.autograd.grad(per_window.sum(), gates)  # (B, L, H)
             total_abs += gradient.abs().sum(0).double().cpu()
             loss_sum += float(losses.detach().sum())
             token_count += int(valid.sum())
-    return loss_sum / token_count, (total_abs / len(windows)).numpy()
+    return loss_sum / token_count, (total_abs / len(windows.windows)).numpy()
 
 
 def ablate(
@@ -170,12 +235,27 @@ def ablate(
     if not 0 <= prune <= L * H:
         raise AttnscopeError(f"--prune {prune}: this model has {L * H} heads")
     tokenized: Tokenized = tokenize(loaded.tokenizer, texts, loaded.n_ctx, bos)
-    windows = [window for window in tokenized.windows if len(window.ids) >= 2]
-    if not windows:
-        raise AttnscopeError("every window has a single token: there is no next token to predict")
+    notes = list(tokenized.notes)
+    if loaded.causal:
+        windows = LossWindows([window for window in tokenized.windows if len(window.ids) >= 2])
+        if not windows.windows:
+            raise AttnscopeError("every window has a single token: there is no next token to predict")
+    else:
+        if loaded.tokenizer.mask_token_id is None:
+            raise AttnscopeError("this encoder's tokenizer has no [MASK] token: the masked-LM loss cannot be measured")
+        windows = masked_windows(tokenized.windows, loaded.tokenizer.mask_token_id)
+        if not windows.windows:
+            raise AttnscopeError(
+                "no window has a token between its first and last: there is nothing to mask "
+                "(with --bos, [CLS] and [SEP] are added around the text)"
+            )
+        notes.append(
+            f"masked-LM loss: {MASK_FRACTION:.0%} of each window's tokens between the first and the last (at least "
+            f"one) replaced by [MASK], chosen with seed {MASK_SEED}"
+        )
     inputs = {
-        "n_texts": len(texts), "n_windows": len(windows), "n_tokens": sum(len(w.ids) for w in windows),
-        "predicted_tokens": sum(len(w.ids) - 1 for w in windows), "bos": tokenized.bos,
+        "n_texts": len(texts), "n_windows": len(windows.windows), "n_tokens": sum(len(w.ids) for w in windows.windows),
+        "predicted_tokens": windows.predicted, "bos": tokenized.bos,
         "sources": [item.source for item in texts],
     }
     previous = loaded.config._attn_implementation
@@ -191,7 +271,7 @@ def ablate(
         else:
             baseline, importance = _gradient_importance(loaded, windows, batch_size)
             ablated = None
-        result = AblationResult(loaded.info(), inputs, method, baseline, importance, ablated, notes=list(tokenized.notes))
+        result = AblationResult(loaded.info(), inputs, method, baseline, importance, ablated, notes=notes)
         if prune:
             order = result.ranked()[::-1][:prune]  # least important first
             steps = torch.ones(prune, L, H)

@@ -27,6 +27,7 @@ DEFAULT_MAX_TOKENS = 16384  # padded tokens per batch: bounds activations whatev
 Progress = Callable[[int, int, int, int], None]
 DEFAULT_PROBE_LEN = 50
 PROBE_SCORES = ("induction", "duplicate_token")
+ENCODER_PROBE_NOTE = "the repeated-token probe measures left-to-right copying; skipped for encoder models"
 
 
 @dataclass(frozen=True)
@@ -69,9 +70,14 @@ def select_heads(
     selected = [record for record in heads if layer is None or record.layer == layer]
     if sort is not None:
         name = sort.strip().replace("-", "_")
-        if name not in metrics.SCORES + PROBE_SCORES:
-            raise AttnscopeError(f"--sort '{sort}': use one of {', '.join(metrics.SCORES + PROBE_SCORES)}")
+        known = metrics.ALL_SCORES + PROBE_SCORES
+        if name not in known:
+            raise AttnscopeError(f"--sort '{sort}': use one of {', '.join(known)}")
         if selected and selected[0].scores[name] is None:
+            if name in metrics.ENCODER_SCORES:
+                raise AttnscopeError(f"--sort {sort}: that score is measured for encoder (BERT-type) models only")
+            if selected[0].scores.get("next_token") is not None:
+                raise AttnscopeError(f"--sort {sort}: that score comes from the probe, which is skipped for encoder models")
             raise AttnscopeError(f"--sort {sort}: that score comes from the probe, which --no-probe turned off")
         selected.sort(key=lambda record: -record.scores[name])
     if top is not None:
@@ -173,7 +179,8 @@ def analyze_heads(
 
     With `probe`, one more short forward pass on the repeated-random-token probe of period `probe_len` (None:
     DEFAULT_PROBE_LEN, or less when twice that does not fit the context) adds the `induction` and
-    `duplicate_token` scores; without it they are None.
+    `duplicate_token` scores; without it they are None, as they are for encoders (the probe is skipped with a
+    note). `next_token` and `last_token` are measured for encoders only (None for decoders).
     """
     from attnscope import distributed
     from attnscope.stats import HeadStatistics
@@ -181,15 +188,17 @@ def analyze_heads(
     if window < 1:
         raise AttnscopeError("--window must be at least 1")
     tokenized = tokenize(loaded.tokenizer, texts, loaded.n_ctx, bos)
-    statistics = HeadStatistics(loaded.n_layer, loaded.n_head, loaded.device, window)
+    statistics = HeadStatistics(loaded.n_layer, loaded.n_head, loaded.device, window, loaded.causal)
     captured = _run_windows(loaded, tokenized, statistics, batch_size, max_tokens, progress, keep_layers)
     distributed.all_reduce_sum(statistics.sums, statistics.uniform_sum, statistics.row_count)
     if int(statistics.row_count) == 0:
-        raise AttnscopeError("every text is a single token once tokenized; give at least two tokens to score")
+        raise AttnscopeError(_too_short(loaded, "score"))
     means = statistics.means()
     summary = input_summary(texts, tokenized, int(statistics.row_count))
     notes = list(tokenized.notes)
-    if probe:
+    if probe and not loaded.causal:
+        notes.append(ENCODER_PROBE_NOTE)
+    elif probe:
         if probe_len is None:
             probe_len = min(DEFAULT_PROBE_LEN, (loaded.n_ctx - 1) // 2)
             if probe_len < DEFAULT_PROBE_LEN:
@@ -200,7 +209,8 @@ def analyze_heads(
     for layer in range(loaded.n_layer):
         for head in range(loaded.n_head):
             scores = {name: float(means[name][layer, head]) for name in metrics.SCORES}
-            scores.update({name: float(means[name][layer, head]) if name in means else None for name in PROBE_SCORES})
+            for name in metrics.ENCODER_SCORES + PROBE_SCORES:
+                scores[name] = float(means[name][layer, head]) if name in means else None
             heads.append(HeadRecord(layer, head, scores, roles.classify(scores, thresholds)))
     first = tokenized.windows[0]
     labels = token_labels(loaded.tokenizer, first.ids)
@@ -211,10 +221,20 @@ def analyze_heads(
         model=loaded.info(),
         inputs=summary,
         window=window,
-        thresholds=dict(thresholds),
+        # only the roles this kind of model can be given (a decoder's JSON is what it was before encoders)
+        thresholds={role: value for role, value in thresholds.items() if role in roles.roles_for(not loaded.causal)},
         heads=heads,
         notes=notes,
         attention=attention,
+    )
+
+
+def _too_short(loaded: LoadedModel, what: str) -> str:
+    if loaded.causal:
+        return f"every text is a single token once tokenized; give at least two tokens to {what}"
+    return (
+        f"no text has a token between the first and the last of its window; give at least one token to {what} "
+        "(with --bos, [CLS] and [SEP] are added around it)"
     )
 
 
@@ -348,11 +368,11 @@ def analyze_diversity(
         per_window = loaded.n_layer * loaded.n_head * longest * longest * 4
         fitting = max(1, ALL_LAYERS_BUDGET // per_window)
         batch_size = min(batch_size, fitting)
-    statistics = DiversityStatistics(layers, loaded.n_head, loaded.device)
+    statistics = DiversityStatistics(layers, loaded.n_head, loaded.device, loaded.causal)
     _run_windows(loaded, tokenized, statistics, batch_size, max_tokens, progress, flush=statistics.flush)
     distributed.all_reduce_sum(statistics.dots, statistics.js, statistics.js_root, statistics.row_count)
     if int(statistics.row_count) == 0:
-        raise AttnscopeError("every text is a single token once tokenized; give at least two tokens to compare")
+        raise AttnscopeError(_too_short(loaded, "compare"))
     matrices = {name: value.numpy() for name, value in statistics.results().items()}
     labels = [f"{layer_}.{head}" for layer_ in layers for head in range(loaded.n_head)]
     H = loaded.n_head

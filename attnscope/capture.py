@@ -36,7 +36,7 @@ class AttentionBlock:
     """Attention of query rows `positions` of one layer, as the capture computed it (all float32).
 
     exp_logits: (B, H, b, k) exp(s) with s the scaled logits shifted so that each row's maximum is 0; k = keys up
-             to the block's last row (later keys are causally masked);
+             to the block's last row in a causal layer (later keys are masked), all keys in an encoder's;
     normalizer: (B, H, b) Σ_j exp(s), so A = exp_logits / normalizer.
     lengths: (B,) real tokens per window;  n_keys: all keys of the layer (the padded window length).
     """
@@ -66,7 +66,7 @@ class LayerRows:
     logits shifted so that each row's maximum is 0:
 
     normalizer: Z_i = Σ_j exp(s_ij);  expected_logit: Σ_j A_ij s_ij;
-    gathered: (B, H, n, m) s_ij at the keys the reducer's `keys_to_gather` named for each row.
+    gathered: (B, H, n, m) s_ij at the keys the reducer's `keys_to_gather` named for each row (of each window).
     """
 
     normalizer: torch.Tensor
@@ -81,8 +81,10 @@ class Reducer:
 
     wants_blocks = False
 
-    def keys_to_gather(self, positions: torch.Tensor) -> torch.Tensor | None:
-        """(b, m) key indices (each <= its row's position) whose logits `add_layer` wants for rows `positions`."""
+    def keys_to_gather(self, positions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor | None:
+        """Key indices whose logits `add_layer` wants for rows `positions` of windows of `lengths` (B,): (b, m), the
+        same for every window, or (B, b, m) when they differ per window (an encoder's last real token). Each key
+        must be one the row sees: <= its row's position in a causal model, < the padded length otherwise."""
         return None
 
     def add_block(self, layer: int, block: AttentionBlock) -> None:
@@ -145,7 +147,7 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
     output = torch.empty_like(query)  # (B, H, n, d_head)
     normalizer = torch.empty(B, H, n, device=query.device)  # (B, H, n) float32
     expected_logit = torch.empty_like(normalizer)
-    gather_keys = reducer.keys_to_gather if reducer is not None else (lambda positions: None)
+    gather_keys = reducer.keys_to_gather if reducer is not None else (lambda positions, lengths: None)
     gathered = None
     keys_t = key.transpose(-1, -2)  # (B, H, d_head, n_k)
     keep = layer in state.keep_layers and state.keep_row is not None
@@ -169,11 +171,13 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
         output[:, :, start:stop] = values / block_z[..., None].to(value.dtype)
         normalizer[..., start:stop] = block_z
         positions = torch.arange(start, stop, device=query.device)  # (b,)
-        wanted = gather_keys(positions)  # (b, m) or None
+        wanted = gather_keys(positions, state.lengths)  # (b, m), (B, b, m) or None
         if wanted is not None:
+            b, m = wanted.shape[-2:]
             if gathered is None:
-                gathered = torch.empty(B, H, n, wanted.shape[1], device=query.device)  # (B, H, n, m)
-            index = wanted.view(1, 1, *wanted.shape).expand(B, H, *wanted.shape)  # (B, H, b, m)
+                gathered = torch.empty(B, H, n, m, device=query.device)  # (B, H, n, m)
+            per_window = wanted.view(-1, 1, b, m)  # (1 or B, 1, b, m)
+            index = per_window.expand(B, H, b, m)  # (B, H, b, m)
             gathered[:, :, start:stop] = logits.gather(-1, index)
         if blocks_wanted or keep:
             block = AttentionBlock(exp_logits, block_z, positions, state.lengths, n_keys)

@@ -41,7 +41,12 @@ FileOpt = Annotated[
     Optional[str], typer.Option("--file", "-f", help="Texts separated by blank lines, or .jsonl with a 'text' field.")
 ]
 BosOpt = Annotated[
-    Optional[bool], typer.Option("--bos/--no-bos", help="Prepend the BOS token (default: on when the model has one).", show_default=False)
+    Optional[bool],
+    typer.Option(
+        "--bos/--no-bos",
+        help="Prepend the BOS token, or wrap in [CLS] … [SEP] for an encoder (default: on when the model has them).",
+        show_default=False,
+    ),
 ]
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="Windows per forward pass (padded, length-bucketed).")]
 MaxTokensOpt = Annotated[
@@ -595,6 +600,7 @@ def bench(
         except AttnscopeError as error:
             notes.append(f"weights unavailable ({error}); timing random weights instead")
             network, name = _random_network(model, torch_device, dtype, notes), f"{model} (random weights)"
+    _check_bench_model(network.config)
     import torch
 
     measurements = bench_lib.run_bench(network, torch_device, seqs, batches, warmup, repeats, chosen)
@@ -633,6 +639,16 @@ def bench(
         console.print(terminal.records_table(micro_rows, "From-scratch multi-head attention vs SDPA, ms per call (one 256-token sequence)"))
 
 
+def _check_bench_model(config) -> None:
+    """The bench's baselines (the tutorials' LM-head loop, TransformerLens-style caching) are written for GPT-2."""
+    from attnscope.model import CAUSAL_MODEL_TYPES
+
+    if config.model_type not in CAUSAL_MODEL_TYPES:
+        raise AttnscopeError(
+            f"bench times GPT-2-family decoders only; model type '{config.model_type}' is not supported by bench yet"
+        )
+
+
 def _random_network(model: str, device, dtype: str, notes: list[str]):
     """The architecture of `model` (its config when it can be had, else GPT-2 small's) with random weights."""
     from transformers import GPT2Config
@@ -641,6 +657,8 @@ def _random_network(model: str, device, dtype: str, notes: list[str]):
     from attnscope.model import load_config, resolve_dtype
 
     config = load_config(model)
+    if config is not None:
+        _check_bench_model(config)
     if config is None:
         notes.append(f"config of '{model}' unavailable; using GPT-2 small's architecture")
         config = GPT2Config()

@@ -1,10 +1,12 @@
 """Per-head attention statistics: pure functions of attention tensors (no model, no I/O).
 
-Notation: A is one head's causal attention map of one window, A[i, j] the weight query row i puts on key j
-(0 <= j <= i, Σ_j A[i, j] = 1). Every statistic is a mean over the *scored rows*: real (unpadded) query rows with
-i >= 1. Row 0 sees only itself, so every quantity there is fixed by construction (A[0, 0] = 1, entropy 0) and
-carries no information about the head; padded rows are not text. Means pool rows of all windows, so a long text
-weighs more than a short one.
+Notation: A is one head's attention map of one window of `length` real tokens, A[i, j] the weight query row i puts
+on key j (Σ_j A[i, j] = 1). In a decoder (causal, GPT-2) row i sees keys 0 <= j <= i; in an encoder (bidirectional,
+BERT) every row sees all `length` keys. Every statistic is a mean over the *scored rows*, pooled over all windows
+(a long text weighs more than a short one); padded rows are not text.
+
+Decoders: scored rows are 1 <= i < length. Row 0 sees only itself, so every quantity there is fixed by construction
+(A[0, 0] = 1, entropy 0) and carries no information about the head.
 
     previous_token      mean_i A[i, i-1]
     first_token         mean_i A[i, 0]                       (attention sink)
@@ -15,8 +17,20 @@ weighs more than a short one.
     entropy_normalized  mean_i (-Σ_j A[i, j] ln A[i, j]) / ln(i + 1)   (1.0 = uniform over the visible keys)
     confidence          mean_i max_j A[i, j]                     (Voita et al. 2019)
 
+Encoders: scored rows are 1 <= i <= length-2, every row but the first and the last token (with [CLS] … [SEP] on,
+exactly the text's tokens), so every scored row has a previous and a next token; a window of fewer than 3 tokens
+scores nothing. The same definitions hold with every key visible, and two more scores:
+
+    next_token          mean_i A[i, i+1]
+    last_token          mean_i A[i, length-1]                (the [SEP] sink, beside first_token's [CLS])
+    local               mean_i Σ_{j = max(1, i-w)}^{min(length-2, i+w)} A[i, j]   (symmetric; first and last excluded)
+    local_uniform       mean_i |{max(1, i-w) .. min(length-2, i+w)}| / length
+    entropy_normalized  mean_i (-Σ_j A[i, j] ln A[i, j]) / ln(length)   (1.0 = uniform over all keys)
+
+For decoders next_token and last_token are not defined (None in the outputs).
+
 On the repeated-random-token probe (BOS, then T random tokens, then the same T again; Olsson et al. 2022), for
-every query i of the second copy:
+every query i of the second copy (decoders only: the probe measures left-to-right copying):
 
     induction           mean_i A[i, i-(T-1)]    (the token right after the earlier occurrence of token i)
     duplicate_token     mean_i A[i, i-T]        (the earlier occurrence itself)
@@ -38,8 +52,24 @@ ROW_SCORES = (
     "entropy_normalized",
     "confidence",
 )
+ENCODER_SCORES = ("next_token", "last_token")  # row scores of encoders only
 SCORES = ROW_SCORES + ("local_uniform", "local_lift")
+ALL_SCORES = SCORES + ENCODER_SCORES
 DEFAULT_WINDOW = 3
+
+
+def row_score_names(causal: bool = True) -> tuple[str, ...]:
+    """The row scores summed for a decoder (`causal`) or an encoder, in the order of the sums' last dim."""
+    return ROW_SCORES if causal else ROW_SCORES + ENCODER_SCORES
+
+
+def encoder_window_mask(positions: torch.Tensor, lengths: torch.Tensor, n_keys: int, window: int) -> torch.Tensor:
+    """(B, b, n_keys) bool: key j is in the symmetric local window of the query at `positions[r]` of a window of
+    `lengths[B]` tokens, max(1, i-w) <= j <= min(length-2, i+w)."""
+    keys = torch.arange(n_keys, device=positions.device)  # (n,)
+    low = (positions - window).clamp(min=1)  # (b,)
+    high = torch.minimum(positions[None, :] + window, lengths[:, None] - 2)  # (B, b)
+    return (keys[None, None, :] >= low[None, :, None]) & (keys[None, None, :] <= high[:, :, None])  # (B, b, n)
 
 
 def window_mask(positions: torch.Tensor, n_keys: int, window: int) -> torch.Tensor:
@@ -49,12 +79,21 @@ def window_mask(positions: torch.Tensor, n_keys: int, window: int) -> torch.Tens
     return (keys[None, :] >= low[:, None]) & (keys[None, :] <= positions[:, None])  # (b, n)
 
 
-def row_scores(attn: torch.Tensor, positions: torch.Tensor, window: int = DEFAULT_WINDOW) -> dict[str, torch.Tensor]:
-    """Every row statistic for a block of query rows.
+def row_scores(
+    attn: torch.Tensor,
+    positions: torch.Tensor,
+    window: int = DEFAULT_WINDOW,
+    lengths: torch.Tensor | None = None,
+    causal: bool = True,
+) -> dict[str, torch.Tensor]:
+    """Every row statistic for a block of query rows (the reference form: from probabilities).
 
-    attn: (B, H, b, n) attention probabilities of query rows `positions` (b,) over keys 0..n-1.
+    attn: (B, H, b, n) attention probabilities of query rows `positions` (b,) over keys 0..n-1; lengths (B,) real
+    tokens per window, needed when not `causal` (an encoder).
     Returns name -> (B, H, b). Values at rows that are not scored (row 0, padding) are meaningless; weight them 0.
     """
+    if not causal:
+        return _encoder_row_scores(attn, positions, window, lengths)
     B, H, b, n = attn.shape
     index_shape = (B, H, b, 1)
     previous = (positions - 1).clamp(min=0).view(1, 1, b, 1).expand(index_shape)  # (B, H, b, 1)
@@ -72,6 +111,32 @@ def row_scores(attn: torch.Tensor, positions: torch.Tensor, window: int = DEFAUL
     }
 
 
+def _encoder_row_scores(
+    attn: torch.Tensor, positions: torch.Tensor, window: int, lengths: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """`row_scores` of a bidirectional map: attn (B, H, b, n), every key visible; lengths (B,)."""
+    B, H, b, n = attn.shape
+
+    def at(keys: torch.Tensor) -> torch.Tensor:  # keys (B, b) -> A[.., r, keys[B, r]] (B, H, b)
+        index = keys.clamp(0, n - 1).view(B, 1, b, 1).expand(B, H, b, 1)  # (B, H, b, 1)
+        return attn.gather(-1, index).squeeze(-1)
+
+    rows = positions[None, :].expand(B, b)  # (B, b)
+    entropy = -torch.special.xlogy(attn, attn).sum(-1)  # (B, H, b); 0·ln 0 = 0
+    visible = lengths.to(attn.dtype)[:, None, None]  # (B, 1, 1) every real key is visible
+    return {
+        "previous_token": at(rows - 1),
+        "first_token": attn[..., 0],  # (B, H, b)
+        "self": at(rows),
+        "local": (attn * encoder_window_mask(positions, lengths, n, window)[:, None]).sum(-1),  # (B, H, b)
+        "entropy": entropy,
+        "entropy_normalized": entropy / torch.log(visible).clamp(min=1e-12),  # (B, H, b)
+        "confidence": attn.amax(-1),  # (B, H, b)
+        "next_token": at(rows + 1),
+        "last_token": at((lengths - 1)[:, None].expand(B, b)),
+    }
+
+
 def gathered_keys(positions: torch.Tensor, window: int = DEFAULT_WINDOW) -> torch.Tensor:
     """(b, w+2) the keys `layer_row_scores` needs for rows `positions`: i, i-1, ..., i-w (clamped at 0), then 0."""
     offsets = torch.arange(window + 1, device=positions.device)  # (w+1,) 0 = self, 1 = previous, ...
@@ -79,10 +144,36 @@ def gathered_keys(positions: torch.Tensor, window: int = DEFAULT_WINDOW) -> torc
     return torch.cat([window_keys, torch.zeros_like(positions)[:, None]], dim=1)  # (b, w+2)
 
 
+def encoder_offsets(window: int, device: torch.device | None = None) -> torch.Tensor:
+    """(2w+1,) key offsets of an encoder's local window in gathered order: 0 (self), -1 .. -w, +1 .. +w."""
+    back = -torch.arange(window + 1, device=device)  # (w+1,) 0, -1, ..., -w
+    return torch.cat([back, torch.arange(1, window + 1, device=device)])  # (2w+1,)
+
+
+def encoder_gathered_keys(positions: torch.Tensor, lengths: torch.Tensor, window: int = DEFAULT_WINDOW) -> torch.Tensor:
+    """(B, b, 2w+3) the keys `layer_row_scores` needs for rows `positions` of an encoder's windows of `lengths`:
+    i, i-1, ..., i-w, i+1, ..., i+w, then 0 and length-1 (the last real token, which differs per window); every
+    key clamped into 0..length-1 (a clamped key is never inside a scored row's window)."""
+    offsets = encoder_offsets(window, positions.device)  # (2w+1,)
+    window_keys = positions[:, None] + offsets[None, :]  # (b, 2w+1)
+    last = (lengths - 1)[:, None, None]  # (B, 1, 1)
+    B, b = lengths.shape[0], positions.shape[0]
+    keys = torch.cat(
+        [window_keys[None].expand(B, -1, -1), torch.zeros_like(last).expand(B, b, 1), last.expand(B, b, 1)], dim=-1
+    )  # (B, b, 2w+3)
+    return torch.minimum(keys.clamp(min=0), last)
+
+
 def layer_row_scores(
-    normalizer: torch.Tensor, expected_logit: torch.Tensor, gathered: torch.Tensor, window: int = DEFAULT_WINDOW
+    normalizer: torch.Tensor,
+    expected_logit: torch.Tensor,
+    gathered: torch.Tensor,
+    window: int = DEFAULT_WINDOW,
+    lengths: torch.Tensor | None = None,
+    causal: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """The statistics of `row_scores` for every row of a causal layer (window >= 1), without any (n × n) tensor.
+    """The statistics of `row_scores` for every row of a layer (window >= 1), without any (n × n) tensor; an
+    encoder (`causal` False) needs `lengths` (B,) and keys from `encoder_gathered_keys`.
 
     With s_ij the scaled logits shifted so each row's maximum is 0 (the capture's form), the inputs are per row
     (all (B, H, n)): normalizer Z_i = Σ_j exp(s_ij), expected_logit = Σ_j A_ij s_ij, and `gathered` (B, H, n, w+2)
@@ -91,6 +182,8 @@ def layer_row_scores(
         entropy    = -Σ_j A_ij ln A_ij = ln Z_i - expected_logit
         A at keys i, i-1, ..., i-w, 0 = exp(gathered) / Z_i
     """
+    if not causal:
+        return _encoder_layer_row_scores(normalizer, expected_logit, gathered, window, lengths)
     n = normalizer.shape[-1]
     positions = torch.arange(n, device=normalizer.device)  # (n,)
     probs = torch.exp(gathered) / normalizer[..., None]  # (B, H, n, w+2)
@@ -107,61 +200,103 @@ def layer_row_scores(
     }
 
 
-def local_uniform(positions: torch.Tensor, window: int = DEFAULT_WINDOW) -> torch.Tensor:
-    """(b,) share of the visible keys that lie in the local window: `local` for uniform attention."""
+def _encoder_layer_row_scores(
+    normalizer: torch.Tensor, expected_logit: torch.Tensor, gathered: torch.Tensor, window: int, lengths: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """`layer_row_scores` of an encoder: gathered (B, H, n, 2w+3) at the keys of `encoder_gathered_keys`."""
+    n = normalizer.shape[-1]
+    positions = torch.arange(n, device=normalizer.device)  # (n,)
+    probs = torch.exp(gathered) / normalizer[..., None]  # (B, H, n, 2w+3)
+    keys = positions[:, None] + encoder_offsets(window, normalizer.device)[None, :]  # (n, 2w+1) unclamped
+    in_window = (keys[None] >= 1) & (keys[None] <= (lengths - 2)[:, None, None])  # (B, n, 2w+1)
+    entropy = torch.log(normalizer) - expected_logit  # (B, H, n)
+    visible = lengths.to(entropy.dtype)[:, None, None]  # (B, 1, 1)
+    return {
+        "previous_token": probs[..., 1],
+        "first_token": probs[..., -2],
+        "self": probs[..., 0],
+        "local": (probs[..., : 2 * window + 1] * in_window[:, None].to(probs.dtype)).sum(-1),  # (B, H, n)
+        "entropy": entropy,
+        "entropy_normalized": entropy / torch.log(visible).clamp(min=1e-12),
+        "confidence": 1.0 / normalizer,
+        "next_token": probs[..., window + 1],
+        "last_token": probs[..., -1],
+    }
+
+
+def local_uniform(
+    positions: torch.Tensor, window: int = DEFAULT_WINDOW, lengths: torch.Tensor | None = None, causal: bool = True
+) -> torch.Tensor:
+    """Share of the visible keys that lie in the local window: `local` for uniform attention. (b,) for a decoder;
+    (B, b) for an encoder, whose window and visible keys depend on each window's length."""
+    if not causal:
+        high = torch.minimum(positions[None, :] + window, lengths[:, None] - 2)  # (B, b)
+        size = (high - (positions - window).clamp(min=1)[None, :] + 1).clamp(min=0)  # (B, b)
+        return size.to(torch.float64) / lengths[:, None].to(torch.float64)
     in_window = positions - (positions - window).clamp(min=1) + 1  # (b,)
     return in_window.to(torch.float64) / (positions + 1).to(torch.float64)
 
 
-def scored_rows(lengths: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """(B, b) bool: query row `positions[r]` of window `B` is real text (< length) and not row 0."""
-    return (positions[None, :] >= 1) & (positions[None, :] < lengths[:, None])
+def scored_rows(lengths: torch.Tensor, positions: torch.Tensor, causal: bool = True) -> torch.Tensor:
+    """(B, b) bool: query row `positions[r]` of window `B` is scored: real text (< length) and not row 0; for an
+    encoder also not the last token (rows 1 .. length-2)."""
+    last = lengths[:, None] - (1 if causal else 2)  # (B, 1)
+    return (positions[None, :] >= 1) & (positions[None, :] <= last)
 
 
 def weighted_row_sums(
-    attn: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor, window: int = DEFAULT_WINDOW
+    attn: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor, window: int = DEFAULT_WINDOW, causal: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sums over scored rows of one block of probabilities attn (B, H, b, n), ready to accumulate exactly across
     blocks, layers and texts.
 
-    Returns (sums (H, len(ROW_SCORES)) float64, local_uniform sum (scalar float64), scored row count (scalar)).
+    Returns (sums (H, S) float64 with S = len(row_score_names(causal)), local_uniform sum (scalar float64), scored
+    row count (scalar)).
     """
-    return sum_scored_rows(row_scores(attn, positions, window), positions, lengths, window)
+    scores = row_scores(attn, positions, window, lengths, causal)
+    return sum_scored_rows(scores, positions, lengths, window, causal)
 
 
 def sum_scored_rows(
-    scores: dict[str, torch.Tensor], positions: torch.Tensor, lengths: torch.Tensor, window: int = DEFAULT_WINDOW
+    scores: dict[str, torch.Tensor],
+    positions: torch.Tensor,
+    lengths: torch.Tensor,
+    window: int = DEFAULT_WINDOW,
+    causal: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Row scores (name -> (B, H, b)) summed over the scored rows: (sums (H, S) float64, local_uniform sum, count)."""
-    scored = scored_rows(lengths, positions)  # (B, b)
-    stacked = torch.stack([scores[name] for name in ROW_SCORES], dim=-1)  # (B, H, b, S)
+    scored = scored_rows(lengths, positions, causal)  # (B, b)
+    stacked = torch.stack([scores[name] for name in row_score_names(causal)], dim=-1)  # (B, H, b, S)
     stacked = torch.where(scored[:, None, :, None], stacked, 0.0)  # padded rows may hold anything, even NaN
     sums = stacked.sum(dim=(0, 2), dtype=torch.float64)  # (H, S)
-    uniform = (local_uniform(positions, window)[None, :] * scored).sum()  # scalar
+    uniform = (local_uniform(positions, window, lengths, causal) * scored).sum()  # scalar
     return sums, uniform, scored.sum()
 
 
-def finish(sums: torch.Tensor, uniform_sum: float, count: int) -> dict[str, torch.Tensor]:
-    """Means from accumulated sums: name -> (..., H) tensor, plus `local_uniform` and `local_lift`."""
+def finish(sums: torch.Tensor, uniform_sum: float, count: int, causal: bool = True) -> dict[str, torch.Tensor]:
+    """Means from accumulated sums: name -> (..., H) tensor, plus `local_uniform` and `local_lift` (and, for an
+    encoder, `next_token` and `last_token`)."""
     if count == 0:
-        raise ValueError("no scored rows: every window has a single token")
+        raise ValueError("no scored rows: every window is too short to score")
     means = sums / count  # (..., H, S)
-    result = {name: means[..., k] for k, name in enumerate(ROW_SCORES)}
+    result = {name: means[..., k] for k, name in enumerate(row_score_names(causal))}
     uniform = torch.full_like(result["local"], uniform_sum / count)
     result["local_uniform"] = uniform
     result["local_lift"] = (result["local"] - uniform) / (1.0 - uniform)
     return result
 
 
-def head_scores(attn: torch.Tensor, lengths: torch.Tensor, window: int = DEFAULT_WINDOW) -> dict[str, torch.Tensor]:
+def head_scores(
+    attn: torch.Tensor, lengths: torch.Tensor, window: int = DEFAULT_WINDOW, causal: bool = True
+) -> dict[str, torch.Tensor]:
     """Every statistic of every head from full maps.
 
-    attn: (B, H, n, n) causal attention of B right-padded windows; lengths: (B,) real tokens per window.
-    Returns name -> (H,) float64 means over the scored rows of all windows.
+    attn: (B, H, n, n) attention (causal, or an encoder's) of B right-padded windows; lengths: (B,) real tokens
+    per window. Returns name -> (H,) float64 means over the scored rows of all windows.
     """
     positions = torch.arange(attn.shape[-2], device=attn.device)  # (n,)
-    sums, uniform, count = weighted_row_sums(attn, positions, lengths, window)
-    return finish(sums, float(uniform), int(count))
+    sums, uniform, count = weighted_row_sums(attn, positions, lengths, window, causal)
+    return finish(sums, float(uniform), int(count), causal)
 
 
 def offset_attention(attn: torch.Tensor, positions: torch.Tensor, offset: int) -> torch.Tensor:

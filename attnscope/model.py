@@ -1,7 +1,8 @@
 """Loading a model and its tokenizer: the one place that talks to `from_pretrained`.
 
-The model is loaded the way real GPT-2 is, whether it comes from the Hub, the local cache or a directory saved with
-`save_pretrained`: the base model (no LM head), eval mode, eager attention, safetensors only, no remote code.
+The model is loaded the way real GPT-2 (or BERT) is, whether it comes from the Hub, the local cache or a directory
+saved with `save_pretrained`: the base model (no LM head), eval mode, eager attention, safetensors only, no remote
+code. GPT-2-family decoders and BERT-family encoders are read; `LoadedModel.causal` tells them apart.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from urllib.parse import urlparse
 
 from attnscope.errors import AttnscopeError
 
-SUPPORTED_MODEL_TYPES = ("gpt2",)
+SUPPORTED_MODEL_TYPES = ("gpt2", "bert")
 CAUSAL_MODEL_TYPES = ("gpt2",)  # decoders: row i of a map sees keys 0..i
 DEMO = "demo"  # --model demo: the small GPT-2 trained by scripts/train_demo_model.py, shipped in the package
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -63,8 +64,28 @@ class LoadedModel:
         return next(self.model.parameters()).dtype
 
     def attention_modules(self) -> list[Any]:
-        """One attention module per layer, in layer order (`model.h[i].attn` for GPT-2)."""
+        """One self-attention module per layer, in layer order (`h[i].attn` for GPT-2, `encoder.layer[i].attention.self`
+        for BERT: the module that computes the attention weights)."""
+        if self.config.model_type == "bert":
+            return [layer.attention.self for layer in self.model.encoder.layer]
         return [block.attn for block in self.model.h]
+
+    def head_output_projections(self) -> list[Any]:
+        """Per layer, the module whose input is the heads' outputs side by side (head h in columns h·d_head ..
+        (h+1)·d_head): GPT-2's `h[i].attn.c_proj`, BERT's `encoder.layer[i].attention.output.dense`."""
+        if self.config.model_type == "bert":
+            return [layer.attention.output.dense for layer in self.model.encoder.layer]
+        return [block.attn.c_proj for block in self.model.h]
+
+    def attention_parameters(self) -> int:
+        """Parameters of the first layer's W_Q, W_K, W_V, W_O and their biases (BERT keeps W_O, with its LayerNorm,
+        outside the self-attention module: only its dense projection is counted)."""
+        if self.config.model_type == "bert":
+            attention = self.model.encoder.layer[0].attention
+            modules = [attention.self, attention.output.dense]
+        else:
+            modules = [self.attention_modules()[0]]
+        return sum(p.numel() for module in modules for p in module.parameters())
 
     def info(self) -> dict[str, Any]:
         """Model facts for `attnscope info` and the `model` section of every JSON output.
@@ -73,7 +94,6 @@ class LoadedModel:
         from the first layer's real attention module, so a mismatch shows an architecture this formula misses.
         """
         d_model = self.d_model
-        attention = self.attention_modules()[0]
         return {
             "name": self.name,
             "model_type": self.config.model_type,
@@ -84,7 +104,7 @@ class LoadedModel:
             "n_ctx": self.n_ctx,
             "vocab_size": self.config.vocab_size,
             "n_params": sum(p.numel() for p in self.model.parameters()),
-            "attention_params": sum(p.numel() for p in attention.parameters()),
+            "attention_params": self.attention_parameters(),
             "attention_params_formula": 4 * d_model * d_model + 4 * d_model,
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
@@ -221,7 +241,7 @@ def load_model(name: str, device: str = "auto", dtype: str = "auto", lm_head: bo
         if not _is_cached(name) and not _hub_reachable():
             raise AttnscopeError(_offline_message(name))
 
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # a user of the CLI does not need transformers' load reports
@@ -230,11 +250,13 @@ def load_model(name: str, device: str = "auto", dtype: str = "auto", lm_head: bo
         config = AutoConfig.from_pretrained(source, trust_remote_code=False)
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise AttnscopeError(
-                f"model type '{config.model_type}' is not supported yet; attnscope reads GPT-2-family models "
-                f"({', '.join(SUPPORTED_MODEL_TYPES)})"
+                f"model type '{config.model_type}' is not supported yet; attnscope reads GPT-2-family decoders "
+                f"and BERT-family encoders ({', '.join(SUPPORTED_MODEL_TYPES)})"
             )
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
-        model_class = AutoModelForCausalLM if lm_head else AutoModel
+        # an encoder's language-model head predicts masked tokens, a decoder's the next token
+        lm_class = AutoModelForCausalLM if config.model_type in CAUSAL_MODEL_TYPES else AutoModelForMaskedLM
+        model_class = lm_class if lm_head else AutoModel
         model = model_class.from_pretrained(
             source,
             attn_implementation="eager",  # SDPA returns no attention weights (see README, "How it works")

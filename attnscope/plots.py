@@ -19,13 +19,15 @@ from matplotlib.colors import ListedColormap  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from attnscope.export import write_atomic  # noqa: E402
-from attnscope.roles import ROLES  # noqa: E402
+from attnscope.roles import ROLES, roles_for  # noqa: E402
 
 DPI = 100
 ROLE_COLOURS = {
     "previous-token": "#1f77b4",
     "self": "#ff7f0e",
     "first-token": "#7f3c8d",
+    "next-token": "#17becf",
+    "last-token": "#8c564b",
     "induction": "#d62728",
     "duplicate-token": "#e377c2",
     "local": "#2ca02c",
@@ -36,6 +38,8 @@ ROLE_SHORT = {
     "previous-token": "prev",
     "self": "self",
     "first-token": "first",
+    "next-token": "next",
+    "last-token": "last",
     "induction": "induct",
     "duplicate-token": "dup",
     "local": "local",
@@ -98,8 +102,15 @@ def layer_grid_size(n_head: int, n_tokens: int) -> tuple[float, float]:
     return (columns * panel + 0.5, rows * panel + 0.6)
 
 
-def role_map(roles: Sequence[Sequence[str]], scores: Sequence[Sequence[float]], model_name: str, path: Path) -> Path:
-    """One coloured cell per head (rows = layers, columns = heads), labelled `L.H`, role and deciding score."""
+def role_map(
+    roles: Sequence[Sequence[str]],
+    scores: Sequence[Sequence[float]],
+    model_name: str,
+    path: Path,
+    legend: Sequence[str] = roles_for(encoder=False),
+) -> Path:
+    """One coloured cell per head (rows = layers, columns = heads), labelled `L.H`, role and deciding score; the
+    legend lists `legend` (the roles this kind of model can be given: roles.roles_for)."""
     n_layer, n_head = len(roles), len(roles[0])
     codes = np.array([[ROLES.index(role) for role in row] for row in roles])  # (L, H)
     figure = plt.figure(figsize=grid_size(n_layer, n_head))
@@ -110,7 +121,7 @@ def role_map(roles: Sequence[Sequence[str]], scores: Sequence[Sequence[float]], 
     for layer in range(n_layer):
         for head in range(n_head):
             role = roles[layer][head]
-            colour = "white" if role in ("previous-token", "first-token", "induction") else "black"
+            colour = "white" if role in ("previous-token", "first-token", "last-token", "induction") else "black"
             text = f"{layer}.{head}\n{ROLE_SHORT[role]}\n{scores[layer][head]:.2f}"
             axes.text(head, layer, text, ha="center", va="center", fontsize=fontsize, color=colour)
     axes.set_xticks(range(n_head))
@@ -118,7 +129,7 @@ def role_map(roles: Sequence[Sequence[str]], scores: Sequence[Sequence[float]], 
     axes.set_xlabel("head")
     axes.set_ylabel("layer")
     _fit_title(figure, axes, f"Head roles: {model_name}")
-    handles = [Patch(color=ROLE_COLOURS[role], label=role) for role in ROLES]
+    handles = [Patch(color=ROLE_COLOURS[role], label=role) for role in legend]
     axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return _save(figure, path)
 

@@ -7,7 +7,9 @@ Given the input x of an attention layer and its fused projection W_qkv (d, 3d) a
     A_h = softmax(Q_h K_hᵀ · scale + M)          M: 0 where key j <= query i (and j is a real token), else -inf
     out = concat_h(A_h V_h)
 
-with scale = 1/√d_head unless given. Nothing here is shared with the capture code: it is what the tests compare
+with scale = 1/√d_head unless given. An encoder (BERT) has no causal mask (M masks padded keys only) and keeps W_Q,
+W_K, W_V as three `nn.Linear` layers (y = x Wᵀ + b, weight (out, in)): `bidirectional_attention` takes those.
+Nothing here is shared with the capture code: it is what the tests compare
 the capture against, and what later benchmarks time.
 """
 
@@ -53,6 +55,26 @@ def multi_head_attention(
     weights = torch.softmax(scores, dim=-1)  # (B, H, n, n); fully masked rows become NaN: padding, never scored
     output = (weights.nan_to_num(0.0) @ v).permute(0, 2, 1, 3).reshape(B, n, d)  # (B, n, d)
     return output, weights
+
+
+def bidirectional_attention(
+    x: torch.Tensor,
+    query: tuple[torch.Tensor, torch.Tensor],
+    key: tuple[torch.Tensor, torch.Tensor],
+    value: tuple[torch.Tensor, torch.Tensor],
+    n_head: int,
+    lengths: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """An encoder's attention: output (B, n, d) and weights (B, H, n, n) of x (B, n, d), every real key visible.
+
+    query, key, value: (weight (d, d), bias (d,)) of `nn.Linear` layers (BERT's `attention.self.query` …), whose
+    weight is (out, in): transposed here into the (in, out) layout of `multi_head_attention`.
+    lengths (B,): real tokens per sequence; keys at or past a sequence's length are masked out.
+    """
+    w_qkv = torch.cat([query[0].T, key[0].T, value[0].T], dim=1)  # (d, 3d)
+    b_qkv = torch.cat([query[1], key[1], value[1]])  # (3d,)
+    return multi_head_attention(x, w_qkv, b_qkv, n_head, lengths=lengths, causal=False, scale=scale)
 
 
 def numpy_mha_loop(x, w_qkv, b_qkv, n_head: int, causal: bool = True):

@@ -9,12 +9,15 @@ from typing import Any
 import numpy as np
 
 from attnscope import export, plots
+from attnscope.roles import roles_for
 
 # score -> colour range of its layer × head heatmap (None: from the data)
 HEATMAP_SCORES = {
     "previous_token": (0.0, 1.0),
     "first_token": (0.0, 1.0),
     "self": (0.0, 1.0),
+    "next_token": (0.0, 1.0),
+    "last_token": (0.0, 1.0),
     "induction": (0.0, 1.0),
     "duplicate_token": (0.0, 1.0),
     "local": (0.0, 1.0),
@@ -45,9 +48,10 @@ def heads_files(result: Any, plotted: Sequence[tuple[int, int]], folder: Path, s
     for record in result.heads:
         roles[record.layer][record.head] = record.role.role
         deciding[record.layer][record.head] = record.role.score
-    written.append(plots.role_map(roles, deciding, name, folder / "role_map.png"))
+    legend = roles_for(result.heads[0].scores.get("next_token") is not None)
+    written.append(plots.role_map(roles, deciding, name, folder / "role_map.png", legend))
     for score, (low, high) in HEATMAP_SCORES.items():
-        if result.heads[0].scores[score] is None:  # the probe was not run
+        if result.heads[0].scores[score] is None:  # not measured: the probe's without it, next/last for a decoder
             continue
         title = f"{score} per head: {name}"
         matrix = score_matrix(result.heads, score, n_layer, n_head)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscope import __version__, plots
-from attnscope.roles import RULES
+from attnscope.roles import RULES, roles_for
 
 TOP_PER_ROLE = 3
 MAX_MAPS = 8
@@ -37,7 +37,7 @@ def top_heads_per_role(heads: Sequence[Any], k: int = TOP_PER_ROLE) -> dict[str,
     layer.head order); roles whose score was not measured (the probe's, with --no-probe) are left out."""
     table = {}
     for role, metric in RULES.items():
-        if heads and heads[0].scores[metric] is None:
+        if heads and heads[0].scores.get(metric) is None:
             continue
         table[role] = sorted(heads, key=lambda record: (-record.scores[metric], record.layer, record.head))[:k]
     return table
@@ -118,7 +118,8 @@ def render(heads_result: Any, heads_doc: dict, diversity: Any | None, diversity_
         for record in heads_result.heads:
             roles[record.layer][record.head] = record.role.role
             deciding[record.layer][record.head] = record.role.score
-        role_map = plots.role_map(roles, deciding, name, folder / "role_map.png")
+        legend = roles_for(heads_result.heads[0].scores.get("next_token") is not None)
+        role_map = plots.role_map(roles, deciding, name, folder / "role_map.png", legend)
         counts = {}
         for record in heads_result.heads:
             counts[record.role.role] = counts.get(record.role.role, 0) + 1

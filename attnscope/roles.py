@@ -2,10 +2,12 @@
 
 Rules, in order:
 1. Pattern roles: `previous-token` (previous_token >= 0.5), `self` (self >= 0.5), `first-token`
-   (first_token >= 0.5), and from the repeated-random-token probe `induction` (induction >= 0.5) and
+   (first_token >= 0.5), for encoders `next-token` (next_token >= 0.5) and `last-token` (last_token >= 0.5, the
+   [SEP] sink), and from the repeated-random-token probe (decoders) `induction` (induction >= 0.5) and
    `duplicate-token` (duplicate_token >= 0.5). A head passing one of these is that role even if it also looks
    local; when several pass, the highest score wins. A previous-token head attends to i-1 and an induction head to
-   i-(T-1) on the probe, so the two never share a high score. Without the probe (`--no-probe`) its rules are skipped. 0.5 means the head puts most of its weight on one position: the literature calls heads
+   i-(T-1) on the probe, so the two never share a high score. A rule whose score was not measured (None: the probe's
+   with `--no-probe` or for an encoder, next/last-token for a decoder) is skipped. 0.5 means the head puts most of its weight on one position: the literature calls heads
    positional or [CLS]/[SEP] heads at 0.5-0.6 (Clark et al. 2019, Voita et al. 2019); we take the lower end so
    the role map shows every head that is *mostly* one thing, and print the score beside the role.
 2. `local` (local_lift >= 0.5): at least half of the attention uniform would put outside the window moved into it.
@@ -27,16 +29,28 @@ PATTERN_RULES = {
     "previous-token": "previous_token",
     "self": "self",
     "first-token": "first_token",
+    "next-token": "next_token",
+    "last-token": "last_token",
     "induction": "induction",
     "duplicate-token": "duplicate_token",
 }
 SHAPE_RULES = {"local": "local_lift", "broad": "entropy_normalized"}
 RULES = {**PATTERN_RULES, **SHAPE_RULES}
 ROLES = (*PATTERN_RULES, *SHAPE_RULES, "mixed")
+ENCODER_ROLES = ("next-token", "last-token")  # scores measured for encoders only
+PROBE_ROLES = ("induction", "duplicate-token")  # from the probe, which runs for decoders only
+
+
+def roles_for(encoder: bool) -> tuple[str, ...]:
+    """The roles a decoder's or an encoder's head can be given, in ROLES order (for legends)."""
+    left_out = PROBE_ROLES if encoder else ENCODER_ROLES
+    return tuple(role for role in ROLES if role not in left_out)
 DEFAULT_THRESHOLDS = {
     "previous-token": 0.5,
     "self": 0.5,
     "first-token": 0.5,
+    "next-token": 0.5,
+    "last-token": 0.5,
     "induction": 0.5,
     "duplicate-token": 0.5,
     "local": 0.5,

@@ -14,20 +14,28 @@ class HeadStatistics(Reducer):
     Sums are float64 and counts integers, so two partial runs merged with `merge` give the same means as one run.
     """
 
-    def __init__(self, n_layer: int, n_head: int, device: torch.device, window: int = metrics.DEFAULT_WINDOW):
+    def __init__(
+        self, n_layer: int, n_head: int, device: torch.device, window: int = metrics.DEFAULT_WINDOW, causal: bool = True
+    ):
         self.window = window
-        self.sums = torch.zeros(n_layer, n_head, len(metrics.ROW_SCORES), dtype=torch.float64, device=device)
+        self.causal = causal  # False: an encoder, scored and summed by the bidirectional definitions (see metrics)
+        names = metrics.row_score_names(causal)
+        self.sums = torch.zeros(n_layer, n_head, len(names), dtype=torch.float64, device=device)
         self.uniform_sum = torch.zeros((), dtype=torch.float64, device=device)
         self.row_count = torch.zeros((), dtype=torch.long, device=device)
 
-    def keys_to_gather(self, positions: torch.Tensor) -> torch.Tensor:
-        return metrics.gathered_keys(positions, self.window)
+    def keys_to_gather(self, positions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        if self.causal:
+            return metrics.gathered_keys(positions, self.window)  # (b, w+2)
+        return metrics.encoder_gathered_keys(positions, lengths, self.window)  # (B, b, 2w+3)
 
     def add_layer(self, layer: int, rows: LayerRows) -> None:
         """Add every row of layer `layer` of a batch, from the capture's per-row summaries."""
-        scores = metrics.layer_row_scores(rows.normalizer, rows.expected_logit, rows.gathered, self.window)
+        scores = metrics.layer_row_scores(
+            rows.normalizer, rows.expected_logit, rows.gathered, self.window, rows.lengths, self.causal
+        )
         positions = torch.arange(rows.normalizer.shape[-1], device=rows.normalizer.device)  # (n,)
-        sums, uniform, count = metrics.sum_scored_rows(scores, positions, rows.lengths, self.window)
+        sums, uniform, count = metrics.sum_scored_rows(scores, positions, rows.lengths, self.window, self.causal)
         self.sums[layer] += sums
         if layer == 0:  # row-level quantities are the same for every layer: count them once
             self.uniform_sum += uniform
@@ -40,7 +48,7 @@ class HeadStatistics(Reducer):
 
     def means(self) -> dict[str, torch.Tensor]:
         """name -> (n_layer, n_head) float64 on the host."""
-        return metrics.finish(self.sums.cpu(), float(self.uniform_sum), int(self.row_count))
+        return metrics.finish(self.sums.cpu(), float(self.uniform_sum), int(self.row_count), self.causal)
 
 
 class ProbeStatistics(Reducer):
@@ -77,7 +85,8 @@ class ProbeStatistics(Reducer):
 
 
 class DiversityStatistics(Reducer):
-    """Pairwise sums (dot products, JSD, sqrt JSD) between the heads of `layers`, over scored rows.
+    """Pairwise sums (dot products, JSD, sqrt JSD) between the heads of `layers`, over scored rows (see
+    metrics.scored_rows: a decoder's rows 1 .. length-1, an encoder's 1 .. length-2).
 
     One layer: each block the capture hands over holds all its heads, so pairs are summed block by block and
     nothing is stored. Several layers: a pair may span two layers whose attention exists at different moments of
@@ -87,8 +96,9 @@ class DiversityStatistics(Reducer):
 
     wants_blocks = True
 
-    def __init__(self, layers: list[int], n_head: int, device: torch.device):
+    def __init__(self, layers: list[int], n_head: int, device: torch.device, causal: bool = True):
         self.layers = list(layers)
+        self.causal = causal  # an encoder scores rows 1 .. length-2, and every key of them may be nonzero
         self.n_head = n_head
         K = len(self.layers) * n_head
         self.dots = torch.zeros(K, K, dtype=torch.float64, device=device)
@@ -99,8 +109,8 @@ class DiversityStatistics(Reducer):
         self.lengths: torch.Tensor | None = None
 
     def _add(self, attn: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor) -> None:
-        scored = metrics.scored_rows(lengths, positions)  # (B, b)
-        dots, js, js_root = metrics.pairwise_sums(attn, scored, positions)
+        scored = metrics.scored_rows(lengths, positions, self.causal)  # (B, b)
+        dots, js, js_root = metrics.pairwise_sums(attn, scored, positions if self.causal else None)
         self.dots += dots
         self.js += js
         self.js_root += js_root

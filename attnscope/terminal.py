@@ -10,10 +10,14 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from attnscope.roles import roles_for
+
 ROLE_STYLES = {
     "previous-token": ("prev", "bold white on blue"),
     "self": ("self", "bold black on dark_orange"),
     "first-token": ("first", "bold white on purple4"),
+    "next-token": ("next", "bold black on cyan3"),
+    "last-token": ("last", "bold white on orange4"),
     "induction": ("induc", "bold white on red3"),
     "duplicate-token": ("dup", "bold black on hot_pink"),
     "local": ("local", "bold white on green4"),
@@ -25,6 +29,8 @@ COLUMNS = {
     "previous_token": "prev",
     "first_token": "first",
     "self": "self",
+    "next_token": "next",
+    "last_token": "last",
     "induction": "induc",
     "duplicate_token": "dup",
     "local_lift": "lift",
@@ -38,21 +44,34 @@ def role_cell(role: str) -> Text:
     return Text(f"{short:^5}", style=style)
 
 
+def is_encoder(heads: Sequence[Any]) -> bool:
+    """Whether these heads are an encoder's: only encoders measure next_token."""
+    return bool(heads) and heads[0].scores.get("next_token") is not None
+
+
+def shown_columns(encoder: bool) -> dict[str, str]:
+    """The table's score columns: a decoder's table has no next/last columns (never measured), an encoder's no
+    probe columns (the probe is skipped), so either fits in 80 columns."""
+    left_out = ("induction", "duplicate_token") if encoder else ("next_token", "last_token")
+    return {name: header for name, header in COLUMNS.items() if name not in left_out}
+
+
 def heads_table(heads: Sequence[Any], title: str) -> Table:
     """One row per head; fits in 80 columns. Hnorm is the mean entropy over ln(visible keys); the entropy in nats
     and the raw local mass are in the JSON (`lift` decides the local role); `-` is a score that was not measured."""
+    columns = shown_columns(is_encoder(heads))
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
     table.add_column("head", justify="right")
     table.add_column("role")
     table.add_column("by", justify="right", no_wrap=True)
-    for header in COLUMNS.values():
+    for header in columns.values():
         table.add_column(header, justify="right")
     for record in heads:
         table.add_row(
             record.label,
             role_cell(record.role.role),
             f"{COLUMNS[record.role.metric]} {record.role.score:.2f}",
-            *("-" if record.scores[name] is None else f"{record.scores[name]:.2f}" for name in COLUMNS),
+            *("-" if record.scores[name] is None else f"{record.scores[name]:.2f}" for name in columns),
         )
     return table
 
@@ -66,7 +85,8 @@ def role_map(heads: Sequence[Any], n_layer: int, n_head: int, title: str) -> Gro
         grid.add_column(str(head), justify="center", width=5)
     for layer in range(n_layer):
         grid.add_row(str(layer), *(role_cell(roles[(layer, head)]) for head in range(n_head)))
-    legend = Text(" ").join(Text(f" {ROLE_STYLES[role][0]}={role} ", style=ROLE_STYLES[role][1]) for role in ROLE_STYLES)
+    shown = roles_for(is_encoder(heads))
+    legend = Text(" ").join(Text(f" {ROLE_STYLES[role][0]}={role} ", style=ROLE_STYLES[role][1]) for role in shown)
     return Group(Text(title, style="bold"), grid, legend)
 
 

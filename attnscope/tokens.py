@@ -1,7 +1,9 @@
 """Stage 2: texts to token windows, and windows to padded batches.
 
-Every window starts with the model's BOS token when `bos` is on, so "first token" means the same thing in every
-window; a text longer than the context is cut into consecutive windows of at most `n_ctx` tokens.
+With `bos` on, every window of a decoder starts with the model's BOS token, so "first token" means the same thing in
+every window; every window of an encoder (a tokenizer with no BOS but [CLS] and [SEP], as BERT's) is wrapped as
+`[CLS] text [SEP]`, as the model saw in training. A text longer than the context is cut into consecutive windows
+of at most `n_ctx` tokens, special tokens included.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from attnscope.inputs import Text
 
 @dataclass(frozen=True)
 class Window:
-    """At most `n_ctx` token ids of one text (`text_index`), BOS included when it was prepended."""
+    """At most `n_ctx` token ids of one text (`text_index`), special tokens (BOS, or [CLS] and [SEP]) included."""
 
     text_index: int
     ids: tuple[int, ...]
@@ -34,18 +36,38 @@ class Tokenized:
         return sum(len(window.ids) for window in self.windows)
 
 
+def _wraps_with_cls_sep(tokenizer: Any) -> bool:
+    """An encoder's tokenizer: no BOS, but [CLS] and [SEP] (BERT)."""
+    return (
+        tokenizer.bos_token_id is None
+        and getattr(tokenizer, "cls_token_id", None) is not None
+        and getattr(tokenizer, "sep_token_id", None) is not None
+    )
+
+
 def default_bos(tokenizer: Any) -> bool:
-    """BOS is prepended by default whenever the tokenizer has one (GPT-2: `<|endoftext|>`, as TransformerLens)."""
-    return tokenizer.bos_token_id is not None
+    """Special tokens are added by default whenever the tokenizer has them: BOS (GPT-2: `<|endoftext|>`, as
+    TransformerLens), or [CLS] … [SEP] (BERT)."""
+    return tokenizer.bos_token_id is not None or _wraps_with_cls_sep(tokenizer)
+
+
+def special_tokens(tokenizer: Any, bos: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(prefix, suffix) ids put around every window: (BOS,) and () for a decoder, ([CLS],) and ([SEP],) for an
+    encoder, nothing with `bos` off."""
+    if not bos:
+        return (), ()
+    if tokenizer.bos_token_id is not None:
+        return (tokenizer.bos_token_id,), ()
+    if _wraps_with_cls_sep(tokenizer):
+        return (tokenizer.cls_token_id,), (tokenizer.sep_token_id,)
+    raise AttnscopeError("--bos: this model's tokenizer has no BOS token; use --no-bos")
 
 
 def tokenize(tokenizer: Any, texts: Sequence[Text], n_ctx: int, bos: bool | None = None) -> Tokenized:
     """Token windows for `texts`; `bos=None` means the tokenizer's default (see `default_bos`)."""
     use_bos = default_bos(tokenizer) if bos is None else bos
-    if use_bos and tokenizer.bos_token_id is None:
-        raise AttnscopeError("--bos: this model's tokenizer has no BOS token; use --no-bos")
-    prefix = (tokenizer.bos_token_id,) if use_bos else ()
-    span = n_ctx - len(prefix)
+    prefix, suffix = special_tokens(tokenizer, use_bos)
+    span = n_ctx - len(prefix) - len(suffix)
     windows, split_texts = [], 0
     for index, item in enumerate(texts):
         ids = tokenizer(item.text, add_special_tokens=False)["input_ids"]
@@ -54,7 +76,7 @@ def tokenize(tokenizer: Any, texts: Sequence[Text], n_ctx: int, bos: bool | None
         if len(ids) > span:
             split_texts += 1
         for start in range(0, len(ids), span):
-            windows.append(Window(index, prefix + tuple(ids[start : start + span]), start))
+            windows.append(Window(index, prefix + tuple(ids[start : start + span]) + suffix, start))
     notes = []
     if split_texts:
         notes.append(

@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny random-weight GPT-2 models saved to disk and loaded by path, like real ones.
+"""Shared fixtures: tiny random-weight GPT-2 and BERT models saved to disk and loaded by path, like real ones.
 
 The tokenizer is the real GPT-2 BPE vocabulary, copied into tests/data/gpt2-tokenizer (MIT, see its LICENSE).
 Weights use a large initializer range so that heads differ clearly from each other and from uniform attention:
@@ -26,6 +26,45 @@ def build_tiny_gpt2(folder: Path, seed: int = 0, **config) -> Path:
     settings.update(config)
     GPT2LMHeadModel(GPT2Config(**settings)).save_pretrained(folder)
     GPT2TokenizerFast.from_pretrained(TOKENIZER_DIR).save_pretrained(folder)
+    return folder
+
+
+BERT_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# Whole words for the test sentences and the bundled samples, then single characters and ##-continuations so that
+# any lowercase ASCII text tokenizes without [UNK].
+BERT_WORDS = (
+    "the a an and or but of to in on at by for with from as is was are were be been it its this that these those "
+    "he she they we you i him her them his their our my your who what which when where why how not no yes "
+    "cat sat mat because tired doctor said would help patient hello world again short one two three colourless "
+    "green ideas sleep furiously quick brown fox jumps over lazy dog there here then than so if do did does done "
+    "has have had will can could should may might must go went come came see saw look looked make made take took "
+    "house river tree water fire light dark day night time year man woman child children people city road "
+    "def return print import class self none true false code function value list"
+).split()
+
+
+def build_tiny_bert(folder: Path, seed: int = 0, **config) -> Path:
+    """A 2-layer, 4-head random-weight BertForMaskedLM with a small WordPiece vocabulary, saved with
+    save_pretrained (large initializer range, as for GPT-2, so that heads differ)."""
+    import string
+
+    import torch
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    pieces = list(string.ascii_lowercase + string.digits + string.punctuation)
+    vocab = list(dict.fromkeys([*BERT_SPECIAL, *BERT_WORDS, *pieces, *(f"##{c}" for c in string.ascii_lowercase + string.digits)]))
+    vocab_file = folder / "vocab.txt"
+    vocab_file.write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    torch.manual_seed(seed)
+    settings = dict(
+        num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64,
+        max_position_embeddings=64, vocab_size=len(vocab), initializer_range=0.3,
+    )
+    settings.update(config)
+    BertForMaskedLM(BertConfig(**settings)).save_pretrained(folder)
+    # transformers v5 takes the vocabulary file as `vocab` (v4 called it `vocab_file`)
+    BertTokenizerFast(vocab=str(vocab_file), do_lower_case=True).save_pretrained(folder)
     return folder
 
 
@@ -59,6 +98,18 @@ def tiny(tiny_model_dir):
     from attnscope.model import load_model
 
     return load_model(str(tiny_model_dir), "cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory) -> Path:
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tiny_bert_dir):
+    from attnscope.model import load_model
+
+    return load_model(str(tiny_bert_dir), "cpu")
 
 
 @pytest.fixture
