@@ -1,8 +1,8 @@
 """Which heads matter: the change in language-model loss when a head's output is removed (`attnscope ablate`).
 
 A head is removed by zeroing its slice of the input of the output projection W_O (the concatenated head outputs:
-GPT-2's `attn.c_proj`, BERT's `attention.output.dense`) with a forward pre-hook: transformers v5 has no `head_mask`. Every head's output passes through one gate ξ_h (1 = kept, 0 =
-removed); Michel et al. 2019 ("Are Sixteen Heads Really Better than One?") estimate importance without removing
+GPT-2's `attn.c_proj`, BERT's `attention.output.dense`) with a forward pre-hook: transformers v5 has no
+`head_mask`. Every head's output passes through one gate ξ_h (1 = kept, 0 = removed); Michel et al. 2019 ("Are Sixteen Heads Really Better than One?") estimate importance without removing
 anything as |∂L/∂ξ_h| at ξ = 1, one backward pass for all heads.
 
     loss:     importance_h = L(ξ_h = 0) − L(ξ = 1)             (one forward per head; heads batched together)
