@@ -203,18 +203,14 @@ def heads(
         return
     selected = analysis.select_heads(result.heads, layer, sort, top)
     settings = {"batch_size": batch_size, "max_tokens": max_tokens, "layer": layer, "sort": sort, "top": top, "probe": probe}
-    for message in result.notes:
-        _note(message)
-    if folder is not None:
+    doc = export.heads_document(result, selected, settings)
+
+    def write_files(folder):
         from attnscope import render_files
 
-        written = render_files.heads_files(result, plotted, folder, settings)
-        _note(f"wrote {len(written)} files to {folder}")
-    if json_out:
-        sys.stdout.write(export.to_json(export.heads_document(result, selected, settings)))
-    elif csv_out:
-        sys.stdout.write(export.to_csv(export.head_records(selected)))
-    else:
+        return render_files.heads_files(result, plotted, folder, settings)
+
+    if not _emit(result.notes, doc, doc["heads"], folder, write_files, json_out, csv_out):
         from attnscope import terminal
 
         console = _console()
@@ -491,18 +487,13 @@ def diversity(
     if not _is_main():
         return
     doc = export.diversity_document(result, pairs)
-    for message in result.notes:
-        _note(message)
-    if folder is not None:
+
+    def write_files(folder):
         from attnscope import render_files
 
-        written = render_files.diversity_files(result, folder, doc)
-        _note(f"wrote {len(written)} files to {folder}")
-    if json_out:
-        sys.stdout.write(export.to_json(doc))
-        return
-    if csv_out:
-        sys.stdout.write(export.to_csv(result.pairs()))
+        return render_files.diversity_files(result, folder, doc)
+
+    if _emit(result.notes, doc, result.pairs(), folder, write_files, json_out, csv_out):
         return
     from attnscope import terminal
 

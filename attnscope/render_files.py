@@ -35,6 +35,17 @@ def score_matrix(heads: Sequence[Any], name: str, n_layer: int, n_head: int) -> 
     return matrix
 
 
+def role_map_file(heads: Sequence[Any], name: str, n_layer: int, n_head: int, path: Path) -> Path:
+    """The layer × head map of roles, each cell labelled with the score that decided its role."""
+    roles = [[None] * n_head for _ in range(n_layer)]
+    deciding = [[0.0] * n_head for _ in range(n_layer)]
+    for record in heads:
+        roles[record.layer][record.head] = record.role.role
+        deciding[record.layer][record.head] = record.role.score
+    legend = roles_for(heads[0].scores.get("next_token") is not None)
+    return plots.role_map(roles, deciding, name, path, legend)
+
+
 def heads_files(result: Any, plotted: Sequence[tuple[int, int]], folder: Path, settings: dict) -> list[Path]:
     """heads.json, heads.csv, role_map.png, score_<name>.png and attention_<L.H>.png for each plotted head."""
     n_layer, n_head = result.model["n_layer"], result.model["n_head"]
@@ -43,13 +54,7 @@ def heads_files(result: Any, plotted: Sequence[tuple[int, int]], folder: Path, s
         export.write_atomic(folder / "heads.json", export.to_json(export.heads_document(result, result.heads, settings))),
         export.write_atomic(folder / "heads.csv", export.to_csv(export.head_records(result.heads))),
     ]
-    roles = [[None] * n_head for _ in range(n_layer)]
-    deciding = [[0.0] * n_head for _ in range(n_layer)]
-    for record in result.heads:
-        roles[record.layer][record.head] = record.role.role
-        deciding[record.layer][record.head] = record.role.score
-    legend = roles_for(result.heads[0].scores.get("next_token") is not None)
-    written.append(plots.role_map(roles, deciding, name, folder / "role_map.png", legend))
+    written.append(role_map_file(result.heads, name, n_layer, n_head, folder / "role_map.png"))
     for score, (low, high) in HEATMAP_SCORES.items():
         if result.heads[0].scores[score] is None:  # not measured: the probe's without it, next/last for a decoder
             continue

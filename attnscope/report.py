@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscope import __version__, plots
-from attnscope.roles import RULES, roles_for
+from attnscope.roles import RULES
 
 TOP_PER_ROLE = 3
 MAX_MAPS = 8
@@ -99,7 +99,7 @@ def render(heads_result: Any, heads_doc: dict, diversity: Any | None, diversity_
     model = heads_result.model
     name = model["name"]
     n_layer, n_head = model["n_layer"], model["n_head"]
-    from attnscope.render_files import HEATMAP_SCORES, score_matrix
+    from attnscope.render_files import HEATMAP_SCORES, role_map_file, score_matrix
 
     parts = [f"<h1>attnscope report: {html.escape(name)}</h1>"]
     inputs = heads_result.inputs
@@ -113,13 +113,7 @@ def render(heads_result: Any, heads_doc: dict, diversity: Any | None, diversity_
 
     with tempfile.TemporaryDirectory(prefix="attnscope-report-") as temp:
         folder = Path(temp)
-        roles = [[None] * n_head for _ in range(n_layer)]
-        deciding = [[0.0] * n_head for _ in range(n_layer)]
-        for record in heads_result.heads:
-            roles[record.layer][record.head] = record.role.role
-            deciding[record.layer][record.head] = record.role.score
-        legend = roles_for(heads_result.heads[0].scores.get("next_token") is not None)
-        role_map = plots.role_map(roles, deciding, name, folder / "role_map.png", legend)
+        role_map = role_map_file(heads_result.heads, name, n_layer, n_head, folder / "role_map.png")
         counts = {}
         for record in heads_result.heads:
             counts[record.role.role] = counts.get(record.role.role, 0) + 1
