@@ -5,17 +5,10 @@ import torch
 
 from attnscope import capture, metrics
 from attnscope.analysis import analyze_heads
-from attnscope.inputs import Text
 from attnscope.reference import multi_head_attention
 from attnscope.stats import HeadStatistics
 from attnscope.tokens import batches, tokenize
-
-TEXTS = [
-    Text("The cat sat on the mat because it was tired.", "a"),
-    Text("The doctor said that she would help the patient.", "b"),
-    Text("Hello world", "c"),
-    Text("Colourless green ideas sleep furiously, and the quick brown fox jumps over the lazy dog.", "d"),
-]
+from tests.helpers import TEXTS, captured_maps
 
 
 def layer_inputs(loaded, batch):
@@ -43,35 +36,6 @@ def reference_maps(loaded, batch):
             _, weights = multi_head_attention(x, c_attn.weight, c_attn.bias, loaded.n_head, lengths=batch.lengths)
             maps[layer] = weights
     return maps
-
-
-def captured_maps(loaded, batch, block_bytes=capture.BLOCK_BYTES):
-    """layer -> (B, H, n, n) as the capture hands them to its reducer, block by block."""
-    blocks = {}
-
-    class Collect(capture.Reducer):
-        wants_blocks = True
-
-        def add_block(self, layer, block):
-            self.blocks = getattr(self, "blocks", 0) + 1
-            n = block.n_keys
-            padded = torch.nn.functional.pad(block.probs, (0, n - block.probs.shape[-1]))  # keys after the block: 0
-            blocks.setdefault(layer, []).append(padded)
-
-    reducer = Collect()
-    original = capture.BLOCK_BYTES
-    capture.BLOCK_BYTES = block_bytes
-    try:
-        capture.run(loaded.model, [batch], reducer)
-    finally:
-        capture.BLOCK_BYTES = original
-    if block_bytes == 1:  # one row per block: the blocking itself is under test
-        assert reducer.blocks == tiny_rows(batch) * len(blocks)
-    return {layer: torch.cat(parts, dim=2) for layer, parts in blocks.items()}
-
-
-def tiny_rows(batch):
-    return batch.input_ids.shape[1]
 
 
 @pytest.fixture(scope="module")

@@ -6,17 +6,10 @@ import torch
 
 from attnscope import capture, metrics
 from attnscope.analysis import analyze_heads
-from attnscope.inputs import Text
 from attnscope.reference import bidirectional_attention
 from attnscope.stats import HeadStatistics
 from attnscope.tokens import batches, tokenize
-
-TEXTS = [
-    Text("The cat sat on the mat because it was tired.", "a"),
-    Text("The doctor said that she would help the patient.", "b"),
-    Text("Hello world", "c"),
-    Text("Colourless green ideas sleep furiously, and the quick brown fox jumps over the lazy dog.", "d"),
-]
+from tests.helpers import TEXTS, captured_maps
 
 
 def layer_inputs(loaded, batch):
@@ -45,24 +38,6 @@ def reference_maps(loaded, batch):
         with torch.no_grad():
             _, maps[layer] = bidirectional_attention(x, *weights, loaded.n_head, lengths=batch.lengths)
     return maps
-
-
-def captured_maps(loaded, batch, block_bytes=capture.BLOCK_BYTES):
-    """layer -> (B, H, n, n) as the capture hands them to its reducer, block by block."""
-    blocks = {}
-
-    class Collect(capture.Reducer):
-        wants_blocks = True
-
-        def add_block(self, layer, block):
-            blocks.setdefault(layer, []).append(block.probs)
-
-    original, capture.BLOCK_BYTES = capture.BLOCK_BYTES, block_bytes
-    try:
-        capture.run(loaded.model, [batch], Collect())
-    finally:
-        capture.BLOCK_BYTES = original
-    return {layer: torch.cat(parts, dim=2) for layer, parts in blocks.items()}
 
 
 @pytest.fixture(scope="module")
