@@ -5,10 +5,10 @@ model=${1:-demo}
 out=docs/images
 tmp=$(mktemp -d)
 attnscope heads --model "$model" --out "$tmp/heads" --quiet --json > /dev/null
-attnscope show "The doctor said that she would help the patient." --model "$model" --layer 1 --out "$tmp/show" > /dev/null
+attnscope show "The doctor said that she would help the patient." --model "$model" --layer 0 --out "$tmp/show" > /dev/null
 attnscope diversity --model "$model" --layer all --out "$tmp/diversity" --quiet --json > /dev/null
 mkdir -p "$out"
 cp "$tmp/heads/role_map.png" "$tmp/heads/score_previous_token.png" "$tmp/heads/score_induction.png" "$out/"
-cp "$tmp/show/attention_L1.png" "$tmp/diversity/js_matrix.png" "$tmp/diversity/layer_diversity.png" "$out/"
+cp "$tmp/show/attention_L0.png" "$tmp/diversity/js_matrix.png" "$tmp/diversity/layer_diversity.png" "$out/"
 rm -rf "$tmp"
 echo "pictures of $model written to $out"

@@ -9,11 +9,18 @@ Corpus (offline, Python Software Foundation License): the English help texts of 
 docstrings (>= 80 characters) of a fixed list of standard-library modules, both shipped inside CPython itself.
 The corpus, and so the model, depends on the Python version; the model card records it.
 
-Training data: each sample of --seq-len tokens starts with <|endoftext|>; with probability --synthetic it is
-random ordinary words (entries " word" of the vocabulary) in which earlier spans of 10-60 tokens are copied again at
-random distances (so only an induction mechanism predicts the copies; the loss skips the fresh random words),
-otherwise a window of the corpus. The learned position embeddings start as sinusoids (Vaswani et al. 2017) scaled to
-GPT-2's initial size, which lets a head find "the previous position" quickly; they are trained like every weight.
+Training data: each sample of --seq-len tokens starts with <|endoftext|>; with probability --synthetic it is a
+copying sample, otherwise a window of the corpus. A copying sample strings together fresh segments (random ordinary
+words, entries " word" of the vocabulary, drawn from a --pool of words picked for that sample; or, with probability
+--fragments, a short window of the corpus), spans of 10-60 earlier tokens copied again at random distances (only an
+induction mechanism predicts them), and with probability --alternating two words alternating. The loss counts only
+what can be predicted (copies, corpus text, alternations). The pool and the fragments are there for a sharp
+previous-token head: a small pool repeats words inside a sample, so a copy can be continued only by matching on
+exactly the previous token, and copied corpus fragments ask for the previous token on real English, not only on
+random words. Without both (same seed and steps otherwise), the best previous-token score on the sample texts was
+0.48 (0.72 on random words); with both it passed 0.7 by step 2000. They were tried together, not one by one. The
+learned position embeddings start as sinusoids (Vaswani et al. 2017) × 0.02 × --sinusoid-scale, which lets a head
+find "the previous position" quickly; they are trained like every weight.
 
 After training it saves the model (safetensors) and tokenizer, reloads the folder through attnscope's own loader
 and measures the heads with attnscope's own analysis (the bundled sample texts, the default probe), writes
@@ -71,24 +78,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "attnscope" / "demo_model")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=2)
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--n-layer", type=int, default=2)
     p.add_argument("--n-head", type=int, default=4)
     p.add_argument("--n-embd", type=int, default=128)
     p.add_argument("--n-positions", type=int, default=256)
-    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--steps", type=int, default=4000)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--synthetic", type=float, default=0.5, help="share of samples made of copied random words")
-    p.add_argument("--sinusoid-scale", type=float, default=1.0, help="initial position embeddings: sinusoids × 0.02 × this")
-    p.add_argument("--alternating", type=float, default=0.0,
+    p.add_argument("--sinusoid-scale", type=float, default=3.0, help="initial position embeddings: sinusoids × 0.02 × this")
+    p.add_argument("--alternating", type=float, default=0.2,
                    help="in copied-word samples, the chance that a segment is two random words alternating (x y x y ...)")
+    p.add_argument("--pool", type=int, default=48,
+                   help="each synthetic sample draws its words from this many (0: from all ordinary words); repeats "
+                        "make the copy task need the exact previous token")
+    p.add_argument("--fragments", type=float, default=0.5,
+                   help="in copied-word samples, the chance that a fresh segment is a window of the corpus instead of "
+                        "random words (so copies, and the previous-token heads they need, happen on real text too)")
     p.add_argument("--min-span", type=int, default=10)
     p.add_argument("--max-span", type=int, default=60)
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--checkpoint-dir", type=Path, default=None,
+                   help="also save the model here every 1000 steps (to watch an experiment with attnscope)")
     p.add_argument("--prev-target", type=float, default=0.7)
     p.add_argument("--induction-target", type=float, default=0.5)
     return p.parse_args(argv)
@@ -157,11 +172,12 @@ class Samples:
         # A draw whose result is not used: the shipped weights came from a version that made it, and removing it
         # would change every later random number.
         rng.choice(self.words, size=S)
+        words = rng.choice(self.words, size=a.pool, replace=False) if a.pool else self.words
         i = 1
         while i < S:
             if a.alternating > 0 and rng.random() < a.alternating:  # "x y x y x y": only the token before tells
                 length = min(int(rng.integers(6, 13)), S - i)
-                pair = rng.choice(self.words, size=2, replace=False)
+                pair = rng.choice(words, size=2, replace=False)
                 ids[i:i + length] = np.resize(pair, length)
                 labels[i + 2:i + length] = ids[i + 2:i + length]
                 i += length
@@ -171,9 +187,15 @@ class Samples:
                 ids[i:i + length] = ids[source:source + length]
                 labels[i + 1:i + length] = ids[i + 1:i + length]  # the span's first token is not predictable
                 i += length
+            elif a.fragments > 0 and rng.random() < a.fragments:  # fresh text: a window of the corpus
+                length = min(int(rng.integers(5, 40)), S - i)
+                start = int(rng.integers(0, len(self.stream) - length))
+                ids[i:i + length] = self.stream[start:start + length]
+                labels[i + 1:i + length] = ids[i + 1:i + length]
+                i += length
             else:  # fresh random words
                 length = min(int(rng.integers(5, 40)), S - i)
-                ids[i:i + length] = rng.choice(self.words, size=length)
+                ids[i:i + length] = rng.choice(words, size=length)
                 i += length
         return ids, labels
 
@@ -250,9 +272,14 @@ Targets {"met" if ok else "NOT met"}.
   standard-library modules listed in the script: {facts['documents']} documents, {facts['corpus_tokens']:,} tokens.
   Both ship inside Python under the Python Software Foundation License. Nothing was downloaded. Another Python
   version gives another corpus, so the command reproduces these weights only on Python {facts['python']}.
-- Each sample ({args.seq_len} tokens, `<|endoftext|>` first) is, with probability {args.synthetic}, random ordinary
-  words with earlier spans of {args.min_span}-{args.max_span} tokens copied again at random distances (loss on the
-  copies only), otherwise a window of the corpus.
+- Each sample ({args.seq_len} tokens, `<|endoftext|>` first) is, with probability {args.synthetic}, a copying
+  sample, otherwise a window of the corpus. A copying sample is made of segments: fresh ones (random ordinary words{
+  f" drawn from {args.pool} picked for that sample" if args.pool else ""}{
+  f", or with probability {args.fragments} a 5-39 token window of the corpus" if args.fragments else ""}), earlier
+  spans of {args.min_span}-{args.max_span} tokens copied again at random distances{
+  f", and with probability {args.alternating} two words alternating (x y x y ...)" if args.alternating else ""}.
+  The loss counts the tokens that can be predicted: copies after their first token{
+  ", corpus text" if args.fragments else ""}{", alternations after their first two" if args.alternating else ""}.
 
 ## Training
 - Command, from the repository root (torch {torch.__version__}, {args.threads} CPU thread):
@@ -314,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
         smoothed = loss.item() if smoothed is None else 0.95 * smoothed + 0.05 * loss.item()
         if (step + 1) % args.eval_every == 0:
             print(f"step {step + 1} loss {smoothed:.3f} {time.time() - started:.0f}s", flush=True)
+        if args.checkpoint_dir and (step + 1) % 1000 == 0:
+            model.save_pretrained(args.checkpoint_dir)
+            tokenizer.save_pretrained(args.checkpoint_dir)
 
     if args.out_dir.exists():  # the folder belongs to this script
         shutil.rmtree(args.out_dir)

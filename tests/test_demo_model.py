@@ -5,14 +5,13 @@ them and that the tool finds them with its default settings, on the bundled samp
 """
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 from attnscope.model import demo_model_dir
-
-pytestmark = pytest.mark.skipif(
-    not (demo_model_dir() / "config.json").exists(), reason="the demo model is not in this checkout"
-)
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +63,15 @@ def test_model_card_scores_are_what_the_tool_measures(heads_doc):
     for kind in ("previous_token", "induction"):
         head = by_label[scores[kind]["head"]]
         assert head[kind] == pytest.approx(scores[kind]["score"], abs=1e-5)
+
+
+def test_readme_main_command_runs_offline(tmp_path):
+    """`attnscope heads --model demo`, as the README's first command runs it, in a fresh process with the Hub
+    unreachable and an empty cache: the role map shows the previous-token and induction heads."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "empty-cache"), COLUMNS="100")
+    done = subprocess.run([sys.executable, "-m", "attnscope", "heads", "--model", "demo", "--device", "cpu"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    map_rows = [line.split() for line in done.stdout.split("Heads")[0].splitlines() if line.strip()[:1].isdigit()]
+    assert [row[0] for row in map_rows] == ["0", "1"]  # one row of cells per layer, the legend left out
+    assert "prev" in map_rows[0][1:] and "induc" in map_rows[1][1:]
