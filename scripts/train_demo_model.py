@@ -88,7 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--synthetic", type=float, default=0.5, help="share of samples made of copied random words")
+    p.add_argument("--synthetic", type=float, default=0.5,
+                   help="share of copying samples (the rest are windows of the corpus)")
     p.add_argument("--sinusoid-scale", type=float, default=3.0, help="initial position embeddings: sinusoids × 0.02 × this")
     p.add_argument("--alternating", type=float, default=0.2,
                    help="in copied-word samples, the chance that a segment is two random words alternating (x y x y ...)")
