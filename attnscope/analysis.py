@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +24,8 @@ from attnscope.tokens import PROBE_SEQUENCES, Tokenized, batches, probe_windows,
 DEFAULT_BATCH_SIZE = 8
 DEFAULT_MAX_TOKENS = 16384  # padded tokens per batch: bounds activations whatever --batch-size says
 
-# progress(windows done, tokens done, windows in all, tokens in all), called after every batch
+# progress(texts done, tokens done, texts in all, tokens in all), called after every batch; a text split into
+# windows is done when its last window is (under torchrun: this process's share of the texts)
 Progress = Callable[[int, int, int, int], None]
 DEFAULT_PROBE_LEN = 50
 PROBE_SCORES = ("induction", "duplicate_token")
@@ -63,26 +65,42 @@ class HeadsResult:
     attention: dict[int, AttentionMap] = field(default_factory=dict)  # layer -> maps of the first window
 
 
+def check_selection(
+    sort: str | None, top: int | None, causal: bool | None = None, probe: bool = True
+) -> str | None:
+    """The score `--sort` names (dashes read as underscores), checked with `--top` before any work is done; with
+    `causal` known (after the model is loaded), also that this kind of model, with or without the probe, measures
+    that score."""
+    if top is not None and top < 1:
+        raise AttnscopeError("--top must be at least 1")
+    if sort is None:
+        return None
+    name = sort.strip().replace("-", "_")
+    known = metrics.ALL_SCORES + PROBE_SCORES
+    if name not in known:
+        raise AttnscopeError(f"--sort '{sort}': use one of {', '.join(known)}")
+    if causal is None:
+        return name
+    if name in metrics.ENCODER_SCORES and causal:
+        raise AttnscopeError(f"--sort {sort}: that score is measured for encoder (BERT-type) models only")
+    if name in PROBE_SCORES and not causal:
+        raise AttnscopeError(f"--sort {sort}: that score comes from the probe, which is skipped for encoder models")
+    if name in PROBE_SCORES and not probe:
+        raise AttnscopeError(f"--sort {sort}: that score comes from the probe, which --no-probe turned off")
+    return name
+
+
 def select_heads(
     heads: Sequence[HeadRecord], layer: int | None = None, sort: str | None = None, top: int | None = None
 ) -> list[HeadRecord]:
     """Heads of one layer (or all), sorted by a score (descending, ties in layer.head order), the first `top`."""
+    name = check_selection(sort, top)
     selected = [record for record in heads if layer is None or record.layer == layer]
-    if sort is not None:
-        name = sort.strip().replace("-", "_")
-        known = metrics.ALL_SCORES + PROBE_SCORES
-        if name not in known:
-            raise AttnscopeError(f"--sort '{sort}': use one of {', '.join(known)}")
+    if name is not None:
         if selected and selected[0].scores[name] is None:
-            if name in metrics.ENCODER_SCORES:
-                raise AttnscopeError(f"--sort {sort}: that score is measured for encoder (BERT-type) models only")
-            if selected[0].scores.get("next_token") is not None:
-                raise AttnscopeError(f"--sort {sort}: that score comes from the probe, which is skipped for encoder models")
-            raise AttnscopeError(f"--sort {sort}: that score comes from the probe, which --no-probe turned off")
+            raise AttnscopeError(f"--sort {sort}: that score was not measured for this model or run")
         selected.sort(key=lambda record: -record.scores[name])
     if top is not None:
-        if top < 1:
-            raise AttnscopeError("--top must be at least 1")
         selected = selected[:top]
     return selected
 
@@ -133,16 +151,20 @@ def _run_windows(
 
     place = distributed.world()
     mine = tokenized.windows[place.rank :: place.size]  # window 0, whose maps pictures use, is rank 0's
-    total_windows, total_tokens = len(mine), sum(len(window.ids) for window in mine)
-    done = [0, 0]
+    windows_left = Counter(window.text_index for window in mine)  # text -> its windows not yet run
+    total_texts, total_tokens = len(windows_left), sum(len(window.ids) for window in mine)
+    done = [0, 0]  # texts, tokens
 
     def after_batch(batch) -> None:
         if flush is not None:
             flush(batch)
-        done[0] += len(batch.indices)
-        done[1] += int(batch.lengths.sum())
+        for index in batch.indices:
+            text = mine[index].text_index
+            windows_left[text] -= 1
+            done[0] += windows_left[text] == 0
+        done[1] += sum(len(mine[index].ids) for index in batch.indices)
         if progress is not None:
-            progress(done[0], done[1], total_windows, total_tokens)
+            progress(done[0], done[1], total_texts, total_tokens)
 
     return capture.run(
         loaded.model,
@@ -188,14 +210,8 @@ def analyze_heads(
     if window < 1:
         raise AttnscopeError("--window must be at least 1")
     tokenized = tokenize(loaded.tokenizer, texts, loaded.n_ctx, bos)
-    statistics = HeadStatistics(loaded.n_layer, loaded.n_head, loaded.device, window, loaded.causal)
-    captured = _run_windows(loaded, tokenized, statistics, batch_size, max_tokens, progress, keep_layers)
-    distributed.all_reduce_sum(statistics.sums, statistics.uniform_sum, statistics.row_count)
-    if int(statistics.row_count) == 0:
-        raise AttnscopeError(_too_short(loaded, "score"))
-    means = statistics.means()
-    summary = input_summary(texts, tokenized, int(statistics.row_count))
     notes = list(tokenized.notes)
+    probe_input = None
     if probe and not loaded.causal:
         notes.append(ENCODER_PROBE_NOTE)
     elif probe:
@@ -203,7 +219,17 @@ def analyze_heads(
             probe_len = min(DEFAULT_PROBE_LEN, (loaded.n_ctx - 1) // 2)
             if probe_len < DEFAULT_PROBE_LEN:
                 notes.append(f"probe period shortened to {probe_len} tokens to fit the context of {loaded.n_ctx}")
-        probe_means, summary["probe"] = probe_scores(loaded, probe_len, probe_seed)
+        # built before the texts run, so that a bad --probe-len or --probe-seed stops the command at once
+        probe_input = probe_windows(loaded.tokenizer, probe_len, loaded.n_ctx, probe_seed)
+    statistics = HeadStatistics(loaded.n_layer, loaded.n_head, loaded.device, window, loaded.causal)
+    captured = _run_windows(loaded, tokenized, statistics, batch_size, max_tokens, progress, keep_layers)
+    distributed.all_reduce_sum(statistics.sums, statistics.uniform_sum, statistics.row_count)
+    if int(statistics.row_count) == 0:
+        raise AttnscopeError(_too_short(loaded, "score"))
+    means = statistics.means()
+    summary = input_summary(texts, tokenized, int(statistics.row_count))
+    if probe_input is not None:
+        probe_means, summary["probe"] = probe_scores(loaded, probe_input, probe_len, probe_seed)
         means.update(probe_means)
     heads = []
     for layer in range(loaded.n_layer):
@@ -238,12 +264,14 @@ def _too_short(loaded: LoadedModel, what: str) -> str:
     )
 
 
-def probe_scores(loaded: LoadedModel, period: int, seed: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+def probe_scores(
+    loaded: LoadedModel, windows: Sequence[Any], period: int, seed: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Induction and duplicate-token scores of every head, name -> (n_layer, n_head), from one forward pass over
-    PROBE_SEQUENCES seeded random sequences of `period` tokens repeated twice; and a summary for the JSON."""
+    the probe `windows` (tokens.probe_windows with this `period` and `seed`: seeded random sequences of `period`
+    tokens repeated twice); and a summary for the JSON."""
     from attnscope.stats import ProbeStatistics
 
-    windows = probe_windows(loaded.tokenizer, period, loaded.n_ctx, seed)
     first_query = len(windows[0].ids) - period  # BOS (when any) + the first copy
     statistics = ProbeStatistics(loaded.n_layer, loaded.n_head, loaded.device, period, first_query)
     capture.run(loaded.model, batches(windows, len(windows), loaded.device), statistics)

@@ -87,7 +87,7 @@ def _emit(notes, doc: dict, records: list[dict], folder, write_files, json_out: 
     for message in notes:
         _note(message)
     if folder is not None:
-        written = write_files(folder)
+        written = export.write_all(folder, write_files)
         _note(f"wrote {len(written)} files to {folder}")
     if json_out:
         sys.stdout.write(export.to_json(doc))
@@ -110,8 +110,9 @@ def _load(model: str, device: str, dtype: str, lm_head: bool = False):
 
 
 class _ProgressBar:
-    """A rich progress bar on stderr (windows, tokens/s, ETA), shown only when stdout is a terminal and not --quiet;
-    rank 0 only under torchrun. Use as a context manager; `callback` is None when hidden."""
+    """A rich progress bar on stderr (texts, tokens/s, ETA), shown only when stdout is a terminal and not --quiet;
+    rank 0 only under torchrun. Use as a context manager; `callback` is None when hidden. The bar and its ETA follow
+    tokens, not texts: batches run longest first, so texts are done slowly at first and quickly at the end."""
 
     def __init__(self, quiet: bool, label: str):
         from attnscope import distributed
@@ -122,23 +123,26 @@ class _ProgressBar:
 
     def __enter__(self) -> "_ProgressBar":
         if self.shown:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
             self.bar = Progress(
-                TextColumn(self.label), BarColumn(), MofNCompleteColumn(), TextColumn("windows"),
+                TextColumn(self.label), BarColumn(), TextColumn("{task.fields[texts]}"),
                 TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=_console(stderr=True), transient=True,
                 auto_refresh=False,  # a refresh thread competing with torch's threads made runs several times slower
             )
             self.bar.__enter__()
-            self.task = self.bar.add_task(self.label, total=None, rate="")
+            self.task = self.bar.add_task(self.label, total=None, texts="", rate="")
             self.started = self.refreshed = time.perf_counter()
         return self
 
-    def _update(self, windows: int, tokens: int, total_windows: int, total_tokens: int) -> None:
+    def _update(self, texts: int, tokens: int, total_texts: int, total_tokens: int) -> None:
         elapsed = max(time.perf_counter() - self.started, 1e-9)
-        self.bar.update(self.task, completed=windows, total=total_windows, rate=f"{tokens / elapsed:,.0f} tokens/s")
+        self.bar.update(
+            self.task, completed=tokens, total=total_tokens, texts=f"{texts:,}/{total_texts:,} texts",
+            rate=f"{tokens / elapsed:,.0f} tokens/s",
+        )
         now = time.perf_counter()
-        if now - self.refreshed > 0.1 or windows == total_windows:  # at most 10 redraws a second
+        if now - self.refreshed > 0.1 or tokens == total_tokens:  # at most 10 redraws a second
             self.refreshed = now
             self.bar.refresh()
 
@@ -187,12 +191,17 @@ def heads(
 
     _check_output_flags(json_out, csv_out)
     thresholds = roles.parse_thresholds(threshold)
+    analysis.check_selection(sort, top)
+    if plot and out is None:
+        raise AttnscopeError("--plot draws into the folder of --out: give --out DIR too")
     texts = inputs.gather_texts(text, file)
     folder = export.prepare_out_dir(out) if out is not None else None
     loaded = _load(model, device, dtype)
+    sort_name = analysis.check_selection(sort, top, loaded.causal, probe)
     if layer is not None:
         analysis.check_layer(layer, loaded.n_layer)
-    plotted = [analysis.parse_head(label, loaded.n_layer, loaded.n_head) for label in plot or []]
+    # each head drawn once, in the order first asked for
+    plotted = list(dict.fromkeys(analysis.parse_head(label, loaded.n_layer, loaded.n_head) for label in plot or []))
     with _ProgressBar(quiet, "heads") as bar:
         result = analysis.analyze_heads(
             loaded, texts, window=window, bos=bos, batch_size=batch_size, thresholds=thresholds,
@@ -219,7 +228,7 @@ def heads(
             terminal.role_map(result.heads, info["n_layer"], info["n_head"], f"Head roles: {info['name']}  "
             f"({result.inputs['n_texts']} texts, {result.inputs['n_tokens']} tokens)")
         )
-        console.print(terminal.heads_table(selected, "Heads"))
+        console.print(terminal.heads_table(selected, "Heads", sort_name))
 
 
 @app.command()
@@ -253,7 +262,7 @@ def show(
         _note(message)
     from attnscope import render_files
 
-    path = render_files.show_file(attention, head, folder, loaded.name)
+    (path,) = export.write_all(folder, lambda stage: [render_files.show_file(attention, head, stage, loaded.name)])
     print(path)
 
 
@@ -430,7 +439,8 @@ def report(
     for message in result.notes:
         _note(message)
     page = report_page.render(result, heads_doc, diversity_result, diversity_doc)
-    print(export.write_atomic(folder / "report.html", page))
+    (path,) = export.write_all(folder, lambda stage: [export.write_atomic(stage / "report.html", page)])
+    print(path)
 
 
 @app.command()
@@ -715,9 +725,33 @@ def run(argv: list[str] | None = None) -> int:
     except click_errors.ClickException as error:
         print(f"attnscope: error: {error.format_message()}", file=sys.stderr)
         return 2
-    except (click_errors.Abort, KeyboardInterrupt):
+    except (typer.Abort, KeyboardInterrupt):
         print("attnscope: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader of stdout went away (`attnscope heads | head`): stop quietly. Point stdout at /dev/null so
+        # that the interpreter's last flush does not fail again; rich does the same for its own writes (exit 1).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (MemoryError, RuntimeError) as error:
+        if not _out_of_memory(error):
+            raise
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(
+            f"attnscope: error: out of memory ({first_line}); try a smaller --batch-size or --max-tokens, "
+            "shorter texts, or a smaller --dtype",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is running out of host or device memory, which a user causes with the size of the input
+    (torch raises RuntimeError on the CPU: "can't allocate memory", and torch.OutOfMemoryError on a GPU)."""
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        return True
+    text = str(error).lower()
+    return "can't allocate memory" in text or "out of memory" in text
 
 
 def main() -> None:

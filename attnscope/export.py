@@ -16,7 +16,7 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,16 +67,66 @@ def to_csv(records: Sequence[dict]) -> str:
     return buffer.getvalue()
 
 
+def _missing_folders(folder: Path) -> list[Path]:
+    """`folder` and those of its parents that do not exist yet, deepest first."""
+    return [path for path in (folder, *folder.parents) if not path.exists()]
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders a run created (deepest first) as long as they are empty."""
+    for made in folders:
+        try:
+            made.rmdir()
+        except OSError:
+            return
+
+
 def prepare_out_dir(path: str | os.PathLike) -> Path:
-    """Create `path` (and parents) and prove it is writable, before any work is done."""
+    """Prove that `path` can be created and written to before any work is done, and leave the disk as it was: the
+    folder is made when the files are written (`write_all`), so a run that fails leaves no empty folder behind."""
     folder = Path(path).expanduser()
+    missing = _missing_folders(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".attnscope-probe-"):
             pass
     except OSError as error:
         raise AttnscopeError(f"cannot write to --out {path}: {error.strerror or error}") from None
+    finally:
+        _remove_empty(missing)
     return folder
+
+
+def write_all(folder: Path, write: Callable[[Path], Sequence[Path]]) -> list[Path]:
+    """Run `write(stage)`, which writes its files into `stage`, a hidden folder inside `folder`, then move them
+    all into `folder`. An error or Ctrl-C while writing leaves nothing behind (no file, no folder this created);
+    the moves are renames on one file system, with Ctrl-C held back until the last is done, so the files land
+    together. Returns the paths in `folder`."""
+    import shutil
+    import signal
+
+    missing = _missing_folders(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(dir=folder, prefix=".attnscope-"))
+    except OSError as error:
+        _remove_empty(missing)
+        raise AttnscopeError(f"cannot write to --out {folder}: {error.strerror or error}") from None
+    landed = False
+    try:
+        written = list(write(stage))
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            for path in written:
+                os.replace(path, folder / path.name)
+            landed = True
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if not landed:
+            _remove_empty(missing)
+    return [folder / path.name for path in written]
 
 
 def _umask() -> int:

@@ -59,6 +59,14 @@ def parse_jsonl(content: str, name: str) -> list[str]:
     return texts
 
 
+def _decode(data: bytes, name: str) -> str:
+    """UTF-8 text; a byte-order mark (Windows editors write one) is not part of the text."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise AttnscopeError(f"{name} is not UTF-8 text (byte {error.start} cannot be decoded)") from None
+
+
 def read_file(path: str) -> list[Text]:
     """Texts from a file: `.jsonl` takes each line's `text` field, anything else is split on blank lines."""
     file = Path(path)
@@ -67,22 +75,16 @@ def read_file(path: str) -> list[Text]:
     if file.is_dir():
         raise AttnscopeError(f"{path} is a directory, not a text file")
     try:
-        content = file.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise AttnscopeError(f"{path} is not UTF-8 text (byte {error.start} cannot be decoded)") from None
+        content = _decode(file.read_bytes(), path)
     except OSError as error:
         raise AttnscopeError(f"cannot read {path}: {error.strerror}") from None
-    chunks = parse_jsonl(content, path) if file.suffix == ".jsonl" else split_blank_lines(content)
+    chunks = parse_jsonl(content, path) if file.suffix.lower() == ".jsonl" else split_blank_lines(content)
     return [Text(chunk, f"{path}#{index}") for index, chunk in enumerate(chunks)]
 
 
 def read_stdin() -> list[Text]:
     """Texts from standard input, split on blank lines like a plain text file."""
-    data = sys.stdin.buffer.read()
-    try:
-        content = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise AttnscopeError(f"standard input is not UTF-8 text (byte {error.start} cannot be decoded)") from None
+    content = _decode(sys.stdin.buffer.read(), "standard input")
     return [Text(chunk, f"stdin#{index}") for index, chunk in enumerate(split_blank_lines(content))]
 
 

@@ -7,6 +7,7 @@ known in advance: `figure_size(...)` × DPI.
 from __future__ import annotations
 
 import io
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -50,7 +51,11 @@ ROLE_SHORT = {
 
 def _save(figure, path: Path) -> Path:
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=DPI)
+    with warnings.catch_warnings():
+        # A token the font cannot draw (日, 🙂) shows as a box; matplotlib would also warn once per glyph and
+        # figure, a screenful of stderr that tells the user nothing the picture does not.
+        warnings.filterwarnings("ignore", message="Glyph .* missing from", category=UserWarning)
+        figure.savefig(buffer, format="png", dpi=DPI)
     plt.close(figure)
     return write_atomic(path, buffer.getvalue())
 
@@ -104,13 +109,13 @@ def layer_grid_size(n_head: int, n_tokens: int) -> tuple[float, float]:
 
 def role_map(
     roles: Sequence[Sequence[str]],
-    scores: Sequence[Sequence[float]],
+    scores: Sequence[Sequence[str]],
     model_name: str,
     path: Path,
     legend: Sequence[str] = roles_for(encoder=False),
 ) -> Path:
-    """One coloured cell per head (rows = layers, columns = heads), labelled `L.H`, role and deciding score; the
-    legend lists `legend` (the roles this kind of model can be given: roles.roles_for)."""
+    """One coloured cell per head (rows = layers, columns = heads), labelled `L.H`, role and `scores` (the deciding
+    score, as text); the legend lists `legend` (the roles this kind of model can be given: roles.roles_for)."""
     n_layer, n_head = len(roles), len(roles[0])
     codes = np.array([[ROLES.index(role) for role in row] for row in roles])  # (L, H)
     figure = plt.figure(figsize=grid_size(n_layer, n_head))
@@ -122,7 +127,7 @@ def role_map(
         for head in range(n_head):
             role = roles[layer][head]
             colour = "white" if role in ("previous-token", "first-token", "last-token", "induction") else "black"
-            text = f"{layer}.{head}\n{ROLE_SHORT[role]}\n{scores[layer][head]:.2f}"
+            text = f"{layer}.{head}\n{ROLE_SHORT[role]}\n{scores[layer][head]}"
             axes.text(head, layer, text, ha="center", va="center", fontsize=fontsize, color=colour)
     axes.set_xticks(range(n_head))
     axes.set_yticks(range(n_layer))

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from attnscope import export, plots
-from attnscope.roles import roles_for
+from attnscope.roles import SHORT_NAMES, roles_for
 
 # score -> colour range of its layer × head heatmap (None: from the data)
 HEATMAP_SCORES = {
@@ -36,12 +36,15 @@ def score_matrix(heads: Sequence[Any], name: str, n_layer: int, n_head: int) -> 
 
 
 def role_map_file(heads: Sequence[Any], name: str, n_layer: int, n_head: int, path: Path) -> Path:
-    """The layer × head map of roles, each cell labelled with the score that decided its role."""
+    """The layer × head map of roles, each cell labelled with the score that decided its role (named in a mixed
+    head's cell, where it is only the closest to its threshold)."""
     roles = [[None] * n_head for _ in range(n_layer)]
-    deciding = [[0.0] * n_head for _ in range(n_layer)]
+    deciding = [[""] * n_head for _ in range(n_layer)]
     for record in heads:
-        roles[record.layer][record.head] = record.role.role
-        deciding[record.layer][record.head] = record.role.score
+        role = record.role
+        roles[record.layer][record.head] = role.role
+        named = f"{SHORT_NAMES[role.metric]} " if role.role == "mixed" else ""
+        deciding[record.layer][record.head] = f"{named}{role.score:.2f}"
     legend = roles_for(heads[0].scores.get("next_token") is not None)
     return plots.role_map(roles, deciding, name, path, legend)
 
@@ -50,8 +53,9 @@ def heads_files(result: Any, plotted: Sequence[tuple[int, int]], folder: Path, s
     """heads.json, heads.csv, role_map.png, score_<name>.png and attention_<L.H>.png for each plotted head."""
     n_layer, n_head = result.model["n_layer"], result.model["n_head"]
     name = result.model["name"]
+    every_head = {**settings, "layer": None, "sort": None, "top": None}  # the files hold every head, unfiltered
     written = [
-        export.write_atomic(folder / "heads.json", export.to_json(export.heads_document(result, result.heads, settings))),
+        export.write_atomic(folder / "heads.json", export.to_json(export.heads_document(result, result.heads, every_head))),
         export.write_atomic(folder / "heads.csv", export.to_csv(export.head_records(result.heads))),
     ]
     written.append(role_map_file(result.heads, name, n_layer, n_head, folder / "role_map.png"))

@@ -5,7 +5,10 @@ Rules, in order:
    (first_token >= 0.5), for encoders `next-token` (next_token >= 0.5) and `last-token` (last_token >= 0.5, the
    [SEP] sink), and from the repeated-random-token probe (decoders) `induction` (induction >= 0.5) and
    `duplicate-token` (duplicate_token >= 0.5). A head passing one of these is that role even if it also looks
-   local; when several pass, the highest score wins. A previous-token head attends to i-1 and an induction head to
+   local; when several pass, the highest score wins, except that the sinks (first-token, last-token) give way to
+   any other pattern that passes: parking attention on the first token is what a head does when it has nothing
+   to do (Xiao et al. 2023), so an induction head that sinks on text with nothing to copy, or a previous-token
+   head under a lowered threshold, is named by what it does when it acts. A previous-token head attends to i-1 and an induction head to
    i-(T-1) on the probe, so the two never share a high score. A rule whose score was not measured (None: the probe's
    with `--no-probe` or for an encoder, next/last-token for a decoder) is skipped. 0.5 means the head puts most of its weight on one position: the literature calls heads
    positional or [CLS]/[SEP] heads at 0.5-0.6 (Clark et al. 2019, Voita et al. 2019); we take the lower end so
@@ -39,6 +42,20 @@ RULES = {**PATTERN_RULES, **SHAPE_RULES}
 ROLES = (*PATTERN_RULES, *SHAPE_RULES, "mixed")
 ENCODER_ROLES = ("next-token", "last-token")  # scores measured for encoders only
 PROBE_ROLES = ("induction", "duplicate-token")  # from the probe, which runs for decoders only
+SINK_ROLES = ("first-token", "last-token")  # a head's resting place: any other passing pattern comes first
+# score -> its short name, in the order tables show them (the terminal's columns, the role map's `mix` cells)
+SHORT_NAMES = {
+    "previous_token": "prev",
+    "first_token": "first",
+    "self": "self",
+    "next_token": "next",
+    "last_token": "last",
+    "induction": "induc",
+    "duplicate_token": "dup",
+    "local_lift": "lift",
+    "entropy_normalized": "Hnorm",
+    "confidence": "conf",
+}
 
 
 def roles_for(encoder: bool) -> tuple[str, ...]:
@@ -94,7 +111,7 @@ def classify(scores: Mapping[str, float | None], thresholds: Mapping[str, float]
         if role in known and scores[metric] >= thresholds[role]
     ]
     if passing:
-        score, role, metric = max(passing)
+        score, role, metric = max(passing, key=lambda rule: (rule[1] not in SINK_ROLES, rule[0]))
         return Role(role, metric, score)
     for role, metric in SHAPE_RULES.items():
         if scores[metric] >= thresholds[role]:

@@ -10,6 +10,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from attnscope.roles import SHORT_NAMES as COLUMNS  # score -> short column header
 from attnscope.roles import roles_for
 
 ROLE_STYLES = {
@@ -24,19 +25,9 @@ ROLE_STYLES = {
     "broad": ("broad", "black on khaki1"),
     "mixed": ("mix", "black on grey70"),
 }
-# score -> short column header (also used to name the score that decided a role)
-COLUMNS = {
-    "previous_token": "prev",
-    "first_token": "first",
-    "self": "self",
-    "next_token": "next",
-    "last_token": "last",
-    "induction": "induc",
-    "duplicate_token": "dup",
-    "local_lift": "lift",
-    "entropy_normalized": "Hnorm",
-    "confidence": "conf",
-}
+# scores left out of the table to fit 80 columns: when the table is sorted by one, it takes the place of its
+# sibling column (score -> (the column it replaces, header))
+SORT_ONLY_COLUMNS = {"local": ("local_lift", "local"), "local_uniform": ("local_lift", "unif"), "entropy": ("entropy_normalized", "H")}
 
 
 def role_cell(role: str) -> Text:
@@ -56,10 +47,14 @@ def shown_columns(encoder: bool) -> dict[str, str]:
     return {name: header for name, header in COLUMNS.items() if name not in left_out}
 
 
-def heads_table(heads: Sequence[Any], title: str) -> Table:
+def heads_table(heads: Sequence[Any], title: str, sort: str | None = None) -> Table:
     """One row per head; fits in 80 columns. Hnorm is the mean entropy over ln(visible keys); the entropy in nats
-    and the raw local mass are in the JSON (`lift` decides the local role); `-` is a score that was not measured."""
+    and the raw local mass are in the JSON (`lift` decides the local role), and in the table in place of Hnorm or
+    lift when it is sorted by them (`sort`, a score name); `-` is a score that was not measured."""
     columns = shown_columns(is_encoder(heads))
+    if sort in SORT_ONLY_COLUMNS:
+        replaced, header = SORT_ONLY_COLUMNS[sort]
+        columns = {(sort if name == replaced else name): (header if name == replaced else shown) for name, shown in columns.items()}
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
     table.add_column("head", justify="right")
     table.add_column("role")

@@ -136,15 +136,31 @@ def batches(
         yield Batch(indices, input_ids.to(device), attention_mask.to(device), lengths.to(device))
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE writes each byte as one printable character (Radford et al. 2019, `encoder.py`):
+    character -> byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shifted = [byte for byte in range(256) if byte not in printable]
+    return {
+        **{chr(byte): byte for byte in printable},
+        **{chr(256 + index): byte for index, byte in enumerate(shifted)},
+    }
+
+
 def token_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     """Readable per-token labels for plots: each token decoded alone, newlines and tabs made visible, the BOS
-    token shortened to `<bos>` (GPT-2's `<|endoftext|>` would take the room of five words)."""
+    token shortened to `<bos>` (GPT-2's `<|endoftext|>` would take the room of five words). A byte-level token
+    that holds part of a character (one of the 3 bytes of 日) shows its bytes (`\\xe6\\x97`), not `�`."""
+    alphabet = _byte_level_alphabet()
     labels = []
     for token_id in ids:
         if token_id == tokenizer.bos_token_id:
             labels.append("<bos>")
             continue
         text = tokenizer.decode([token_id])
+        piece = tokenizer.convert_ids_to_tokens(token_id)
+        if "\ufffd" in text and isinstance(piece, str) and all(char in alphabet for char in piece):
+            text = bytes(alphabet[char] for char in piece).decode("utf-8", errors="backslashreplace")
         labels.append(text.replace("\n", "\\n").replace("\t", "\\t") or repr(text))
     return labels
 
@@ -167,10 +183,17 @@ def probe_windows(tokenizer: Any, period: int, n_ctx: int, seed: int = 0, count:
     import numpy as np
 
     prefix = (tokenizer.bos_token_id,) if tokenizer.bos_token_id is not None else ()
-    if period < 2:
-        raise AttnscopeError("--probe-len must be at least 2")
+    # T = 2 would put the induction target i-(T-1) on the previous token: the probe could not tell the two apart.
+    if period < 3:
+        raise AttnscopeError(f"--probe-len {period}: the period must be at least 3")
     if len(prefix) + 2 * period > n_ctx:
-        raise AttnscopeError(f"--probe-len {period}: twice that must fit the model's context of {n_ctx} tokens")
+        bos = "BOS + " if prefix else ""
+        raise AttnscopeError(
+            f"--probe-len {period}: {bos}twice the period ({len(prefix) + 2 * period} tokens) must fit the model's "
+            f"context of {n_ctx} tokens"
+        )
+    if seed < 0:
+        raise AttnscopeError(f"--probe-seed {seed}: the seed must be 0 or more")
     candidates = ordinary_token_ids(tokenizer)
     if len(candidates) < period:
         raise AttnscopeError(f"--probe-len {period}: the vocabulary has only {len(candidates)} ordinary word tokens")

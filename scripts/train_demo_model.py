@@ -24,7 +24,8 @@ find "the previous position" quickly; they are trained like every weight.
 
 After training it saves the model (safetensors) and tokenizer, reloads the folder through attnscope's own loader
 and measures the heads with attnscope's own analysis (the bundled sample texts, the default probe), writes
-MODEL_CARD.md and scores.json, and exits 1 when the targets are missed.
+MODEL_CARD.md and scores.json, all in OUT_DIR-new; then, when both targets are met, it replaces OUT_DIR with it,
+and otherwise leaves it in OUT_DIR-missed and exits 1 (the shipped model stays as it was).
 
     nice python scripts/train_demo_model.py            # the command used for the shipped model
 """
@@ -77,14 +78,16 @@ DOC_MODULES = [
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "attnscope" / "demo_model")
-    p.add_argument("--seed", type=int, default=2)
+    p.add_argument("--out-dir", type=Path, default=REPO_ROOT / "attnscope" / "demo_model",
+                   help="where the model goes; it is replaced only by a model that meets both targets (one that "
+                        "misses them is left in OUT_DIR-missed)")
+    p.add_argument("--seed", type=int, default=2, help="seed of torch and of the sample generator")
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--n-layer", type=int, default=2)
     p.add_argument("--n-head", type=int, default=4)
     p.add_argument("--n-embd", type=int, default=128)
     p.add_argument("--n-positions", type=int, default=256)
-    p.add_argument("--steps", type=int, default=4000)
+    p.add_argument("--steps", type=int, default=4000, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -346,18 +349,26 @@ def main(argv: list[str] | None = None) -> int:
             model.save_pretrained(args.checkpoint_dir)
             tokenizer.save_pretrained(args.checkpoint_dir)
 
-    if args.out_dir.exists():  # the folder belongs to this script
-        shutil.rmtree(args.out_dir)
-    model.save_pretrained(args.out_dir)
-    tokenizer.save_pretrained(args.out_dir)
-    found = measure(args.out_dir)
+    # Saved and measured beside the destination first: the shipped model is replaced only by one that meets both
+    # targets, so a short trial run (--steps 10) cannot wipe it.
+    staged = args.out_dir.with_name(args.out_dir.name + "-new")
+    if staged.exists():  # left by an earlier run of this script
+        shutil.rmtree(staged)
+    model.save_pretrained(staged)
+    tokenizer.save_pretrained(staged)
+    found = measure(staged)
     ok = found["previous_token"]["score"] >= args.prev_target and found["induction"]["score"] >= args.induction_target
     facts = {"vocab_size": len(tokenizer), "n_params": sum(p.numel() for p in model.parameters()),
              "python": platform.python_version(), "documents": len(docs), "corpus_tokens": len(stream)}
     minutes = (time.time() - started) / 60
-    (args.out_dir / "scores.json").write_text(json.dumps(found, indent=2) + "\n")
-    write_card(args.out_dir, args, command, facts, found, minutes, ok)
+    (staged / "scores.json").write_text(json.dumps(found, indent=2) + "\n")
+    write_card(staged, args, command, facts, found, minutes, ok)
+    final = args.out_dir if ok else args.out_dir.with_name(args.out_dir.name + "-missed")
+    if final.exists():  # the folder belongs to this script
+        shutil.rmtree(final)
+    staged.rename(final)
     print(json.dumps({k: found[k] for k in ("previous_token", "induction")}), f"{minutes:.1f} min", flush=True)
+    print(f"{'model in' if ok else 'targets missed; model left in'} {final}", flush=True)
     return 0 if ok else 1
 
 

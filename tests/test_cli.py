@@ -209,8 +209,8 @@ def bad_inputs(tiny_model_dir, pickle_only_dir, tmp_path):
         "layer out of range": (["heads", CAT, *m, "--layer", "2"], "out of range"),
         "show layer out of range": (["show", CAT, *m, "--layer", "7", "--out", tmp_path], "out of range"),
         "show head out of range": (["show", CAT, *m, "--layer", "1", "--head", "4", "--out", tmp_path], "out of range"),
-        "plot out of range": (["heads", CAT, *m, "--plot", "99.0"], "out of range"),
-        "plot malformed": (["heads", CAT, *m, "--plot", "4-11"], "LAYER.HEAD"),
+        "plot out of range": (["heads", CAT, *m, "--plot", "99.0", "--out", tmp_path / "plots"], "out of range"),
+        "plot malformed": (["heads", CAT, *m, "--plot", "4-11", "--out", tmp_path / "plots"], "LAYER.HEAD"),
         "unwritable out": (["heads", CAT, *m, "--out", a_file / "sub"], "cannot write"),
         "bad threshold": (["heads", CAT, *m, "--threshold", "previous=2"], "threshold"),
         "bad sort": (["heads", CAT, *m, "--sort", "beauty"], "--sort"),
@@ -259,3 +259,67 @@ def test_help_does_not_import_heavy_libraries():
     assert result.stdout.strip() == "[]"
     helped = run_module("--help")
     assert helped.returncode == 0 and all(name in helped.stdout for name in ("heads", "show", "info", "diversity"))
+
+
+def test_option_errors_come_before_any_work(cli, tiny_model_dir, tmp_path, monkeypatch):
+    """Options that can be checked without the model are checked before it loads (a model that does not exist is
+    not even looked for); the probe's before the texts run (the analysis must never start)."""
+    from attnscope import analysis
+
+    missing = ["-m", tmp_path / "no-model"]
+    early = {
+        "bad sort": (["heads", CAT, *missing, "--sort", "beauty"], "--sort 'beauty'"),
+        "top 0": (["heads", CAT, *missing, "--top", "0"], "--top must be at least 1"),
+        "plot without out": (["heads", CAT, *missing, "--plot", "0.1"], "give --out"),
+    }
+    m = ["-m", tiny_model_dir]
+    before_the_texts = {
+        "probe period 2: induction would be the previous token": (["heads", CAT, *m, "--probe-len", "2"], "at least 3"),
+        "probe period 0": (["heads", CAT, *m, "--probe-len", "0"], "at least 3"),
+        "probe period too long": (["heads", CAT, *m, "--probe-len", "64"], "BOS + twice the period (129 tokens)"),
+        "negative probe seed": (["heads", CAT, *m, "--probe-seed", "-1"], "--probe-seed -1"),
+    }
+
+    def no_analysis(*args, **kwargs):
+        raise AssertionError("the texts ran before the options were checked")
+
+    monkeypatch.setattr(analysis, "_run_windows", no_analysis)
+    for name, (args, expected) in {**early, **before_the_texts}.items():
+        code, out, err = cli(*args)
+        assert code == 2 and out == "", (name, err)
+        assert err.strip().splitlines() == [f"attnscope: error: {err.strip().removeprefix('attnscope: error: ')}"]
+        assert expected in err, (name, err)
+
+
+def test_running_out_of_memory_is_one_line_and_a_bug_is_not_hidden(cli, tiny_model_dir, monkeypatch):
+    from attnscope import analysis
+
+    def allocate(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can't allocate memory: you tried "
+                           "to allocate 204800000000 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(analysis, "_run_windows", allocate)
+    code, out, err = cli("heads", CAT, "-m", tiny_model_dir)
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert line.startswith("attnscope: error: out of memory") and "--batch-size" in line
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(analysis, "_run_windows", bug)
+    with pytest.raises(RuntimeError, match="shape mismatch"):  # a bug keeps its traceback, for the bug report
+        cli("heads", CAT, "-m", tiny_model_dir)
+
+
+@pytest.mark.parametrize("output", [["--json"], []])
+def test_a_reader_that_goes_away_ends_the_run_quietly(tiny_model_dir, output):
+    """`attnscope heads | head -1`: the pipe closes before attnscope writes; no traceback, no error message."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "attnscope", "heads", CAT, "-m", str(tiny_model_dir), *output],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    process.stdout.close()  # the reader is gone before anything is written
+    err = process.stderr.read()
+    assert process.wait(timeout=120) == 1
+    assert err == ""

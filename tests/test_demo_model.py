@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +76,32 @@ def test_readme_main_command_runs_offline(tmp_path):
     map_rows = [line.split() for line in done.stdout.split("Heads")[0].splitlines() if line.strip()[:1].isdigit()]
     assert [row[0] for row in map_rows] == ["0", "1"]  # one row of cells per layer, the legend left out
     assert "prev" in map_rows[0][1:] and "induc" in map_rows[1][1:]
+
+
+def test_odd_text_round_trips_through_the_demo_tokenizer():
+    from attnscope.model import load_model
+
+    tokenizer = load_model("demo", "cpu").tokenizer
+    for text in ("naïve café, Ελληνικά, 日本語 🙂", "def f(x):\n\treturn x ** 2  # tabs and spaces", "a\u200bb\r\n"):
+        ids = tokenizer(text)["input_ids"]
+        assert tokenizer.decode(ids) == text  # byte-level BPE: every text encodes and comes back whole, no UNK
+
+
+def test_a_built_wheel_carries_the_demo_model_and_the_samples(tmp_path):
+    """`pip install .` (not only the editable install the tests run from) must ship the package data."""
+    import shutil
+    import zipfile
+
+    root = Path(__file__).resolve().parent.parent
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, tmp_path / name)
+    shutil.copytree(root / "attnscope", tmp_path / "attnscope", ignore=shutil.ignore_patterns("__pycache__", "*.log"))
+    build = "import setuptools.build_meta as b; print(b.build_wheel('dist'))"
+    result = subprocess.run([sys.executable, "-c", build], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    wheel = tmp_path / "dist" / result.stdout.strip().splitlines()[-1]
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    for folder, pattern in (("demo_model", "*"), ("sample_texts", "*.txt")):
+        expected = {f"attnscope/{folder}/{p.name}" for p in (tmp_path / "attnscope" / folder).glob(pattern)}
+        assert expected and expected <= shipped, sorted(expected - shipped)
+    assert "attnscope/demo_model/model.safetensors" in shipped

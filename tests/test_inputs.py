@@ -22,6 +22,15 @@ def test_jsonl_text_field(tmp_path):
     assert [t.text for t in inputs.gather_texts(None, str(file))] == ["one", "two"]
 
 
+def test_a_byte_order_mark_is_not_text_and_the_suffix_ignores_case(tmp_path):
+    plain = tmp_path / "notepad.txt"
+    plain.write_bytes("\ufefffirst\n\nsecond".encode("utf-8"))
+    assert [t.text for t in inputs.gather_texts(None, str(plain))] == ["first", "second"]
+    upper = tmp_path / "CORPUS.JSONL"
+    upper.write_bytes('\ufeff{"text": "one"}\n{"text": "two"}\n'.encode("utf-8"))
+    assert [t.text for t in inputs.gather_texts(None, str(upper))] == ["one", "two"]
+
+
 @pytest.mark.parametrize("line", ['{"id": 1}', "not json", '["text"]'])
 def test_bad_jsonl_is_a_user_error(tmp_path, line):
     file = tmp_path / "bad.jsonl"

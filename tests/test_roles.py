@@ -53,7 +53,21 @@ def test_previous_token_wins_over_local():
 
 
 def test_highest_pattern_score_wins():
-    assert roles.classify(with_scores(previous_token=0.55, first_token=0.6)).role == "first-token"
+    lowered = {**roles.DEFAULT_THRESHOLDS, "previous-token": 0.3, "self": 0.3}
+    assert roles.classify(with_scores(previous_token=0.35, self=0.45), lowered).role == "self"
+    assert roles.classify(with_scores(induction=0.7, duplicate_token=0.9)).role == "duplicate-token"
+
+
+def test_a_sink_gives_way_to_any_other_passing_pattern():
+    """GPT-2's induction heads park most of their attention on the first token of ordinary text (nothing to copy)
+    and score high on the probe: they are induction heads. Only a sink alone makes a sink role."""
+    role = roles.classify(with_scores(first_token=0.8, induction=0.6))
+    assert (role.role, role.metric, role.score) == ("induction", "induction", 0.6)
+    lowered = {**roles.DEFAULT_THRESHOLDS, "previous-token": 0.3}
+    assert roles.classify(with_scores(previous_token=0.35, first_token=0.6), lowered).role == "previous-token"
+    assert roles.classify(with_scores(first_token=0.8, induction=0.3)).role == "first-token"
+    encoder = with_scores(next_token=0.55, last_token=0.4, first_token=0.05)
+    assert roles.classify(encoder, {**roles.DEFAULT_THRESHOLDS, "last-token": 0.3}).role == "next-token"
 
 
 def test_uniform_head_on_short_text_is_broad_not_local():

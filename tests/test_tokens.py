@@ -42,6 +42,14 @@ def test_token_labels():
     assert token_labels(TOKENIZER, ids) == ["<bos>", "The", " cat", "\\n", "sat"]
 
 
+def test_a_token_holding_part_of_a_character_is_labelled_by_its_bytes():
+    ids = TOKENIZER("日 café")["input_ids"]
+    labels = token_labels(TOKENIZER, ids)
+    assert "".join(labels) != TOKENIZER.decode(ids)  # 日 is 3 bytes in GPT-2's vocabulary: split over tokens
+    # the labels spell the UTF-8 bytes of 日 (e6 97 a5), whatever the split, then the whole-character tokens
+    assert "".join(labels).startswith("\\xe6\\x97\\xa5") and labels[-1] == " café"
+
+
 def test_probe_windows_repeat_distinct_ordinary_tokens():
     from attnscope.tokens import PROBE_SEQUENCES, probe_windows
 
