@@ -7,6 +7,7 @@ code. GPT-2-family decoders and BERT-family encoders are read; `LoadedModel.caus
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -22,6 +23,7 @@ CAUSAL_MODEL_TYPES = ("gpt2",)  # decoders: row i of a map sees keys 0..i
 DEMO = "demo"  # --model demo: the small GPT-2 trained by scripts/train_demo_model.py, shipped in the package
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt")  # the vocabulary: any fast tokenizer, GPT-2, BERT
 
 
 @dataclass
@@ -143,7 +145,13 @@ def resolve_dtype(spec: str) -> Any:
 
 
 def _looks_like_path(name: str) -> bool:
-    return name.startswith(("/", "./", "../", "~", ".\\")) or name in (".", "..") or os.path.exists(name)
+    # No Hub id ends with a slash: `nope-dir/` is a directory that is missing, not a repository to download.
+    return (
+        name.startswith(("/", "./", "../", "~", ".\\"))
+        or name.endswith(("/", "\\"))
+        or name in (".", "..")
+        or os.path.exists(name)
+    )
 
 
 def _check_local_directory(path: Path) -> None:
@@ -163,6 +171,12 @@ def _check_local_directory(path: Path) -> None:
                 "since unpickling can run arbitrary code: re-save it with save_pretrained(..., safe_serialization=True)"
             )
         raise AttnscopeError(f"{path} holds no model weights (no .safetensors file)")
+    # Without these transformers builds an empty tokenizer, and every text would later have "no tokens".
+    if not any(name in files for name in TOKENIZER_FILES):
+        raise AttnscopeError(
+            f"{path} holds no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); "
+            "save the tokenizer there too with tokenizer.save_pretrained"
+        )
 
 
 def demo_model_dir() -> Path:
@@ -172,7 +186,7 @@ def demo_model_dir() -> Path:
     return Path(str(resources.files("attnscope") / "demo_model"))
 
 
-def _hub_reachable(timeout: float = 3.0) -> bool:
+def _hub_reachable(timeout: float = 2.0) -> bool:
     """One quick TCP connection to the Hub, so an offline machine gets an answer now rather than after retries."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         return False
@@ -186,11 +200,25 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 
 def _is_cached(name: str) -> bool:
+    """Whether the Hugging Face cache holds what loading `name` offline needs: config.json and the safetensors
+    weights (one file, or the index and every shard it lists). A cached config alone (left by `AutoConfig` or an
+    interrupted download) is not enough. Tokenizer files are checked once loaded, by the tokenizer's length."""
     from huggingface_hub import try_to_load_from_cache
 
+    def cached(filename: str) -> bool:
+        return isinstance(try_to_load_from_cache(name, filename), str)
+
     try:
-        return isinstance(try_to_load_from_cache(name, "config.json"), str)
-    except Exception:  # an id that is not a valid repo name is simply not cached
+        if not cached("config.json"):
+            return False
+        if cached("model.safetensors"):
+            return True
+        index = try_to_load_from_cache(name, "model.safetensors.index.json")
+        if not isinstance(index, str):
+            return False
+        shards = set(json.loads(Path(index).read_text(encoding="utf-8"))["weight_map"].values())
+        return all(cached(shard) for shard in shards)
+    except (ValueError, OSError, KeyError, AttributeError):  # an invalid repo name, an unreadable index: unusable
         return False
 
 
@@ -200,10 +228,9 @@ def load_config(name: str) -> Any | None:
 
     if name == DEMO:
         name = str(demo_model_dir())
-    elif not _looks_like_path(name) and not _is_cached(name) and not _hub_reachable():
-        return None
+    local_only = not _looks_like_path(name) and not _hub_reachable()  # offline: the cache answers at once
     try:
-        return AutoConfig.from_pretrained(name, trust_remote_code=False)
+        return AutoConfig.from_pretrained(name, trust_remote_code=False, local_files_only=local_only)
     except (OSError, ValueError):
         return None
 
@@ -216,6 +243,19 @@ def _offline_message(name: str) -> str:
     )
 
 
+def _from_pretrained(name: str, loader: Any, source: str, local_only: bool, **options: Any) -> Any:
+    """`loader.from_pretrained(source)`, with every failure turned into one line naming the model and the cause."""
+    try:
+        return loader.from_pretrained(source, trust_remote_code=False, local_files_only=local_only, **options)
+    except Exception as error:  # only transformers runs here, and a damaged file makes it raise almost anything
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if "couldn't connect" in first_line.lower() or "offline" in first_line.lower():
+            raise AttnscopeError(_offline_message(name)) from error
+        # transformers' OSErrors are sentences; anything else (SafetensorError, ...) is known by its type
+        cause = first_line if isinstance(error, OSError) else f"{type(error).__name__}: {first_line}"
+        raise AttnscopeError(f"cannot load model '{name}': {cause}") from error
+
+
 def load_model(name: str, device: str = "auto", dtype: str = "auto", lm_head: bool = False) -> LoadedModel:
     """Load `name` (`demo`, a Hub id or a local directory) for analysis on `device` in `dtype`; with `lm_head`, the
     model with its language-model head (for losses), whose base model is then the one analysed.
@@ -224,6 +264,7 @@ def load_model(name: str, device: str = "auto", dtype: str = "auto", lm_head: bo
     """
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
+    local_only = False
     if name == DEMO:
         path = demo_model_dir()
         if not (path / "config.json").exists():
@@ -238,7 +279,10 @@ def load_model(name: str, device: str = "auto", dtype: str = "auto", lm_head: bo
         source = str(path)
     else:
         source = name
-        if not _is_cached(name) and not _hub_reachable():
+        # Without a route to the Hub, read the cache only: asked for a file it lacks, huggingface_hub would retry
+        # for minutes, then fail on a file the user never named.
+        local_only = not _hub_reachable()
+        if local_only and not _is_cached(name):
             raise AttnscopeError(_offline_message(name))
 
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
@@ -246,31 +290,32 @@ def load_model(name: str, device: str = "auto", dtype: str = "auto", lm_head: bo
 
     hf_logging.set_verbosity_error()  # a user of the CLI does not need transformers' load reports
     hf_logging.disable_progress_bar()
-    try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
-        if config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise AttnscopeError(
-                f"model type '{config.model_type}' is not supported yet; attnscope reads GPT-2-family decoders "
-                f"and BERT-family encoders ({', '.join(SUPPORTED_MODEL_TYPES)})"
-            )
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
-        # an encoder's language-model head predicts masked tokens, a decoder's the next token
-        lm_class = AutoModelForCausalLM if config.model_type in CAUSAL_MODEL_TYPES else AutoModelForMaskedLM
-        model_class = lm_class if lm_head else AutoModel
-        model = model_class.from_pretrained(
-            source,
-            attn_implementation="eager",  # SDPA returns no attention weights (see README, "How it works")
-            use_safetensors=True,
-            trust_remote_code=False,
-            dtype=torch_dtype,
+    config = _from_pretrained(name, AutoConfig, source, local_only)
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise AttnscopeError(
+            f"model type '{config.model_type}' is not supported yet; attnscope reads GPT-2-family decoders "
+            f"and BERT-family encoders ({', '.join(SUPPORTED_MODEL_TYPES)})"
         )
-    except AttnscopeError:
-        raise
-    except (OSError, ValueError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        if "couldn't connect" in first_line.lower() or "offline" in first_line.lower():
-            raise AttnscopeError(_offline_message(name)) from None
-        raise AttnscopeError(f"cannot load model '{name}': {first_line}") from None
+    tokenizer = _from_pretrained(name, AutoTokenizer, source, local_only)
+    # Finding no tokenizer file, transformers builds an empty tokenizer (one special token at most) instead of failing.
+    if len(tokenizer) <= 1:
+        raise AttnscopeError(
+            _offline_message(name)
+            if local_only
+            else f"model '{name}' has no usable tokenizer: transformers read no vocabulary from it "
+            f"({', '.join(TOKENIZER_FILES)})"
+        )
+    # an encoder's language-model head predicts masked tokens, a decoder's the next token
+    lm_class = AutoModelForCausalLM if config.model_type in CAUSAL_MODEL_TYPES else AutoModelForMaskedLM
+    model = _from_pretrained(
+        name,
+        lm_class if lm_head else AutoModel,
+        source,
+        local_only,
+        attn_implementation="eager",  # SDPA returns no attention weights (see README, "How it works")
+        use_safetensors=True,
+        dtype=torch_dtype,
+    )
     model.eval()
     try:
         model.to(torch_device)

@@ -204,6 +204,7 @@ def bad_inputs(tiny_model_dir, pickle_only_dir, tmp_path):
         "missing file": (["heads", "--file", tmp_path / "nope.txt", *m], "no such file"),
         "non-UTF-8 file": (["heads", "--file", latin, *m], "not UTF-8"),
         "unknown model path": (["heads", CAT, "-m", tmp_path / "no-model"], "no such model directory"),
+        "model path ending in /": (["info", "-m", "no-such-model-dir/"], "no such model directory"),
         "pickle checkpoint": (["heads", CAT, "-m", pickle_only_dir], "pickle"),
         "hub id offline": (["info", "-m", "gpt2"], "not in the local Hugging Face cache"),
         "layer out of range": (["heads", CAT, *m, "--layer", "2"], "out of range"),
