@@ -8,10 +8,14 @@ Methods, on the same random token ids, batch shape and device:
 - `cache`: TransformerLens-style caching: one prompt at a time, every layer's attention pattern kept in a cache,
   then scored (TransformerLens's `detect_head` scores a head by the share of its attention on a pattern).
 
-Timing: `warmup` untimed runs, then `repeats` timed runs; median and spread (min, max). On CUDA, events with a
-synchronisation; on CPU, perf_counter. Memory: CUDA `max_memory_allocated` above what was allocated before the run;
-on CPU the peak resident set size above the size before the run, sampled every millisecond by a thread, after
-freed memory is handed back to the OS (glibc malloc_trim) so that the run's own allocations show.
+Timing: `warmup` untimed rounds of every method, then `repeats` rounds; each round runs every method once timed and
+once for its memory, in an order rotated by one method per round (round-robin), so that drift in the machine's load
+falls on every method alike. Reported: the median time and its spread, (max - min) / median. On CUDA, events with a
+synchronisation; on CPU, perf_counter. Memory, the median over the rounds of one run's peak: CUDA
+`max_memory_allocated` above what was allocated before the run; on CPU the peak resident set size above the size
+before the run, sampled every millisecond by a thread, after freed memory is handed back to the OS (glibc
+malloc_trim) so that the run's own allocations show. The memory runs are not the timed ones: the sampling thread
+and the memory handed back would slow a timed run.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from attnscope import capture
 from attnscope.errors import AttnscopeError
 
 METHODS = ("floor", "attnscope", "tutorial", "cache")
+BASELINES = ("tutorial", "cache")  # what users do today, against which attnscope's speed-up is reported
 
 
 class PeakRSS:
@@ -75,12 +80,21 @@ class Measurement:
     method: str
     batch: int
     seq: int
-    times: list[float]  # seconds, one per repeat
-    peak_bytes: int
+    times: list[float]  # seconds, one per round
+    peaks: list[int]  # bytes above the run's start, one per round
 
     @property
     def median(self) -> float:
         return stats_module.median(self.times)
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median of the timed runs."""
+        return (max(self.times) - min(self.times)) / self.median
+
+    @property
+    def peak_bytes(self) -> float:
+        return stats_module.median(self.peaks)
 
     @property
     def tokens_per_second(self) -> float:
@@ -92,37 +106,60 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(run: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> tuple[list[float], int]:
-    """Times of `repeats` runs after `warmup`, and the peak memory of one more run above its start."""
-    for _ in range(warmup):
+def _timed(run: Callable[[], Any], device: torch.device) -> float:
+    """Seconds one run takes."""
+    if device.type == "cuda":
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
         run()
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            run()
-            end.record()
-            torch.cuda.synchronize(device)
-            times.append(begin.elapsed_time(end) / 1000)
-        else:
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
+        end.record()
+        torch.cuda.synchronize(device)
+        return begin.elapsed_time(end) / 1000
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def _peak(run: Callable[[], Any], device: torch.device) -> int:
+    """Bytes one run's memory peaks above what was in use when it started."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
         run()
         torch.cuda.synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device) - before
-    else:
-        _release_freed_memory()  # so that the run's allocations show in the resident set size again
-        with PeakRSS() as rss:
-            run()
-        peak = rss.above_start
-    return times, peak
+        return torch.cuda.max_memory_allocated(device) - before
+    _release_freed_memory()  # so that the run's allocations show in the resident set size again
+    with PeakRSS() as rss:
+        run()
+    return rss.above_start
+
+
+def measure(
+    runs: dict[str, Callable[[], Any]], device: torch.device, warmup: int, repeats: int, memory: bool = True
+) -> dict[str, tuple[list[float], list[int]]]:
+    """Per run name, the times of `repeats` timed runs and (with `memory`) the peaks of as many memory runs.
+
+    `warmup` untimed rounds first; then each round runs every method once timed, then once for its memory, starting
+    one method later than the round before (round-robin), so that a change in the machine's load during the
+    measurement does not fall on one method only.
+    """
+    names = list(runs)
+    for _ in range(warmup):
+        for name in names:
+            runs[name]()
+    _sync(device)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    peaks: dict[str, list[int]] = {name: [] for name in names}
+    for round_index in range(repeats):
+        shift = round_index % len(names)
+        order = names[shift:] + names[:shift]
+        for name in order:
+            times[name].append(_timed(runs[name], device))
+        if memory:
+            for name in order:
+                peaks[name].append(_peak(runs[name], device))
+    return {name: (times[name], peaks[name]) for name in names}
 
 
 def _release_freed_memory() -> None:
@@ -201,6 +238,27 @@ def _methods(model: Any, lm_model: Any, ids: torch.Tensor, device: torch.device)
     return {"floor": floor, "attnscope": analysis, "tutorial": tutorial, "cache": cache}
 
 
+def check_settings(seqs: Sequence[int], batches: Sequence[int], repeats: int, warmup: int) -> None:
+    """What can be checked before the model is known; each message names the option at fault."""
+    for seq in seqs:
+        if seq < 2:
+            raise AttnscopeError(f"--seq {seq}: a sequence needs at least 2 tokens")
+    for batch in batches:
+        if batch < 1:
+            raise AttnscopeError(f"--batch {batch}: a batch needs at least 1 text")
+    if repeats < 1:
+        raise AttnscopeError(f"--repeats {repeats}: at least 1 timed run is needed")
+    if warmup < 0:
+        raise AttnscopeError(f"--warmup {warmup}: the number of untimed runs cannot be negative")
+
+
+def check_context(seqs: Sequence[int], context: int) -> None:
+    """Every sequence fits the model's context (known from its config, before any weights are built)."""
+    for seq in seqs:
+        if seq > context:
+            raise AttnscopeError(f"--seq {seq}: longer than the model's context, {context} tokens")
+
+
 def run_bench(
     model: Any,
     device: torch.device,
@@ -214,11 +272,8 @@ def run_bench(
     """Every method at every (batch, seq) on `model` (a base GPT-2 with eager/our attention, eval mode)."""
     from transformers import GPT2LMHeadModel
 
-    for seq in seqs:
-        if not 2 <= seq <= model.config.max_position_embeddings:
-            raise AttnscopeError(f"--seq {seq}: between 2 and the context, {model.config.max_position_embeddings}")
-    if any(b < 1 for b in batches) or repeats < 1 or warmup < 0:
-        raise AttnscopeError("--batch and --repeats must be at least 1, --warmup at least 0")
+    check_settings(seqs, batches, repeats, warmup)
+    check_context(seqs, model.config.max_position_embeddings)
     lm_model = GPT2LMHeadModel(model.config).to(device=device, dtype=next(model.parameters()).dtype).eval()
     lm_model.transformer.load_state_dict(model.state_dict())  # the same weights, plus an LM head
     lm_model.set_attn_implementation("eager")
@@ -228,33 +283,37 @@ def run_bench(
         for seq in seqs:
             ids = torch.randint(0, model.config.vocab_size, (batch_size, seq), generator=generator).to(device)
             runs = _methods(model, lm_model, ids, device)
-            for method in methods:
-                times, peak = measure(runs[method], device, warmup, repeats)
-                results.append(Measurement(method, batch_size, seq, times, peak))
+            measured = measure({method: runs[method] for method in methods}, device, warmup, repeats)
+            for method, (times, peaks) in measured.items():
+                results.append(Measurement(method, batch_size, seq, times, peaks))
     model.set_attn_implementation("eager")
     return results
 
 
 def records(measurements: Sequence[Measurement]) -> list[dict]:
-    """One record per measurement, with ratios to the floor of the same (batch, seq)."""
-    floors = {(m.batch, m.seq): m for m in measurements if m.method == "floor"}
+    """One record per measurement, with ratios to the floor of the same (batch, seq) and, on attnscope's records,
+    its speed-up over each baseline: the baseline's median time / attnscope's (2.0: attnscope takes half the time)."""
+    by_config = {(m.method, m.batch, m.seq): m for m in measurements}
     out = []
     for m in measurements:
-        floor = floors.get((m.batch, m.seq))
-        out.append(
-            {
-                "method": m.method,
-                "batch": m.batch,
-                "seq": m.seq,
-                "median_s": m.median,
-                "min_s": min(m.times),
-                "max_s": max(m.times),
-                "tokens_per_s": m.tokens_per_second,
-                "time_vs_floor": m.median / floor.median if floor else None,
-                "peak_mb": m.peak_bytes / 2**20,
-                "memory_vs_floor": m.peak_bytes / floor.peak_bytes if floor and floor.peak_bytes > 0 else None,
-            }
-        )
+        floor = by_config.get(("floor", m.batch, m.seq))
+        record = {
+            "method": m.method,
+            "batch": m.batch,
+            "seq": m.seq,
+            "median_s": m.median,
+            "min_s": min(m.times),
+            "max_s": max(m.times),
+            "spread": m.spread,
+            "tokens_per_s": m.tokens_per_second,
+            "time_vs_floor": m.median / floor.median if floor else None,
+            "peak_mb": m.peak_bytes / 2**20,
+            "memory_vs_floor": m.peak_bytes / floor.peak_bytes if floor and floor.peak_bytes > 0 else None,
+        }
+        for baseline in BASELINES:
+            other = by_config.get((baseline, m.batch, m.seq))
+            record[f"speedup_vs_{baseline}"] = other.median / m.median if m.method == "attnscope" and other else None
+        out.append(record)
     return out
 
 
@@ -299,9 +358,12 @@ def micro_benchmark(
             "torch_sdpa": sdpa,
         }
         row = {"heads": count, "d_head": d_model // count}
+        host = {name: run for name, run in runs.items() if name.startswith("numpy")}
+        on_device = {name: run for name, run in runs.items() if name.startswith("torch")}
         with torch.inference_mode():
-            for name, run in runs.items():
-                times, _ = measure(run, device if name.startswith("torch") else torch.device("cpu"), 1, repeats)
-                row[f"{name}_ms"] = stats_module.median(times) * 1000
+            measured = measure(host, torch.device("cpu"), 1, repeats, memory=False)
+            measured |= measure(on_device, device, 1, repeats, memory=False)
+        for name, (times, _) in measured.items():
+            row[f"{name}_ms"] = stats_module.median(times) * 1000
         rows.append(row)
     return rows

@@ -571,8 +571,10 @@ def bench(
     dtype: DtypeOpt = "auto",
     seq: Annotated[str, typer.Option("--seq", help="Sequence lengths, comma-separated.")] = "128,512,1024",
     batch: Annotated[str, typer.Option("--batch", help="Batch sizes, comma-separated.")] = "1,8",
-    repeats: Annotated[int, typer.Option("--repeats", help="Timed runs per configuration (median reported).")] = 3,
-    warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs first.")] = 1,
+    repeats: Annotated[
+        int, typer.Option("--repeats", help="Rounds, each running every method once timed and once for memory (medians reported).")
+    ] = 3,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed rounds of every method first.")] = 1,
     methods: Annotated[str, typer.Option("--methods", help="Which of floor,attnscope,tutorial,cache.")] = "floor,attnscope,tutorial,cache",
     micro: Annotated[bool, typer.Option("--micro/--no-micro", help="Also the from-scratch attention micro-benchmark.")] = True,
     json_out: JsonOpt = False,
@@ -583,25 +585,20 @@ def bench(
     Example: attnscope bench --device cpu --random-weights --seq 128,512 --batch 1
     """
     from attnscope import bench as bench_lib, export
-    from attnscope.model import load_model, resolve_device
+    from attnscope.model import resolve_device, resolve_dtype
 
+    # Every option a user can get wrong is checked here, before a model is loaded or built (seconds to minutes).
     torch_device = resolve_device(device)
+    resolve_dtype(dtype)
     chosen = [name.strip() for name in methods.split(",") if name.strip()]
     unknown = sorted(set(chosen) - set(bench_lib.METHODS))
     if unknown or not chosen:
         raise AttnscopeError(f"--methods: use some of {', '.join(bench_lib.METHODS)}")
     seqs, batches = _numbers(seq, "--seq"), _numbers(batch, "--batch")
+    bench_lib.check_settings(seqs, batches, repeats, warmup)
     folder = export.prepare_out_dir(out) if out is not None else None
     notes = []
-    if random_weights:
-        network, name = _random_network(model, torch_device, dtype, notes), f"{model} (random weights)"
-    else:
-        try:
-            network, name = load_model(model, str(torch_device), dtype).model, model
-        except AttnscopeError as error:
-            notes.append(f"weights unavailable ({error}); timing random weights instead")
-            network, name = _random_network(model, torch_device, dtype, notes), f"{model} (random weights)"
-    _check_bench_model(network.config)
+    network, name = _bench_network(model, random_weights, torch_device, dtype, seqs, notes)
     import torch
 
     measurements = bench_lib.run_bench(network, torch_device, seqs, batches, warmup, repeats, chosen)
@@ -650,20 +647,29 @@ def _check_bench_model(config) -> None:
         )
 
 
-def _random_network(model: str, device, dtype: str, notes: list[str]):
-    """The architecture of `model` (its config when it can be had, else GPT-2 small's) with random weights."""
+def _bench_network(model: str, random_weights: bool, device, dtype: str, seqs: list[int], notes: list[str]):
+    """The model to time and its name: `model` itself, or its architecture with random weights (with
+    --random-weights, or when the weights are unavailable; GPT-2 small's when even the config is). The config is
+    checked (model family, context against --seq) before any weights are loaded or built."""
     from transformers import GPT2Config
 
     from attnscope import bench as bench_lib
-    from attnscope.model import load_config, resolve_dtype
+    from attnscope.model import load_config, load_model, resolve_dtype
 
     config = load_config(model)
     if config is not None:
         _check_bench_model(config)
+        bench_lib.check_context(seqs, config.max_position_embeddings)
+    if not random_weights:
+        try:
+            return load_model(model, str(device), dtype).model, model
+        except AttnscopeError as error:
+            notes.append(f"weights unavailable ({error}); timing random weights instead")
     if config is None:
         notes.append(f"config of '{model}' unavailable; using GPT-2 small's architecture")
         config = GPT2Config()
-    return bench_lib.random_model(config, device, resolve_dtype(dtype))
+        bench_lib.check_context(seqs, config.max_position_embeddings)
+    return bench_lib.random_model(config, device, resolve_dtype(dtype)), f"{model} (random weights)"
 
 
 @app.command()

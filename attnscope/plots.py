@@ -245,13 +245,18 @@ def head_matrix(matrix: np.ndarray, labels: Sequence[str], title: str, path: Pat
 LINE_SIZE = (7.0, 4.0)
 
 
-def line_plot(x: Sequence[float], series: dict[str, Sequence[float | None]], xlabel: str, ylabel: str, title: str, path: Path, log_x: bool = False) -> Path:
-    """One or more lines over the same x, with markers; None values are left out."""
+def line_plot(
+    x: Sequence[float], series: dict[str, Sequence[float | None]], xlabel: str, ylabel: str, title: str, path: Path,
+    log_x: bool = False, styles: dict[str, dict] | None = None,
+) -> Path:
+    """One or more lines over the same x, with markers; None values are left out. `styles` gives a line's matplotlib
+    keywords (color, linestyle) by series name; lines without one take the next colour of the cycle."""
     figure, axes = plt.subplots(figsize=LINE_SIZE)
     for name, values in series.items():
         points = [(a, b) for a, b in zip(x, values) if b is not None]
         if points:
-            axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+            style = (styles or {}).get(name, {})
+            axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name, **style)
     if log_x:
         axes.set_xscale("log", base=2)
     axes.set_xticks(list(x))

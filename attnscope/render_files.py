@@ -123,17 +123,23 @@ def random_mha_file(rows: list[dict], folder: Path, d_model: int) -> Path:
 
 
 def bench_file(rows: list[dict], folder: Path, model_name: str, machine: dict) -> Path:
-    """tokens_per_s.png: tokens per second against sequence length, one line per method and batch size."""
+    """tokens_per_s.png: tokens per second against sequence length, one line per method and batch size: a colour
+    per method, a line style per batch size."""
     seqs = sorted({row["seq"] for row in rows})
-    series = {}
+    colours = {method: f"C{index}" for index, method in enumerate(dict.fromkeys(row["method"] for row in rows))}
+    dashes = ("-", "--", ":", "-.")
+    batches = sorted({row["batch"] for row in rows})
+    line_styles = {batch: dashes[index % len(dashes)] for index, batch in enumerate(batches)}
+    series, styles = {}, {}
     for row in rows:
         label = f"{row['method']}, batch {row['batch']}"
         series.setdefault(label, {})[row["seq"]] = row["tokens_per_s"]
+        styles[label] = {"color": colours[row["method"]], "linestyle": line_styles[row["batch"]]}
     lines = {label: [values.get(seq) for seq in seqs] for label, values in series.items()}
     where = machine["device_name"] if machine["device"] != "cpu" else f"CPU, {machine['cpu_threads']} threads"
     return plots.line_plot(
         seqs, lines, "sequence length (tokens)", "tokens per second", f"{model_name} on {where}",
-        folder / "tokens_per_s.png", log_x=True,
+        folder / "tokens_per_s.png", log_x=True, styles=styles,
     )
 
 

@@ -135,20 +135,33 @@ def records_table(rows: Sequence[dict], title: str) -> Table:
 
 
 def bench_table(rows: Sequence[dict], title: str) -> Table:
-    """Spread is (max - min) / median of the timed runs; ×floor compares with the floor of the same B and n."""
-    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
-    for header in ("method", "B", "n", "median s", "spread", "tokens/s", "×floor", "peak MB", "mem ×"):
-        table.add_column(header, justify="right", no_wrap=True)
-    for row in rows:
-        ratio = row["time_vs_floor"]
-        memory = row["memory_vs_floor"]
-        spread = (row["max_s"] - row["min_s"]) / row["median_s"]
+    """One group of rows per batch size × sequence length (B × n). Fits 80 columns: headers on up to three lines,
+    one space between columns; the caption says what the ratios are."""
+    table = Table(
+        title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=0, show_edge=False,
+        caption="spread: (max - min) / median time. ×floor: median time (or peak memory) / the floor's. faster than: "
+        "the baseline's median time / attnscope's. peak MB: the median of the runs' peaks.",
+        caption_justify="left",
+    )
+    headers = ("B × n", "method", "median\ns", "spread", "tokens/s", "time\n×floor", "faster\nthan\ntutorial",
+               "faster\nthan\ncache", "peak\nMB", "memory\n×floor")
+    for header in headers:
+        table.add_column(header, justify="left" if header == "method" else "right", no_wrap=True)
+    for index, row in enumerate(rows):
+        config = (row["batch"], row["seq"])
+        first = index == 0 or config != (rows[index - 1]["batch"], rows[index - 1]["seq"])
+        last = index == len(rows) - 1 or config != (rows[index + 1]["batch"], rows[index + 1]["seq"])
         table.add_row(
-            row["method"], str(row["batch"]), str(row["seq"]), f"{row['median_s']:.3f}", f"{spread:.0%}",
-            f"{row['tokens_per_s']:,.0f}", "-" if ratio is None else f"{ratio:.2f}", f"{row['peak_mb']:.0f}",
-            "-" if memory is None else f"{memory:.2f}",
+            f"{row['batch']} × {row['seq']}" if first else "", row["method"], f"{row['median_s']:.3f}",
+            f"{row['spread']:.0%}", f"{row['tokens_per_s']:,.0f}", _times(row["time_vs_floor"]),
+            _times(row["speedup_vs_tutorial"]), _times(row["speedup_vs_cache"]), f"{row['peak_mb']:.0f}",
+            _times(row["memory_vs_floor"]), end_section=last,
         )
     return table
+
+
+def _times(ratio: float | None) -> str:
+    return "" if ratio is None else f"{ratio:.2f}×"
 
 
 def layer_head_grid(matrix: Any, title: str, unit_range: bool = True) -> Group:
