@@ -617,16 +617,13 @@ def bench(
         {}, {"seq": seqs, "batch": batches, "repeats": repeats, "warmup": warmup, "methods": chosen, **machine},
         notes, results=rows, micro=micro_rows,
     )
-    for message in notes:
-        _note(message)
-    if folder is not None:
+
+    def write_files(folder):
         from attnscope import render_files
 
-        export.write_atomic(folder / "bench.json", export.to_json(doc))
-        render_files.bench_file(rows, folder, name, machine)
-        _note(f"wrote 2 files to {folder}")
-    if json_out:
-        sys.stdout.write(export.to_json(doc))
+        return [export.write_atomic(folder / "bench.json", export.to_json(doc)), render_files.bench_file(rows, folder, name, machine)]
+
+    if _emit(notes, doc, rows, folder, write_files, json_out, False):
         return
     from attnscope import terminal
 

@@ -8,12 +8,19 @@ with GPT-2's default 0.02 every head of a tiny model is nearly uniform, and a te
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 DATA = Path(__file__).parent / "data"
-REAL_HF_HOME = os.environ.get("HF_HOME")  # before the `offline` fixture points HF_HOME at an empty folder
+REAL_HF_HOME = os.environ.get("HF_HOME")  # before HF_HOME is pointed at an empty folder, below
+# No test may touch the network: the Hub is off and the cache is an empty folder. Set here, when pytest loads this
+# file and before any test module imports transformers: huggingface_hub reads both variables once, on import.
+OFFLINE_HF_HOME = tempfile.mkdtemp(prefix="attnscope-tests-hf-home-")
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HOME"] = OFFLINE_HF_HOME
 TOKENIZER_DIR = DATA / "gpt2-tokenizer"
 
 
@@ -69,17 +76,12 @@ def build_tiny_bert(folder: Path, seed: int = 0, **config) -> Path:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def offline(tmp_path_factory):
-    """No test may touch the network: the Hub is off and the cache is an empty folder."""
-    saved = {key: os.environ.get(key) for key in ("HF_HUB_OFFLINE", "HF_HOME")}
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["HF_HOME"] = str(tmp_path_factory.mktemp("hf-home"))
+def offline():
+    """The empty cache stays empty (a test that downloaded would fill it), and goes at the end."""
     yield
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    leftovers = [path for path in Path(OFFLINE_HF_HOME).rglob("*") if path.is_file()]
+    shutil.rmtree(OFFLINE_HF_HOME, ignore_errors=True)
+    assert not leftovers, f"tests wrote into the offline Hugging Face cache: {leftovers[:5]}"
 
 
 @pytest.fixture(scope="session")

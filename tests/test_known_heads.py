@@ -21,9 +21,10 @@ def real_gpt2_dir() -> Path | None:
 
     home = Path(REAL_HF_HOME) if REAL_HF_HOME else Path.home() / ".cache" / "huggingface"
     for repo in ("gpt2", "openai-community/gpt2"):
-        found = [try_to_load_from_cache(repo, name, cache_dir=home / "hub") for name in ("config.json", "model.safetensors")]
-        if all(isinstance(path, str) for path in found):
-            return Path(found[0]).parent
+        names = ("config.json", "model.safetensors", "tokenizer.json", "vocab.json")
+        cached = {name: isinstance(try_to_load_from_cache(repo, name, cache_dir=home / "hub"), str) for name in names}
+        if cached["config.json"] and cached["model.safetensors"] and (cached["tokenizer.json"] or cached["vocab.json"]):
+            return Path(try_to_load_from_cache(repo, "config.json", cache_dir=home / "hub")).parent
     return None
 
 
