@@ -308,7 +308,7 @@ def attention_maps(
 
 DEFAULT_REDUNDANT = 0.1  # bits: heads whose rows differ by less than a tenth of the way to disjoint
 DEFAULT_CLUSTER_AT = 0.3  # bits: average-linkage merges below this form a cluster (--layer all)
-ALL_LAYERS_BUDGET = 256 * 2**20  # bytes of all layers' attention held at once for --layer all
+ALL_LAYERS_BUDGET = 64 * 2**20  # bytes of all layers' attention held at once for --layer all (one window at least)
 
 
 @dataclass
@@ -335,12 +335,18 @@ class DiversityResult:
     notes: list[str] = field(default_factory=list)
 
     def pairs(self) -> list[dict[str, Any]]:
-        """Every unordered pair of heads, in label order."""
+        """Every unordered pair of heads, in label order; each head also as integers, since a numeric CSV reader
+        takes the labels `0.1` and `0.10` for the same number."""
         K = len(self.labels)
+        heads = [tuple(int(part) for part in label.split(".")) for label in self.labels]
         return [
             {
                 "a": self.labels[i],
                 "b": self.labels[j],
+                "a_layer": heads[i][0],
+                "a_head": heads[i][1],
+                "b_layer": heads[j][0],
+                "b_head": heads[j][1],
                 "cosine": float(self.cosine[i, j]),
                 "js": float(self.js[i, j]),
                 "js_distance": float(self.js_distance[i, j]),

@@ -16,8 +16,10 @@ import typer
 
 try:  # typer >= 0.25 carries its own copy of click
     from typer._click import exceptions as click_errors
+    from typer._click.core import ParameterSource
 except ImportError:  # older typer runs on click itself
     from click import exceptions as click_errors
+    from click.core import ParameterSource
 
 from attnscope.errors import AttnscopeError
 
@@ -443,8 +445,27 @@ def report(
     print(path)
 
 
+# The `diversity` parameters that only a model run reads, and those that only --random-mha reads.
+MODEL_RUN_PARAMETERS = (
+    "text", "layer", "model", "file", "device", "dtype", "bos", "batch_size", "redundant", "cluster_at", "pairs", "max_tokens",
+)
+RANDOM_MHA_PARAMETERS = ("d_model", "heads", "seq_len", "trials", "seed")
+
+
+def _refuse_given(ctx: typer.Context, names: tuple[str, ...], reason: str) -> None:
+    """One error naming every parameter of `names` that the command line gave (a default is not given)."""
+    given = [
+        "/".join([param.opts[0], *param.secondary_opts]) if param.param_type_name == "option" else param.name.upper()
+        for param in ctx.command.params
+        if param.name in names and ctx.get_parameter_source(param.name) is not ParameterSource.DEFAULT
+    ]
+    if given:
+        raise AttnscopeError(f"{', '.join(given)}: {reason}")
+
+
 @app.command()
 def diversity(
+    ctx: typer.Context,
     text: TextArg = None,
     layer: Annotated[Optional[str], typer.Option("--layer", "-l", help="Layer number (0-based) or 'all'.")] = None,
     model: ModelOpt = "gpt2",
@@ -477,6 +498,10 @@ def diversity(
     from attnscope import export
 
     _check_output_flags(json_out, csv_out)
+    if random_mha:
+        _refuse_given(ctx, MODEL_RUN_PARAMETERS, "not used by --random-mha, which runs random attention (no model, no text)")
+    else:
+        _refuse_given(ctx, RANDOM_MHA_PARAMETERS, "used with --random-mha only")
     folder = export.prepare_out_dir(out) if out is not None else None
     if random_mha:
         _random_mha(d_model, heads, seq_len, trials, seed, json_out, csv_out, folder)
@@ -525,12 +550,7 @@ def _random_mha(d_model, heads, seq_len, trials, seed, json_out, csv_out, folder
     from attnscope import export
     from attnscope.experiments import random_mha_diversity
 
-    try:
-        counts = [int(part) for part in heads.split(",") if part.strip()]
-    except ValueError:
-        raise AttnscopeError(f"--heads '{heads}': expected comma-separated numbers such as 1,2,4,8") from None
-    if not counts:
-        raise AttnscopeError("--heads: give at least one head count")
+    counts = sorted(set(_numbers(heads, "--heads")))  # each count once, ascending like the plot's axis
     rows = random_mha_diversity(d_model, counts, seq_len, trials=trials, seed=seed)
     settings = {"d_model": d_model, "heads": counts, "seq_len": seq_len, "trials": trials, "seed": seed}
     doc = export.random_mha_document(rows, settings)

@@ -15,6 +15,10 @@ from attnscope import metrics
 from attnscope.errors import AttnscopeError
 from attnscope.reference import multi_head_attention
 
+MAX_D_MODEL = 4096
+MAX_SEQ_LEN = 4096
+MAX_ATTENTION_BYTES = 512 * 2**20  # one trial's attention maps, held at once (8 sequences of 4096 tokens, 1 head)
+
 
 def random_mha_diversity(
     d_model: int = 64,
@@ -30,11 +34,25 @@ def random_mha_diversity(
     Weights W_qkv ~ N(0, 1/d_model), biases 0, inputs x ~ N(0, 1): queries and keys then have unit variance and the
     logits QKᵀ/√d_head unit variance whatever H, so only the number of heads changes. Causal masking, like GPT-2.
     """
-    if d_model < 1 or seq_len < 2 or batch < 1 or trials < 1:
-        raise AttnscopeError("--d-model, --seq-len, --batch and --trials must be positive (--seq-len at least 2)")
+    if not 1 <= d_model <= MAX_D_MODEL:
+        raise AttnscopeError(f"--d-model must be between 1 and {MAX_D_MODEL}")
+    if not 2 <= seq_len <= MAX_SEQ_LEN:
+        raise AttnscopeError(f"--seq-len must be between 2 and {MAX_SEQ_LEN}")
+    if trials < 1:
+        raise AttnscopeError("--trials must be positive")
+    if batch < 1:
+        raise AttnscopeError("batch must be positive")
     for count in heads:
-        if count < 1 or d_model % count:
+        if count < 1:
+            raise AttnscopeError(f"--heads {count}: a number of heads must be positive")
+        if d_model % count:
             raise AttnscopeError(f"--heads {count}: the number of heads must divide --d-model {d_model}")
+    attention_bytes = batch * max(heads, default=1) * seq_len**2 * 4  # (B, H, n, n) float32 of the most heads
+    if attention_bytes > MAX_ATTENTION_BYTES:
+        raise AttnscopeError(
+            f"--heads {max(heads)} at --seq-len {seq_len}: the attention of {batch} sequences would take "
+            f"{attention_bytes / 2**20:,.0f} MiB (at most {MAX_ATTENTION_BYTES // 2**20}); lower --seq-len or --heads"
+        )
     rows = []
     positions = torch.arange(seq_len)  # (n,)
     scored = (positions >= 1)[None, :].expand(batch, seq_len)  # (B, n)

@@ -321,7 +321,7 @@ def offset_attention(attn: torch.Tensor, positions: torch.Tensor, offset: int) -
 LN2 = 0.6931471805599453
 
 
-TINY = 1e-30  # stands in for 0 inside a logarithm: 1e-30 · ln 1e-30 ≈ -7e-29, far below float32 resolution
+TINY = 1e-30  # stands in for 0 inside a logarithm: 1e-30 · ln 1e-30 ≈ -7e-29, far below float64 resolution
 
 
 def entropy_bits(p: torch.Tensor) -> torch.Tensor:
@@ -352,32 +352,35 @@ def pairwise_sums(
     Returns (dot products (K, K), JSD sums (K, K), sqrt-JSD sums (K, K)), float64, symmetric. Work goes in chunks
     of rows and heads so that no intermediate exceeds about `budget_bytes`; only pairs g >= k are computed (the
     matrices are symmetric), and with `positions` (b,) of causal rows the keys after a chunk's last row, zero in
-    every scored row, are skipped.
+    every scored row, are skipped. The divergences are computed in float64.
     """
     B, K, b, n = attn.shape
     device = attn.device
     dots = torch.zeros(K, K, dtype=torch.float64, device=device)
     js = torch.zeros(K, K, dtype=torch.float64, device=device)
     js_root = torch.zeros(K, K, dtype=torch.float64, device=device)
-    rows = max(1, min(b, 64, budget_bytes // max(1, 4 * B * K * n * 4)))
+    rows = max(1, min(b, 64, budget_bytes // max(1, 4 * B * K * n * 8)))
     for r0 in range(0, b, rows):
         r1 = min(b, r0 + rows)
         keys = n if positions is None else min(n, int(positions[r1 - 1]) + 1)
         scored_rows = scored[:, r0:r1]  # (B, r)
         if not bool(scored_rows.any()):
             continue
-        weights = scored_rows.to(attn.dtype)  # (B, r)
+        weights = scored_rows.to(torch.float64)  # (B, r)
         block = torch.where(scored_rows[:, None, :, None], attn[:, :, r0:r1, :keys], 0.0)  # (B, K, r, keys)
         dots += torch.einsum("bkrn,bgrn->kg", block, block).to(torch.float64)  # (K, K)
-        own = -_sum_xlogx(block)  # (B, K, r) entropy in nats
-        heads = max(1, min(K, budget_bytes // max(1, 3 * B * K * (r1 - r0) * keys * 4)))
+        # JSD is a small difference of entropies of up to ln n nats: in float32 the rounding left ~2e-7 bits between
+        # identical rows, which the square root of js_distance magnified to ~4e-4. In float64 it is ~1e-16.
+        wide = block.to(torch.float64)  # (B, K, r, keys)
+        own = _sum_xlogx(wide)  # (B, K, r) Σ p ln p
+        heads = max(1, min(K, budget_bytes // max(1, 3 * B * K * (r1 - r0) * keys * 8)))
         for k0 in range(0, K, heads):
             k1 = min(K, k0 + heads)
-            # with s = p + q (Σ s = 2 on a scored row) and m = s/2: H(m) = -Σ m ln m = ln 2 - ½ Σ s ln s
-            mixed = LN2 - 0.5 * _sum_xlogx(block[:, k0:k1, None] + block[:, None, k0:])  # (B, k, K - k0, r)
-            divergence = (mixed - (own[:, k0:k1, None] + own[:, None, k0:]) / 2).clamp(min=0.0) / LN2  # bits
-            js[k0:k1, k0:] += torch.einsum("bkgr,br->kg", divergence, weights).to(torch.float64)
-            js_root[k0:k1, k0:] += torch.einsum("bkgr,br->kg", divergence.sqrt(), weights).to(torch.float64)
+            mixed = torch.lerp(wide[:, k0:k1, None], wide[:, None, k0:], 0.5)  # (B, k, K - k0, r, keys) m = (p + q) / 2
+            # H(m) - (H(p) + H(q)) / 2 nats, with no shortcut that assumes Σ p = 1 (float32 rows miss it by ~1e-7)
+            divergence = ((own[:, k0:k1, None] + own[:, None, k0:]) / 2 - _sum_xlogx(mixed)).clamp(min=0.0) / LN2  # bits
+            js[k0:k1, k0:] += torch.einsum("bkgr,br->kg", divergence, weights)  # (k, K - k0)
+            js_root[k0:k1, k0:] += torch.einsum("bkgr,br->kg", divergence.sqrt(), weights)  # (k, K - k0)
     upper = torch.triu(torch.ones(K, K, dtype=torch.bool, device=device))  # (K, K), diagonal included
     js = torch.where(upper, js, js.T)
     js_root = torch.where(upper, js_root, js_root.T)

@@ -210,24 +210,34 @@ def layer_grid(maps: np.ndarray, tokens: Sequence[str], layer: int, path: Path) 
     return _save(figure, path)
 
 
-def matrix_size(n: int) -> tuple[float, float]:
-    """Inches of a heads × heads matrix: 0.45 in per head up to 16 heads, then shrinking to fit 16 in."""
-    side = min(max(3.0, 0.45 * n), 16.0)
-    return _with_margins((side, side), MATRIX_MARGINS)
+MATRIX_MARGINS = (1.0, 1.4, 0.6, 1.0)  # the right margin holds the colour bar
+LABEL_PITCH = 0.1  # inches per head that give each head its own 5.4 pt label
+MATRIX_MAX = 40.0  # inches: beyond 400 heads, labels skip heads rather than the picture growing further
 
 
-MATRIX_MARGINS = (1.0, 1.4, 0.6, 1.0)
+def matrix_side(n: int) -> float:
+    """Inches of the square of a heads × heads matrix: 0.45 in per head up to 16 heads, then 16 in, or LABEL_PITCH
+    per head when that is more (GPT-2 small's 144 heads: 16 in; GPT-2 medium's 384: 38.4 in), at most MATRIX_MAX."""
+    return max(3.0, min(0.45 * n, 16.0), min(LABEL_PITCH * n, MATRIX_MAX))
+
+
+def _colour_bar(figure, axes, image, width: float = 0.2, pad: float = 0.15) -> None:
+    """A colour bar exactly as tall as `axes`, `width` inches wide, `pad` inches to its right."""
+    box = axes.get_position()
+    figure_width = figure.get_size_inches()[0]
+    figure.colorbar(image, cax=figure.add_axes((box.x1 + pad / figure_width, box.y0, width / figure_width, box.height)))
 
 
 def head_matrix(matrix: np.ndarray, labels: Sequence[str], title: str, path: Path, vmin: float, vmax: float, cmap: str) -> Path:
     """A heads × heads matrix (cosine or JS) with `L.H` labels, a colour bar, values written in when it is small."""
-    n = len(labels)
-    figure = plt.figure(figsize=matrix_size(n))
-    axes = _place_axes(figure, MATRIX_MARGINS)
+    n, side = len(labels), matrix_side(len(labels))
+    figure = plt.figure(figsize=_with_margins((side, side), MATRIX_MARGINS))
+    axes = _place_axes(figure, MATRIX_MARGINS)  # a square the size of the matrix: imshow fills it exactly
     image = axes.imshow(matrix, cmap=cmap, vmin=vmin, vmax=vmax)
-    figure.colorbar(image, ax=axes, fraction=0.05, pad=0.03)
-    fontsize = 8 if n <= 16 else max(2.0, 8 - n / 24)
-    step = 1 if n <= 48 else int(np.ceil(n / 48))  # at most 48 tick labels
+    _colour_bar(figure, axes, image)
+    fitting = 0.75 * side * 72 / n  # points: the largest font whose labels do not overlap
+    fontsize = max(5.0, min(8.0, fitting))
+    step = int(np.ceil(fontsize / fitting))  # 1 up to MATRIX_MAX / LABEL_PITCH heads
     axes.set_xticks(range(0, n, step))
     axes.set_yticks(range(0, n, step))
     axes.set_xticklabels(labels[::step], rotation=90, fontsize=fontsize)
