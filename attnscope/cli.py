@@ -554,17 +554,16 @@ def _random_mha(d_model, heads, seq_len, trials, seed, json_out, csv_out, folder
     rows = random_mha_diversity(d_model, counts, seq_len, trials=trials, seed=seed)
     settings = {"d_model": d_model, "heads": counts, "seq_len": seq_len, "trials": trials, "seed": seed}
     doc = export.random_mha_document(rows, settings)
-    if folder is not None:
+
+    def write_files(folder):
         from attnscope import render_files
 
-        export.write_atomic(folder / "random_mha.json", export.to_json(doc))
-        render_files.random_mha_file(rows, folder, d_model)
-        _note(f"wrote 2 files to {folder}")
-    if json_out:
-        sys.stdout.write(export.to_json(doc))
-    elif csv_out:
-        sys.stdout.write(export.to_csv(rows))
-    else:
+        return [
+            export.write_atomic(folder / "random_mha.json", export.to_json(doc)),
+            render_files.random_mha_file(rows, folder, d_model),
+        ]
+
+    if not _emit([], doc, rows, folder, write_files, json_out, csv_out):
         from attnscope import terminal
 
         title = f"Random multi-head attention (d_model {d_model}, {seq_len} tokens, {trials} trials): diversity by heads"
@@ -641,7 +640,10 @@ def bench(
     def write_files(folder):
         from attnscope import render_files
 
-        return [export.write_atomic(folder / "bench.json", export.to_json(doc)), render_files.bench_file(rows, folder, name, machine)]
+        return [
+            export.write_atomic(folder / "bench.json", export.to_json(doc)),
+            render_files.bench_file(rows, folder, name, machine),
+        ]
 
     if _emit(notes, doc, rows, folder, write_files, json_out, False):
         return
