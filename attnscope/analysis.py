@@ -111,7 +111,8 @@ def parse_head(label: str, n_layer: int, n_head: int) -> tuple[int, int]:
     if not sep or not layer_text.isdigit() or not head_text.isdigit():
         raise AttnscopeError(f"head '{label}': expected LAYER.HEAD such as 4.11 (0-based)")
     layer, head = int(layer_text), int(head_text)
-    check_layer(layer, n_layer)
+    if layer >= n_layer:
+        raise AttnscopeError(f"head '{label}': layer {layer} is out of range (this model has layers 0-{n_layer - 1})")
     if head >= n_head:
         raise AttnscopeError(f"head '{label}': head {head} is out of range (this model has heads 0-{n_head - 1})")
     return layer, head

@@ -21,9 +21,10 @@ from attnscope.tokens import Batch
 IMPLEMENTATION = "attnscope"
 # Float32 logits per window in one block (H, rows, keys): the block is this times the batch size. Small enough to
 # stay cache-friendly, large enough that per-operation overhead and tiny matmuls do not dominate. Measured on the
-# 2-core CPU: batch 1 × 1024 tokens ran at the floor's speed with 1 to 4 MiB blocks and slower with 8; batch 8 × 1024
-# was 1.39× the floor with 2 MiB blocks, 1.23× with 8 and 1.17× with 16 (= 2 MiB per window).
-BLOCK_BYTES = 2 * 2**20
+# 2-core CPU (one GPT-2 small layer, 12 heads, time over SDPA's, /tmp script interleaving the settings): at batch
+# 8 × 1024 tokens 0.5, 1, 2 and 4 MiB gave 2.39, 1.86, 1.86 and 2.17×; at 1 × 1024 1.82, 1.56, 1.86 and 1.75×; at
+# 8 × 512 1.45, 1.22, 1.44 and 1.92×.
+BLOCK_BYTES = 1 * 2**20
 MASKED = -1e30  # a masked logit: finite, so 0 · logit stays 0 (no NaN)
 # Shifted logits are clamped here before exp: torch's exp takes a slow path for results that underflow (14x slower
 # on the CPU this was measured on), which masked keys and peaked heads hit constantly. exp(-87) = 1.6e-38 is the
@@ -106,9 +107,10 @@ class CaptureState:
     layers_seen: list[int] = field(default_factory=list)
 
 
-def _upper_triangle(size: int, device: torch.device) -> torch.Tensor:
-    """(size, size) bool, True above the diagonal: keys after the query."""
-    return torch.ones(size, size, dtype=torch.bool, device=device).triu(diagonal=1)
+def _causal_bias(size: int, device: torch.device) -> torch.Tensor:
+    """(size, size) float32, MASKED above the diagonal (keys after the query), 0 elsewhere: added, not filled in,
+    because a broadcast add runs twice as fast as a broadcast masked fill on the CPU."""
+    return torch.full((size, size), MASKED, device=device).triu(diagonal=1)
 
 
 def _block_rows(start: int, n: int, per_entry: int, budget: int, causal: bool) -> int:
@@ -149,19 +151,23 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
     expected_logit = torch.empty_like(normalizer)
     gather_keys = reducer.keys_to_gather if reducer is not None else (lambda positions, lengths: None)
     gathered = None
-    keys_t = key.transpose(-1, -2)  # (B, H, d_head, n_k)
+    # GPT-2's key and value are strided views into one (B, n, 3d) tensor; a matmul given such a view copies the whole
+    # of it first, so every block of rows would copy all keys and values again. One copy per layer instead.
+    key, value = key.contiguous(), value.contiguous()  # (B, H, n_k, d_head)
+    query = (query * scaling).contiguous()  # (B, H, n, d_head), scaled once rather than block by block
+    keys_t = key.transpose(-1, -2)  # (B, H, d_head, n_k), a transposed view a matmul reads as it is
     keep = layer in state.keep_layers and state.keep_row is not None
     blocks_wanted = reducer is not None and reducer.wants_blocks
     start = 0
     while start < n:
         stop = min(n, start + _block_rows(start, n_keys, H * 4, BLOCK_BYTES, causal))
         keys = stop if causal else n_keys  # a causal row never sees a key after itself
-        logits = torch.matmul(query[:, :, start:stop] * scaling, keys_t[..., :keys]).float()  # (B, H, b, k)
+        logits = torch.matmul(query[:, :, start:stop], keys_t[..., :keys]).float()  # (B, H, b, k)
         if causal:
             # Batches are right-padded, so a real row's keys 0..i are all real: the causal triangle of the block's
             # last b keys is the whole mask (padded rows see padded keys, and are never scored). One small
-            # in-place fill instead of a pass over the block adding the model's mask.
-            logits[..., start:stop].masked_fill_(_upper_triangle(stop - start, logits.device), MASKED)
+            # in-place add instead of a pass over the block adding the model's mask.
+            logits[..., start:stop].add_(_causal_bias(stop - start, logits.device))  # (b, b) broadcast
         elif attention_mask is not None:
             logits.add_(attention_mask[:, :, start:stop, :keys])  # (B, 1, b, k) broadcast
         logits.sub_(logits.amax(dim=-1, keepdim=True)).clamp_(min=LOGIT_FLOOR)  # each row's maximum is now 0

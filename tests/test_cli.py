@@ -324,3 +324,25 @@ def test_a_reader_that_goes_away_ends_the_run_quietly(tiny_model_dir, output):
     err = process.stderr.read()
     assert process.wait(timeout=120) == 1
     assert err == ""
+
+
+def test_stdin_and_thresholds_through_the_cli(cli, tiny_model_dir, monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(f"{CAT}\n\nHello world again".encode())))
+    code, out, _ = cli("heads", "-", "-m", tiny_model_dir, "--no-probe", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["input"]["sources"] == ["stdin#0", "stdin#1"] and doc["input"]["n_texts"] == 2
+    # a mixed head shows the score closest to its threshold: lowering that threshold below the score gives the head
+    # that role, and every head gets what the rules say for the new thresholds
+    head = next(h for h in doc["heads"] if h["role"] == "mixed")
+    role = {metric: role for role, metric in roles.RULES.items()}[head["role_metric"]]
+    lowered = round(head["role_score"] - 0.01, 6)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(f"{CAT}\n\nHello world again".encode())))
+    code, out, _ = cli("heads", "-", "-m", tiny_model_dir, "--no-probe", "--json", "--threshold", f"{role}={lowered}")
+    assert code == 0
+    thresholds = {**roles.DEFAULT_THRESHOLDS, role: lowered}
+    moved = json.loads(out)["heads"]
+    assert next(h for h in moved if h["label"] == head["label"])["role"] == role
+    assert all(h["role"] == roles.classify(h, thresholds).role for h in moved)
