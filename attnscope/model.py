@@ -157,7 +157,7 @@ def _looks_like_path(name: str) -> bool:
 def _check_local_directory(path: Path) -> None:
     """Refuse, in one line, a directory that `from_pretrained` would fail on with a long traceback."""
     if not path.exists():
-        raise AttnscopeError(f"no such model directory: {path}")
+        raise AttnscopeError(f"no such model directory: {path.absolute()}")  # Path("./x") prints as x
     if not path.is_dir():
         raise AttnscopeError(f"{path} is a file; --model takes a Hub id or a directory saved with save_pretrained")
     files = [entry.name for entry in path.iterdir()]

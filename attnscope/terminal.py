@@ -27,7 +27,11 @@ ROLE_STYLES = {
 }
 # scores left out of the table to fit 80 columns: when the table is sorted by one, it takes the place of its
 # sibling column (score -> (the column it replaces, header))
-SORT_ONLY_COLUMNS = {"local": ("local_lift", "local"), "local_uniform": ("local_lift", "unif"), "entropy": ("entropy_normalized", "H")}
+SORT_ONLY_COLUMNS = {
+    "local": ("local_lift", "local"),
+    "local_uniform": ("local_lift", "unif"),
+    "entropy": ("entropy_normalized", "H"),
+}
 
 
 def role_cell(role: str) -> Text:
@@ -54,7 +58,9 @@ def heads_table(heads: Sequence[Any], title: str, sort: str | None = None) -> Ta
     columns = shown_columns(is_encoder(heads))
     if sort in SORT_ONLY_COLUMNS:
         replaced, header = SORT_ONLY_COLUMNS[sort]
-        columns = {(sort if name == replaced else name): (header if name == replaced else shown) for name, shown in columns.items()}
+        columns = {
+            (sort if name == replaced else name): (header if name == replaced else shown) for name, shown in columns.items()
+        }
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
     table.add_column("head", justify="right")
     table.add_column("role")
