@@ -1,62 +1,239 @@
-"""The command line: parse options, call the library, render. The only module that knows about Typer.
+"""The command line: parse options, run one analysis, hand its result to one shared ending. The only module that
+knows about Typer.
+
+Options are declared once (below) and shared; their domains (choices, ranges) are declared on the option, so
+`--help` lists them and shell completion offers them. Every command builds its analysis's settings (which checks
+them), then `_run` gathers the texts, proves `--out` writable, loads the model, runs the analysis and ends through
+`_emit`: notes on stderr, files into `--out`, then `--json`, `--csv` or the terminal view on stdout.
 
 Heavy imports (torch, transformers, matplotlib) happen inside the commands, so `attnscope --help` stays fast.
-Every AttnscopeError and usage error ends as one line on stderr with exit status 2 (see `main`).
+Every AttnscopeError and usage error ends as one line on stderr with exit status 2 (see `run`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Literal
 
 import typer
 
 try:  # typer >= 0.25 carries its own copy of click
     from typer._click import exceptions as click_errors
-    from typer._click.core import ParameterSource
 except ImportError:  # older typer runs on click itself
     from click import exceptions as click_errors
-    from click.core import ParameterSource
 
+from attnscope import __version__
 from attnscope.errors import AttnscopeError
+from attnscope.scores import catalog
 
 app = typer.Typer(
     name="attnscope",
     help="What every attention head of a transformer does: roles, scores, pictures.",
-    add_completion=False,
+    add_completion=True,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
 
-# Options shared by the commands, defined once.
+
+# ------------------------------------------------------------------------------------------ option domains
+
+
+def _device(text: str) -> str:
+    spec = text.strip().lower()
+    if re.fullmatch(r"auto|cpu|cuda(:\d+)?", spec) is None:
+        raise typer.BadParameter(f"'{text}': use auto, cpu, cuda or cuda:N")
+    return spec
+
+
+class Numbers(tuple):
+    """Comma-separated whole numbers (`128,512,1024`) as one option value. A class of its own: typer would read a
+    plain `tuple[int, ...]` annotation as an option taking several arguments."""
+
+
+class Names(tuple):
+    """Comma-separated names (`floor,attnscope`) as one option value."""
+
+
+def _numbers(text: str | tuple) -> Numbers:
+    """Comma-separated whole numbers: `128,512,1024`."""
+    if isinstance(text, tuple):  # a default given as a tuple
+        return Numbers(text)
+    try:
+        values = Numbers(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise typer.BadParameter(f"'{text}': expected comma-separated whole numbers") from None
+    if not values:
+        raise typer.BadParameter("give at least one number")
+    return values
+
+
+def _methods(text: str | tuple) -> Names:
+    from attnscope.analyses.bench import METHODS  # imports torch: only when the option is given
+
+    if isinstance(text, tuple):
+        return Names(text)
+    chosen = Names(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+    unknown = [name for name in chosen if name not in METHODS]
+    if unknown or not chosen:
+        raise typer.BadParameter(f"'{text}': use some of {', '.join(METHODS)}, comma-separated")
+    return chosen
+
+
+def _sort(text: str) -> str:
+    score = catalog.score_named(text)
+    if score is None:
+        raise typer.BadParameter(f"'{text}': use one of {', '.join(catalog.SCORE_NAMES)} (or a column header)")
+    return score.name
+
+
+def _layer_or_all(text: str) -> str:
+    if text.strip().lower() != "all" and not text.strip().isdigit():
+        raise typer.BadParameter(f"'{text}': expected a layer number (0-based) or 'all'")
+    return text.strip().lower()
+
+
+def _sort_names(incomplete: str) -> list[str]:
+    return [name for name in catalog.SCORE_NAMES if name.startswith(incomplete)]
+
+
+SEED_MAX = 2**32 - 1
+SIZE_MAX = 2**31 - 1  # counts of tokens, windows and heads: far beyond any machine, within every integer type
+
+# ------------------------------------------------------------------------------------------ shared options
+
 TextArg = Annotated[
-    Optional[str], typer.Argument(help="Text to analyse; '-' reads stdin; omitted: the bundled sample texts.", show_default=False)
+    str | None,
+    typer.Argument(help="Text to analyse; '-' reads stdin; omitted: the bundled sample texts.", show_default=False),
 ]
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Hugging Face id or a directory saved with save_pretrained.")]
-DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N (auto: CUDA when available).")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto (the checkpoint's), float32, float16 or bfloat16.")]
-FileOpt = Annotated[
-    Optional[str], typer.Option("--file", "-f", help="Texts separated by blank lines, or .jsonl with a 'text' field.")
-]
-BosOpt = Annotated[
-    Optional[bool],
+ModelOpt = Annotated[
+    str,
     typer.Option(
-        "--bos/--no-bos",
-        help="Prepend the BOS token, or wrap in [CLS] … [SEP] for an encoder (default: on when the model has them).",
-        show_default=False,
+        "--model",
+        "-m",
+        metavar="NAME|PATH",
+        help="'demo' (bundled), a Hugging Face id, or a directory saved with save_pretrained.",
     ),
 ]
-BatchOpt = Annotated[int, typer.Option("--batch-size", help="Windows per forward pass (padded, length-bucketed).")]
-MaxTokensOpt = Annotated[
-    int, typer.Option("--max-tokens", help="Padded tokens per batch at most (a long window still runs alone).")
+DeviceOpt = Annotated[
+    str,
+    typer.Option(
+        "--device",
+        parser=_device,
+        metavar="auto|cpu|cuda|cuda:N",
+        autocompletion=lambda: ["auto", "cpu", "cuda"],
+        help="auto: CUDA when available.",
+    ),
 ]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+DtypeOpt = Annotated[
+    Literal["auto", "float32", "float16", "bfloat16"],
+    typer.Option("--dtype", help="auto: the checkpoint's own (float32 for GPT-2)."),
+]
+FileOpt = Annotated[
+    str | None,
+    typer.Option("--file", "-f", metavar="PATH", help="Texts separated by blank lines, or .jsonl with a 'text' field."),
+]
+BosOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--bos/--no-bos",
+        show_default=False,
+        help="Prepend the BOS token, or wrap in [CLS] … [SEP] for an encoder (default: on when the model has them).",
+    ),
+]
+BatchSizeOpt = Annotated[
+    int,
+    typer.Option(
+        "--batch-size", min=1, max=SIZE_MAX, metavar="N", help="Windows per forward pass (padded, length-bucketed)."
+    ),
+]
+MaxTokensOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-tokens",
+        min=1,
+        max=SIZE_MAX,
+        metavar="N",
+        help="Padded tokens per batch at most (a long window still runs alone).",
+    ),
+]
+IndexOpt = Annotated[int, typer.Option("--index", min=0, max=SIZE_MAX, metavar="I", help="Which input text (0-based).")]
+TopOpt = Annotated[int, typer.Option("--top", min=1, max=SIZE_MAX, metavar="K", help="Rows shown: the first K.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (schema_version 1) to stdout instead of tables.")]
-CsvOpt = Annotated[bool, typer.Option("--csv", help="Print CSV (one row per head) to stdout instead of tables.")]
+CsvOpt = Annotated[bool, typer.Option("--csv", help="Print the rows as CSV to stdout instead of tables.")]
+OutOpt = Annotated[
+    Path | None,
+    typer.Option("--out", "-o", metavar="DIR", help="Write the command's files (JSON, CSV, pictures) here."),
+]
+QuietOpt = Annotated[
+    bool,
+    typer.Option("--quiet", "-q", help="No progress bar or status lines on stderr (notes on the results stay)."),
+]
+# the role settings of `heads`, shared with `report`
+WindowOpt = Annotated[
+    int,
+    typer.Option(
+        "--window", "-w", min=1, max=SIZE_MAX, metavar="W", help="Local window: the current token and the W before it."
+    ),
+]
+ThresholdOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--threshold",
+        "-t",
+        metavar="ROLE=VALUE",
+        help="Move a role's threshold, e.g. previous-token=0.6 (repeatable). Roles: "
+        f"{', '.join(catalog.DEFAULT_THRESHOLDS)}.",
+    ),
+]
+ProbeOpt = Annotated[
+    bool,
+    typer.Option("--probe/--no-probe", help="Run the repeated-random-token probe (induction, duplicate-token)."),
+]
+ProbeLenOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--probe-len",
+        min=3,
+        max=SIZE_MAX,
+        metavar="T",
+        help="Period T of the probe: T random tokens, then again. [default: 50]",
+    ),
+]
+ProbeSeedOpt = Annotated[
+    int, typer.Option("--probe-seed", min=0, max=SEED_MAX, metavar="SEED", help="Seed of the probe's random tokens.")
+]
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where a command's result goes: --json, --csv, --out and --quiet."""
+
+    json: bool = False
+    csv: bool = False
+    out: Path | None = None
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        if self.json and self.csv:
+            raise AttnscopeError("give --json or --csv, not both")
+
+    def folder(self, default: Path | None) -> Path | None:
+        """The folder files go to: --out, else `default` for a command whose output is its files (shown without
+        --json/--csv); checked writable now, before any work."""
+        from attnscope.output.files import prepare_out_dir
+
+        chosen = self.out if self.out is not None else None if (self.json or self.csv) else default
+        return None if chosen is None else prepare_out_dir(chosen)
+
+
+def _note(message: str) -> None:
+    print(f"note: {message}", file=sys.stderr)
 
 
 def _console(stderr: bool = False):
@@ -65,71 +242,28 @@ def _console(stderr: bool = False):
     return Console(stderr=stderr, highlight=False)
 
 
-def _note(message: str) -> None:
-    print(f"note: {message}", file=sys.stderr)
-
-
-def _is_main() -> bool:
-    """Only rank 0 prints and writes under torchrun."""
-    from attnscope import distributed
-
-    return distributed.world().is_main
-
-
-def _check_output_flags(json_out: bool, csv_out: bool) -> None:
-    if json_out and csv_out:
-        raise AttnscopeError("give --json or --csv, not both")
-
-
-def _emit(notes, doc: dict, records: list[dict], folder, write_files, json_out: bool, csv_out: bool) -> bool:
-    """The common ending of a command: notes on stderr, `write_files(folder)` for --out, then --json or --csv on
-    stdout. Returns False when neither was asked for, and the command renders its tables."""
-    from attnscope import export
-
-    for message in notes:
-        _note(message)
-    if folder is not None:
-        written = export.write_all(folder, write_files)
-        _note(f"wrote {len(written)} files to {folder}")
-    if json_out:
-        sys.stdout.write(export.to_json(doc))
-    elif csv_out:
-        sys.stdout.write(export.to_csv(records))
-    return json_out or csv_out
-
-
-def _load(model: str, device: str, dtype: str, lm_head: bool = False):
-    """Load the model; under torchrun, join the process group and take this rank's GPU."""
-    from attnscope import distributed
-    from attnscope.model import load_model, resolve_device
-
-    place = distributed.world()
-    if place.size > 1 and resolve_device(device).type == "cuda":
-        device = f"cuda:{place.local_rank}"
-    loaded = load_model(model, device, dtype, lm_head=lm_head)
-    distributed.init(loaded.device)
-    return loaded
-
-
 class _ProgressBar:
     """A rich progress bar on stderr (texts, tokens/s, ETA), shown only when stdout is a terminal and not --quiet;
     rank 0 only under torchrun. Use as a context manager; `callback` is None when hidden. The bar and its ETA follow
     tokens, not texts: batches run longest first, so texts are done slowly at first and quickly at the end."""
 
     def __init__(self, quiet: bool, label: str):
-        from attnscope import distributed
-
-        self.shown = not quiet and sys.stdout.isatty() and distributed.world().is_main
+        self.shown = not quiet and sys.stdout.isatty() and _is_main()
         self.label = label
         self.callback = self._update if self.shown else None
 
-    def __enter__(self) -> "_ProgressBar":
+    def __enter__(self) -> _ProgressBar:
         if self.shown:
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
             self.bar = Progress(
-                TextColumn(self.label), BarColumn(), TextColumn("{task.fields[texts]}"),
-                TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=_console(stderr=True), transient=True,
+                TextColumn(self.label),
+                BarColumn(),
+                TextColumn("{task.fields[texts]}"),
+                TextColumn("{task.fields[rate]}"),
+                TimeRemainingColumn(),
+                console=_console(stderr=True),
+                transient=True,
                 auto_refresh=False,  # a refresh thread competing with torch's threads made runs several times slower
             )
             self.bar.__enter__()
@@ -140,7 +274,10 @@ class _ProgressBar:
     def _update(self, texts: int, tokens: int, total_texts: int, total_tokens: int) -> None:
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         self.bar.update(
-            self.task, completed=tokens, total=total_tokens, texts=f"{texts:,}/{total_texts:,} texts",
+            self.task,
+            completed=tokens,
+            total=total_tokens,
+            texts=f"{texts:,}/{total_texts:,} texts",
             rate=f"{tokens / elapsed:,.0f} tokens/s",
         )
         now = time.perf_counter()
@@ -153,6 +290,91 @@ class _ProgressBar:
             self.bar.__exit__(*exc)
 
 
+def _is_main() -> bool:
+    """Only rank 0 prints and writes under torchrun."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _load(model: str, device: str, dtype: str, lm_head: bool = False):
+    """Load the model; under torchrun, join the process group and take this rank's GPU."""
+    from attnscope.models.loading import load_model, resolve_device
+    from attnscope.pipeline import distributed
+
+    place = distributed.world()
+    if place.size > 1 and resolve_device(device).type == "cuda":
+        device = f"cuda:{place.local_rank}"
+    loaded = load_model(model, device, dtype, lm_head=lm_head)
+    distributed.init(loaded.device)
+    return loaded
+
+
+def _run(
+    analysis: Any,
+    output: Output,
+    *,
+    reads_texts: bool = False,
+    text: str | None = None,
+    file: str | None = None,
+    model: tuple[str, str, str] | None = None,
+    default_out: Path | None = None,
+) -> None:
+    """The one flow of every command: its texts (TEXT, --file, stdin or the samples, when it reads any), the output
+    folder, the model (when it needs one), the analysis, and the shared ending. Each step can fail only with one
+    line, before the next begins."""
+    from attnscope.pipeline.inputs import gather_texts
+
+    texts = gather_texts(text, file) if reads_texts else None
+    folder = output.folder(default_out)
+    loaded = None
+    if model is not None:
+        loaded = _load(*model, lm_head=getattr(analysis, "needs_lm_head", False))
+    with _ProgressBar(output.quiet, type(analysis).__name__.lower()) as bar:
+        result = analysis.run(loaded, texts, bar.callback)
+    if _is_main():
+        _emit(result, output, folder)
+
+
+def _emit(result: Any, output: Output, folder: Path | None) -> None:
+    """The common ending: notes on stderr, the files into `folder`, then --json, --csv or the terminal view."""
+    from attnscope.output.documents import to_csv, to_json
+    from attnscope.output.files import write_all
+    from attnscope.output.views import view_of
+
+    view = view_of(result)
+    for message in view.notes:
+        _note(message)
+    written = write_all(folder, view.files) if folder is not None else []
+    shown_as_paths = view.names_files and not (output.json or output.csv)  # the paths themselves go to stdout
+    if written and not output.quiet and not shown_as_paths:
+        _note(f"wrote {len(written)} files to {folder}")
+    if output.json:
+        sys.stdout.write(to_json(view.document()))
+    elif output.csv:
+        sys.stdout.write(to_csv(view.records()))
+    else:
+        console = _console()
+        for item in view.terminal(written):
+            console.print(item)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"attnscope {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """What every attention head of a transformer does: roles, scores, pictures."""
+
+
+# ------------------------------------------------------------------------------------------------- commands
+
+
 @app.command()
 def heads(
     text: TextArg = None,
@@ -161,127 +383,81 @@ def heads(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     bos: BosOpt = None,
-    batch_size: BatchOpt = 8,
-    window: Annotated[int, typer.Option("--window", "-w", help="Local window: the current token and the W before it.")] = 3,
-    threshold: Annotated[
-        Optional[list[str]], typer.Option("--threshold", "-t", help="ROLE=VALUE, e.g. previous-token=0.6 (repeatable).")
+    batch_size: BatchSizeOpt = 8,
+    max_tokens: MaxTokensOpt = 16384,
+    window: WindowOpt = 3,
+    threshold: ThresholdOpt = None,
+    probe: ProbeOpt = True,
+    probe_len: ProbeLenOpt = None,
+    probe_seed: ProbeSeedOpt = 0,
+    sort: Annotated[
+        str | None,
+        typer.Option(
+            "--sort",
+            parser=_sort,
+            metavar="SCORE",
+            autocompletion=_sort_names,
+            help="Sort the table by this score, descending (a score name or a column header).",
+        ),
     ] = None,
-    sort: Annotated[Optional[str], typer.Option("--sort", help="Sort the table by this score, descending.")] = None,
-    top: Annotated[Optional[int], typer.Option("--top", help="Show only the first K heads.")] = None,
-    layer: Annotated[Optional[int], typer.Option("--layer", "-l", help="Show only the heads of this layer.")] = None,
+    top: Annotated[
+        int | None, typer.Option("--top", min=1, max=SIZE_MAX, metavar="K", help="Rows shown: the first K.")
+    ] = None,
+    layer: Annotated[
+        int | None,
+        typer.Option("--layer", "-l", min=0, max=SIZE_MAX, metavar="L", help="Show only the heads of this layer."),
+    ] = None,
+    plot: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--plot", "-p", metavar="L.H", help="Also draw head L.H's attention map (repeatable; needs --out)."
+        ),
+    ] = None,
     json_out: JsonOpt = False,
     csv_out: CsvOpt = False,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write heads.json, heads.csv and PNG pictures here.")] = None,
-    plot: Annotated[
-        Optional[list[str]], typer.Option("--plot", "-p", help="Also draw the attention map of head L.H (repeatable).")
-    ] = None,
-    probe: Annotated[
-        bool, typer.Option("--probe/--no-probe", help="Run the repeated-random-token probe (induction, duplicate-token).")
-    ] = True,
-    probe_len: Annotated[
-        Optional[int], typer.Option("--probe-len", help="Period T of the probe: T random tokens, then again. [default: 50]")
-    ] = None,
-    probe_seed: Annotated[int, typer.Option("--probe-seed", help="Seed of the probe's random tokens.")] = 0,
-    max_tokens: MaxTokensOpt = 16384,
+    out: OutOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Score and classify every attention head.
 
-    Example: attnscope heads "The cat sat on the mat because it was tired." --sort previous_token --top 10
-    """
-    from attnscope import analysis, export, inputs, roles
+    --sort, --top and --layer pick the table's rows (and those of --json and --csv); the role map and the files
+    of --out always show every head.
 
-    _check_output_flags(json_out, csv_out)
-    thresholds = roles.parse_thresholds(threshold)
-    analysis.check_selection(sort, top)
+    Example: attnscope heads "The cat sat on the mat because it was tired." --sort prev --top 10
+    """
+    from attnscope.analyses.heads import Heads
+    from attnscope.scores.roles import parse_thresholds
+
+    output = Output(json_out, csv_out, out, quiet)
     if plot and out is None:
         raise AttnscopeError("--plot draws into the folder of --out: give --out DIR too")
-    texts = inputs.gather_texts(text, file)
-    folder = export.prepare_out_dir(out) if out is not None else None
-    loaded = _load(model, device, dtype)
-    sort_name = analysis.check_selection(sort, top, loaded.causal, probe)
-    if layer is not None:
-        analysis.check_layer(layer, loaded.n_layer)
-    # each head drawn once, in the order first asked for
-    plotted = list(dict.fromkeys(analysis.parse_head(label, loaded.n_layer, loaded.n_head) for label in plot or []))
-    with _ProgressBar(quiet, "heads") as bar:
-        result = analysis.analyze_heads(
-            loaded, texts, window=window, bos=bos, batch_size=batch_size, thresholds=thresholds,
-            keep_layers=sorted({layer_ for layer_, _ in plotted}), probe=probe, probe_len=probe_len,
-            probe_seed=probe_seed, max_tokens=max_tokens, progress=bar.callback,
-        )
-    if not _is_main():
-        return
-    selected = analysis.select_heads(result.heads, layer, sort, top)
-    settings = {"batch_size": batch_size, "max_tokens": max_tokens, "layer": layer, "sort": sort, "top": top, "probe": probe}
-    doc = export.heads_document(result, selected, settings)
-
-    def write_files(folder):
-        from attnscope import render_files
-
-        return render_files.heads_files(result, plotted, folder, settings)
-
-    if not _emit(result.notes, doc, doc["heads"], folder, write_files, json_out, csv_out):
-        from attnscope import terminal
-
-        console = _console()
-        info = result.model
-        console.print(
-            terminal.role_map(result.heads, info["n_layer"], info["n_head"], f"Head roles: {info['name']}  "
-            f"({result.inputs['n_texts']} texts, {result.inputs['n_tokens']} tokens)")
-        )
-        console.print(terminal.heads_table(selected, "Heads", sort_name))
+    analysis = Heads(
+        window=window,
+        thresholds=parse_thresholds(threshold),
+        bos=bos,
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+        probe=probe,
+        probe_len=probe_len,
+        probe_seed=probe_seed,
+        plot=tuple(plot or ()),
+        layer=layer,
+        sort=sort,
+        top=top,
+    )
+    _run(analysis, output, reads_texts=True, text=text, file=file, model=(model, device, dtype))
 
 
 @app.command()
 def show(
     text: TextArg = None,
-    layer: Annotated[int, typer.Option("--layer", "-l", help="Layer to draw (0-based).")] = ...,
-    head: Annotated[Optional[int], typer.Option("--head", help="Draw only this head, larger.")] = None,
-    index: Annotated[int, typer.Option("--index", help="Which input text to draw (0-based).")] = 0,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the PNG.")] = Path("."),
-    model: ModelOpt = "gpt2",
-    file: FileOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    bos: BosOpt = None,
-) -> None:
-    """Draw one layer's attention maps (or one head's) with token labels, as PNG.
-
-    Example: attnscope show "The doctor said that she would help the patient." --layer 5 --out pictures/
-    """
-    from attnscope import analysis, export, inputs
-
-    texts = inputs.gather_texts(text, file)
-    if not 0 <= index < len(texts):
-        raise AttnscopeError(f"--index {index} is out of range ({len(texts)} text(s) given)")
-    folder = export.prepare_out_dir(out)
-    loaded = _load(model, device, dtype)
-    if head is not None:
-        analysis.parse_head(f"{layer}.{head}", loaded.n_layer, loaded.n_head)
-    attention, notes = analysis.layer_attention(loaded, texts[index], layer, bos)
-    for message in notes:
-        _note(message)
-    from attnscope import render_files
-
-    (path,) = export.write_all(folder, lambda stage: [render_files.show_file(attention, head, stage, loaded.name)])
-    print(path)
-
-
-@app.command()
-def attend(
-    text: TextArg = None,
-    from_token: Annotated[str, typer.Option("--from", help="The token that looks (its text, without the leading space).")] = ...,
-    to_token: Annotated[
-        Optional[str], typer.Option("--to", help="The token looked at; omitted: each head's top tokens.")
+    layer: Annotated[
+        int, typer.Option("--layer", "-l", min=0, max=SIZE_MAX, metavar="L", help="Layer to draw (0-based).")
+    ] = ...,
+    head: Annotated[
+        int | None, typer.Option("--head", min=0, max=SIZE_MAX, metavar="H", help="Draw only this head, larger.")
     ] = None,
-    from_index: Annotated[int, typer.Option("--from-index", help="Which occurrence of --from (0-based).")] = 0,
-    to_index: Annotated[
-        Optional[int], typer.Option("--to-index", help="Which occurrence of --to (0-based); default: all, summed.")
-    ] = None,
-    top: Annotated[int, typer.Option("--top", help="Top tokens listed per head.")] = 3,
-    n_heads: Annotated[int, typer.Option("--heads", help="Strongest heads shown in the table.")] = 10,
-    index: Annotated[int, typer.Option("--index", help="Which input text to use (0-based).")] = 0,
+    index: IndexOpt = 0,
     model: ModelOpt = "gpt2",
     file: FileOpt = None,
     device: DeviceOpt = "auto",
@@ -289,295 +465,256 @@ def attend(
     bos: BosOpt = None,
     json_out: JsonOpt = False,
     csv_out: CsvOpt = False,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write attend.json, attend.csv and attend.png here.")] = None,
+    out: OutOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Draw one layer's attention maps (or one head's) with token labels, as PNG.
+
+    The picture goes to --out (default: the current folder) and its path is printed; with --json or --csv the
+    maps are printed instead (every weight a query gives a key it sees), and a picture is drawn only with --out.
+
+    Example: attnscope show "The doctor said that she would help the patient." --layer 5 --out pictures/
+    """
+    from attnscope.analyses.maps import Show
+
+    output = Output(json_out, csv_out, out, quiet)
+    analysis = Show(layer, head, index, bos)
+    _run(analysis, output, reads_texts=True, text=text, file=file, model=(model, device, dtype), default_out=Path("."))
+
+
+@app.command()
+def diversity(
+    text: TextArg = None,
+    layer: Annotated[
+        str,
+        typer.Option("--layer", "-l", parser=_layer_or_all, metavar="L|all", help="Layer number (0-based) or 'all'."),
+    ] = ...,
+    model: ModelOpt = "gpt2",
+    file: FileOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    bos: BosOpt = None,
+    batch_size: BatchSizeOpt = 8,
+    max_tokens: MaxTokensOpt = 16384,
+    redundant: Annotated[
+        float,
+        typer.Option(
+            "--redundant", min=0.0, max=1.0, metavar="BITS", help="JSD below which two heads are near-duplicates."
+        ),
+    ] = 0.1,
+    cluster_at: Annotated[
+        float,
+        typer.Option(
+            "--cluster-at", min=0.0, max=1.0, metavar="BITS", help="JSD below which average-linkage clusters merge."
+        ),
+    ] = 0.3,
+    top: Annotated[
+        int,
+        typer.Option(
+            "--top",
+            min=1,
+            max=SIZE_MAX,
+            metavar="K",
+            help="Rows shown: the K most redundant and K most distinct pairs.",
+        ),
+    ] = 5,
+    json_out: JsonOpt = False,
+    csv_out: Annotated[bool, typer.Option("--csv", help="Print every pair of heads as CSV to stdout.")] = False,
+    out: OutOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """How different are the heads? Cosine and Jensen–Shannon between every pair of heads of a layer (or all).
+
+    Example: attnscope diversity --layer 5 --top 10; attnscope diversity --layer all --out results/
+    """
+    from attnscope.analyses.diversity import Diversity, parse_layer_choice
+
+    output = Output(json_out, csv_out, out, quiet)
+    analysis = Diversity(parse_layer_choice(layer), bos, batch_size, max_tokens, redundant, cluster_at, top)
+    _run(analysis, output, reads_texts=True, text=text, file=file, model=(model, device, dtype))
+
+
+@app.command("random-mha")
+def random_mha(
+    d_model: Annotated[int, typer.Option("--d-model", min=1, max=4096, metavar="D", help="Model width.")] = 64,
+    heads: Annotated[
+        Numbers,
+        typer.Option("--heads", parser=_numbers, metavar="H,H,...", help="Head counts, each dividing --d-model."),
+    ] = "1,2,4,8",
+    seq_len: Annotated[
+        int, typer.Option("--seq-len", min=2, max=4096, metavar="N", help="Tokens per random sequence.")
+    ] = 32,
+    trials: Annotated[
+        int, typer.Option("--trials", min=1, max=SIZE_MAX, metavar="N", help="Random layers averaged per head count.")
+    ] = 4,
+    seed: Annotated[
+        int, typer.Option("--seed", min=0, max=SEED_MAX, metavar="SEED", help="Seed of the random weights and inputs.")
+    ] = 0,
+    json_out: JsonOpt = False,
+    csv_out: CsvOpt = False,
+    out: OutOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """The tutorials' experiment: how different are the heads of a random (untrained) attention layer, by their
+    number? No model and no text: random weights on random inputs.
+
+    Example: attnscope random-mha --d-model 64 --heads 1,2,4,8
+    """
+    from attnscope.analyses.random_mha import RandomMha
+
+    output = Output(json_out, csv_out, out, quiet)
+    _run(RandomMha(d_model, heads, seq_len, trials, seed), output)
+
+
+@app.command()
+def attend(
+    text: TextArg = None,
+    from_token: Annotated[
+        str, typer.Option("--from", metavar="TOKEN", help="The token that looks (its text, without the leading space).")
+    ] = ...,
+    to_token: Annotated[
+        str | None, typer.Option("--to", metavar="TOKEN", help="The token looked at; omitted: each head's top tokens.")
+    ] = None,
+    from_index: Annotated[
+        int,
+        typer.Option("--from-index", min=0, max=SIZE_MAX, metavar="I", help="Which occurrence of --from (0-based)."),
+    ] = 0,
+    to_index: Annotated[
+        int | None,
+        typer.Option(
+            "--to-index",
+            min=0,
+            max=SIZE_MAX,
+            metavar="I",
+            help="Which occurrence of --to (0-based); default: all, summed.",
+        ),
+    ] = None,
+    tokens: Annotated[
+        int, typer.Option("--tokens", min=1, max=SIZE_MAX, metavar="K", help="Top tokens listed per head.")
+    ] = 3,
+    top: TopOpt = 10,
+    index: IndexOpt = 0,
+    model: ModelOpt = "gpt2",
+    file: FileOpt = None,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    bos: BosOpt = None,
+    json_out: JsonOpt = False,
+    csv_out: CsvOpt = False,
+    out: OutOpt = None,
+    quiet: QuietOpt = False,
 ) -> None:
     """Where one token looks, in every layer and head.
 
     Example: attnscope attend "The doctor said that she would help the patient." --from she --to doctor
     """
-    from attnscope import export, inputs
-    from attnscope.attend import attend as attend_token
+    from attnscope.analyses.attend import Attend
 
-    _check_output_flags(json_out, csv_out)
-    if top < 1 or n_heads < 1:
-        raise AttnscopeError("--top and --heads must be at least 1")
-    if from_index < 0 or (to_index is not None and to_index < 0):
-        raise AttnscopeError("--from-index and --to-index count occurrences from 0")
-    texts = inputs.gather_texts(text, file)
-    if not 0 <= index < len(texts):
-        raise AttnscopeError(f"--index {index} is out of range ({len(texts)} text(s) given)")
-    folder = export.prepare_out_dir(out) if out is not None else None
-    loaded = _load(model, device, dtype)
-    result = attend_token(loaded, texts[index], from_token, to_token, from_index, to_index, bos)
-    settings = {"from_index": from_index, "to_index": to_index, "top": top, "heads": n_heads, "index": index}
-    doc = export.attend_document(result, top, n_heads, settings)
-    records = export.attend_records(result, top)
-
-    def write_files(folder):
-        from attnscope import render_files
-
-        return render_files.attend_files(result, doc, records, folder)
-
-    if not _emit(result.notes, doc, records, folder, write_files, json_out, csv_out):
-        from attnscope import terminal
-
-        console = _console()
-        source = f"{result.tokens[result.from_position]!r}@{result.from_position}"
-        if result.to_weight is not None:
-            targets = ", ".join(str(p) for p in result.to_positions)
-            grid_title = f"Attention from {source} to {result.to_token!r} (position {targets}), layer × head"
-            console.print(terminal.layer_head_grid(result.to_weight, grid_title))
-        else:
-            console.print(terminal.layer_head_grid(result.rows.max(axis=-1), f"Largest weight of each head from {source}"))
-        by_label = {record["label"]: record for record in records}
-        strongest = [by_label[f"{layer}.{head}"] for layer, head in result.strongest(n_heads)]
-        console.print(terminal.attend_table(strongest, top, f"Strongest heads from {source}"))
+    output = Output(json_out, csv_out, out, quiet)
+    analysis = Attend(from_token, to_token, from_index, to_index, index, bos, tokens, top)
+    _run(analysis, output, reads_texts=True, text=text, file=file, model=(model, device, dtype))
 
 
 @app.command()
 def ablate(
     text: TextArg = None,
     method: Annotated[
-        str, typer.Option("--method", help="loss: remove each head and measure the loss; gradient: |dL/d gate| (fast).")
+        Literal["loss", "gradient"],
+        typer.Option("--method", help="loss: remove each head and measure the loss; gradient: |dL/d gate| (fast)."),
     ] = "loss",
-    prune: Annotated[int, typer.Option("--prune", help="Also remove the K least important heads one after another.")] = 0,
-    top: Annotated[int, typer.Option("--top", help="Heads shown in the table.")] = 10,
+    prune: Annotated[
+        int,
+        typer.Option(
+            "--prune",
+            min=0,
+            max=SIZE_MAX,
+            metavar="K",
+            help="Also remove the K least important heads one after another.",
+        ),
+    ] = 0,
+    top: TopOpt = 10,
     model: ModelOpt = "gpt2",
     file: FileOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     bos: BosOpt = None,
-    batch_size: BatchOpt = 8,
+    batch_size: BatchSizeOpt = 8,
     json_out: JsonOpt = False,
     csv_out: CsvOpt = False,
-    out: Annotated[
-        Optional[Path], typer.Option("--out", "-o", help="Write ablate.json, ablate.csv and PNG pictures here.")
-    ] = None,
+    out: OutOpt = None,
+    quiet: QuietOpt = False,
 ) -> None:
     """Which heads matter: the language-model loss when each head's output is removed.
 
     Example: attnscope ablate "The cat sat on the mat because it was tired." --prune 20
     """
-    from attnscope import ablation, export, inputs
+    from attnscope.analyses.ablate import Ablate
 
-    _check_output_flags(json_out, csv_out)
-    if method not in ablation.METHODS:
-        raise AttnscopeError(f"--method '{method}': use one of {', '.join(ablation.METHODS)}")
-    if top < 1 or prune < 0 or batch_size < 1:
-        raise AttnscopeError("--top and --batch-size must be at least 1, --prune at least 0")
-    texts = inputs.gather_texts(text, file)
-    folder = export.prepare_out_dir(out) if out is not None else None
-    loaded = _load(model, device, dtype, lm_head=True)
-    result = ablation.ablate(loaded, texts, method, prune, bos, batch_size)
-    settings = {"method": method, "prune": prune, "batch_size": batch_size}
-    doc = export.ablate_document(result, settings)
-    records = export.ablate_records(result)
-
-    def write_files(folder):
-        from attnscope import render_files
-
-        return render_files.ablate_files(result, doc, records, folder)
-
-    if not _emit(result.notes, doc, records, folder, write_files, json_out, csv_out):
-        from attnscope import terminal
-
-        console = _console()
-        unit = "loss increase (nats)" if method == "loss" else "|dL/d gate|"
-        console.print(f"baseline loss {result.baseline_loss:.4f} nats/token over {result.inputs['predicted_tokens']} predicted tokens")
-        console.print(terminal.layer_head_grid(result.importance, f"Head importance, {unit}", unit_range=False))
-        by_label = {record["label"]: record for record in records}
-        ranked = [by_label[f"{layer}.{head}"] for layer, head in result.ranked()[:top]]
-        console.print(terminal.records_table(ranked, f"Most important heads ({method})"))
-        if result.prune:
-            console.print(terminal.records_table(result.prune, "Loss as the least important heads are removed"))
+    output = Output(json_out, csv_out, out, quiet)
+    _run(
+        Ablate(method, prune, bos, batch_size, top),
+        output,
+        reads_texts=True,
+        text=text,
+        file=file,
+        model=(model, device, dtype),
+    )
 
 
 @app.command()
 def report(
     text: TextArg = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for report.html.")] = Path("attnscope-report"),
     model: ModelOpt = "gpt2",
     file: FileOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     bos: BosOpt = None,
-    batch_size: BatchOpt = 8,
-    probe: Annotated[
-        bool, typer.Option("--probe/--no-probe", help="Run the repeated-random-token probe (induction, duplicate-token).")
-    ] = True,
+    batch_size: BatchSizeOpt = 8,
+    max_tokens: MaxTokensOpt = 16384,
+    window: WindowOpt = 3,
+    threshold: ThresholdOpt = None,
+    probe: ProbeOpt = True,
+    probe_len: ProbeLenOpt = None,
+    probe_seed: ProbeSeedOpt = 0,
     with_diversity: Annotated[
         bool, typer.Option("--diversity/--no-diversity", help="Include the diversity of all heads (one more pass).")
     ] = True,
-    max_tokens: MaxTokensOpt = 16384,
+    json_out: JsonOpt = False,
+    csv_out: CsvOpt = False,
+    out: OutOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Write one self-contained HTML page (no network needed to read it): roles, scores, diversity, maps.
 
+    The page is report.html in --out (default: attnscope-report/), and its path is printed; with --json or --csv
+    the numbers are printed instead, and the page is written only with --out.
+
     Example: attnscope report --model demo --out report/
     """
-    from attnscope import analysis, export, inputs
-    from attnscope import report as report_page
+    from attnscope.analyses.heads import Heads
+    from attnscope.analyses.report import Report
+    from attnscope.scores.roles import parse_thresholds
 
-    texts = inputs.gather_texts(text, file)
-    folder = export.prepare_out_dir(out)
-    loaded = _load(model, device, dtype)
-    with _ProgressBar(quiet, "heads") as bar:
-        result = analysis.analyze_heads(
-            loaded, texts, bos=bos, batch_size=batch_size, probe=probe, max_tokens=max_tokens, progress=bar.callback
-        )
-    layers = sorted({record.layer for record in report_page.characteristic_heads(result.heads)})
-    result.attention, _ = analysis.attention_maps(loaded, texts[0], layers, bos)
-    settings = {"batch_size": batch_size, "max_tokens": max_tokens, "probe": probe}
-    heads_doc = export.heads_document(result, result.heads, settings)
-    diversity_result = diversity_doc = None
-    if with_diversity:
-        with _ProgressBar(quiet, "diversity") as bar:
-            diversity_result = analysis.analyze_diversity(
-                loaded, texts, None, bos=bos, batch_size=batch_size, max_tokens=max_tokens, progress=bar.callback
-            )
-        diversity_doc = export.diversity_document(diversity_result, 5)
-    if not _is_main():
-        return
-    for message in result.notes:
-        _note(message)
-    page = report_page.render(result, heads_doc, diversity_result, diversity_doc)
-    (path,) = export.write_all(folder, lambda stage: [export.write_atomic(stage / "report.html", page)])
-    print(path)
-
-
-# The `diversity` parameters that only a model run reads, and those that only --random-mha reads.
-MODEL_RUN_PARAMETERS = (
-    "text", "layer", "model", "file", "device", "dtype", "bos", "batch_size", "redundant", "cluster_at", "pairs", "max_tokens",
-)
-RANDOM_MHA_PARAMETERS = ("d_model", "heads", "seq_len", "trials", "seed")
-
-
-def _refuse_given(ctx: typer.Context, names: tuple[str, ...], reason: str) -> None:
-    """One error naming every parameter of `names` that the command line gave (a default is not given)."""
-    given = [
-        "/".join([param.opts[0], *param.secondary_opts]) if param.param_type_name == "option" else param.name.upper()
-        for param in ctx.command.params
-        if param.name in names and ctx.get_parameter_source(param.name) is not ParameterSource.DEFAULT
-    ]
-    if given:
-        raise AttnscopeError(f"{', '.join(given)}: {reason}")
-
-
-@app.command()
-def diversity(
-    ctx: typer.Context,
-    text: TextArg = None,
-    layer: Annotated[Optional[str], typer.Option("--layer", "-l", help="Layer number (0-based) or 'all'.")] = None,
-    model: ModelOpt = "gpt2",
-    file: FileOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    bos: BosOpt = None,
-    batch_size: BatchOpt = 8,
-    redundant: Annotated[float, typer.Option("--redundant", help="JSD (bits) below which two heads are near-duplicates.")] = 0.1,
-    cluster_at: Annotated[float, typer.Option("--cluster-at", help="JSD (bits) below which average-linkage clusters merge.")] = 0.3,
-    pairs: Annotated[int, typer.Option("--pairs", help="How many most redundant and most distinct pairs to list.")] = 5,
-    json_out: JsonOpt = False,
-    csv_out: Annotated[bool, typer.Option("--csv", help="Print every pair of heads as CSV to stdout.")] = False,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write JSON, CSV and PNG matrices here.")] = None,
-    random_mha: Annotated[
-        bool, typer.Option("--random-mha", help="Instead: random multi-head attention, diversity against head count.")
-    ] = False,
-    d_model: Annotated[int, typer.Option("--d-model", help="--random-mha: model width.")] = 64,
-    heads: Annotated[str, typer.Option("--heads", help="--random-mha: head counts, comma-separated.")] = "1,2,4,8",
-    seq_len: Annotated[int, typer.Option("--seq-len", help="--random-mha: tokens per random sequence.")] = 32,
-    trials: Annotated[int, typer.Option("--trials", help="--random-mha: random layers averaged per head count.")] = 4,
-    seed: Annotated[int, typer.Option("--seed", help="--random-mha: seed.")] = 0,
-    max_tokens: MaxTokensOpt = 16384,
-    quiet: QuietOpt = False,
-) -> None:
-    """How different are the heads? Cosine and Jensen–Shannon between every pair of heads of a layer (or all).
-
-    Example: attnscope diversity --layer 5 --pairs 10; attnscope diversity --layer all --out results/
-    """
-    from attnscope import export
-
-    _check_output_flags(json_out, csv_out)
-    if random_mha:
-        _refuse_given(ctx, MODEL_RUN_PARAMETERS, "not used by --random-mha, which runs random attention (no model, no text)")
-    else:
-        _refuse_given(ctx, RANDOM_MHA_PARAMETERS, "used with --random-mha only")
-    folder = export.prepare_out_dir(out) if out is not None else None
-    if random_mha:
-        _random_mha(d_model, heads, seq_len, trials, seed, json_out, csv_out, folder)
-        return
-    from attnscope import analysis, inputs
-
-    if pairs < 1:
-        raise AttnscopeError("--pairs must be at least 1")
-    texts = inputs.gather_texts(text, file)
-    if layer is None:
-        raise AttnscopeError("--layer is required: a layer number (0-based) or 'all'")
-    loaded = _load(model, device, dtype)
-    chosen = analysis.parse_layer_choice(layer, loaded.n_layer)
-    with _ProgressBar(quiet, "diversity") as bar:
-        result = analysis.analyze_diversity(
-            loaded, texts, chosen, bos, batch_size, redundant, cluster_at, max_tokens=max_tokens, progress=bar.callback
-        )
-    if not _is_main():
-        return
-    doc = export.diversity_document(result, pairs)
-
-    def write_files(folder):
-        from attnscope import render_files
-
-        return render_files.diversity_files(result, folder, doc)
-
-    if _emit(result.notes, doc, result.pairs(), folder, write_files, json_out, csv_out):
-        return
-    from attnscope import terminal
-
-    console = _console()
-    scope = "all heads" if chosen is None else f"layer {chosen}"
-    console.print(terminal.layer_scores_table(result.layer_scores, f"Head diversity: {loaded.name}, {scope}"))
-    if chosen is not None and len(result.labels) <= 16:
-        console.print(terminal.matrix_table(result.js, result.labels, "JS divergence between heads (bits)"))
-    console.print(terminal.pairs_table(result.ranked_pairs(pairs, True), "Most redundant pairs (lowest JSD)"))
-    console.print(terminal.pairs_table(result.ranked_pairs(pairs, False), "Most distinct pairs (highest JSD)"))
-    groups = "; ".join(", ".join(group) for group in result.groups) or "none"
-    console.print(f"Near-duplicate groups (JSD < {result.redundant} bits): {groups}")
-    if chosen is None:
-        clusters = "; ".join(", ".join(group) for group in result.clusters) or "none"
-        console.print(f"Clusters (average linkage below {result.cluster_at} bits): {clusters}")
-
-
-def _random_mha(d_model, heads, seq_len, trials, seed, json_out, csv_out, folder) -> None:
-    from attnscope import export
-    from attnscope.experiments import random_mha_diversity
-
-    counts = sorted(set(_numbers(heads, "--heads")))  # each count once, ascending like the plot's axis
-    rows = random_mha_diversity(d_model, counts, seq_len, trials=trials, seed=seed)
-    settings = {"d_model": d_model, "heads": counts, "seq_len": seq_len, "trials": trials, "seed": seed}
-    doc = export.random_mha_document(rows, settings)
-
-    def write_files(folder):
-        from attnscope import render_files
-
-        return [
-            export.write_atomic(folder / "random_mha.json", export.to_json(doc)),
-            render_files.random_mha_file(rows, folder, d_model),
-        ]
-
-    if not _emit([], doc, rows, folder, write_files, json_out, csv_out):
-        from attnscope import terminal
-
-        title = f"Random multi-head attention (d_model {d_model}, {seq_len} tokens, {trials} trials): diversity by heads"
-        _console().print(terminal.records_table(rows, title))
-
-
-def _numbers(text: str, option: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise AttnscopeError(f"{option} '{text}': expected comma-separated numbers") from None
-    if not values:
-        raise AttnscopeError(f"{option}: give at least one number")
-    return values
+    output = Output(json_out, csv_out, out, quiet)
+    settings = Heads(
+        window=window,
+        thresholds=parse_thresholds(threshold),
+        bos=bos,
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+        probe=probe,
+        probe_len=probe_len,
+        probe_seed=probe_seed,
+    )
+    _run(
+        Report(settings, with_diversity),
+        output,
+        reads_texts=True,
+        text=text,
+        file=file,
+        model=(model, device, dtype),
+        default_out=Path("attnscope-report"),
+    )
 
 
 @app.command()
@@ -588,107 +725,47 @@ def bench(
     ] = False,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
-    seq: Annotated[str, typer.Option("--seq", help="Sequence lengths, comma-separated.")] = "128,512,1024",
-    batch: Annotated[str, typer.Option("--batch", help="Batch sizes, comma-separated.")] = "1,8",
+    seq_lens: Annotated[
+        Numbers, typer.Option("--seq-lens", parser=_numbers, metavar="N,N,...", help="Sequence lengths.")
+    ] = "128,512,1024",
+    batch_sizes: Annotated[
+        Numbers, typer.Option("--batch-sizes", parser=_numbers, metavar="B,B,...", help="Batch sizes.")
+    ] = "1,8",
     repeats: Annotated[
-        int, typer.Option("--repeats", help="Rounds, each running every method once timed and once for memory (medians reported).")
+        int,
+        typer.Option(
+            "--repeats",
+            min=1,
+            max=SIZE_MAX,
+            metavar="N",
+            help="Rounds, each running every method once timed and once for memory (medians reported).",
+        ),
     ] = 3,
-    warmup: Annotated[int, typer.Option("--warmup", help="Untimed rounds of every method first.")] = 1,
-    methods: Annotated[str, typer.Option("--methods", help="Which of floor,attnscope,tutorial,cache.")] = "floor,attnscope,tutorial,cache",
-    micro: Annotated[bool, typer.Option("--micro/--no-micro", help="Also the from-scratch attention micro-benchmark.")] = True,
+    warmup: Annotated[
+        int, typer.Option("--warmup", min=0, max=SIZE_MAX, metavar="N", help="Untimed rounds of every method first.")
+    ] = 1,
+    methods: Annotated[
+        Names,
+        typer.Option(
+            "--methods", parser=_methods, metavar="floor,attnscope,tutorial,cache", help="Which methods to time."
+        ),
+    ] = "floor,attnscope,tutorial,cache",
+    micro: Annotated[
+        bool, typer.Option("--micro/--no-micro", help="Also the from-scratch attention micro-benchmark.")
+    ] = True,
     json_out: JsonOpt = False,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write bench.json and tokens_per_s.png here.")] = None,
+    csv_out: CsvOpt = False,
+    out: OutOpt = None,
+    quiet: QuietOpt = False,
 ) -> None:
     """How fast is the analysis? Against a plain SDPA forward (the floor) and the usual notebook ways.
 
-    Example: attnscope bench --device cpu --random-weights --seq 128,512 --batch 1
+    Example: attnscope bench --device cpu --random-weights --seq-lens 128,512 --batch-sizes 1
     """
-    from attnscope import bench as bench_lib, export
-    from attnscope.model import resolve_device, resolve_dtype
+    from attnscope.analyses.bench import Bench
 
-    # Every option a user can get wrong is checked here, before a model is loaded or built (seconds to minutes).
-    torch_device = resolve_device(device)
-    resolve_dtype(dtype)
-    chosen = [name.strip() for name in methods.split(",") if name.strip()]
-    unknown = sorted(set(chosen) - set(bench_lib.METHODS))
-    if unknown or not chosen:
-        raise AttnscopeError(f"--methods: use some of {', '.join(bench_lib.METHODS)}")
-    seqs, batches = _numbers(seq, "--seq"), _numbers(batch, "--batch")
-    bench_lib.check_settings(seqs, batches, repeats, warmup)
-    folder = export.prepare_out_dir(out) if out is not None else None
-    notes = []
-    network, name = _bench_network(model, random_weights, torch_device, dtype, seqs, notes)
-    import torch
-
-    measurements = bench_lib.run_bench(network, torch_device, seqs, batches, warmup, repeats, chosen)
-    rows = bench_lib.records(measurements)
-    micro_rows = bench_lib.micro_benchmark(device=torch_device) if micro else []
-    machine = {
-        "device": str(torch_device),
-        "device_name": torch.cuda.get_device_name(torch_device) if torch_device.type == "cuda" else "cpu",
-        "cpu_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "dtype": str(next(network.parameters()).dtype).removeprefix("torch."),
-    }
-    doc = export.document(
-        "bench", {"name": name, "n_layer": network.config.num_hidden_layers, "n_head": network.config.num_attention_heads,
-                  "d_model": network.config.hidden_size},
-        {}, {"seq": seqs, "batch": batches, "repeats": repeats, "warmup": warmup, "methods": chosen, **machine},
-        notes, results=rows, micro=micro_rows,
-    )
-
-    def write_files(folder):
-        from attnscope import render_files
-
-        return [
-            export.write_atomic(folder / "bench.json", export.to_json(doc)),
-            render_files.bench_file(rows, folder, name, machine),
-        ]
-
-    if _emit(notes, doc, rows, folder, write_files, json_out, False):
-        return
-    from attnscope import terminal
-
-    console = _console()
-    where = f"{machine['device_name']}, {machine['cpu_threads']} CPU threads, {machine['dtype']}"
-    console.print(terminal.bench_table(rows, f"attnscope bench: {name} on {where}"))
-    if micro_rows:
-        console.print(terminal.records_table(micro_rows, "From-scratch multi-head attention vs SDPA, ms per call (one 256-token sequence)"))
-
-
-def _check_bench_model(config) -> None:
-    """The bench's baselines (the tutorials' LM-head loop, TransformerLens-style caching) are written for GPT-2."""
-    from attnscope.model import CAUSAL_MODEL_TYPES
-
-    if config.model_type not in CAUSAL_MODEL_TYPES:
-        raise AttnscopeError(
-            f"bench times GPT-2-family decoders only; model type '{config.model_type}' is not supported by bench yet"
-        )
-
-
-def _bench_network(model: str, random_weights: bool, device, dtype: str, seqs: list[int], notes: list[str]):
-    """The model to time and its name: `model` itself, or its architecture with random weights (with
-    --random-weights, or when the weights are unavailable; GPT-2 small's when even the config is). The config is
-    checked (model family, context against --seq) before any weights are loaded or built."""
-    from transformers import GPT2Config
-
-    from attnscope import bench as bench_lib
-    from attnscope.model import load_config, load_model, resolve_dtype
-
-    config = load_config(model)
-    if config is not None:
-        _check_bench_model(config)
-        bench_lib.check_context(seqs, config.max_position_embeddings)
-    if not random_weights:
-        try:
-            return load_model(model, str(device), dtype).model, model
-        except AttnscopeError as error:
-            notes.append(f"weights unavailable ({error}); timing random weights instead")
-    if config is None:
-        notes.append(f"config of '{model}' unavailable; using GPT-2 small's architecture")
-        config = GPT2Config()
-        bench_lib.check_context(seqs, config.max_position_embeddings)
-    return bench_lib.random_model(config, device, resolve_dtype(dtype)), f"{model} (random weights)"
+    output = Output(json_out, csv_out, out, quiet)
+    _run(Bench(model, random_weights, device, dtype, seq_lens, batch_sizes, repeats, warmup, methods, micro), output)
 
 
 @app.command()
@@ -697,35 +774,20 @@ def info(
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     json_out: JsonOpt = False,
+    csv_out: CsvOpt = False,
+    out: OutOpt = None,
+    quiet: QuietOpt = False,
 ) -> None:
     """The model's shape: layers, heads, d_model, d_head, context, attention parameters, device and dtype.
 
     Example: attnscope info --model gpt2-medium
     """
-    from attnscope import export
+    from attnscope.analyses.info import Info
 
-    facts = _load(model, device, dtype).info()
-    if json_out:
-        sys.stdout.write(export.to_json(export.document("info", facts, {}, {}, [])))
-        return
-    from attnscope import terminal
+    _run(Info(), Output(json_out, csv_out, out, quiet), model=(model, device, dtype))
 
-    matches = "matches" if facts["attention_params"] == facts["attention_params_formula"] else "DIFFERS from"
-    rows = [
-        ("model", facts["name"]),
-        ("type", facts["model_type"]),
-        ("layers", str(facts["n_layer"])),
-        ("heads per layer", str(facts["n_head"])),
-        ("d_model", str(facts["d_model"])),
-        ("d_head", str(facts["d_head"])),
-        ("context", f"{facts['n_ctx']} tokens"),
-        ("vocabulary", f"{facts['vocab_size']:,}"),
-        ("parameters", f"{facts['n_params']:,}"),
-        ("attention block", f"{facts['attention_params']:,} ({matches} 4·d² + 4·d = {facts['attention_params_formula']:,})"),
-        ("device", facts["device"]),
-        ("dtype", facts["dtype"]),
-    ]
-    _console().print(terminal.key_value_table(rows, "Model"))
+
+# ------------------------------------------------------------------------------------------ error boundary
 
 
 def run(argv: list[str] | None = None) -> int:

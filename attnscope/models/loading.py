@@ -2,7 +2,7 @@
 
 The model is loaded the way real GPT-2 (or BERT) is, whether it comes from the Hub, the local cache or a directory
 saved with `save_pretrained`: the base model (no LM head), eval mode, eager attention, safetensors only, no remote
-code. GPT-2-family decoders and BERT-family encoders are read; `LoadedModel.causal` tells them apart.
+code. The families read are those of `models.families`; `LoadedModel.family` says which one a model is.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 from attnscope.errors import AttnscopeError
+from attnscope.models.families import CAUSAL_LM, Family, family_of
+from attnscope.scores.kinds import Kind
 
-SUPPORTED_MODEL_TYPES = ("gpt2", "bert")
-CAUSAL_MODEL_TYPES = ("gpt2",)  # decoders: row i of a map sees keys 0..i
 DEMO = "demo"  # --model demo: the small GPT-2 trained by scripts/train_demo_model.py, shipped in the package
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -28,13 +28,21 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt")  # the vocabular
 
 @dataclass
 class LoadedModel:
-    """A base transformer ready for analysis, with its tokenizer and the facts `info` reports."""
+    """A base transformer ready for analysis, with its tokenizer, its family and the facts `info` reports."""
 
     name: str
     model: Any  # transformers.PreTrainedModel (kept untyped so this module imports without torch)
     tokenizer: Any
     device: Any  # torch.device
-    lm_model: Any = None  # the model with its language-model head, loaded only when asked (`ablate`); `model` is its base
+    family: Family
+    lm_model: Any = (
+        None  # the model with its language-model head, loaded only when asked (`ablate`); `model` is its base
+    )
+
+    @property
+    def kind(self) -> Kind:
+        """The kind of attention map (decoder or encoder): which rows are scored, which keys a row sees."""
+        return self.family.kind
 
     @property
     def config(self) -> Any:
@@ -57,48 +65,20 @@ class LoadedModel:
         return self.config.max_position_embeddings
 
     @property
-    def causal(self) -> bool:
-        """Whether a token sees only itself and earlier tokens (GPT-2), rather than the whole text (BERT)."""
-        return self.config.model_type in CAUSAL_MODEL_TYPES
-
-    @property
     def dtype(self) -> Any:
         return next(self.model.parameters()).dtype
-
-    def attention_modules(self) -> list[Any]:
-        """One self-attention module per layer, in layer order (`h[i].attn` for GPT-2, `encoder.layer[i].attention.self`
-        for BERT: the module that computes the attention weights)."""
-        if self.config.model_type == "bert":
-            return [layer.attention.self for layer in self.model.encoder.layer]
-        return [block.attn for block in self.model.h]
-
-    def head_output_projections(self) -> list[Any]:
-        """Per layer, the module whose input is the heads' outputs side by side (head h in columns h·d_head ..
-        (h+1)·d_head): GPT-2's `h[i].attn.c_proj`, BERT's `encoder.layer[i].attention.output.dense`."""
-        if self.config.model_type == "bert":
-            return [layer.attention.output.dense for layer in self.model.encoder.layer]
-        return [block.attn.c_proj for block in self.model.h]
-
-    def attention_parameters(self) -> int:
-        """Parameters of the first layer's W_Q, W_K, W_V, W_O and their biases (BERT keeps W_O, with its LayerNorm,
-        outside the self-attention module: only its dense projection is counted)."""
-        if self.config.model_type == "bert":
-            attention = self.model.encoder.layer[0].attention
-            modules = [attention.self, attention.output.dense]
-        else:
-            modules = [self.attention_modules()[0]]
-        return sum(p.numel() for module in modules for p in module.parameters())
 
     def info(self) -> dict[str, Any]:
         """Model facts for `attnscope info` and the `model` section of every JSON output.
 
         `attention_params_formula` is 4·d² (W_Q, W_K, W_V, W_O) plus 4·d biases; `attention_params` is counted
-        from the first layer's real attention module, so a mismatch shows an architecture this formula misses.
+        from the first layer's real attention modules, so a mismatch shows an architecture this formula misses.
         """
         d_model = self.d_model
         return {
             "name": self.name,
             "model_type": self.config.model_type,
+            "kind": self.kind.name,
             "n_layer": self.n_layer,
             "n_head": self.n_head,
             "d_model": d_model,
@@ -106,7 +86,7 @@ class LoadedModel:
             "n_ctx": self.n_ctx,
             "vocab_size": self.config.vocab_size,
             "n_params": sum(p.numel() for p in self.model.parameters()),
-            "attention_params": self.attention_parameters(),
+            "attention_params": self.family.attention_parameter_count(self.model),
             "attention_params_formula": 4 * d_model * d_model + 4 * d_model,
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
@@ -291,11 +271,7 @@ def load_model(name: str, device: str = "auto", dtype: str = "auto", lm_head: bo
     hf_logging.set_verbosity_error()  # a user of the CLI does not need transformers' load reports
     hf_logging.disable_progress_bar()
     config = _from_pretrained(name, AutoConfig, source, local_only)
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise AttnscopeError(
-            f"model type '{config.model_type}' is not supported yet; attnscope reads GPT-2-family decoders "
-            f"and BERT-family encoders ({', '.join(SUPPORTED_MODEL_TYPES)})"
-        )
+    family = family_of(config)
     tokenizer = _from_pretrained(name, AutoTokenizer, source, local_only)
     # Finding no tokenizer file, transformers builds an empty tokenizer (one special token at most) instead of failing.
     if len(tokenizer) <= 1:
@@ -306,7 +282,7 @@ def load_model(name: str, device: str = "auto", dtype: str = "auto", lm_head: bo
             f"({', '.join(TOKENIZER_FILES)})"
         )
     # an encoder's language-model head predicts masked tokens, a decoder's the next token
-    lm_class = AutoModelForCausalLM if config.model_type in CAUSAL_MODEL_TYPES else AutoModelForMaskedLM
+    lm_class = AutoModelForCausalLM if family.lm_head == CAUSAL_LM else AutoModelForMaskedLM
     model = _from_pretrained(
         name,
         lm_class if lm_head else AutoModel,
@@ -322,5 +298,5 @@ def load_model(name: str, device: str = "auto", dtype: str = "auto", lm_head: bo
     except RuntimeError as error:  # e.g. CUDA out of memory
         raise AttnscopeError(f"cannot move model '{name}' to {torch_device}: {str(error).splitlines()[0]}") from None
     if lm_head:
-        return LoadedModel(name=name, model=model.base_model, tokenizer=tokenizer, device=torch_device, lm_model=model)
-    return LoadedModel(name=name, model=model, tokenizer=tokenizer, device=torch_device)
+        return LoadedModel(name, model.base_model, tokenizer, torch_device, family, lm_model=model)
+    return LoadedModel(name, model, tokenizer, torch_device, family)

@@ -24,14 +24,16 @@ import statistics as stats_module
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from attnscope import capture
 from attnscope.errors import AttnscopeError
+from attnscope.models.families import family_of
+from attnscope.models.loading import load_config, load_model, resolve_device, resolve_dtype
+from attnscope.pipeline import capture
 
 METHODS = ("floor", "attnscope", "tutorial", "cache")
 BASELINES = ("tutorial", "cache")  # what users do today, against which attnscope's speed-up is reported
@@ -57,7 +59,7 @@ class PeakRSS:
             self.peak = max(self.peak, self._rss())
             time.sleep(self.interval)
 
-    def __enter__(self) -> "PeakRSS":
+    def __enter__(self) -> PeakRSS:
         self.start = self._rss()
         self.peak = self.start
         self._stop = threading.Event()
@@ -197,13 +199,14 @@ def pattern_share(pattern: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
 
 
 def _methods(model: Any, lm_model: Any, ids: torch.Tensor, device: torch.device) -> dict[str, Callable[[], Any]]:
-    from attnscope.stats import HeadStatistics
-    from attnscope.tokens import Batch
+    from attnscope.pipeline.reducers import HeadStatistics
+    from attnscope.pipeline.tokens import Batch
 
     B, n = ids.shape
     mask = torch.ones_like(ids)
     batch = Batch(list(range(B)), ids, mask, torch.full((B,), n, device=device))
     n_layer, n_head = model.config.num_hidden_layers, model.config.num_attention_heads
+    kind = family_of(model.config).kind
 
     def floor():
         with torch.inference_mode():
@@ -211,7 +214,7 @@ def _methods(model: Any, lm_model: Any, ids: torch.Tensor, device: torch.device)
             model(input_ids=ids, attention_mask=mask)
 
     def analysis():
-        statistics = HeadStatistics(n_layer, n_head, device)
+        statistics = HeadStatistics(kind, n_layer, n_head, device)
         capture.run(model, [batch], statistics)
         return statistics.means()
 
@@ -239,24 +242,26 @@ def _methods(model: Any, lm_model: Any, ids: torch.Tensor, device: torch.device)
 
 
 def check_settings(seqs: Sequence[int], batches: Sequence[int], repeats: int, warmup: int) -> None:
-    """What can be checked before the model is known; each message names the option at fault."""
+    """What can be checked before the model is known; each message names the setting and the value at fault."""
+    if not seqs or not batches:
+        raise AttnscopeError("give at least one sequence length and one batch size")
     for seq in seqs:
         if seq < 2:
-            raise AttnscopeError(f"--seq {seq}: a sequence needs at least 2 tokens")
+            raise AttnscopeError(f"sequence length {seq}: a sequence needs at least 2 tokens")
     for batch in batches:
         if batch < 1:
-            raise AttnscopeError(f"--batch {batch}: a batch needs at least 1 text")
+            raise AttnscopeError(f"batch size {batch}: a batch needs at least 1 text")
     if repeats < 1:
-        raise AttnscopeError(f"--repeats {repeats}: at least 1 timed run is needed")
+        raise AttnscopeError(f"repeats {repeats}: at least 1 timed run is needed")
     if warmup < 0:
-        raise AttnscopeError(f"--warmup {warmup}: the number of untimed runs cannot be negative")
+        raise AttnscopeError(f"warmup {warmup}: the number of untimed runs cannot be negative")
 
 
 def check_context(seqs: Sequence[int], context: int) -> None:
     """Every sequence fits the model's context (known from its config, before any weights are built)."""
     for seq in seqs:
         if seq > context:
-            raise AttnscopeError(f"--seq {seq}: longer than the model's context, {context} tokens")
+            raise AttnscopeError(f"sequence length {seq}: longer than the model's context, {context} tokens")
 
 
 def run_bench(
@@ -272,8 +277,6 @@ def run_bench(
     """Every method at every (batch, seq) on `model` (a base GPT-2 with eager/our attention, eval mode)."""
     from transformers import GPT2LMHeadModel
 
-    check_settings(seqs, batches, repeats, warmup)
-    check_context(seqs, model.config.max_position_embeddings)
     lm_model = GPT2LMHeadModel(model.config).to(device=device, dtype=next(model.parameters()).dtype).eval()
     lm_model.transformer.load_state_dict(model.state_dict())  # the same weights, plus an LM head
     lm_model.set_attn_implementation("eager")
@@ -333,7 +336,7 @@ def micro_benchmark(
     """The tutorials' micro-benchmark: the from-scratch attention (numpy loop over heads, numpy batched, torch)
     against torch's scaled_dot_product_attention, one sequence of `seq` tokens, the same d_model for every head
     count. Times are medians in milliseconds."""
-    from attnscope.reference import multi_head_attention, numpy_mha_batched, numpy_mha_loop, split_heads
+    from attnscope.scores.reference import multi_head_attention, numpy_mha_batched, numpy_mha_loop, split_heads
 
     device = torch.device(device)
     generator = torch.Generator().manual_seed(0)
@@ -347,14 +350,14 @@ def micro_benchmark(
         if d_model % count:
             raise AttnscopeError(f"{count} heads do not divide d_model {d_model}")
 
-        def sdpa():
+        def sdpa(count=count):
             q, k, v = (split_heads(part, count) for part in (xd[None] @ wd + bd).split(d_model, dim=-1))
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-        runs = {
-            "numpy_loop": lambda: numpy_mha_loop(x_np, w_np, b_np, count),
-            "numpy_batched": lambda: numpy_mha_batched(x_np, w_np, b_np, count),
-            "torch_scratch": lambda: multi_head_attention(xd[None], wd, bd, count),
+        runs = {  # each run measured in this iteration, so binding `count` by default is only for the linter
+            "numpy_loop": lambda count=count: numpy_mha_loop(x_np, w_np, b_np, count),
+            "numpy_batched": lambda count=count: numpy_mha_batched(x_np, w_np, b_np, count),
+            "torch_scratch": lambda count=count: multi_head_attention(xd[None], wd, bd, count),
             "torch_sdpa": sdpa,
         }
         row = {"heads": count, "d_head": d_model // count}
@@ -367,3 +370,95 @@ def micro_benchmark(
             row[f"{name}_ms"] = stats_module.median(times) * 1000
         rows.append(row)
     return rows
+
+
+@dataclass
+class BenchResult:
+    model: dict[str, Any]  # name and shape of the model timed
+    settings: dict[str, Any]  # what was asked, and the machine it ran on
+    rows: list[dict]  # `records` of every measurement
+    micro: list[dict]  # `micro_benchmark` rows (empty without it)
+    notes: list[str] = field(default_factory=list)
+
+
+def _check_family(config: Any) -> None:
+    """The bench's baselines (the tutorials' LM-head loop, TransformerLens-style caching) are written for GPT-2."""
+    if family_of(config).name != "GPT-2":
+        raise AttnscopeError(
+            f"bench times GPT-2-family decoders only; model type '{config.model_type}' is not supported by bench yet"
+        )
+
+
+@dataclass(frozen=True)
+class Bench:
+    """Time every method at every batch size × sequence length on `model` (or its architecture with random
+    weights, with `random_weights` or when the weights are unavailable; GPT-2 small's when even its config is).
+    Every setting and the model's config are checked before any weights are loaded or built."""
+
+    model: str = "gpt2"
+    random_weights: bool = False
+    device: str = "auto"
+    dtype: str = "auto"
+    seq_lens: tuple[int, ...] = (128, 512, 1024)
+    batch_sizes: tuple[int, ...] = (1, 8)
+    repeats: int = 3
+    warmup: int = 1
+    methods: tuple[str, ...] = METHODS
+    micro: bool = True
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.methods) - set(METHODS))
+        if unknown or not self.methods:
+            raise AttnscopeError(f"methods {', '.join(unknown) or '(none)'}: use some of {', '.join(METHODS)}")
+        check_settings(self.seq_lens, self.batch_sizes, self.repeats, self.warmup)
+        resolve_dtype(self.dtype)
+        resolve_device(self.device)  # --device cuda on a machine without CUDA stops here, before any model
+
+    def run(self, model: Any = None, texts: Any = None, progress: Any = None) -> BenchResult:
+        device = resolve_device(self.device)
+        notes: list[str] = []
+        network, name = self._network(device, notes)
+        measurements = run_bench(
+            network, device, self.seq_lens, self.batch_sizes, self.warmup, self.repeats, self.methods
+        )
+        machine = {
+            "device": str(device),
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "cpu_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "dtype": str(next(network.parameters()).dtype).removeprefix("torch."),
+        }
+        settings = {
+            "seq_lens": list(self.seq_lens),
+            "batch_sizes": list(self.batch_sizes),
+            "repeats": self.repeats,
+            "warmup": self.warmup,
+            "methods": list(self.methods),
+            **machine,
+        }
+        shape = {
+            "name": name,
+            "n_layer": network.config.num_hidden_layers,
+            "n_head": network.config.num_attention_heads,
+            "d_model": network.config.hidden_size,
+        }
+        micro = micro_benchmark(device=device) if self.micro else []
+        return BenchResult(shape, settings, records(measurements), micro, notes)
+
+    def _network(self, device: torch.device, notes: list[str]) -> tuple[Any, str]:
+        from transformers import GPT2Config
+
+        config = load_config(self.model)
+        if config is not None:
+            _check_family(config)
+            check_context(self.seq_lens, config.max_position_embeddings)
+        if not self.random_weights:
+            try:
+                return load_model(self.model, str(device), self.dtype).model, self.model
+            except AttnscopeError as error:
+                notes.append(f"weights unavailable ({error}); timing random weights instead")
+        if config is None:
+            notes.append(f"config of '{self.model}' unavailable; using GPT-2 small's architecture")
+            config = GPT2Config()
+            check_context(self.seq_lens, config.max_position_embeddings)
+        return random_model(config, device, resolve_dtype(self.dtype)), f"{self.model} (random weights)"

@@ -1,4 +1,4 @@
-"""Stage 2: texts to token windows, and windows to padded batches.
+"""Texts to token windows, and windows to padded batches.
 
 With `bos` on, every window of a decoder starts with the model's BOS token, so "first token" means the same thing in
 every window; every window of an encoder (a tokenizer with no BOS but [CLS] and [SEP], as BERT's) is wrapped as
@@ -9,11 +9,14 @@ of at most `n_ctx` tokens, special tokens included.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from attnscope.errors import AttnscopeError
-from attnscope.inputs import Text
+from attnscope.models.loading import LoadedModel
+from attnscope.pipeline.inputs import Text
+from attnscope.scores.kinds import Kind
 
 
 @dataclass(frozen=True)
@@ -36,37 +39,36 @@ class Tokenized:
         return sum(len(window.ids) for window in self.windows)
 
 
-def _wraps_with_cls_sep(tokenizer: Any) -> bool:
-    """An encoder's tokenizer: no BOS, but [CLS] and [SEP] (BERT)."""
-    return (
-        tokenizer.bos_token_id is None
-        and getattr(tokenizer, "cls_token_id", None) is not None
-        and getattr(tokenizer, "sep_token_id", None) is not None
-    )
+def default_bos(tokenizer: Any, kind: Kind) -> bool:
+    """Special tokens are added by default whenever the tokenizer has them: a decoder's BOS (GPT-2:
+    `<|endoftext|>`, as TransformerLens), an encoder's [CLS] … [SEP] (BERT)."""
+    if kind.special_tokens == "cls_sep":
+        return tokenizer.cls_token_id is not None and tokenizer.sep_token_id is not None
+    return tokenizer.bos_token_id is not None
 
 
-def default_bos(tokenizer: Any) -> bool:
-    """Special tokens are added by default whenever the tokenizer has them: BOS (GPT-2: `<|endoftext|>`, as
-    TransformerLens), or [CLS] … [SEP] (BERT)."""
-    return tokenizer.bos_token_id is not None or _wraps_with_cls_sep(tokenizer)
-
-
-def special_tokens(tokenizer: Any, bos: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def special_tokens(tokenizer: Any, kind: Kind, bos: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(prefix, suffix) ids put around every window: (BOS,) and () for a decoder, ([CLS],) and ([SEP],) for an
     encoder, nothing with `bos` off."""
     if not bos:
         return (), ()
-    if tokenizer.bos_token_id is not None:
-        return (tokenizer.bos_token_id,), ()
-    if _wraps_with_cls_sep(tokenizer):
+    if kind.special_tokens == "cls_sep":
+        if tokenizer.cls_token_id is None or tokenizer.sep_token_id is None:
+            raise AttnscopeError(
+                "this model's tokenizer has no [CLS] and [SEP] tokens to wrap the text in; turn bos off"
+            )
         return (tokenizer.cls_token_id,), (tokenizer.sep_token_id,)
-    raise AttnscopeError("--bos: this model's tokenizer has no BOS token; use --no-bos")
+    if tokenizer.bos_token_id is None:
+        raise AttnscopeError("this model's tokenizer has no BOS token to prepend; turn bos off")
+    return (tokenizer.bos_token_id,), ()
 
 
-def tokenize(tokenizer: Any, texts: Sequence[Text], n_ctx: int, bos: bool | None = None) -> Tokenized:
-    """Token windows for `texts`; `bos=None` means the tokenizer's default (see `default_bos`)."""
-    use_bos = default_bos(tokenizer) if bos is None else bos
-    prefix, suffix = special_tokens(tokenizer, use_bos)
+def tokenize(model: LoadedModel, texts: Sequence[Text], bos: bool | None = None) -> Tokenized:
+    """Token windows of `texts` for `model` (its tokenizer, context and kind); `bos=None` means the tokenizer's
+    default (see `default_bos`)."""
+    tokenizer, n_ctx = model.tokenizer, model.n_ctx
+    use_bos = default_bos(tokenizer, model.kind) if bos is None else bos
+    prefix, suffix = special_tokens(tokenizer, model.kind, use_bos)
     span = n_ctx - len(prefix) - len(suffix)
     windows, split_texts = [], 0
     for index, item in enumerate(texts):
@@ -86,21 +88,31 @@ def tokenize(tokenizer: Any, texts: Sequence[Text], n_ctx: int, bos: bool | None
     return Tokenized(windows, use_bos, notes)
 
 
+def pad_id(tokenizer: Any) -> int:
+    """The id padded positions hold: the tokenizer's pad token, else its EOS, else 0 (the mask hides it)."""
+    for token_id in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if token_id is not None:
+            return token_id
+    return 0
+
+
 def batch_order(windows: Sequence[Window], batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
     """Window indices grouped into batches of similar length (longest first), so padding stays small: at most
     `batch_size` windows, and at most `max_tokens` padded tokens (windows × longest) unless one window alone is
     longer."""
     if batch_size < 1:
-        raise AttnscopeError("--batch-size must be at least 1")
+        raise AttnscopeError(f"batch size {batch_size}: must be at least 1")
     if max_tokens is not None and max_tokens < 1:
-        raise AttnscopeError("--max-tokens must be at least 1")
+        raise AttnscopeError(f"max tokens {max_tokens}: must be at least 1")
     order = sorted(range(len(windows)), key=lambda i: (-len(windows[i].ids), i))
     groups: list[list[int]] = []
     for index in order:
         group = groups[-1] if groups else None
         # longest first: the group's first window is its longest, so padded size = count × that length
-        fits = group is not None and len(group) < batch_size and (
-            max_tokens is None or (len(group) + 1) * len(windows[group[0]].ids) <= max_tokens
+        fits = (
+            group is not None
+            and len(group) < batch_size
+            and (max_tokens is None or (len(group) + 1) * len(windows[group[0]].ids) <= max_tokens)
         )
         if fits:
             group.append(index)
@@ -185,18 +197,18 @@ def probe_windows(tokenizer: Any, period: int, n_ctx: int, seed: int = 0, count:
     prefix = (tokenizer.bos_token_id,) if tokenizer.bos_token_id is not None else ()
     # T = 2 would put the induction target i-(T-1) on the previous token: the probe could not tell the two apart.
     if period < 3:
-        raise AttnscopeError(f"--probe-len {period}: the period must be at least 3")
+        raise AttnscopeError(f"probe period {period}: must be at least 3")
     if len(prefix) + 2 * period > n_ctx:
         bos = "BOS + " if prefix else ""
         raise AttnscopeError(
-            f"--probe-len {period}: {bos}twice the period ({len(prefix) + 2 * period} tokens) must fit the model's "
+            f"probe period {period}: {bos}twice the period ({len(prefix) + 2 * period} tokens) must fit the model's "
             f"context of {n_ctx} tokens"
         )
     if seed < 0:
-        raise AttnscopeError(f"--probe-seed {seed}: the seed must be 0 or more")
+        raise AttnscopeError(f"probe seed {seed}: must be 0 or more")
     candidates = ordinary_token_ids(tokenizer)
     if len(candidates) < period:
-        raise AttnscopeError(f"--probe-len {period}: the vocabulary has only {len(candidates)} ordinary word tokens")
+        raise AttnscopeError(f"probe period {period}: the vocabulary has only {len(candidates)} ordinary word tokens")
     generator = np.random.default_rng(seed)
     windows = []
     for index in range(count):

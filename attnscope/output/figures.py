@@ -19,8 +19,8 @@ import numpy as np  # noqa: E402
 from matplotlib.colors import ListedColormap  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from attnscope.export import write_atomic  # noqa: E402
-from attnscope.roles import ROLES, roles_for  # noqa: E402
+from attnscope.output.files import write_atomic  # noqa: E402
+from attnscope.scores.catalog import FRACTION, ROLE, ROLE_NAMES, Score  # noqa: E402
 
 DPI = 100
 ROLE_COLOURS = {
@@ -35,18 +35,11 @@ ROLE_COLOURS = {
     "broad": "#f2d95c",
     "mixed": "#d0d0d0",
 }
-ROLE_SHORT = {
-    "previous-token": "prev",
-    "self": "self",
-    "first-token": "first",
-    "next-token": "next",
-    "last-token": "last",
-    "induction": "induct",
-    "duplicate-token": "dup",
-    "local": "local",
-    "broad": "broad",
-    "mixed": "mixed",
-}
+
+
+def score_limits(score: Score) -> tuple[float | None, float | None]:
+    """The colour range a score is drawn on: [0, 1] for a fraction, the data's own range otherwise."""
+    return (0.0, 1.0) if score.unit == FRACTION else (None, None)
 
 
 def _save(figure, path: Path) -> Path:
@@ -112,22 +105,22 @@ def role_map(
     scores: Sequence[Sequence[str]],
     model_name: str,
     path: Path,
-    legend: Sequence[str] = roles_for(encoder=False),
+    legend: Sequence[str],
 ) -> Path:
     """One coloured cell per head (rows = layers, columns = heads), labelled `L.H`, role and `scores` (the deciding
-    score, as text); the legend lists `legend` (the roles this kind of model can be given: roles.roles_for)."""
+    score, as text); the legend lists `legend` (the roles this kind of model can be given: catalog.roles_for)."""
     n_layer, n_head = len(roles), len(roles[0])
-    codes = np.array([[ROLES.index(role) for role in row] for row in roles])  # (L, H)
+    codes = np.array([[ROLE_NAMES.index(role) for role in row] for row in roles])  # (L, H)
     figure = plt.figure(figsize=grid_size(n_layer, n_head))
     axes = _place_axes(figure, GRID_MARGINS)
-    colours = ListedColormap([ROLE_COLOURS[role] for role in ROLES])
-    axes.imshow(codes, cmap=colours, vmin=-0.5, vmax=len(ROLES) - 0.5, aspect="auto")
+    colours = ListedColormap([ROLE_COLOURS[role] for role in ROLE_NAMES])
+    axes.imshow(codes, cmap=colours, vmin=-0.5, vmax=len(ROLE_NAMES) - 0.5, aspect="auto")
     fontsize = 7 if n_head <= 12 else 5
     for layer in range(n_layer):
         for head in range(n_head):
             role = roles[layer][head]
             colour = "white" if role in ("previous-token", "first-token", "last-token", "induction") else "black"
-            text = f"{layer}.{head}\n{ROLE_SHORT[role]}\n{scores[layer][head]}"
+            text = f"{layer}.{head}\n{ROLE[role].short}\n{scores[layer][head]}"
             axes.text(head, layer, text, ha="center", va="center", fontsize=fontsize, color=colour)
     axes.set_xticks(range(n_head))
     axes.set_yticks(range(n_layer))
@@ -228,7 +221,9 @@ def _colour_bar(figure, axes, image, width: float = 0.2, pad: float = 0.15) -> N
     figure.colorbar(image, cax=figure.add_axes((box.x1 + pad / figure_width, box.y0, width / figure_width, box.height)))
 
 
-def head_matrix(matrix: np.ndarray, labels: Sequence[str], title: str, path: Path, vmin: float, vmax: float, cmap: str) -> Path:
+def head_matrix(
+    matrix: np.ndarray, labels: Sequence[str], title: str, path: Path, vmin: float, vmax: float, cmap: str
+) -> Path:
     """A heads × heads matrix (cosine or JS) with `L.H` labels, a colour bar, values written in when it is small."""
     n, side = len(labels), matrix_side(len(labels))
     figure = plt.figure(figsize=_with_margins((side, side), MATRIX_MARGINS))
@@ -256,14 +251,20 @@ LINE_SIZE = (7.0, 4.0)
 
 
 def line_plot(
-    x: Sequence[float], series: dict[str, Sequence[float | None]], xlabel: str, ylabel: str, title: str, path: Path,
-    log_x: bool = False, styles: dict[str, dict] | None = None,
+    x: Sequence[float],
+    series: dict[str, Sequence[float | None]],
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    path: Path,
+    log_x: bool = False,
+    styles: dict[str, dict] | None = None,
 ) -> Path:
     """One or more lines over the same x, with markers; None values are left out. `styles` gives a line's matplotlib
     keywords (color, linestyle) by series name; lines without one take the next colour of the cycle."""
     figure, axes = plt.subplots(figsize=LINE_SIZE)
     for name, values in series.items():
-        points = [(a, b) for a, b in zip(x, values) if b is not None]
+        points = [(a, b) for a, b in zip(x, values, strict=True) if b is not None]
         if points:
             style = (styles or {}).get(name, {})
             axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name, **style)
@@ -279,3 +280,61 @@ def line_plot(
         axes.legend()
     figure.tight_layout()
     return _save(figure, path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Figures of a heads result, shared by `heads --out` and the report page.
+
+
+def score_matrix(heads: Sequence, name: str, n_layer: int, n_head: int) -> np.ndarray:
+    """(n_layer, n_head) of one score of every head record."""
+    matrix = np.full((n_layer, n_head), np.nan)
+    for record in heads:
+        matrix[record.layer, record.head] = record.scores[name]
+    return matrix
+
+
+def heads_role_map(result, path: Path) -> Path:
+    """The layer × head map of roles of a HeadsResult, each cell labelled with the score that decided its role
+    (named in a mixed head's cell, where it is only the closest to its threshold)."""
+    from attnscope.scores.catalog import SCORE, roles_for
+
+    n_layer, n_head = result.model["n_layer"], result.model["n_head"]
+    roles = [[""] * n_head for _ in range(n_layer)]
+    deciding = [[""] * n_head for _ in range(n_layer)]
+    for record in result.heads:
+        role = record.role
+        roles[record.layer][record.head] = role.role
+        named = f"{SCORE[role.metric].short} " if role.role == "mixed" else ""
+        deciding[record.layer][record.head] = f"{named}{role.score:.2f}"
+    legend = [role.name for role in roles_for(result.kind.name)]
+    return role_map(roles, deciding, result.model["name"], path, legend)
+
+
+def heads_score_heatmaps(result, folder: Path, title: str = "{label} per head: {model}") -> dict[str, Path]:
+    """score name -> score_<name>.png, one layer × head heatmap per score the run measured."""
+    from attnscope.scores.catalog import SCORE
+
+    n_layer, n_head = result.model["n_layer"], result.model["n_head"]
+    written = {}
+    for name in result.measured:
+        score = SCORE[name]
+        if not score.per_head:
+            continue
+        matrix = score_matrix(result.heads, name, n_layer, n_head)
+        heading = title.format(label=score.label, name=name, model=result.model["name"])
+        written[name] = score_heatmap(matrix, heading, folder / f"score_{name}.png", *score_limits(score))
+    return written
+
+
+def diversity_per_layer(result, path: Path) -> Path:
+    """The mean pairwise JSD of every layer's heads, a line over the layers (a DiversityResult of all layers)."""
+    layers = sorted(result.layer_scores)
+    return line_plot(
+        layers,
+        {"mean pairwise JSD": [result.layer_scores[layer] for layer in layers]},
+        "layer",
+        "mean JS divergence between heads (bits)",
+        f"Head diversity per layer: {result.model['name']}",
+        path,
+    )

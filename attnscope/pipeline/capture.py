@@ -1,4 +1,4 @@
-"""Stage 3: run the model and hand each layer's attention, a block of query rows at a time, to a reducer.
+"""Run the model and hand each layer's attention, a block of query rows at a time, to a reducer.
 
 Attention weights are computed inside a registered attention function (`transformers.AttentionInterface`), one
 block of query rows at a time, on the device the model runs on. The reducer turns each block into statistics right
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from attnscope.tokens import Batch
+from attnscope.pipeline.tokens import Batch
 
 IMPLEMENTATION = "attnscope"
 # Float32 logits per window in one block (H, rows, keys): the block is this times the batch size. Small enough to
@@ -49,7 +49,7 @@ class AttentionBlock:
     n_keys: int
 
     @classmethod
-    def from_probs(cls, probs: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor) -> "AttentionBlock":
+    def from_probs(cls, probs: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor) -> AttentionBlock:
         """A block from given probabilities (B, H, b, k), e.g. hand-built ones."""
         exp_logits = probs.float() / probs.float().amax(dim=-1, keepdim=True)  # row maximum 1 = exp(0)
         return cls(exp_logits, exp_logits.sum(-1), positions, lengths, int(probs.shape[-1]))
@@ -63,7 +63,7 @@ class AttentionBlock:
 @dataclass
 class LayerRows:
     """Per-row summaries of one layer's attention, gathered block by block, that determine every per-head
-    statistic without any (n × n) tensor (see metrics.layer_row_scores). All (B, H, n) float32, s the scaled
+    statistic without any (n × n) tensor (see kind.layer_row_scores). All (B, H, n) float32, s the scaled
     logits shifted so that each row's maximum is 0:
 
     normalizer: Z_i = Σ_j exp(s_ij);  expected_logit: Σ_j A_ij s_ij;

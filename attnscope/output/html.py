@@ -1,6 +1,6 @@
 """`attnscope report`: one self-contained HTML page of everything attnscope found about a model's heads.
 
-Rendering only (the analysis is done by `analysis`): the pictures are drawn by `plots` and embedded as base64 PNG
+Rendering only (the analysis is done by `analyses.report`): the pictures are drawn by `figures` and embedded as PNG
 data, the numbers are embedded as JSON (`<script type="application/json" id="attnscope-data">`), the styles and
 the one small script (sortable head table) are inline. Nothing is fetched, so the page reads the same offline.
 """
@@ -15,32 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from attnscope import __version__, plots
-from attnscope.roles import RULES
-
-TOP_PER_ROLE = 3
-MAX_MAPS = 8
-
-
-def characteristic_heads(heads: Sequence[Any]) -> list[Any]:
-    """Per role (mixed excluded), the head of that role with the highest deciding score, in role order."""
-    chosen = []
-    for role in RULES:
-        members = [record for record in heads if record.role.role == role]
-        if members:
-            chosen.append(max(members, key=lambda record: (record.role.score, -record.layer, -record.head)))
-    return chosen[:MAX_MAPS]
-
-
-def top_heads_per_role(heads: Sequence[Any], k: int = TOP_PER_ROLE) -> dict[str, list[Any]]:
-    """role -> the k heads with the highest score of that role's rule, whatever role they were given (ties in
-    layer.head order); roles whose score was not measured (the probe's, with --no-probe) are left out."""
-    table = {}
-    for role, metric in RULES.items():
-        if heads and heads[0].scores.get(metric) is None:
-            continue
-        table[role] = sorted(heads, key=lambda record: (-record.scores[metric], record.layer, record.head))[:k]
-    return table
+from attnscope import __version__
+from attnscope.output import figures
+from attnscope.scores.catalog import ROLE, SCORE
 
 
 def _image(path: Path, alt: str) -> str:
@@ -93,13 +70,13 @@ document.body.dataset.ready = "yes";
 """
 
 
-def render(heads_result: Any, heads_doc: dict, diversity: Any | None, diversity_doc: dict | None) -> str:
-    """The report page for a heads analysis (with full maps of the characteristic heads' layers in
-    `heads_result.attention`) and, optionally, a diversity analysis of all heads."""
+def render(report: Any, heads_doc: dict, diversity_doc: dict | None) -> str:
+    """The report page of a ReportResult: its heads analysis (with the full maps of the characteristic heads'
+    layers in `heads.attention`) and, optionally, its diversity of all heads; `heads_doc` and `diversity_doc` are
+    the JSON documents embedded in the page."""
+    heads_result, diversity = report.heads, report.diversity
     model = heads_result.model
     name = model["name"]
-    n_layer, n_head = model["n_layer"], model["n_head"]
-    from attnscope.render_files import HEATMAP_SCORES, role_map_file, score_matrix
 
     parts = [f"<h1>attnscope report: {html.escape(name)}</h1>"]
     inputs = heads_result.inputs
@@ -107,79 +84,84 @@ def render(heads_result: Any, heads_doc: dict, diversity: Any | None, diversity_
         f"<p>{inputs['n_texts']} text(s), {inputs['n_windows']} window(s), {inputs['n_tokens']} tokens, "
         f"{inputs['scored_rows']} scored query rows; attnscope {html.escape(__version__)}.</p>"
     )
-    parts.extend(f'<p class="note">note: {html.escape(note)}</p>' for note in heads_result.notes)
+    parts.extend(f'<p class="note">note: {html.escape(note)}</p>' for note in report.notes)
     facts = [(key, value) for key, value in model.items() if not isinstance(value, (dict, list))]
     parts.append("<h2>Model</h2>" + _table(("what", "value"), facts))
 
     with tempfile.TemporaryDirectory(prefix="attnscope-report-") as temp:
         folder = Path(temp)
-        role_map = role_map_file(heads_result.heads, name, n_layer, n_head, folder / "role_map.png")
-        counts = {}
+        role_map = figures.heads_role_map(heads_result, folder / "role_map.png")
+        counts: dict[str, int] = {}
         for record in heads_result.heads:
             counts[record.role.role] = counts.get(record.role.role, 0) + 1
         parts.append('<h2 id="role-map">Role map</h2>' + _image(role_map, "role map"))
         parts.append(_table(("role", "heads"), sorted(counts.items(), key=lambda item: (-item[1], item[0]))))
 
         rows = []
-        for role, records in top_heads_per_role(heads_result.heads).items():
-            metric = RULES[role]
-            rows.extend((role, metric, record.label, _number(record.scores[metric]), record.role.role) for record in records)
+        for role, records in report.top_per_role.items():
+            metric = ROLE[role].score
+            rows.extend(
+                (role, metric, record.label, _number(record.scores[metric]), record.role.role) for record in records
+            )
         parts.append(
             "<h2>Top heads per role</h2><p>The heads with the highest score of each role's rule, whatever role they "
             "were given.</p>" + _table(("role", "score", "head", "value", "assigned role"), rows)
         )
 
-        figures = []
-        for score, (low, high) in HEATMAP_SCORES.items():
-            if heads_result.heads[0].scores[score] is None:
-                continue
-            path = plots.score_heatmap(
-                score_matrix(heads_result.heads, score, n_layer, n_head), f"{score}: {name}",
-                folder / f"score_{score}.png", low, high,
-            )
-            figures.append(f"<figure>{_image(path, score)}<figcaption>{html.escape(score)}</figcaption></figure>")
-        parts.append('<h2>Scores per head</h2><div class="grid">' + "".join(figures) + "</div>")
+        heatmaps = figures.heads_score_heatmaps(heads_result, folder, "{label}: {model}")
+        images = [
+            f"<figure>{_image(path, score)}<figcaption>{html.escape(SCORE[score].label)} "
+            f"(<code>{html.escape(score)}</code>)</figcaption></figure>"
+            for score, path in heatmaps.items()
+        ]
+        parts.append('<h2>Scores per head</h2><div class="grid">' + "".join(images) + "</div>")
 
         if diversity is not None:
-            layers = sorted(diversity.layer_scores)
-            plot = plots.line_plot(
-                layers, {"mean pairwise JSD": [diversity.layer_scores[layer] for layer in layers]}, "layer",
-                "mean JS divergence between heads (bits)", f"Head diversity per layer: {name}",
-                folder / "layer_diversity.png",
-            )
-            pair_rows = lambda pairs: [(f"{p['a']} ~ {p['b']}", _number(p["js"]), _number(p["cosine"])) for p in pairs]  # noqa: E731
+            plot = figures.diversity_per_layer(diversity, folder / "layer_diversity.png")
+
+            def pair_rows(pairs):
+                return [(f"{p['a']} ~ {p['b']}", _number(p["js"]), _number(p["cosine"])) for p in pairs]
+
+            headers = ("heads", "JSD bits", "cosine")
             parts.append(
                 "<h2>Diversity</h2><p>Jensen–Shannon divergence (bits) between the attention rows of every pair of "
                 "heads, averaged over the scored rows; 0 = identical heads, 1 = disjoint.</p>"
                 + _image(plot, "diversity per layer")
-                + "<h3>Most redundant pairs</h3>" + _table(("heads", "JSD bits", "cosine"), pair_rows(diversity.ranked_pairs(5, True)))
-                + "<h3>Most distinct pairs</h3>" + _table(("heads", "JSD bits", "cosine"), pair_rows(diversity.ranked_pairs(5, False)))
+                + "<h3>Most redundant pairs</h3>"
+                + _table(headers, pair_rows(diversity.ranked_pairs(True)))
+                + "<h3>Most distinct pairs</h3>"
+                + _table(headers, pair_rows(diversity.ranked_pairs(False)))
                 + f"<p>{len(diversity.groups)} group(s) of near-duplicate heads (JSD &lt; {diversity.redundant} bits): "
-                + html.escape("; ".join(", ".join(group) for group in diversity.groups) or "none") + "</p>"
+                + html.escape("; ".join(", ".join(group) for group in diversity.groups) or "none")
+                + "</p>"
             )
-        elif diversity_doc is None:
-            parts.append("<h2>Diversity</h2><p>Not computed (--no-diversity).</p>")
+        else:
+            parts.append("<h2>Diversity</h2><p>Not computed (the diversity pass was off).</p>")
 
         maps = []
-        for record in characteristic_heads(heads_result.heads):
+        for record in report.characteristic:
             attention = heads_result.attention.get(record.layer)
             if attention is None:
                 continue
             title = f"Head {record.label} ({record.role.role}, {record.role.metric} {record.role.score:.2f})"
-            path = plots.attention_heatmap(
+            path = figures.attention_heatmap(
                 attention.maps[record.head].numpy(), attention.tokens, title, folder / f"attention_{record.label}.png"
             )
             maps.append(f"<figure>{_image(path, title)}<figcaption>{html.escape(title)}</figcaption></figure>")
         if maps:
             parts.append(
                 "<h2>Attention of the most characteristic heads</h2><p>For each role, the head that fills it best, on "
-                "the first text.</p><div class=\"grid\">" + "".join(maps) + "</div>"
+                'the first text.</p><div class="grid">' + "".join(maps) + "</div>"
             )
 
     columns = ["head", "role", "by", *heads_result.heads[0].scores]
     head_rows = [
-        (record.label, record.role.role, f"{record.role.metric} {record.role.score:.2f}",
-         *(_number(value) for value in record.scores.values()))
+        (
+            record.label,
+            record.role.role,
+            f"{record.role.metric} {record.role.score:.2f}",
+            *(_number(value) for value in record.scores.values()),
+        )
         for record in heads_result.heads
     ]
     parts.append("<h2>Every head</h2><p>Click a column to sort.</p>" + _table(columns, head_rows, "sortable"))
@@ -187,7 +169,7 @@ def render(heads_result: Any, heads_doc: dict, diversity: Any | None, diversity_
     # "</" cannot end the script element early once escaped; the JSON stays valid
     payload = json.dumps(data, ensure_ascii=False, sort_keys=False).replace("</", "<\\/")
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>attnscope report: {html.escape(name)}</title><style>{STYLE}</style></head><body>"
         + "".join(parts)
         + f'<script type="application/json" id="attnscope-data">{payload}</script>'

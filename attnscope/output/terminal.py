@@ -10,74 +10,48 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from attnscope.roles import SHORT_NAMES as COLUMNS  # score -> short column header
-from attnscope.roles import roles_for
+from attnscope.scores.catalog import ROLE, SCORE, roles_for, table_columns
 
 ROLE_STYLES = {
-    "previous-token": ("prev", "bold white on blue"),
-    "self": ("self", "bold black on dark_orange"),
-    "first-token": ("first", "bold white on purple4"),
-    "next-token": ("next", "bold black on cyan3"),
-    "last-token": ("last", "bold white on orange4"),
-    "induction": ("induc", "bold white on red3"),
-    "duplicate-token": ("dup", "bold black on hot_pink"),
-    "local": ("local", "bold white on green4"),
-    "broad": ("broad", "black on khaki1"),
-    "mixed": ("mix", "black on grey70"),
-}
-# scores left out of the table to fit 80 columns: when the table is sorted by one, it takes the place of its
-# sibling column (score -> (the column it replaces, header))
-SORT_ONLY_COLUMNS = {
-    "local": ("local_lift", "local"),
-    "local_uniform": ("local_lift", "unif"),
-    "entropy": ("entropy_normalized", "H"),
+    "previous-token": "bold white on blue",
+    "self": "bold black on dark_orange",
+    "first-token": "bold white on purple4",
+    "next-token": "bold black on cyan3",
+    "last-token": "bold white on orange4",
+    "induction": "bold white on red3",
+    "duplicate-token": "bold black on hot_pink",
+    "local": "bold white on green4",
+    "broad": "black on khaki1",
+    "mixed": "black on grey70",
 }
 
 
 def role_cell(role: str) -> Text:
-    short, style = ROLE_STYLES[role]
-    return Text(f"{short:^5}", style=style)
+    return Text(f"{ROLE[role].short:^5}", style=ROLE_STYLES[role])
 
 
-def is_encoder(heads: Sequence[Any]) -> bool:
-    """Whether these heads are an encoder's: only encoders measure next_token."""
-    return bool(heads) and heads[0].scores.get("next_token") is not None
-
-
-def shown_columns(encoder: bool) -> dict[str, str]:
-    """The table's score columns: a decoder's table has no next/last columns (never measured), an encoder's no
-    probe columns (the probe is skipped), so either fits in 80 columns."""
-    left_out = ("induction", "duplicate_token") if encoder else ("next_token", "last_token")
-    return {name: header for name, header in COLUMNS.items() if name not in left_out}
-
-
-def heads_table(heads: Sequence[Any], title: str, sort: str | None = None) -> Table:
-    """One row per head; fits in 80 columns. Hnorm is the mean entropy over ln(visible keys); the entropy in nats
-    and the raw local mass are in the JSON (`lift` decides the local role), and in the table in place of Hnorm or
-    lift when it is sorted by them (`sort`, a score name); `-` is a score that was not measured."""
-    columns = shown_columns(is_encoder(heads))
-    if sort in SORT_ONLY_COLUMNS:
-        replaced, header = SORT_ONLY_COLUMNS[sort]
-        columns = {
-            (sort if name == replaced else name): (header if name == replaced else shown) for name, shown in columns.items()
-        }
+def heads_table(heads: Sequence[Any], title: str, kind: str, sort: str | None = None) -> Table:
+    """One row per head; fits in 80 columns. The score columns are the catalog's table columns for this kind of
+    model (`catalog.table_columns`): sorted by a score that has no column of its own, it takes its sibling's place
+    (entropy in nats where Hnorm was, the raw local mass where lift was); `-` is a score that was not measured."""
+    columns = table_columns(kind, sort)
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
     table.add_column("head", justify="right")
     table.add_column("role")
     table.add_column("by", justify="right", no_wrap=True)
-    for header in columns.values():
-        table.add_column(header, justify="right")
+    for score in columns:
+        table.add_column(score.short, justify="right")
     for record in heads:
         table.add_row(
             record.label,
             role_cell(record.role.role),
-            f"{COLUMNS[record.role.metric]} {record.role.score:.2f}",
-            *("-" if record.scores[name] is None else f"{record.scores[name]:.2f}" for name in columns),
+            f"{SCORE[record.role.metric].short} {record.role.score:.2f}",
+            *("-" if record.scores[score.name] is None else f"{record.scores[score.name]:.2f}" for score in columns),
         )
     return table
 
 
-def role_map(heads: Sequence[Any], n_layer: int, n_head: int, title: str) -> Group:
+def role_map(heads: Sequence[Any], n_layer: int, n_head: int, title: str, kind: str) -> Group:
     """Layers as rows, heads as columns, one coloured cell per head; GPT-2 small fits in 80 columns."""
     roles = {(record.layer, record.head): record.role.role for record in heads}
     grid = Table(box=None, padding=(0, 1, 0, 0), show_edge=False, header_style="bold")
@@ -86,8 +60,9 @@ def role_map(heads: Sequence[Any], n_layer: int, n_head: int, title: str) -> Gro
         grid.add_column(str(head), justify="center", width=5)
     for layer in range(n_layer):
         grid.add_row(str(layer), *(role_cell(roles[(layer, head)]) for head in range(n_head)))
-    shown = roles_for(is_encoder(heads))
-    legend = Text(" ").join(Text(f" {ROLE_STYLES[role][0]}={role} ", style=ROLE_STYLES[role][1]) for role in shown)
+    legend = Text(" ").join(
+        Text(f" {role.short}={role.name} ", style=ROLE_STYLES[role.name]) for role in roles_for(kind)
+    )
     return Group(Text(title, style="bold"), grid, legend)
 
 
@@ -105,7 +80,9 @@ def pairs_table(pairs: Sequence[dict], title: str) -> Table:
     for header in ("heads", "JSD bits", "JS distance", "cosine"):
         table.add_column(header, justify="right")
     for pair in pairs:
-        table.add_row(f"{pair['a']} ~ {pair['b']}", f"{pair['js']:.3f}", f"{pair['js_distance']:.3f}", f"{pair['cosine']:.3f}")
+        table.add_row(
+            f"{pair['a']} ~ {pair['b']}", f"{pair['js']:.3f}", f"{pair['js_distance']:.3f}", f"{pair['cosine']:.3f}"
+        )
     return table
 
 
@@ -144,13 +121,28 @@ def bench_table(rows: Sequence[dict], title: str) -> Table:
     """One group of rows per batch size × sequence length (B × n). Fits 80 columns: headers on up to three lines,
     one space between columns; the caption says what the ratios are."""
     table = Table(
-        title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=0, show_edge=False,
+        title=title,
+        title_justify="left",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        padding=0,
+        show_edge=False,
         caption="spread: (max - min) / median time. ×floor: median time (or peak memory) / the floor's. faster than: "
         "the baseline's median time / attnscope's. peak MB: the median of the runs' peaks.",
         caption_justify="left",
     )
-    headers = ("B × n", "method", "median\ns", "spread", "tokens/s", "time\n×floor", "faster\nthan\ntutorial",
-               "faster\nthan\ncache", "peak\nMB", "memory\n×floor")
+    headers = (
+        "B × n",
+        "method",
+        "median\ns",
+        "spread",
+        "tokens/s",
+        "time\n×floor",
+        "faster\nthan\ntutorial",
+        "faster\nthan\ncache",
+        "peak\nMB",
+        "memory\n×floor",
+    )
     for header in headers:
         table.add_column(header, justify="left" if header == "method" else "right", no_wrap=True)
     for index, row in enumerate(rows):
@@ -158,10 +150,17 @@ def bench_table(rows: Sequence[dict], title: str) -> Table:
         first = index == 0 or config != (rows[index - 1]["batch"], rows[index - 1]["seq"])
         last = index == len(rows) - 1 or config != (rows[index + 1]["batch"], rows[index + 1]["seq"])
         table.add_row(
-            f"{row['batch']} × {row['seq']}" if first else "", row["method"], f"{row['median_s']:.3f}",
-            f"{row['spread']:.0%}", f"{row['tokens_per_s']:,.0f}", _times(row["time_vs_floor"]),
-            _times(row["speedup_vs_tutorial"]), _times(row["speedup_vs_cache"]), f"{row['peak_mb']:.0f}",
-            _times(row["memory_vs_floor"]), end_section=last,
+            f"{row['batch']} × {row['seq']}" if first else "",
+            row["method"],
+            f"{row['median_s']:.3f}",
+            f"{row['spread']:.0%}",
+            f"{row['tokens_per_s']:,.0f}",
+            _times(row["time_vs_floor"]),
+            _times(row["speedup_vs_tutorial"]),
+            _times(row["speedup_vs_cache"]),
+            f"{row['peak_mb']:.0f}",
+            _times(row["memory_vs_floor"]),
+            end_section=last,
         )
     return table
 
@@ -206,7 +205,8 @@ def attend_table(records: Sequence[dict], k: int, title: str) -> Table:
     for record in records:
         tops = ", ".join(
             f"{record[f'top{rank}_token']!r}@{record[f'top{rank}_position']}: {record[f'top{rank}_weight']:.2f}"
-            for rank in range(1, k + 1) if f"top{rank}_token" in record
+            for rank in range(1, k + 1)
+            if f"top{rank}_token" in record
         )
         weight = [f"{record['to_weight']:.3f}"] if "to_weight" in record else []
         table.add_row(record["label"], *weight, tops)

@@ -2,8 +2,9 @@
 
 A head is removed by zeroing its slice of the input of the output projection W_O (the concatenated head outputs:
 GPT-2's `attn.c_proj`, BERT's `attention.output.dense`) with a forward pre-hook: transformers v5 has no
-`head_mask`. Every head's output passes through one gate ξ_h (1 = kept, 0 = removed); Michel et al. 2019 ("Are Sixteen Heads Really Better than One?") estimate importance without removing
-anything as |∂L/∂ξ_h| at ξ = 1, one backward pass for all heads.
+`head_mask`. Every head's output passes through one gate ξ_h (1 = kept, 0 = removed); Michel et al. 2019 ("Are
+Sixteen Heads Really Better than One?") estimate importance without removing anything as |∂L/∂ξ_h| at ξ = 1, one
+backward pass for all heads.
 
     loss:     importance_h = L(ξ_h = 0) − L(ξ = 1)             (one forward per head; heads batched together)
     gradient: importance_h = mean over windows of |∂L_w/∂ξ_h|   (L_w: mean loss of window w)
@@ -26,12 +27,15 @@ from typing import Any
 
 import numpy as np
 
+from attnscope.analyses.common import DEFAULT_BATCH_SIZE, check_positive
 from attnscope.errors import AttnscopeError
-from attnscope.inputs import Text
-from attnscope.model import LoadedModel
-from attnscope.tokens import Tokenized, Window, batches, tokenize
+from attnscope.models.families import CAUSAL_LM
+from attnscope.models.loading import LoadedModel
+from attnscope.pipeline.inputs import Text
+from attnscope.pipeline.tokens import Window, batches, pad_id, tokenize
 
 METHODS = ("loss", "gradient")
+DEFAULT_TOP = 10  # heads listed, most important first
 MASK_FRACTION = 0.15  # of an encoder window's scored rows, replaced by [MASK] for the masked-LM loss
 MASK_SEED = 0
 IGNORED = -100  # label of a position that is not predicted (transformers' convention)
@@ -40,7 +44,7 @@ MAX_COPY_TOKENS = 8192
 
 
 class HeadGates:
-    """Forward pre-hooks on every layer's output projection (`LoadedModel.head_output_projections`: GPT-2's
+    """Forward pre-hooks on every layer's output projection (the family's `output_projection`: GPT-2's
     `attn.c_proj`, BERT's `attention.output.dense`) multiplying each head's output by a gate.
 
     `gates` is (B, L, H): one row of gates per sequence of the batch, so one forward pass can run the same window
@@ -52,7 +56,7 @@ class HeadGates:
         self.gates: Any = None
         self.handles = [
             module.register_forward_pre_hook(self._hook(layer))
-            for layer, module in enumerate(loaded.head_output_projections())
+            for layer, module in enumerate(loaded.family.output_projections(loaded.model))
         ]
 
     def _hook(self, layer: int) -> Callable:
@@ -71,7 +75,7 @@ class HeadGates:
         for handle in self.handles:
             handle.remove()
 
-    def __enter__(self) -> "HeadGates":
+    def __enter__(self) -> HeadGates:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -105,7 +109,11 @@ def masked_windows(windows: Sequence[Window], mask_id: int, seed: int = MASK_SEE
         rows = np.arange(1, length - 1)  # the scored rows
         count = max(1, int(round(MASK_FRACTION * len(rows))))
         chosen = set(int(i) for i in generator.choice(rows, size=count, replace=False))
-        masked.append(Window(window.text_index, tuple(mask_id if i in chosen else t for i, t in enumerate(window.ids)), window.start))
+        masked.append(
+            Window(
+                window.text_index, tuple(mask_id if i in chosen else t for i, t in enumerate(window.ids)), window.start
+            )
+        )
         labels.append(tuple(t if i in chosen else IGNORED for i, t in enumerate(window.ids)))
     return LossWindows(masked, labels)
 
@@ -150,17 +158,24 @@ class AblationResult:
 
     model: dict[str, Any]
     inputs: dict[str, Any]
-    method: str
+    settings: dict[str, Any]
     baseline_loss: float
     importance: np.ndarray
     ablated_loss: np.ndarray | None
     prune: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def method(self) -> str:
+        return self.settings["method"]
+
     def ranked(self) -> list[tuple[int, int]]:
         """Heads from the most to the least important, ties in layer.head order."""
         n_layer, n_head = self.importance.shape
-        return sorted(((l, h) for l in range(n_layer) for h in range(n_head)), key=lambda lh: (-self.importance[lh], lh))
+        return sorted(
+            ((layer, head) for layer in range(n_layer) for head in range(n_head)),
+            key=lambda lh: (-self.importance[lh], lh),
+        )
 
 
 def losses_under(loaded: LoadedModel, windows: LossWindows, configurations: Any, batch_size: int = 8) -> np.ndarray:
@@ -172,9 +187,8 @@ def losses_under(loaded: LoadedModel, windows: LossWindows, configurations: Any,
     K = configurations.shape[0]
     total = torch.zeros(K, dtype=torch.float64)
     count = 0
-    pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else loaded.tokenizer.eos_token_id
     with HeadGates(loaded) as hooks, torch.inference_mode():
-        for batch in batches(windows.windows, batch_size, loaded.device, pad or 0):
+        for batch in batches(windows.windows, batch_size, loaded.device, pad_id(loaded.tokenizer)):
             B, n = batch.input_ids.shape
             labels = _batch_labels(windows, batch)  # (B, n) or None
             per_pass = max(1, MAX_COPY_TOKENS // (B * n))  # configurations per forward pass
@@ -183,7 +197,9 @@ def losses_under(loaded: LoadedModel, windows: LossWindows, configurations: Any,
                 k = chunk.shape[0]
                 hooks.gates = chunk.repeat_interleave(B, dim=0)  # (k·B, L, H): configuration-major
                 losses, valid = _token_losses(
-                    loaded, batch.input_ids.repeat(k, 1), batch.attention_mask.repeat(k, 1),
+                    loaded,
+                    batch.input_ids.repeat(k, 1),
+                    batch.attention_mask.repeat(k, 1),
                     None if labels is None else labels.repeat(k, 1),
                 )  # (k·B, n-1) or (k·B, n)
                 total[first : first + k] += losses.view(k, B, -1).sum(dim=(1, 2)).double().cpu()
@@ -199,9 +215,8 @@ def _gradient_importance(loaded: LoadedModel, windows: LossWindows, batch_size: 
     L, H = loaded.n_layer, loaded.n_head
     total_abs = torch.zeros(L, H, dtype=torch.float64)
     loss_sum, token_count = 0.0, 0
-    pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else loaded.tokenizer.eos_token_id
     with HeadGates(loaded) as hooks:
-        for batch in batches(windows.windows, batch_size, loaded.device, pad or 0):
+        for batch in batches(windows.windows, batch_size, loaded.device, pad_id(loaded.tokenizer)):
             B = batch.input_ids.shape[0]
             gates = torch.ones(B, L, H, device=loaded.device, requires_grad=True)  # (B, L, H)
             hooks.gates = gates
@@ -215,73 +230,97 @@ def _gradient_importance(loaded: LoadedModel, windows: LossWindows, batch_size: 
     return loss_sum / token_count, (total_abs / len(windows.windows)).numpy()
 
 
-def ablate(
-    loaded: LoadedModel,
-    texts: Sequence[Text],
-    method: str = "loss",
-    prune: int = 0,
-    bos: bool | None = None,
-    batch_size: int = 8,
-) -> AblationResult:
-    """Importance of every head over `texts` (see the module docstring); `prune` > 0 also reports the loss as the
-    `prune` least important heads are removed cumulatively."""
-    import torch
+@dataclass(frozen=True)
+class Ablate:
+    """Importance of every head over the texts (see the module docstring); `prune` > 0 also reports the loss as the
+    `prune` least important heads are removed cumulatively. Needs the model loaded with its language-model head."""
 
-    if loaded.lm_model is None:
-        raise AttnscopeError("ablation needs the model's language-model head: load it with lm_head=True")
-    if method not in METHODS:
-        raise AttnscopeError(f"--method '{method}': use one of {', '.join(METHODS)}")
-    L, H = loaded.n_layer, loaded.n_head
-    if not 0 <= prune <= L * H:
-        raise AttnscopeError(f"--prune {prune}: this model has {L * H} heads")
-    tokenized: Tokenized = tokenize(loaded.tokenizer, texts, loaded.n_ctx, bos)
+    method: str = "loss"
+    prune: int = 0
+    bos: bool | None = None
+    batch_size: int = DEFAULT_BATCH_SIZE
+    top: int = DEFAULT_TOP
+    needs_lm_head = True
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise AttnscopeError(f"method '{self.method}': use one of {', '.join(METHODS)}")
+        check_positive("prune", self.prune, 0)
+        check_positive("batch size", self.batch_size)
+        check_positive("top", self.top)
+
+    def run(self, loaded: LoadedModel, texts: Sequence[Text], progress: Any = None) -> AblationResult:
+        import torch
+
+        if loaded.lm_model is None:
+            raise AttnscopeError("ablation needs the model's language-model head: load it with lm_head=True")
+        L, H = loaded.n_layer, loaded.n_head
+        if self.prune > L * H:
+            raise AttnscopeError(f"prune {self.prune}: this model has {L * H} heads")
+        windows, tokenized_bos, notes = _loss_windows(loaded, texts, self.bos)
+        inputs = {
+            "n_texts": len(texts),
+            "n_windows": len(windows.windows),
+            "n_tokens": sum(len(w.ids) for w in windows.windows),
+            "predicted_tokens": windows.predicted,
+            "bos": tokenized_bos,
+            "sources": [item.source for item in texts],
+        }
+        settings = {
+            "method": self.method,
+            "prune": self.prune,
+            "batch_size": self.batch_size,
+            "top": self.top,
+            "loss_unit": "nats per predicted token",
+        }
+        previous = loaded.config._attn_implementation
+        loaded.model.set_attn_implementation("sdpa")  # no attention weights are needed here: the fastest kernel
+        try:
+            keep_all = torch.ones(1, L, H)
+            if self.method == "loss":
+                one_off = torch.ones(L * H, L, H)  # configuration k removes head k (layer-major)
+                one_off.view(L * H, L * H)[torch.arange(L * H), torch.arange(L * H)] = 0
+                losses = losses_under(loaded, windows, torch.cat([keep_all, one_off]), self.batch_size)
+                baseline, ablated = float(losses[0]), losses[1:].reshape(L, H)
+                importance = ablated - baseline
+            else:
+                baseline, importance = _gradient_importance(loaded, windows, self.batch_size)
+                ablated = None
+            result = AblationResult(loaded.info(), inputs, settings, baseline, importance, ablated, notes=notes)
+            if self.prune:
+                order = result.ranked()[::-1][: self.prune]  # least important first
+                steps = torch.ones(self.prune, L, H)
+                for k, (layer, head) in enumerate(order):
+                    steps[k:, layer, head] = 0  # step k has heads order[0..k] removed
+                pruned = losses_under(loaded, windows, steps, self.batch_size)
+                result.prune = [
+                    {"removed": k + 1, "head": f"{layer}.{head}", "loss": float(pruned[k])}
+                    for k, (layer, head) in enumerate(order)
+                ]
+        finally:
+            loaded.model.set_attn_implementation(previous)
+        return result
+
+
+def _loss_windows(loaded: LoadedModel, texts: Sequence[Text], bos: bool | None) -> tuple[LossWindows, bool, list[str]]:
+    """The windows the loss is measured on (an encoder's masked), whether special tokens were added, and notes."""
+    tokenized = tokenize(loaded, texts, bos)
     notes = list(tokenized.notes)
-    if loaded.causal:
+    if loaded.family.lm_head == CAUSAL_LM:  # next-token loss
         windows = LossWindows([window for window in tokenized.windows if len(window.ids) >= 2])
         if not windows.windows:
             raise AttnscopeError("every window has a single token: there is no next token to predict")
-    else:
-        if loaded.tokenizer.mask_token_id is None:
-            raise AttnscopeError("this encoder's tokenizer has no [MASK] token: the masked-LM loss cannot be measured")
-        windows = masked_windows(tokenized.windows, loaded.tokenizer.mask_token_id)
-        if not windows.windows:
-            raise AttnscopeError(
-                "no window has a token between its first and last: there is nothing to mask "
-                "(with --bos, [CLS] and [SEP] are added around the text)"
-            )
-        notes.append(
-            f"masked-LM loss: {MASK_FRACTION:.0%} of each window's tokens between the first and the last (at least "
-            f"one) replaced by [MASK], chosen with seed {MASK_SEED}"
+        return windows, tokenized.bos, notes
+    if loaded.tokenizer.mask_token_id is None:
+        raise AttnscopeError("this encoder's tokenizer has no [MASK] token: the masked-LM loss cannot be measured")
+    windows = masked_windows(tokenized.windows, loaded.tokenizer.mask_token_id)
+    if not windows.windows:
+        raise AttnscopeError(
+            "no window has a token between its first and last: there is nothing to mask "
+            "(with bos on, [CLS] and [SEP] are added around the text)"
         )
-    inputs = {
-        "n_texts": len(texts), "n_windows": len(windows.windows), "n_tokens": sum(len(w.ids) for w in windows.windows),
-        "predicted_tokens": windows.predicted, "bos": tokenized.bos,
-        "sources": [item.source for item in texts],
-    }
-    previous = loaded.config._attn_implementation
-    loaded.model.set_attn_implementation("sdpa")  # no attention weights are needed here: the fastest kernel
-    try:
-        keep_all = torch.ones(1, L, H)
-        if method == "loss":
-            one_off = torch.ones(L * H, L, H)  # configuration k removes head k (layer-major)
-            one_off.view(L * H, L * H)[torch.arange(L * H), torch.arange(L * H)] = 0
-            losses = losses_under(loaded, windows, torch.cat([keep_all, one_off]), batch_size)
-            baseline, ablated = float(losses[0]), losses[1:].reshape(L, H)
-            importance = ablated - baseline
-        else:
-            baseline, importance = _gradient_importance(loaded, windows, batch_size)
-            ablated = None
-        result = AblationResult(loaded.info(), inputs, method, baseline, importance, ablated, notes=notes)
-        if prune:
-            order = result.ranked()[::-1][:prune]  # least important first
-            steps = torch.ones(prune, L, H)
-            for k, (layer, head) in enumerate(order):
-                steps[k:, layer, head] = 0  # step k has heads order[0..k] removed
-            pruned = losses_under(loaded, windows, steps, batch_size)
-            result.prune = [
-                {"removed": k + 1, "head": f"{layer}.{head}", "loss": float(pruned[k])}
-                for k, (layer, head) in enumerate(order)
-            ]
-    finally:
-        loaded.model.set_attn_implementation(previous)
-    return result
+    notes.append(
+        f"masked-LM loss: {MASK_FRACTION:.0%} of each window's tokens between the first and the last (at least "
+        f"one) replaced by [MASK], chosen with seed {MASK_SEED}"
+    )
+    return windows, tokenized.bos, notes

@@ -1,54 +1,51 @@
-"""Stage 4: per-head statistics accumulated exactly (sums and counts) across blocks, layers, batches and runs."""
+"""Reducers: what the capture hands each layer's attention to. Each turns attention into exact sums (float64 sums,
+integer counts) on the device where attention was computed, so partial runs add up across blocks, layers, batches,
+runs and processes."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from attnscope import metrics
-from attnscope.capture import AttentionBlock, LayerRows, Reducer
+from attnscope.pipeline.capture import AttentionBlock, LayerRows, Reducer
+from attnscope.scores import pairs, rows
+from attnscope.scores.kinds import DEFAULT_WINDOW, Kind
 
 
 class HeadStatistics(Reducer):
-    """Running sums of every row statistic for every (layer, head), kept on the device the model runs on.
+    """Running sums of every row statistic of `kind` for every (layer, head), kept on the model's device."""
 
-    Sums are float64 and counts integers, so two partial runs merged with `merge` give the same means as one run.
-    """
-
-    def __init__(
-        self, n_layer: int, n_head: int, device: torch.device, window: int = metrics.DEFAULT_WINDOW, causal: bool = True
-    ):
+    def __init__(self, kind: Kind, n_layer: int, n_head: int, device: torch.device, window: int = DEFAULT_WINDOW):
+        self.kind = kind
         self.window = window
-        self.causal = causal  # False: an encoder, scored and summed by the bidirectional definitions (see metrics)
-        names = metrics.row_score_names(causal)
-        self.sums = torch.zeros(n_layer, n_head, len(names), dtype=torch.float64, device=device)
+        self.sums = torch.zeros(n_layer, n_head, len(kind.row_score_names), dtype=torch.float64, device=device)
         self.uniform_sum = torch.zeros((), dtype=torch.float64, device=device)
         self.row_count = torch.zeros((), dtype=torch.long, device=device)
 
     def keys_to_gather(self, positions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        if self.causal:
-            return metrics.gathered_keys(positions, self.window)  # (b, w+2)
-        return metrics.encoder_gathered_keys(positions, lengths, self.window)  # (B, b, 2w+3)
+        return self.kind.gathered_keys(positions, lengths, self.window)
 
-    def add_layer(self, layer: int, rows: LayerRows) -> None:
+    def add_layer(self, layer: int, summary: LayerRows) -> None:
         """Add every row of layer `layer` of a batch, from the capture's per-row summaries."""
-        scores = metrics.layer_row_scores(
-            rows.normalizer, rows.expected_logit, rows.gathered, self.window, rows.lengths, self.causal
+        scores = self.kind.layer_row_scores(
+            summary.normalizer, summary.expected_logit, summary.gathered, summary.lengths, self.window
         )
-        positions = torch.arange(rows.normalizer.shape[-1], device=rows.normalizer.device)  # (n,)
-        sums, uniform, count = metrics.sum_scored_rows(scores, positions, rows.lengths, self.window, self.causal)
+        positions = torch.arange(summary.normalizer.shape[-1], device=summary.normalizer.device)  # (n,)
+        sums, uniform, count = rows.sum_scored_rows(self.kind, scores, positions, summary.lengths, self.window)
         self.sums[layer] += sums
         if layer == 0:  # row-level quantities are the same for every layer: count them once
             self.uniform_sum += uniform
             self.row_count += count
 
-    def merge(self, other: "HeadStatistics") -> None:
+    def merge(self, other: HeadStatistics) -> None:
         self.sums += other.sums.to(self.sums.device)
         self.uniform_sum += other.uniform_sum.to(self.sums.device)
         self.row_count += other.row_count.to(self.sums.device)
 
     def means(self) -> dict[str, torch.Tensor]:
         """name -> (n_layer, n_head) float64 on the host."""
-        return metrics.finish(self.sums.cpu(), float(self.uniform_sum), int(self.row_count), self.causal)
+        return rows.finish(self.kind, self.sums.cpu(), float(self.uniform_sum), int(self.row_count))
 
 
 class ProbeStatistics(Reducer):
@@ -58,20 +55,19 @@ class ProbeStatistics(Reducer):
     starts at `first_query`.
     """
 
-    SCORES = ("induction", "duplicate_token")
     wants_blocks = True
 
     def __init__(self, n_layer: int, n_head: int, device: torch.device, period: int, first_query: int):
         self.period = period
         self.first_query = first_query
-        self.sums = torch.zeros(n_layer, n_head, 2, dtype=torch.float64, device=device)
+        self.sums = torch.zeros(n_layer, n_head, len(rows.PROBE_SCORES), dtype=torch.float64, device=device)
         self.row_count = torch.zeros((), dtype=torch.long, device=device)
 
     def add_block(self, layer: int, block: AttentionBlock) -> None:
         attn, positions, lengths = block.probs, block.positions, block.lengths
         second_copy = (positions[None, :] >= self.first_query) & (positions[None, :] < lengths[:, None])  # (B, b)
-        induction = metrics.offset_attention(attn, positions, -(self.period - 1))  # (B, H, b)
-        duplicate = metrics.offset_attention(attn, positions, -self.period)  # (B, H, b)
+        induction = rows.offset_attention(attn, positions, -(self.period - 1))  # (B, H, b)
+        duplicate = rows.offset_attention(attn, positions, -self.period)  # (B, H, b)
         stacked = torch.stack([induction, duplicate], dim=-1)  # (B, H, b, 2)
         stacked = torch.where(second_copy[:, None, :, None], stacked, 0.0)
         self.sums[layer] += stacked.sum(dim=(0, 2), dtype=torch.float64)  # (H, 2)
@@ -81,12 +77,11 @@ class ProbeStatistics(Reducer):
     def means(self) -> dict[str, torch.Tensor]:
         """name -> (n_layer, n_head) float64 on the host."""
         means = self.sums.cpu() / int(self.row_count)
-        return {name: means[..., k] for k, name in enumerate(self.SCORES)}
+        return {name: means[..., k] for k, name in enumerate(rows.PROBE_SCORES)}
 
 
 class DiversityStatistics(Reducer):
-    """Pairwise sums (dot products, JSD, sqrt JSD) between the heads of `layers`, over scored rows (see
-    metrics.scored_rows: a decoder's rows 1 .. length-1, an encoder's 1 .. length-2).
+    """Pairwise sums (dot products, JSD, sqrt JSD) between the heads of `layers`, over the scored rows of `kind`.
 
     One layer: each block the capture hands over holds all its heads, so pairs are summed block by block and
     nothing is stored. Several layers: a pair may span two layers whose attention exists at different moments of
@@ -96,9 +91,9 @@ class DiversityStatistics(Reducer):
 
     wants_blocks = True
 
-    def __init__(self, layers: list[int], n_head: int, device: torch.device, causal: bool = True):
+    def __init__(self, kind: Kind, layers: list[int], n_head: int, device: torch.device):
+        self.kind = kind
         self.layers = list(layers)
-        self.causal = causal  # an encoder scores rows 1 .. length-2, and every key of them may be nonzero
         self.n_head = n_head
         K = len(self.layers) * n_head
         self.dots = torch.zeros(K, K, dtype=torch.float64, device=device)
@@ -109,8 +104,9 @@ class DiversityStatistics(Reducer):
         self.lengths: torch.Tensor | None = None
 
     def _add(self, attn: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor) -> None:
-        scored = metrics.scored_rows(lengths, positions, self.causal)  # (B, b)
-        dots, js, js_root = metrics.pairwise_sums(attn, scored, positions if self.causal else None)
+        scored = self.kind.scored_rows(lengths, positions)  # (B, b)
+        # a causal row's keys end at the row: the keys after a chunk's last row may be skipped
+        dots, js, js_root = pairs.pairwise_sums(attn, scored, positions if self.kind.causal else None)
         self.dots += dots
         self.js += js
         self.js_root += js_root
@@ -140,13 +136,29 @@ class DiversityStatistics(Reducer):
 
     def results(self) -> dict[str, torch.Tensor]:
         """(K, K) float64 on the host: cosine, js (mean JSD, bits), js_distance (mean sqrt JSD)."""
-        count = int(self.row_count)
-        if count == 0:
-            raise ValueError("no scored rows")
-        dots = self.dots.cpu()
-        norms = dots.diagonal().sqrt()
-        return {
-            "cosine": dots / (norms[:, None] * norms[None, :]).clamp(min=1e-300),
-            "js": self.js.cpu() / count,
-            "js_distance": self.js_root.cpu() / count,
-        }
+        return pairs.similarity(self.dots.cpu(), self.js.cpu(), self.js_root.cpu(), int(self.row_count))
+
+
+class QueryRowReducer(Reducer):
+    """Keeps row `position` of window 0's attention, every layer: rows[layer] is (H, n_keys) float32 on the host.
+    In a causal model the keys after the query weigh exactly 0 (the capture leaves masked keys a weight of at most
+    1.6e-38, see capture.LOGIT_FLOOR)."""
+
+    wants_blocks = True
+
+    def __init__(self, kind: Kind, position: int):
+        self.kind = kind
+        self.position = position
+        self.rows: dict[int, Any] = {}
+
+    def add_block(self, layer: int, block: AttentionBlock) -> None:
+        first, last = int(block.positions[0]), int(block.positions[-1])
+        if not first <= self.position <= last:
+            return
+        r = self.position - first
+        row = block.exp_logits[0, :, r] / block.normalizer[0, :, r, None]  # (H, k)
+        full = row.new_zeros(row.shape[0], block.n_keys)  # (H, n_keys): keys the block did not reach weigh 0
+        full[:, : row.shape[1]] = row
+        if self.kind.causal:
+            full[:, self.position + 1 :] = 0
+        self.rows[layer] = full.cpu()

@@ -1,0 +1,214 @@
+"""`attnscope heads`: every head's scores over the texts, its role, and the repeated-token probe.
+
+from attnscope import load_model, Text, analyze_heads
+model = load_model("gpt2")
+result = analyze_heads(model, [Text("The cat sat on the mat because it was tired.", "argument")])
+result.heads[0].role.role, result.heads[0].scores["previous_token"]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnscope.analyses.common import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_TOKENS,
+    Progress,
+    check_layer,
+    check_positive,
+    input_summary,
+    parse_head,
+    run_windows,
+    too_short,
+)
+from attnscope.analyses.maps import AttentionMap
+from attnscope.errors import AttnscopeError
+from attnscope.models.loading import LoadedModel
+from attnscope.pipeline import capture, distributed
+from attnscope.pipeline.inputs import Text
+from attnscope.pipeline.reducers import HeadStatistics, ProbeStatistics
+from attnscope.pipeline.tokens import PROBE_SEQUENCES, Window, batches, probe_windows, token_labels, tokenize
+from attnscope.scores import catalog, roles
+from attnscope.scores.kinds import DEFAULT_WINDOW, Kind
+
+DEFAULT_PROBE_LEN = 50
+
+
+@dataclass(frozen=True)
+class HeadRecord:
+    layer: int
+    head: int
+    scores: dict[str, float | None]  # every score of the catalog; None where not measured
+    role: roles.Role
+
+    @property
+    def label(self) -> str:
+        return f"{self.layer}.{self.head}"
+
+
+@dataclass
+class HeadsResult:
+    model: dict[str, Any]
+    kind: Kind
+    inputs: dict[str, Any]
+    settings: dict[str, Any]  # window, thresholds (the roles this kind can be given), batching, probe
+    heads: list[HeadRecord]
+    measured: tuple[str, ...]  # the scores this run measured (catalog order); the others are None
+    notes: list[str] = field(default_factory=list)
+    attention: dict[int, AttentionMap] = field(default_factory=dict)  # layer -> maps of the first window
+    plotted: list[tuple[int, int]] = field(default_factory=list)  # heads whose maps were asked for, as (layer, head)
+    selection: dict[str, Any] = field(default_factory=dict)  # layer, sort, top: which heads `selected` holds
+
+    def select(self, layer: int | None = None, sort: str | None = None, top: int | None = None) -> list[HeadRecord]:
+        """Heads of one layer (or all), sorted by a score (descending, ties in layer.head order), the first `top`."""
+        if layer is not None:
+            check_layer(layer, self.model["n_layer"])
+        name = check_sort(sort, self.kind, "probe" in self.inputs)
+        selected = [record for record in self.heads if layer is None or record.layer == layer]
+        if name is not None:
+            selected.sort(key=lambda record: -record.scores[name])
+        return selected if top is None else selected[:top]
+
+    @property
+    def selected(self) -> list[HeadRecord]:
+        """The heads the run's selection (layer, sort, top) picks: the rows of the table, --json and --csv."""
+        return self.select(**self.selection)
+
+
+def sort_score(sort: str) -> catalog.Score:
+    """The score a spelling of `sort` names: `previous_token`, `previous-token`, `prev`, `Hnorm` ..."""
+    score = catalog.score_named(sort)
+    if score is None:
+        raise AttnscopeError(f"sort '{sort}': use one of {', '.join(catalog.SCORE_NAMES)} (or their short labels)")
+    return score
+
+
+def check_sort(sort: str | None, kind: Kind, probe: bool) -> str | None:
+    """The score `sort` names, checked against what this kind of model, with or without the probe, measures."""
+    if sort is None:
+        return None
+    score = sort_score(sort)
+    if kind.name not in score.kinds:
+        measured = " and ".join(f"{name}s" for name in sorted(score.kinds))
+        raise AttnscopeError(f"sort by {sort}: that score is measured for {measured} only")
+    if score.source == catalog.PROBE and not probe:
+        raise AttnscopeError(f"sort by {sort}: that score comes from the probe, which is off")
+    return score.name
+
+
+@dataclass(frozen=True)
+class Heads:
+    """Settings of a heads analysis; `run` checks what needs the model before any forward pass."""
+
+    window: int = DEFAULT_WINDOW
+    thresholds: Mapping[str, float] = field(default_factory=lambda: dict(catalog.DEFAULT_THRESHOLDS))
+    bos: bool | None = None
+    batch_size: int = DEFAULT_BATCH_SIZE
+    max_tokens: int | None = DEFAULT_MAX_TOKENS
+    probe: bool = True
+    probe_len: int | None = None  # None: DEFAULT_PROBE_LEN, or less when twice that does not fit the context
+    probe_seed: int = 0
+    plot: tuple[str, ...] = ()  # heads `L.H` whose full maps to keep (first window)
+    # which heads `HeadsResult.selected` holds; checked before any forward pass, so a bad one costs nothing
+    layer: int | None = None
+    sort: str | None = None
+    top: int | None = None
+
+    def __post_init__(self) -> None:
+        check_positive("window", self.window)
+        check_positive("batch size", self.batch_size)
+        check_positive("max tokens", self.max_tokens)
+        check_positive("probe period", self.probe_len, 3)
+        check_positive("probe seed", self.probe_seed, 0)
+        check_positive("top", self.top)
+        if self.sort is not None:  # stored under its name, whichever spelling was given
+            object.__setattr__(self, "sort", sort_score(self.sort).name)
+
+    def run(self, model: LoadedModel, texts: Sequence[Text], progress: Progress | None = None) -> HeadsResult:
+        """Every head's statistics over `texts` and its role; full maps of the plotted heads' layers."""
+        kind = model.kind
+        if self.layer is not None:
+            check_layer(self.layer, model.n_layer)
+        check_sort(self.sort, kind, self.probe)
+        # each head drawn once, in the order first asked for
+        plotted = list(dict.fromkeys(parse_head(label, model.n_layer, model.n_head) for label in self.plot))
+        tokenized = tokenize(model, texts, self.bos)
+        notes = list(tokenized.notes)
+        probe_input, probe_len = None, self.probe_len
+        if self.probe and not kind.probe:
+            notes.append("the repeated-token probe measures left-to-right copying; skipped for encoder models")
+        elif self.probe:
+            if probe_len is None:
+                probe_len = min(DEFAULT_PROBE_LEN, (model.n_ctx - 1) // 2)
+                if probe_len < DEFAULT_PROBE_LEN:
+                    notes.append(f"probe period shortened to {probe_len} tokens to fit the context of {model.n_ctx}")
+            # built before the texts run, so that a bad probe period or seed stops the command at once
+            probe_input = probe_windows(model.tokenizer, probe_len, model.n_ctx, self.probe_seed)
+        statistics = HeadStatistics(kind, model.n_layer, model.n_head, model.device, self.window)
+        keep_layers = sorted({layer for layer, _ in plotted})
+        captured = run_windows(model, tokenized, statistics, self.batch_size, self.max_tokens, progress, keep_layers)
+        distributed.all_reduce_sum(statistics.sums, statistics.uniform_sum, statistics.row_count)
+        if int(statistics.row_count) == 0:
+            raise AttnscopeError(too_short(model, "score"))
+        means = statistics.means()
+        summary = input_summary(texts, tokenized, int(statistics.row_count))
+        if probe_input is not None:
+            probe_means, summary["probe"] = probe_scores(model, probe_input, probe_len, self.probe_seed)
+            means.update(probe_means)
+        heads = []
+        for layer in range(model.n_layer):
+            for head in range(model.n_head):
+                scores = {
+                    name: float(means[name][layer, head]) if name in means else None for name in catalog.SCORE_NAMES
+                }
+                heads.append(HeadRecord(layer, head, scores, roles.classify(scores, self.thresholds)))
+        first = tokenized.windows[0]
+        labels = token_labels(model.tokenizer, first.ids)
+        # only the roles this kind of model can be given (a decoder's JSON is what it was before encoders)
+        kind_roles = {role.name for role in catalog.roles_for(kind.name)}
+        settings = {
+            "window": self.window,
+            "thresholds": {role: value for role, value in self.thresholds.items() if role in kind_roles},
+            "batch_size": self.batch_size,
+            "max_tokens": self.max_tokens,
+            "probe": self.probe,
+            "layer": self.layer,
+            "sort": self.sort,
+            "top": self.top,
+        }
+        return HeadsResult(
+            model=model.info(),
+            kind=kind,
+            inputs=summary,
+            settings=settings,
+            heads=heads,
+            measured=tuple(name for name in catalog.SCORE_NAMES if name in means),
+            notes=notes,
+            attention={
+                layer: AttentionMap(layer, maps, labels, first.text_index) for layer, maps in captured.maps.items()
+            },
+            plotted=plotted,
+            selection={"layer": self.layer, "sort": self.sort, "top": self.top},
+        )
+
+
+def probe_scores(
+    model: LoadedModel, windows: Sequence[Window], period: int, seed: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Induction and duplicate-token scores of every head, name -> (n_layer, n_head), from one forward pass over
+    the probe `windows` (tokens.probe_windows with this `period` and `seed`: seeded random sequences of `period`
+    tokens repeated twice); and a summary for the JSON."""
+    first_query = len(windows[0].ids) - period  # BOS (when any) + the first copy
+    statistics = ProbeStatistics(model.n_layer, model.n_head, model.device, period, first_query)
+    capture.run(model.model, batches(windows, len(windows), model.device), statistics)
+    summary = {"period": period, "sequences": PROBE_SEQUENCES, "seed": seed, "scored_rows": int(statistics.row_count)}
+    return statistics.means(), summary
+
+
+def analyze_heads(
+    model: LoadedModel, texts: Sequence[Text], progress: Progress | None = None, **settings: Any
+) -> HeadsResult:
+    """`Heads(**settings).run(model, texts, progress)`: every head's scores and role (see `Heads`)."""
+    return Heads(**settings).run(model, texts, progress)

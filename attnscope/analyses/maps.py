@@ -1,0 +1,77 @@
+"""Full attention maps of a few layers for one text, for pictures (`attnscope show`, `heads --plot`, `report`).
+
+Only the layers asked for are kept, for one window, on the host; the capture reduces nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnscope.analyses.common import check_index, check_layer, parse_head
+from attnscope.models.loading import LoadedModel
+from attnscope.pipeline import capture
+from attnscope.pipeline.inputs import Text
+from attnscope.pipeline.tokens import batches, pad_id, token_labels, tokenize
+
+
+@dataclass
+class AttentionMap:
+    """One window's full attention for one layer: maps (H, n, n) float32 on the host, with token labels."""
+
+    layer: int
+    maps: Any
+    tokens: list[str]
+    text_index: int
+
+
+def attention_maps(
+    model: LoadedModel, text: Text, layers: Sequence[int], bos: bool | None = None
+) -> tuple[dict[int, AttentionMap], list[str]]:
+    """Full attention maps of `layers` for one text (its first window when it is longer than the context), from
+    one forward pass: layer -> AttentionMap, and notes."""
+    for layer in layers:
+        check_layer(layer, model.n_layer)
+    tokenized = tokenize(model, [text], bos)
+    notes = list(tokenized.notes)
+    if len(tokenized.windows) > 1:
+        notes.append("showing the first window only")
+    first = tokenized.windows[:1]
+    captured = capture.run(
+        model.model, batches(first, 1, model.device, pad_id(model.tokenizer)), None, keep_layers=layers, keep_window=0
+    )
+    labels = token_labels(model.tokenizer, first[0].ids)
+    return {layer: AttentionMap(layer, captured.maps[layer], labels, 0) for layer in layers}, notes
+
+
+@dataclass
+class ShowResult:
+    """`attnscope show`: one layer's maps (every head, or `head` alone) for the text at `index`."""
+
+    model: dict[str, Any]
+    attention: AttentionMap
+    head: int | None
+    index: int
+    bos: bool | None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Show:
+    """The maps of layer `layer` (one head with `head`) of the `index`-th text."""
+
+    layer: int
+    head: int | None = None
+    index: int = 0
+    bos: bool | None = None
+
+    def run(self, model: LoadedModel, texts: Sequence[Text], progress: Any = None) -> ShowResult:
+        text = check_index(self.index, texts)
+        check_layer(self.layer, model.n_layer)
+        if self.head is not None:
+            parse_head(f"{self.layer}.{self.head}", model.n_layer, model.n_head)
+        maps, notes = attention_maps(model, text, [self.layer], self.bos)
+        attention = maps[self.layer]
+        attention.text_index = self.index
+        return ShowResult(model.info(), attention, self.head, self.index, self.bos, notes)

@@ -1,0 +1,94 @@
+"""Files for `--out`: staged in a hidden folder, then moved into place together, so that a run that fails or is
+interrupted leaves nothing half-written behind."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from attnscope.errors import AttnscopeError
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """`folder` and those of its parents that do not exist yet, deepest first."""
+    return [path for path in (folder, *folder.parents) if not path.exists()]
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders a run created (deepest first) as long as they are empty."""
+    for made in folders:
+        try:
+            made.rmdir()
+        except OSError:
+            return
+
+
+def prepare_out_dir(path: str | os.PathLike) -> Path:
+    """Prove that `path` can be created and written to before any work is done, and leave the disk as it was: the
+    folder is made when the files are written (`write_all`), so a run that fails leaves no empty folder behind."""
+    folder = Path(path).expanduser()
+    missing = _missing_folders(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".attnscope-probe-"):
+            pass
+    except OSError as error:
+        raise AttnscopeError(f"cannot write to --out {path}: {error.strerror or error}") from None
+    finally:
+        _remove_empty(missing)
+    return folder
+
+
+def write_all(folder: Path, write: Callable[[Path], Sequence[Path]]) -> list[Path]:
+    """Run `write(stage)`, which writes its files into `stage`, a hidden folder inside `folder`, then move them
+    all into `folder`. An error or Ctrl-C while writing leaves nothing behind (no file, no folder this created);
+    the moves are renames on one file system, with Ctrl-C held back until the last is done, so the files land
+    together. Returns the paths in `folder`."""
+    import shutil
+    import signal
+
+    missing = _missing_folders(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(dir=folder, prefix=".attnscope-"))
+    except OSError as error:
+        _remove_empty(missing)
+        raise AttnscopeError(f"cannot write to --out {folder}: {error.strerror or error}") from None
+    landed = False
+    try:
+        written = list(write(stage))
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            for path in written:
+                os.replace(path, folder / path.name)
+            landed = True
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if not landed:
+            _remove_empty(missing)
+    return [folder / path.name for path in written]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_atomic(path: Path, data: str | bytes) -> Path:
+    """Write to a temporary name in the same folder, then rename: a reader never sees half a file."""
+    mode = "wb" if isinstance(data, bytes) else "w"
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode, **({} if isinstance(data, bytes) else {"encoding": "utf-8", "newline": ""})) as file:
+            file.write(data)
+        os.chmod(temp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the permissions open() would
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    return path

@@ -1,0 +1,240 @@
+"""The one table of scores and roles: every name, label, unit, threshold and description attnscope shows.
+
+Every table, picture, CSV header, `--sort` alias and help text reads it, so a score or role is named the same way
+everywhere. Pure Python: the CLI imports it for its help texts without loading torch.
+
+A score is a per-head number (a mean over scored rows, see `scores.rows`); a role is what a head is called when
+its deciding score passes the role's threshold (see `scores.roles` for the order the rules are tried in).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DECODER = "decoder"  # causal attention: row i sees keys 0..i (GPT-2)
+ENCODER = "encoder"  # bidirectional attention: every row sees every real key (BERT)
+BOTH = frozenset({DECODER, ENCODER})
+
+# Units a score is measured in; a unit also fixes how a score is drawn (see output.figures).
+FRACTION = "fraction"  # a share of a row's attention, or a ratio in [0, 1]
+NATS = "nats"
+SIGNED = "signed"  # may be negative: a lift over a baseline
+
+# Where a score comes from.
+ROWS = "rows"  # the input texts, every scored row
+DERIVED = "derived"  # computed from other scores' means
+PROBE = "probe"  # the repeated-random-token probe (decoders)
+
+
+@dataclass(frozen=True)
+class Score:
+    name: str  # the JSON/CSV key and the `--sort` name: previous_token
+    label: str  # in words, for titles and legends: "previous-token attention"
+    short: str  # a table header, also accepted by --sort: prev
+    unit: str
+    kinds: frozenset[str]  # the kinds of model that measure it
+    source: str
+    description: str  # one line, with the definition
+    column: int | None = None  # position among the terminal table's score columns (None: JSON/CSV only)
+    stands_for: str | None = None  # a column the table shows this score in place of, when sorted by it
+    per_head: bool = True  # False: the same for every head (a property of the texts), so never drawn per head
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str  # previous-token
+    short: str  # a role-map cell: prev
+    score: str | None  # the score that decides it (None: mixed, the fallback)
+    threshold: float | None
+    rule: str  # "pattern", "sink" (a pattern that gives way to any other), "shape" or "fallback"
+    description: str
+
+
+SCORES: tuple[Score, ...] = (
+    Score(
+        "previous_token",
+        "previous-token attention",
+        "prev",
+        FRACTION,
+        BOTH,
+        ROWS,
+        "mean A[i, i-1]: attention to the token just before",
+        column=0,
+    ),
+    Score(
+        "first_token",
+        "first-token attention",
+        "first",
+        FRACTION,
+        BOTH,
+        ROWS,
+        "mean A[i, 0]: attention to the first token (BOS or [CLS]), the attention sink",
+        column=1,
+    ),
+    Score(
+        "self", "self attention", "self", FRACTION, BOTH, ROWS, "mean A[i, i]: attention to the token itself", column=2
+    ),
+    Score(
+        "local",
+        "local attention",
+        "local",
+        FRACTION,
+        BOTH,
+        ROWS,
+        "mean attention inside the local window (the token and the W before it; the first token excluded)",
+        stands_for="local_lift",
+    ),
+    Score(
+        "entropy",
+        "entropy",
+        "H",
+        NATS,
+        BOTH,
+        ROWS,
+        "mean -sum_j A[i, j] ln A[i, j] over a row, in nats",
+        stands_for="entropy_normalized",
+    ),
+    Score(
+        "entropy_normalized",
+        "normalised entropy",
+        "Hnorm",
+        FRACTION,
+        BOTH,
+        ROWS,
+        "mean row entropy / ln(visible keys): 1 = uniform over what the row sees",
+        column=8,
+    ),
+    Score(
+        "confidence",
+        "confidence",
+        "conf",
+        FRACTION,
+        BOTH,
+        ROWS,
+        "mean max_j A[i, j]: the weight of a row's strongest key (Voita et al. 2019)",
+        column=9,
+    ),
+    Score(
+        "local_uniform",
+        "local attention if uniform",
+        "unif",
+        FRACTION,
+        BOTH,
+        DERIVED,
+        "what `local` would be for uniform attention: window size / visible keys",
+        stands_for="local_lift",
+        per_head=False,
+    ),
+    Score(
+        "local_lift",
+        "local lift",
+        "lift",
+        SIGNED,
+        BOTH,
+        DERIVED,
+        "(local - local_uniform) / (1 - local_uniform): 0 = uniform, 1 = all attention in the window",
+        column=7,
+    ),
+    Score(
+        "next_token",
+        "next-token attention",
+        "next",
+        FRACTION,
+        frozenset({ENCODER}),
+        ROWS,
+        "mean A[i, i+1]: attention to the token just after",
+        column=3,
+    ),
+    Score(
+        "last_token",
+        "last-token attention",
+        "last",
+        FRACTION,
+        frozenset({ENCODER}),
+        ROWS,
+        "mean A[i, length-1]: attention to the last token ([SEP]), an encoder's second sink",
+        column=4,
+    ),
+    Score(
+        "induction",
+        "induction",
+        "induc",
+        FRACTION,
+        frozenset({DECODER}),
+        PROBE,
+        "on the probe, mean A[i, i-(T-1)]: attention to the token after the earlier occurrence",
+        column=5,
+    ),
+    Score(
+        "duplicate_token",
+        "duplicate-token attention",
+        "dup",
+        FRACTION,
+        frozenset({DECODER}),
+        PROBE,
+        "on the probe, mean A[i, i-T]: attention to the earlier occurrence itself",
+        column=6,
+    ),
+)
+
+ROLES: tuple[Role, ...] = (
+    Role("previous-token", "prev", "previous_token", 0.5, "pattern", "most attention on the token just before"),
+    Role("self", "self", "self", 0.5, "pattern", "most attention on the token itself"),
+    Role("first-token", "first", "first_token", 0.5, "sink", "most attention parked on the first token"),
+    Role("next-token", "next", "next_token", 0.5, "pattern", "most attention on the token just after (encoders)"),
+    Role("last-token", "last", "last_token", 0.5, "sink", "most attention parked on the last token (encoders)"),
+    Role("induction", "induc", "induction", 0.5, "pattern", "copies the token after an earlier occurrence"),
+    Role("duplicate-token", "dup", "duplicate_token", 0.5, "pattern", "attends to an earlier occurrence of itself"),
+    Role("local", "local", "local_lift", 0.5, "shape", "attention stays near the token"),
+    Role("broad", "broad", "entropy_normalized", 0.8, "shape", "near-uniform attention over what the row sees"),
+    Role("mixed", "mixed", None, None, "fallback", "no rule passes; the closest score is shown"),
+)
+
+SCORE = {score.name: score for score in SCORES}
+ROLE = {role.name: role for role in ROLES}
+SCORE_NAMES = tuple(score.name for score in SCORES)
+ROLE_NAMES = tuple(role.name for role in ROLES)
+DEFAULT_THRESHOLDS = {role.name: role.threshold for role in ROLES if role.threshold is not None}
+
+
+def scores_for(kind: str) -> tuple[Score, ...]:
+    """The scores a kind of model measures, in table order."""
+    return tuple(score for score in SCORES if kind in score.kinds)
+
+
+def roles_for(kind: str) -> tuple[Role, ...]:
+    """The roles a kind of model's head can be given, in table order (for legends)."""
+    return tuple(role for role in ROLES if role.score is None or kind in SCORE[role.score].kinds)
+
+
+def table_columns(kind: str, sort: str | None = None) -> list[Score]:
+    """The terminal table's score columns for a kind of model; sorted by a score that is not a column, that score
+    stands in its sibling's place (sorted by `entropy`, the table shows it where `Hnorm` was)."""
+    columns = sorted((score for score in scores_for(kind) if score.column is not None), key=lambda s: s.column)
+    sorted_by = SCORE.get(sort or "")
+    if sorted_by is not None and sorted_by.stands_for is not None:
+        columns = [sorted_by if score.name == sorted_by.stands_for else score for score in columns]
+    return columns
+
+
+def _alias(text: str) -> str:
+    return text.strip().lower().replace("-", "_").replace(" ", "_")
+
+
+# Every spelling --sort takes for a score: its name (dashes or underscores), its short label, its label in words.
+SORT_ALIASES = {_alias(spelling): score.name for score in SCORES for spelling in (score.name, score.short, score.label)}
+
+
+def score_named(text: str) -> Score | None:
+    """The score a user's spelling names (`previous_token`, `previous-token`, `prev`, `Hnorm`), or None."""
+    name = SORT_ALIASES.get(_alias(text))
+    return None if name is None else SCORE[name]
+
+
+def role_named(text: str) -> Role | None:
+    """The role a user's spelling names (`previous-token`, `previous_token`, `prev`), or None."""
+    wanted = _alias(text)
+    for role in ROLES:
+        if wanted in (_alias(role.name), _alias(role.short)):
+            return role
+    return None

@@ -1,0 +1,78 @@
+"""Per-head statistics from per-row statistics: exact sums over scored rows, and their means.
+
+Every statistic is a mean over the *scored rows* (see `scores.kinds`), pooled over all windows (a long text weighs
+more than a short one); padded rows are not text. Sums are float64 and counts integers, so partial sums over blocks,
+layers, batches, runs and processes add up exactly.
+
+Derived, from the means: local_lift = (local - local_uniform) / (1 - local_uniform): 0 for uniform attention,
+1 when all attention stays in the window, so a uniform head on a short text is not mistaken for a local one.
+
+On the repeated-random-token probe (BOS, then T random tokens, then the same T again; Olsson et al. 2022), for
+every query i of the second copy (decoders only: the probe measures left-to-right copying):
+
+    induction           mean_i A[i, i-(T-1)]    (the token right after the earlier occurrence of token i)
+    duplicate_token     mean_i A[i, i-T]        (the earlier occurrence itself)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnscope.scores.kinds import DEFAULT_WINDOW, Kind
+
+PROBE_SCORES = ("induction", "duplicate_token")
+
+
+def local_uniform(kind: Kind, positions: torch.Tensor, lengths: torch.Tensor, window: int = DEFAULT_WINDOW):
+    """(B or 1, b) float64: the share of the keys a row sees that lie in its local window, which is `local` for
+    uniform attention."""
+    size = kind.window_size(positions, lengths, window).to(torch.float64)
+    return size / kind.visible_keys(positions, lengths).to(torch.float64)
+
+
+def sum_scored_rows(
+    kind: Kind,
+    scores: dict[str, torch.Tensor],
+    positions: torch.Tensor,
+    lengths: torch.Tensor,
+    window: int = DEFAULT_WINDOW,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Row scores (name -> (B, H, b)) summed over the scored rows: (sums (H, S) float64 in the order of
+    `kind.row_score_names`, local_uniform sum (scalar float64), scored row count (scalar))."""
+    scored = kind.scored_rows(lengths, positions)  # (B, b)
+    stacked = torch.stack([scores[name] for name in kind.row_score_names], dim=-1)  # (B, H, b, S)
+    stacked = torch.where(scored[:, None, :, None], stacked, 0.0)  # padded rows may hold anything, even NaN
+    sums = stacked.sum(dim=(0, 2), dtype=torch.float64)  # (H, S)
+    uniform = (local_uniform(kind, positions, lengths, window) * scored).sum()  # scalar
+    return sums, uniform, scored.sum()
+
+
+def finish(kind: Kind, sums: torch.Tensor, uniform_sum: float, count: int) -> dict[str, torch.Tensor]:
+    """Means from accumulated sums (..., H, S): name -> (..., H) tensor, plus `local_uniform` and `local_lift`."""
+    if count == 0:
+        raise ValueError("no scored rows: every window is too short to score")
+    means = sums / count  # (..., H, S)
+    result = {name: means[..., k] for k, name in enumerate(kind.row_score_names)}
+    uniform = torch.full_like(result["local"], uniform_sum / count)
+    result["local_uniform"] = uniform
+    result["local_lift"] = (result["local"] - uniform) / (1.0 - uniform)
+    return result
+
+
+def head_scores(
+    kind: Kind, attn: torch.Tensor, lengths: torch.Tensor, window: int = DEFAULT_WINDOW
+) -> dict[str, torch.Tensor]:
+    """Every statistic of every head from full maps: attn (B, H, n, n) of B right-padded windows with `lengths`
+    (B,) real tokens. Returns name -> (H,) float64 means over the scored rows of all windows."""
+    positions = torch.arange(attn.shape[-2], device=attn.device)  # (n,)
+    scores = kind.row_scores(attn, positions, lengths, window)
+    sums, uniform, count = sum_scored_rows(kind, scores, positions, lengths, window)
+    return finish(kind, sums, float(uniform), int(count))
+
+
+def offset_attention(attn: torch.Tensor, positions: torch.Tensor, offset: int) -> torch.Tensor:
+    """(B, H, b): A[i, i + offset] for the query rows `positions` (offset <= 0; 0 where i + offset < 0)."""
+    B, H, b, _ = attn.shape
+    keys = positions + offset  # (b,)
+    gathered = attn.gather(-1, keys.clamp(min=0).view(1, 1, b, 1).expand(B, H, b, 1)).squeeze(-1)  # (B, H, b)
+    return torch.where(keys[None, None, :] >= 0, gathered, 0.0)
