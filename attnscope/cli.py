@@ -12,10 +12,14 @@ Every AttnscopeError and usage error ends as one line on stderr with exit status
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import re
 import sys
 import time
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -103,111 +107,74 @@ def _sort_names(incomplete: str) -> list[str]:
 
 
 SEED_MAX = 2**32 - 1
-SIZE_MAX = 2**31 - 1  # counts of tokens, windows and heads: far beyond any machine, within every integer type
+LENGTH_MAX = 100_000  # tokens: beyond every model's context, and small enough that nothing sized by it overflows
 
 # ------------------------------------------------------------------------------------------ shared options
+# Options shared by several commands are declared once, in groups; `_options` adds a group's options to a command
+# and hands the command one object built from them (a Texts, a Model, an Output, or a dict of settings).
 
-TextArg = Annotated[
-    str | None,
-    typer.Argument(help="Text to analyse; '-' reads stdin; omitted: the bundled sample texts.", show_default=False),
-]
-ModelOpt = Annotated[
-    str,
-    typer.Option(
-        "--model",
-        "-m",
-        metavar="NAME|PATH",
-        help="'demo' (bundled), a Hugging Face id, or a directory saved with save_pretrained.",
-    ),
-]
-DeviceOpt = Annotated[
-    str,
-    typer.Option(
-        "--device",
-        parser=_device,
-        metavar="auto|cpu|cuda|cuda:N",
-        autocompletion=lambda: ["auto", "cpu", "cuda"],
-        help="auto: CUDA when available.",
-    ),
-]
-DtypeOpt = Annotated[
-    Literal["auto", "float32", "float16", "bfloat16"],
-    typer.Option("--dtype", help="auto: the checkpoint's own (float32 for GPT-2)."),
-]
-FileOpt = Annotated[
-    str | None,
-    typer.Option("--file", "-f", metavar="PATH", help="Texts separated by blank lines, or .jsonl with a 'text' field."),
-]
-BosOpt = Annotated[
-    bool | None,
-    typer.Option(
-        "--bos/--no-bos",
-        show_default=False,
-        help="Prepend the BOS token, or wrap in [CLS] … [SEP] for an encoder (default: on when the model has them).",
-    ),
-]
-BatchSizeOpt = Annotated[
-    int,
-    typer.Option(
-        "--batch-size", min=1, max=SIZE_MAX, metavar="N", help="Windows per forward pass (padded, length-bucketed)."
-    ),
-]
-MaxTokensOpt = Annotated[
-    int,
-    typer.Option(
-        "--max-tokens",
-        min=1,
-        max=SIZE_MAX,
-        metavar="N",
-        help="Padded tokens per batch at most (a long window still runs alone).",
-    ),
-]
-IndexOpt = Annotated[int, typer.Option("--index", min=0, max=SIZE_MAX, metavar="I", help="Which input text (0-based).")]
-TopOpt = Annotated[int, typer.Option("--top", min=1, max=SIZE_MAX, metavar="K", help="Rows shown: the first K.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (schema_version 1) to stdout instead of tables.")]
-CsvOpt = Annotated[bool, typer.Option("--csv", help="Print the rows as CSV to stdout instead of tables.")]
-OutOpt = Annotated[
-    Path | None,
-    typer.Option("--out", "-o", metavar="DIR", help="Write the command's files (JSON, CSV, pictures) here."),
-]
-QuietOpt = Annotated[
-    bool,
-    typer.Option("--quiet", "-q", help="No progress bar or status lines on stderr (notes on the results stay)."),
-]
-# the role settings of `heads`, shared with `report`
-WindowOpt = Annotated[
-    int,
-    typer.Option(
-        "--window", "-w", min=1, max=SIZE_MAX, metavar="W", help="Local window: the current token and the W before it."
-    ),
-]
-ThresholdOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--threshold",
-        "-t",
-        metavar="ROLE=VALUE",
-        help="Move a role's threshold, e.g. previous-token=0.6 (repeatable). Roles: "
-        f"{', '.join(catalog.DEFAULT_THRESHOLDS)}.",
-    ),
-]
-ProbeOpt = Annotated[
-    bool,
-    typer.Option("--probe/--no-probe", help="Run the repeated-random-token probe (induction, duplicate-token)."),
-]
-ProbeLenOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--probe-len",
-        min=3,
-        max=SIZE_MAX,
-        metavar="T",
-        help="Period T of the probe: T random tokens, then again. [default: 50]",
-    ),
-]
-ProbeSeedOpt = Annotated[
-    int, typer.Option("--probe-seed", min=0, max=SEED_MAX, metavar="SEED", help="Seed of the probe's random tokens.")
-]
+
+@dataclass(frozen=True)
+class Group:
+    """Options declared once: their typer parameters, and `build`, which turns their values into one object."""
+
+    parameters: tuple[inspect.Parameter, ...]
+    build: Callable[..., Any]
+
+
+def _group(build: Callable[..., Any], **options: tuple[Any, Any]) -> Group:
+    """A group of options `name=(Annotated type, default)`, built into one object by `build(**values)`."""
+    kind = inspect.Parameter.KEYWORD_ONLY
+    return Group(
+        tuple(inspect.Parameter(name, kind, default=d, annotation=a) for name, (a, d) in options.items()), build
+    )
+
+
+def _options(**groups: Group) -> Callable:
+    """Give a command the options of `groups`: the command declares a parameter of each group's name (first, no
+    annotation) and receives the group's object there; its own options follow, and the groups' come after them."""
+
+    def decorate(function: Callable) -> Callable:
+        hints = typing.get_type_hints(function, include_extras=True)
+        own = [
+            parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[parameter.name])
+            for parameter in inspect.signature(function).parameters.values()
+            if parameter.name not in groups
+        ]
+        parameters = own + [parameter for group in groups.values() for parameter in group.parameters]
+
+        @functools.wraps(function)
+        def command(**values: Any) -> Any:
+            for name, group in groups.items():
+                values[name] = group.build(**{p.name: values.pop(p.name) for p in group.parameters})
+            return function(**values)
+
+        command.__signature__ = inspect.Signature(parameters)  # what typer reads
+        command.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters}
+        return command
+
+    return decorate
+
+
+@dataclass(frozen=True)
+class Texts:
+    """Where the texts come from (TEXT, '-', --file, or the bundled samples) and whether to add special tokens."""
+
+    text: str | None
+    file: str | None
+    bos: bool | None
+
+    def gather(self) -> list:
+        from attnscope.pipeline.inputs import gather_texts
+
+        return gather_texts(self.text, self.file)
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    device: str
+    dtype: str
 
 
 @dataclass(frozen=True)
@@ -230,6 +197,194 @@ class Output:
 
         chosen = self.out if self.out is not None else None if (self.json or self.csv) else default
         return None if chosen is None else prepare_out_dir(chosen)
+
+
+TEXTS = _group(
+    Texts,
+    text=(
+        Annotated[
+            str | None,
+            typer.Argument(
+                metavar="TEXT",
+                help="Text to analyse; '-' reads stdin; omitted: the bundled sample texts.",
+                show_default=False,
+            ),
+        ],
+        None,
+    ),
+    file=(
+        Annotated[
+            str | None,
+            typer.Option(
+                "--file", "-f", metavar="PATH", help="Texts separated by blank lines, or .jsonl with a 'text' field."
+            ),
+        ],
+        None,
+    ),
+    bos=(
+        Annotated[
+            bool | None,
+            typer.Option(
+                "--bos/--no-bos",
+                show_default=False,
+                help="Prepend the BOS token, or wrap in [CLS] … [SEP] for an encoder (default: on when the model has "
+                "them).",
+            ),
+        ],
+        None,
+    ),
+)
+MODEL = _group(
+    Model,
+    name=(
+        Annotated[
+            str,
+            typer.Option(
+                "--model",
+                "-m",
+                metavar="NAME|PATH",
+                help="'demo' (bundled), a Hugging Face id, or a directory saved with save_pretrained.",
+            ),
+        ],
+        "gpt2",
+    ),
+    device=(
+        Annotated[
+            str,
+            typer.Option(
+                "--device",
+                parser=_device,
+                metavar="auto|cpu|cuda|cuda:N",
+                autocompletion=lambda: ["auto", "cpu", "cuda"],
+                help="auto: CUDA when available.",
+            ),
+        ],
+        "auto",
+    ),
+    dtype=(
+        Annotated[
+            Literal["auto", "float32", "float16", "bfloat16"],
+            typer.Option("--dtype", help="auto: the checkpoint's own (float32 for GPT-2)."),
+        ],
+        "auto",
+    ),
+)
+BATCHING = _group(
+    dict,
+    batch_size=(
+        Annotated[
+            int,
+            typer.Option(
+                "--batch-size",
+                min=1,
+                max=LENGTH_MAX,
+                metavar="N",
+                help="Windows per forward pass (padded, length-bucketed).",
+            ),
+        ],
+        8,
+    ),
+    max_tokens=(
+        Annotated[
+            int,
+            typer.Option(
+                "--max-tokens",
+                min=1,
+                max=100 * LENGTH_MAX,
+                metavar="N",
+                help="Padded tokens per batch at most (a long window still runs alone).",
+            ),
+        ],
+        16384,
+    ),
+)
+ROLES = _group(  # the settings of `heads` that decide scores and roles, shared with `report`
+    dict,
+    window=(
+        Annotated[
+            int,
+            typer.Option(
+                "--window",
+                "-w",
+                min=1,
+                max=LENGTH_MAX,
+                metavar="W",
+                help="Local window: the current token and the W before it.",
+            ),
+        ],
+        3,
+    ),
+    thresholds=(
+        Annotated[
+            list[str] | None,
+            typer.Option(
+                "--threshold",
+                "-t",
+                metavar="ROLE=VALUE",
+                help="Move a role's threshold, e.g. previous-token=0.6 (repeatable). Roles: "
+                f"{', '.join(catalog.DEFAULT_THRESHOLDS)}.",
+            ),
+        ],
+        None,
+    ),
+    probe=(
+        Annotated[
+            bool,
+            typer.Option(
+                "--probe/--no-probe", help="Run the repeated-random-token probe (induction, duplicate-token)."
+            ),
+        ],
+        True,
+    ),
+    probe_len=(
+        Annotated[
+            int | None,
+            typer.Option(
+                "--probe-len",
+                min=3,
+                max=LENGTH_MAX,
+                metavar="T",
+                help="Period T of the probe: T random tokens, then again. [default: 50]",
+            ),
+        ],
+        None,
+    ),
+    probe_seed=(
+        Annotated[
+            int,
+            typer.Option(
+                "--probe-seed", min=0, max=SEED_MAX, metavar="SEED", help="Seed of the probe's random tokens."
+            ),
+        ],
+        0,
+    ),
+)
+OUTPUT = _group(
+    Output,
+    json=(
+        Annotated[bool, typer.Option("--json", help="Print JSON (schema_version 1) to stdout instead of tables.")],
+        False,
+    ),
+    csv=(Annotated[bool, typer.Option("--csv", help="Print the rows as CSV to stdout instead of tables.")], False),
+    out=(
+        Annotated[
+            Path | None,
+            typer.Option("--out", "-o", metavar="DIR", help="Write the command's files (JSON, CSV, pictures) here."),
+        ],
+        None,
+    ),
+    quiet=(
+        Annotated[
+            bool,
+            typer.Option(
+                "--quiet", "-q", help="No progress bar or status lines on stderr (notes on the results stay)."
+            ),
+        ],
+        False,
+    ),
+)
+IndexOpt = Annotated[int, typer.Option("--index", min=0, metavar="I", help="Which input text (0-based).")]
+TopOpt = Annotated[int, typer.Option("--top", min=1, metavar="K", help="Rows shown: the first K.")]
 
 
 def _note(message: str) -> None:
@@ -295,15 +450,16 @@ def _is_main() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def _load(model: str, device: str, dtype: str, lm_head: bool = False):
+def _load(model: Model, lm_head: bool = False):
     """Load the model; under torchrun, join the process group and take this rank's GPU."""
     from attnscope.models.loading import load_model, resolve_device
     from attnscope.pipeline import distributed
 
+    device = model.device
     place = distributed.world()
     if place.size > 1 and resolve_device(device).type == "cuda":
         device = f"cuda:{place.local_rank}"
-    loaded = load_model(model, device, dtype, lm_head=lm_head)
+    loaded = load_model(model.name, device, model.dtype, lm_head=lm_head)
     distributed.init(loaded.device)
     return loaded
 
@@ -311,25 +467,17 @@ def _load(model: str, device: str, dtype: str, lm_head: bool = False):
 def _run(
     analysis: Any,
     output: Output,
-    *,
-    reads_texts: bool = False,
-    text: str | None = None,
-    file: str | None = None,
-    model: tuple[str, str, str] | None = None,
+    texts: Texts | None = None,
+    model: Model | None = None,
     default_out: Path | None = None,
 ) -> None:
-    """The one flow of every command: its texts (TEXT, --file, stdin or the samples, when it reads any), the output
-    folder, the model (when it needs one), the analysis, and the shared ending. Each step can fail only with one
-    line, before the next begins."""
-    from attnscope.pipeline.inputs import gather_texts
-
-    texts = gather_texts(text, file) if reads_texts else None
+    """The one flow of every command: its texts (when it reads any), the output folder, the model (when it needs
+    one), the analysis, and the shared ending. Each step can fail only with one line, before the next begins."""
+    gathered = texts.gather() if texts is not None else None
     folder = output.folder(default_out)
-    loaded = None
-    if model is not None:
-        loaded = _load(*model, lm_head=getattr(analysis, "needs_lm_head", False))
+    loaded = _load(model, lm_head=getattr(analysis, "needs_lm_head", False)) if model is not None else None
     with _ProgressBar(output.quiet, type(analysis).__name__.lower()) as bar:
-        result = analysis.run(loaded, texts, bar.callback)
+        result = analysis.run(loaded, gathered, bar.callback)
     if _is_main():
         _emit(result, output, folder)
 
@@ -376,20 +524,13 @@ def _main(
 
 
 @app.command()
+@_options(texts=TEXTS, model=MODEL, batching=BATCHING, roles=ROLES, output=OUTPUT)
 def heads(
-    text: TextArg = None,
-    model: ModelOpt = "gpt2",
-    file: FileOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    bos: BosOpt = None,
-    batch_size: BatchSizeOpt = 8,
-    max_tokens: MaxTokensOpt = 16384,
-    window: WindowOpt = 3,
-    threshold: ThresholdOpt = None,
-    probe: ProbeOpt = True,
-    probe_len: ProbeLenOpt = None,
-    probe_seed: ProbeSeedOpt = 0,
+    texts,
+    model,
+    batching,
+    roles,
+    output,
     sort: Annotated[
         str | None,
         typer.Option(
@@ -400,12 +541,10 @@ def heads(
             help="Sort the table by this score, descending (a score name or a column header).",
         ),
     ] = None,
-    top: Annotated[
-        int | None, typer.Option("--top", min=1, max=SIZE_MAX, metavar="K", help="Rows shown: the first K.")
-    ] = None,
+    top: Annotated[int | None, typer.Option("--top", min=1, metavar="K", help="Rows shown: the first K.")] = None,
     layer: Annotated[
         int | None,
-        typer.Option("--layer", "-l", min=0, max=SIZE_MAX, metavar="L", help="Show only the heads of this layer."),
+        typer.Option("--layer", "-l", min=0, metavar="L", help="Show only the heads of this layer."),
     ] = None,
     plot: Annotated[
         list[str] | None,
@@ -413,10 +552,6 @@ def heads(
             "--plot", "-p", metavar="L.H", help="Also draw head L.H's attention map (repeatable; needs --out)."
         ),
     ] = None,
-    json_out: JsonOpt = False,
-    csv_out: CsvOpt = False,
-    out: OutOpt = None,
-    quiet: QuietOpt = False,
 ) -> None:
     """Score and classify every attention head.
 
@@ -426,47 +561,31 @@ def heads(
     Example: attnscope heads "The cat sat on the mat because it was tired." --sort prev --top 10
     """
     from attnscope.analyses.heads import Heads
-    from attnscope.scores.roles import parse_thresholds
 
-    output = Output(json_out, csv_out, out, quiet)
-    if plot and out is None:
+    if plot and output.out is None:
         raise AttnscopeError("--plot draws into the folder of --out: give --out DIR too")
     analysis = Heads(
-        window=window,
-        thresholds=parse_thresholds(threshold),
-        bos=bos,
-        batch_size=batch_size,
-        max_tokens=max_tokens,
-        probe=probe,
-        probe_len=probe_len,
-        probe_seed=probe_seed,
-        plot=tuple(plot or ()),
-        layer=layer,
-        sort=sort,
-        top=top,
+        **_role_settings(roles), bos=texts.bos, **batching, plot=tuple(plot or ()), layer=layer, sort=sort, top=top
     )
-    _run(analysis, output, reads_texts=True, text=text, file=file, model=(model, device, dtype))
+    _run(analysis, output, texts, model)
+
+
+def _role_settings(roles: dict) -> dict:
+    """The ROLES options as settings of `analyses.heads.Heads` (thresholds parsed from ROLE=VALUE)."""
+    from attnscope.scores.roles import parse_thresholds
+
+    return {**roles, "thresholds": parse_thresholds(roles["thresholds"])}
 
 
 @app.command()
+@_options(texts=TEXTS, model=MODEL, output=OUTPUT)
 def show(
-    text: TextArg = None,
-    layer: Annotated[
-        int, typer.Option("--layer", "-l", min=0, max=SIZE_MAX, metavar="L", help="Layer to draw (0-based).")
-    ] = ...,
-    head: Annotated[
-        int | None, typer.Option("--head", min=0, max=SIZE_MAX, metavar="H", help="Draw only this head, larger.")
-    ] = None,
+    texts,
+    model,
+    output,
+    layer: Annotated[int, typer.Option("--layer", "-l", min=0, metavar="L", help="Layer to draw (0-based).")] = ...,
+    head: Annotated[int | None, typer.Option("--head", min=0, metavar="H", help="Draw only this head, larger.")] = None,
     index: IndexOpt = 0,
-    model: ModelOpt = "gpt2",
-    file: FileOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    bos: BosOpt = None,
-    json_out: JsonOpt = False,
-    csv_out: CsvOpt = False,
-    out: OutOpt = None,
-    quiet: QuietOpt = False,
 ) -> None:
     """Draw one layer's attention maps (or one head's) with token labels, as PNG.
 
@@ -477,25 +596,20 @@ def show(
     """
     from attnscope.analyses.maps import Show
 
-    output = Output(json_out, csv_out, out, quiet)
-    analysis = Show(layer, head, index, bos)
-    _run(analysis, output, reads_texts=True, text=text, file=file, model=(model, device, dtype), default_out=Path("."))
+    _run(Show(layer, head, index, texts.bos), output, texts, model, default_out=Path("."))
 
 
 @app.command()
+@_options(texts=TEXTS, model=MODEL, batching=BATCHING, output=OUTPUT)
 def diversity(
-    text: TextArg = None,
+    texts,
+    model,
+    batching,
+    output,
     layer: Annotated[
         str,
         typer.Option("--layer", "-l", parser=_layer_or_all, metavar="L|all", help="Layer number (0-based) or 'all'."),
     ] = ...,
-    model: ModelOpt = "gpt2",
-    file: FileOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    bos: BosOpt = None,
-    batch_size: BatchSizeOpt = 8,
-    max_tokens: MaxTokensOpt = 16384,
     redundant: Annotated[
         float,
         typer.Option(
@@ -513,29 +627,29 @@ def diversity(
         typer.Option(
             "--top",
             min=1,
-            max=SIZE_MAX,
             metavar="K",
             help="Rows shown: the K most redundant and K most distinct pairs.",
         ),
     ] = 5,
-    json_out: JsonOpt = False,
-    csv_out: Annotated[bool, typer.Option("--csv", help="Print every pair of heads as CSV to stdout.")] = False,
-    out: OutOpt = None,
-    quiet: QuietOpt = False,
 ) -> None:
     """How different are the heads? Cosine and Jensen–Shannon between every pair of heads of a layer (or all).
+
+    --csv prints every pair of heads.
 
     Example: attnscope diversity --layer 5 --top 10; attnscope diversity --layer all --out results/
     """
     from attnscope.analyses.diversity import Diversity, parse_layer_choice
 
-    output = Output(json_out, csv_out, out, quiet)
-    analysis = Diversity(parse_layer_choice(layer), bos, batch_size, max_tokens, redundant, cluster_at, top)
-    _run(analysis, output, reads_texts=True, text=text, file=file, model=(model, device, dtype))
+    analysis = Diversity(
+        parse_layer_choice(layer), texts.bos, **batching, redundant=redundant, cluster_at=cluster_at, top=top
+    )
+    _run(analysis, output, texts, model)
 
 
 @app.command("random-mha")
+@_options(output=OUTPUT)
 def random_mha(
+    output,
     d_model: Annotated[int, typer.Option("--d-model", min=1, max=4096, metavar="D", help="Model width.")] = 64,
     heads: Annotated[
         Numbers,
@@ -545,15 +659,11 @@ def random_mha(
         int, typer.Option("--seq-len", min=2, max=4096, metavar="N", help="Tokens per random sequence.")
     ] = 32,
     trials: Annotated[
-        int, typer.Option("--trials", min=1, max=SIZE_MAX, metavar="N", help="Random layers averaged per head count.")
+        int, typer.Option("--trials", min=1, metavar="N", help="Random layers averaged per head count.")
     ] = 4,
     seed: Annotated[
         int, typer.Option("--seed", min=0, max=SEED_MAX, metavar="SEED", help="Seed of the random weights and inputs.")
     ] = 0,
-    json_out: JsonOpt = False,
-    csv_out: CsvOpt = False,
-    out: OutOpt = None,
-    quiet: QuietOpt = False,
 ) -> None:
     """The tutorials' experiment: how different are the heads of a random (untrained) attention layer, by their
     number? No model and no text: random weights on random inputs.
@@ -562,47 +672,39 @@ def random_mha(
     """
     from attnscope.analyses.random_mha import RandomMha
 
-    output = Output(json_out, csv_out, out, quiet)
     _run(RandomMha(d_model, heads, seq_len, trials, seed), output)
 
 
 @app.command()
+@_options(texts=TEXTS, model=MODEL, output=OUTPUT)
 def attend(
-    text: TextArg = None,
+    texts,
+    model,
+    output,
     from_token: Annotated[
-        str, typer.Option("--from", metavar="TOKEN", help="The token that looks (its text, without the leading space).")
+        str,
+        typer.Option("--from", metavar="TOKEN", help="The token that looks (its text, without the leading space)."),
     ] = ...,
     to_token: Annotated[
-        str | None, typer.Option("--to", metavar="TOKEN", help="The token looked at; omitted: each head's top tokens.")
+        str | None,
+        typer.Option("--to", metavar="TOKEN", help="The token looked at; omitted: each head's top tokens."),
     ] = None,
     from_index: Annotated[
         int,
-        typer.Option("--from-index", min=0, max=SIZE_MAX, metavar="I", help="Which occurrence of --from (0-based)."),
+        typer.Option("--from-index", min=0, metavar="I", help="Which occurrence of --from (0-based)."),
     ] = 0,
     to_index: Annotated[
         int | None,
         typer.Option(
             "--to-index",
             min=0,
-            max=SIZE_MAX,
             metavar="I",
             help="Which occurrence of --to (0-based); default: all, summed.",
         ),
     ] = None,
-    tokens: Annotated[
-        int, typer.Option("--tokens", min=1, max=SIZE_MAX, metavar="K", help="Top tokens listed per head.")
-    ] = 3,
+    tokens: Annotated[int, typer.Option("--tokens", min=1, metavar="K", help="Top tokens listed per head.")] = 3,
     top: TopOpt = 10,
     index: IndexOpt = 0,
-    model: ModelOpt = "gpt2",
-    file: FileOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    bos: BosOpt = None,
-    json_out: JsonOpt = False,
-    csv_out: CsvOpt = False,
-    out: OutOpt = None,
-    quiet: QuietOpt = False,
 ) -> None:
     """Where one token looks, in every layer and head.
 
@@ -610,14 +712,17 @@ def attend(
     """
     from attnscope.analyses.attend import Attend
 
-    output = Output(json_out, csv_out, out, quiet)
-    analysis = Attend(from_token, to_token, from_index, to_index, index, bos, tokens, top)
-    _run(analysis, output, reads_texts=True, text=text, file=file, model=(model, device, dtype))
+    analysis = Attend(from_token, to_token, from_index, to_index, index, texts.bos, tokens, top)
+    _run(analysis, output, texts, model)
 
 
 @app.command()
+@_options(texts=TEXTS, model=MODEL, batching=BATCHING, output=OUTPUT)
 def ablate(
-    text: TextArg = None,
+    texts,
+    model,
+    batching,
+    output,
     method: Annotated[
         Literal["loss", "gradient"],
         typer.Option("--method", help="loss: remove each head and measure the loss; gradient: |dL/d gate| (fast)."),
@@ -627,22 +732,11 @@ def ablate(
         typer.Option(
             "--prune",
             min=0,
-            max=SIZE_MAX,
             metavar="K",
             help="Also remove the K least important heads one after another.",
         ),
     ] = 0,
     top: TopOpt = 10,
-    model: ModelOpt = "gpt2",
-    file: FileOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    bos: BosOpt = None,
-    batch_size: BatchSizeOpt = 8,
-    json_out: JsonOpt = False,
-    csv_out: CsvOpt = False,
-    out: OutOpt = None,
-    quiet: QuietOpt = False,
 ) -> None:
     """Which heads matter: the language-model loss when each head's output is removed.
 
@@ -650,39 +744,20 @@ def ablate(
     """
     from attnscope.analyses.ablate import Ablate
 
-    output = Output(json_out, csv_out, out, quiet)
-    _run(
-        Ablate(method, prune, bos, batch_size, top),
-        output,
-        reads_texts=True,
-        text=text,
-        file=file,
-        model=(model, device, dtype),
-    )
+    _run(Ablate(method, prune, texts.bos, **batching, top=top), output, texts, model)
 
 
 @app.command()
+@_options(texts=TEXTS, model=MODEL, batching=BATCHING, roles=ROLES, output=OUTPUT)
 def report(
-    text: TextArg = None,
-    model: ModelOpt = "gpt2",
-    file: FileOpt = None,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    bos: BosOpt = None,
-    batch_size: BatchSizeOpt = 8,
-    max_tokens: MaxTokensOpt = 16384,
-    window: WindowOpt = 3,
-    threshold: ThresholdOpt = None,
-    probe: ProbeOpt = True,
-    probe_len: ProbeLenOpt = None,
-    probe_seed: ProbeSeedOpt = 0,
+    texts,
+    model,
+    batching,
+    roles,
+    output,
     with_diversity: Annotated[
         bool, typer.Option("--diversity/--no-diversity", help="Include the diversity of all heads (one more pass).")
     ] = True,
-    json_out: JsonOpt = False,
-    csv_out: CsvOpt = False,
-    out: OutOpt = None,
-    quiet: QuietOpt = False,
 ) -> None:
     """Write one self-contained HTML page (no network needed to read it): roles, scores, diversity, maps.
 
@@ -693,38 +768,19 @@ def report(
     """
     from attnscope.analyses.heads import Heads
     from attnscope.analyses.report import Report
-    from attnscope.scores.roles import parse_thresholds
 
-    output = Output(json_out, csv_out, out, quiet)
-    settings = Heads(
-        window=window,
-        thresholds=parse_thresholds(threshold),
-        bos=bos,
-        batch_size=batch_size,
-        max_tokens=max_tokens,
-        probe=probe,
-        probe_len=probe_len,
-        probe_seed=probe_seed,
-    )
-    _run(
-        Report(settings, with_diversity),
-        output,
-        reads_texts=True,
-        text=text,
-        file=file,
-        model=(model, device, dtype),
-        default_out=Path("attnscope-report"),
-    )
+    settings = Heads(**_role_settings(roles), bos=texts.bos, **batching)
+    _run(Report(settings, with_diversity), output, texts, model, default_out=Path("attnscope-report"))
 
 
 @app.command()
+@_options(model=MODEL, output=OUTPUT)
 def bench(
-    model: ModelOpt = "gpt2",
+    model,
+    output,
     random_weights: Annotated[
         bool, typer.Option("--random-weights", help="The model's architecture with random weights (no download).")
     ] = False,
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
     seq_lens: Annotated[
         Numbers, typer.Option("--seq-lens", parser=_numbers, metavar="N,N,...", help="Sequence lengths.")
     ] = "128,512,1024",
@@ -736,13 +792,12 @@ def bench(
         typer.Option(
             "--repeats",
             min=1,
-            max=SIZE_MAX,
             metavar="N",
             help="Rounds, each running every method once timed and once for memory (medians reported).",
         ),
     ] = 3,
     warmup: Annotated[
-        int, typer.Option("--warmup", min=0, max=SIZE_MAX, metavar="N", help="Untimed rounds of every method first.")
+        int, typer.Option("--warmup", min=0, metavar="N", help="Untimed rounds of every method first.")
     ] = 1,
     methods: Annotated[
         Names,
@@ -753,10 +808,6 @@ def bench(
     micro: Annotated[
         bool, typer.Option("--micro/--no-micro", help="Also the from-scratch attention micro-benchmark.")
     ] = True,
-    json_out: JsonOpt = False,
-    csv_out: CsvOpt = False,
-    out: OutOpt = None,
-    quiet: QuietOpt = False,
 ) -> None:
     """How fast is the analysis? Against a plain SDPA forward (the floor) and the usual notebook ways.
 
@@ -764,27 +815,22 @@ def bench(
     """
     from attnscope.analyses.bench import Bench
 
-    output = Output(json_out, csv_out, out, quiet)
-    _run(Bench(model, random_weights, device, dtype, seq_lens, batch_sizes, repeats, warmup, methods, micro), output)
+    analysis = Bench(
+        model.name, random_weights, model.device, model.dtype, seq_lens, batch_sizes, repeats, warmup, methods, micro
+    )
+    _run(analysis, output)
 
 
 @app.command()
-def info(
-    model: ModelOpt = "gpt2",
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    json_out: JsonOpt = False,
-    csv_out: CsvOpt = False,
-    out: OutOpt = None,
-    quiet: QuietOpt = False,
-) -> None:
+@_options(model=MODEL, output=OUTPUT)
+def info(model, output) -> None:
     """The model's shape: layers, heads, d_model, d_head, context, attention parameters, device and dtype.
 
     Example: attnscope info --model gpt2-medium
     """
     from attnscope.analyses.info import Info
 
-    _run(Info(), Output(json_out, csv_out, out, quiet), model=(model, device, dtype))
+    _run(Info(), output, model=model)
 
 
 # ------------------------------------------------------------------------------------------ error boundary
