@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.common import DEFAULT_BATCH_SIZE, check_positive
+from attnscope.analyses.common import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, check_positive
 from attnscope.errors import AttnscopeError
 from attnscope.models.families import CAUSAL_LM
 from attnscope.models.loading import LoadedModel
@@ -178,7 +178,13 @@ class AblationResult:
         )
 
 
-def losses_under(loaded: LoadedModel, windows: LossWindows, configurations: Any, batch_size: int = 8) -> np.ndarray:
+def losses_under(
+    loaded: LoadedModel,
+    windows: LossWindows,
+    configurations: Any,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    max_tokens: int | None = DEFAULT_MAX_TOKENS,
+) -> np.ndarray:
     """Mean loss over all windows under each head configuration: configurations (K, L, H) of gates; returns (K,)
     float64. Each batch of windows is repeated once per configuration in as few forward passes as fit the budget."""
     import torch
@@ -188,7 +194,7 @@ def losses_under(loaded: LoadedModel, windows: LossWindows, configurations: Any,
     total = torch.zeros(K, dtype=torch.float64)
     count = 0
     with HeadGates(loaded) as hooks, torch.inference_mode():
-        for batch in batches(windows.windows, batch_size, loaded.device, pad_id(loaded.tokenizer)):
+        for batch in batches(windows.windows, batch_size, loaded.device, pad_id(loaded.tokenizer), max_tokens):
             B, n = batch.input_ids.shape
             labels = _batch_labels(windows, batch)  # (B, n) or None
             per_pass = max(1, MAX_COPY_TOKENS // (B * n))  # configurations per forward pass
@@ -207,7 +213,9 @@ def losses_under(loaded: LoadedModel, windows: LossWindows, configurations: Any,
     return (total / count).numpy()
 
 
-def _gradient_importance(loaded: LoadedModel, windows: LossWindows, batch_size: int) -> tuple[float, np.ndarray]:
+def _gradient_importance(
+    loaded: LoadedModel, windows: LossWindows, batch_size: int, max_tokens: int | None
+) -> tuple[float, np.ndarray]:
     """Baseline loss and mean over windows of |∂L_w/∂ξ| at ξ = 1: gates per window, so one backward gives each
     window's own gradient (∂ of Σ_w L_w with respect to window w's gates is ∂L_w/∂ξ)."""
     import torch
@@ -216,7 +224,7 @@ def _gradient_importance(loaded: LoadedModel, windows: LossWindows, batch_size: 
     total_abs = torch.zeros(L, H, dtype=torch.float64)
     loss_sum, token_count = 0.0, 0
     with HeadGates(loaded) as hooks:
-        for batch in batches(windows.windows, batch_size, loaded.device, pad_id(loaded.tokenizer)):
+        for batch in batches(windows.windows, batch_size, loaded.device, pad_id(loaded.tokenizer), max_tokens):
             B = batch.input_ids.shape[0]
             gates = torch.ones(B, L, H, device=loaded.device, requires_grad=True)  # (B, L, H)
             hooks.gates = gates
@@ -239,6 +247,7 @@ class Ablate:
     prune: int = 0
     bos: bool | None = None
     batch_size: int = DEFAULT_BATCH_SIZE
+    max_tokens: int | None = DEFAULT_MAX_TOKENS
     top: int = DEFAULT_TOP
     needs_lm_head = True
 
@@ -247,7 +256,12 @@ class Ablate:
             raise AttnscopeError(f"method '{self.method}': use one of {', '.join(METHODS)}")
         check_positive("prune", self.prune, 0)
         check_positive("batch size", self.batch_size)
+        check_positive("max tokens", self.max_tokens)
         check_positive("top", self.top)
+
+    @property
+    def batching(self) -> tuple[int, int | None]:
+        return self.batch_size, self.max_tokens
 
     def run(self, loaded: LoadedModel, texts: Sequence[Text], progress: Any = None) -> AblationResult:
         import torch
@@ -270,6 +284,7 @@ class Ablate:
             "method": self.method,
             "prune": self.prune,
             "batch_size": self.batch_size,
+            "max_tokens": self.max_tokens,
             "top": self.top,
             "loss_unit": "nats per predicted token",
         }
@@ -280,11 +295,11 @@ class Ablate:
             if self.method == "loss":
                 one_off = torch.ones(L * H, L, H)  # configuration k removes head k (layer-major)
                 one_off.view(L * H, L * H)[torch.arange(L * H), torch.arange(L * H)] = 0
-                losses = losses_under(loaded, windows, torch.cat([keep_all, one_off]), self.batch_size)
+                losses = losses_under(loaded, windows, torch.cat([keep_all, one_off]), *self.batching)
                 baseline, ablated = float(losses[0]), losses[1:].reshape(L, H)
                 importance = ablated - baseline
             else:
-                baseline, importance = _gradient_importance(loaded, windows, self.batch_size)
+                baseline, importance = _gradient_importance(loaded, windows, *self.batching)
                 ablated = None
             result = AblationResult(loaded.info(), inputs, settings, baseline, importance, ablated, notes=notes)
             if self.prune:
@@ -292,7 +307,7 @@ class Ablate:
                 steps = torch.ones(self.prune, L, H)
                 for k, (layer, head) in enumerate(order):
                     steps[k:, layer, head] = 0  # step k has heads order[0..k] removed
-                pruned = losses_under(loaded, windows, steps, self.batch_size)
+                pruned = losses_under(loaded, windows, steps, *self.batching)
                 result.prune = [
                     {"removed": k + 1, "head": f"{layer}.{head}", "loss": float(pruned[k])}
                     for k, (layer, head) in enumerate(order)

@@ -28,7 +28,6 @@ import torch
 from attnscope.scores import catalog
 
 DEFAULT_WINDOW = 3
-ROW_SCORES = ("previous_token", "first_token", "self", "local", "entropy", "entropy_normalized", "confidence")
 
 
 @dataclass(frozen=True)
@@ -39,12 +38,12 @@ class Kind:
     causal: bool  # row i sees only keys j <= i
     special_tokens: str  # "bos": BOS before each window; "cls_sep": [CLS] window [SEP]
     probe: bool  # the repeated-random-token probe measures left-to-right copying: decoders only
-    extra_scores: tuple[str, ...]  # row scores beyond ROW_SCORES
 
     @property
     def row_score_names(self) -> tuple[str, ...]:
-        """The row scores summed for this kind, in the order of the sums' last dimension."""
-        return ROW_SCORES + self.extra_scores
+        """The row scores summed for this kind (the catalog's scores measured on every row), in the order of the
+        sums' last dimension."""
+        return tuple(score.name for score in catalog.scores_for(self.name) if score.source == catalog.ROWS)
 
     @property
     def score_names(self) -> tuple[str, ...]:
@@ -88,7 +87,7 @@ class Kind:
         entropy = -torch.special.xlogy(attn, attn).sum(-1)  # (B, H, b); 0·ln 0 = 0
         visible = self.visible_keys(positions, lengths).to(attn.dtype)[:, None, :]  # (B or 1, 1, b)
         in_window = self.window_mask(positions, lengths, n, window)[:, None].to(attn.dtype)  # (B or 1, 1, b, n)
-        scores = {
+        return {
             "previous_token": at(rows - 1),
             "first_token": attn[..., 0],  # (B, H, b)
             "self": at(rows),
@@ -96,11 +95,12 @@ class Kind:
             "entropy": entropy,
             "entropy_normalized": entropy / torch.log(visible).clamp(min=1e-12),  # (B, H, b)
             "confidence": attn.amax(-1),  # (B, H, b)
+            **self._extra_row_scores(at, rows, lengths),
         }
-        if "next_token" in self.extra_scores:
-            scores["next_token"] = at(rows + 1)
-            scores["last_token"] = at((lengths - 1)[:, None].expand(B, b))
-        return scores
+
+    def _extra_row_scores(self, at, rows: torch.Tensor, lengths: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The row scores only this kind has (from probabilities), given `at(keys)` -> A at keys (B, b)."""
+        return {}
 
     def layer_row_scores(
         self,
@@ -182,6 +182,9 @@ class BidirectionalKind(Kind):
         high = torch.minimum(positions[None, :] + window, lengths[:, None] - 2)  # (B, b)
         return (high - (positions - window).clamp(min=1)[None, :] + 1).clamp(min=0)  # (B, b)
 
+    def _extra_row_scores(self, at, rows, lengths):
+        return {"next_token": at(rows + 1), "last_token": at((lengths - 1)[:, None].expand_as(rows))}
+
     @staticmethod
     def offsets(window: int, device: torch.device | None = None) -> torch.Tensor:
         """(2w+1,) key offsets of the local window in gathered order: 0 (self), -1 .. -w, +1 .. +w."""
@@ -218,8 +221,6 @@ class BidirectionalKind(Kind):
         }
 
 
-DECODER = CausalKind(catalog.DECODER, causal=True, special_tokens="bos", probe=True, extra_scores=())
-ENCODER = BidirectionalKind(
-    catalog.ENCODER, causal=False, special_tokens="cls_sep", probe=False, extra_scores=("next_token", "last_token")
-)
+DECODER = CausalKind(catalog.DECODER, causal=True, special_tokens="bos", probe=True)
+ENCODER = BidirectionalKind(catalog.ENCODER, causal=False, special_tokens="cls_sep", probe=False)
 KINDS = {kind.name: kind for kind in (DECODER, ENCODER)}

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import torch
 
+from attnscope.scores import catalog
 from attnscope.scores.kinds import DEFAULT_WINDOW, Kind
 
-PROBE_SCORES = ("induction", "duplicate_token")
+PROBE_SCORES = tuple(score.name for score in catalog.SCORES if score.source == catalog.PROBE)  # in the sums' order
 
 
 def local_uniform(kind: Kind, positions: torch.Tensor, lengths: torch.Tensor, window: int = DEFAULT_WINDOW):
