@@ -175,6 +175,8 @@ class Model:
     name: str
     device: str
     dtype: str
+    revision: str | None = None
+    device_map: str | None = None
 
 
 @dataclass(frozen=True)
@@ -267,6 +269,27 @@ MODEL = _group(
             typer.Option("--dtype", help="auto: the checkpoint's own (float32 for GPT-2)."),
         ],
         "auto",
+    ),
+    revision=(
+        Annotated[
+            str | None,
+            typer.Option(
+                "--revision",
+                metavar="REV",
+                help="A Hub branch, tag or commit of --model (e.g. Pythia's training checkpoints: step1000).",
+            ),
+        ],
+        None,
+    ),
+    device_map=(
+        Annotated[
+            Literal["auto", "balanced", "sequential"] | None,
+            typer.Option(
+                "--device-map",
+                help="Spread a model too large for one device over all of them (needs: pip install 'attnscope[big]').",
+            ),
+        ],
+        None,
     ),
 )
 BATCHING = _group(
@@ -459,7 +482,7 @@ def _load(model: Model, lm_head: bool = False):
     place = distributed.world()
     if place.size > 1 and resolve_device(device).type == "cuda":
         device = f"cuda:{place.local_rank}"
-    loaded = load_model(model.name, device, model.dtype, lm_head=lm_head)
+    loaded = load_model(model.name, device, model.dtype, lm_head, model.revision, model.device_map)
     distributed.init(loaded.device)
     return loaded
 
@@ -815,8 +838,20 @@ def bench(
     """
     from attnscope.analyses.bench import Bench
 
+    if model.device_map is not None:
+        raise AttnscopeError("bench times a model on one device: --device-map is not for bench")
     analysis = Bench(
-        model.name, random_weights, model.device, model.dtype, seq_lens, batch_sizes, repeats, warmup, methods, micro
+        model.name,
+        random_weights,
+        model.device,
+        model.dtype,
+        model.revision,
+        seq_lens,
+        batch_sizes,
+        repeats,
+        warmup,
+        methods,
+        micro,
     )
     _run(analysis, output)
 

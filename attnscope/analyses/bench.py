@@ -198,19 +198,28 @@ def pattern_share(pattern: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
     return (attn * pattern).sum(dim=(-1, -2)) / attn.sum(dim=(-1, -2))
 
 
-def _methods(model: Any, lm_model: Any, ids: torch.Tensor, device: torch.device) -> dict[str, Callable[[], Any]]:
+def floor_implementation(model: Any) -> str:
+    """The fastest attention the family has for the floor: SDPA, or eager for a family without it (Gemma 2's
+    soft-capping)."""
+    return "sdpa" if getattr(model, "_supports_sdpa", False) else "eager"
+
+
+def _methods(lm_model: Any, ids: torch.Tensor, device: torch.device) -> dict[str, Callable[[], Any]]:
+    """The four methods on `lm_model` (the model with its LM head; its base model is what attnscope analyses)."""
     from attnscope.pipeline.reducers import HeadStatistics
     from attnscope.pipeline.tokens import Batch
 
+    model = lm_model.base_model
     B, n = ids.shape
     mask = torch.ones_like(ids)
     batch = Batch(list(range(B)), ids, mask, torch.full((B,), n, device=device))
     n_layer, n_head = model.config.num_hidden_layers, model.config.num_attention_heads
     kind = family_of(model.config).kind
+    fastest = floor_implementation(model)
 
     def floor():
         with torch.inference_mode():
-            model.set_attn_implementation("sdpa")
+            model.set_attn_implementation(fastest)
             model(input_ids=ids, attention_mask=mask)
 
     def analysis():
@@ -220,6 +229,7 @@ def _methods(model: Any, lm_model: Any, ids: torch.Tensor, device: torch.device)
 
     def tutorial():
         results = []
+        lm_model.set_attn_implementation("eager")
         with torch.inference_mode():
             for row in range(B):
                 out = lm_model(input_ids=ids[row : row + 1], output_attentions=True)
@@ -231,6 +241,7 @@ def _methods(model: Any, lm_model: Any, ids: torch.Tensor, device: torch.device)
 
     def cache():
         results = []
+        lm_model.set_attn_implementation("eager")
         with torch.inference_mode():
             for row in range(B):
                 out = lm_model(input_ids=ids[row : row + 1], output_attentions=True)
@@ -265,7 +276,7 @@ def check_context(seqs: Sequence[int], context: int) -> None:
 
 
 def run_bench(
-    model: Any,
+    lm_model: Any,
     device: torch.device,
     seqs: Sequence[int],
     batches: Sequence[int],
@@ -274,22 +285,18 @@ def run_bench(
     methods: Sequence[str] = METHODS,
     seed: int = 0,
 ) -> list[Measurement]:
-    """Every method at every (batch, seq) on `model` (a base GPT-2 with eager/our attention, eval mode)."""
-    from transformers import GPT2LMHeadModel
-
-    lm_model = GPT2LMHeadModel(model.config).to(device=device, dtype=next(model.parameters()).dtype).eval()
-    lm_model.transformer.load_state_dict(model.state_dict())  # the same weights, plus an LM head
-    lm_model.set_attn_implementation("eager")
+    """Every method at every (batch, seq) on `lm_model` (a decoder with its LM head, eval mode), on the same random
+    token ids."""
     generator = torch.Generator().manual_seed(seed)
     results = []
     for batch_size in batches:
         for seq in seqs:
-            ids = torch.randint(0, model.config.vocab_size, (batch_size, seq), generator=generator).to(device)
-            runs = _methods(model, lm_model, ids, device)
+            ids = torch.randint(0, lm_model.config.vocab_size, (batch_size, seq), generator=generator).to(device)
+            runs = _methods(lm_model, ids, device)
             measured = measure({method: runs[method] for method in methods}, device, warmup, repeats)
             for method, (times, peaks) in measured.items():
                 results.append(Measurement(method, batch_size, seq, times, peaks))
-    model.set_attn_implementation("eager")
+    lm_model.set_attn_implementation("eager")
     return results
 
 
@@ -321,12 +328,12 @@ def records(measurements: Sequence[Measurement]) -> list[dict]:
 
 
 def random_model(config: Any, device: torch.device, dtype: Any) -> Any:
-    """The architecture of `config` with random weights (timing does not depend on weight values)."""
-    from transformers import GPT2Model
+    """The architecture of `config` with its LM head and random weights (timing does not depend on weight values)."""
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = GPT2Model(config)
-    model.set_attn_implementation("eager")
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    family_of(config).prepare(model.base_model)
     return model.to(device=device, dtype=None if dtype == "auto" else dtype).eval()
 
 
@@ -382,10 +389,11 @@ class BenchResult:
 
 
 def _check_family(config: Any) -> None:
-    """The bench's baselines (the tutorials' LM-head loop, TransformerLens-style caching) are written for GPT-2."""
-    if family_of(config).name != "GPT-2":
+    """The bench's baselines run a language model one text at a time: a decoder's."""
+    if not family_of(config).kind.causal:
         raise AttnscopeError(
-            f"bench times GPT-2-family decoders only; model type '{config.model_type}' is not supported by bench yet"
+            f"bench times decoders (its baselines are next-token language models); model type '{config.model_type}' "
+            "is an encoder"
         )
 
 
@@ -399,6 +407,7 @@ class Bench:
     random_weights: bool = False
     device: str = "auto"
     dtype: str = "auto"
+    revision: str | None = None
     seq_lens: tuple[int, ...] = (128, 512, 1024)
     batch_sizes: tuple[int, ...] = (1, 8)
     repeats: int = 3
@@ -436,11 +445,15 @@ class Bench:
             "methods": list(self.methods),
             **machine,
         }
+        config = network.config
         shape = {
             "name": name,
-            "n_layer": network.config.num_hidden_layers,
-            "n_head": network.config.num_attention_heads,
-            "d_model": network.config.hidden_size,
+            "model_type": config.model_type,
+            "n_layer": config.num_hidden_layers,
+            "n_head": config.num_attention_heads,
+            "n_kv_head": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+            "d_model": config.hidden_size,
+            "floor": floor_implementation(network.base_model),
         }
         micro = micro_benchmark(device=device) if self.micro else []
         return BenchResult(shape, settings, records(measurements), micro, notes)
@@ -448,13 +461,14 @@ class Bench:
     def _network(self, device: torch.device, notes: list[str]) -> tuple[Any, str]:
         from transformers import GPT2Config
 
-        config = load_config(self.model)
+        config = load_config(self.model, self.revision)
         if config is not None:
             _check_family(config)
             check_context(self.seq_lens, config.max_position_embeddings)
         if not self.random_weights:
             try:
-                return load_model(self.model, str(device), self.dtype).model, self.model
+                loaded = load_model(self.model, str(device), self.dtype, lm_head=True, revision=self.revision)
+                return loaded.lm_model, self.model
             except AttnscopeError as error:
                 notes.append(f"weights unavailable ({error}); timing random weights instead")
         if config is None:

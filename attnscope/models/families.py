@@ -30,6 +30,12 @@ class Family:
     attention_parameters: tuple[str, ...]
     lm_head: str  # CAUSAL_LM or MASKED_LM
 
+    def prepare(self, model: Any) -> None:
+        """Name each attention module's layer (`layer_idx`), which the capture reads; most families set it."""
+        for layer, module in enumerate(self.attention_modules(model)):
+            if getattr(module, "layer_idx", None) is None:
+                module.layer_idx = layer
+
     def blocks(self, model: Any) -> list[Any]:
         return list(_get(model, self.layers))
 
@@ -53,20 +59,59 @@ def _get(root: Any, path: str) -> Any:
     return root
 
 
+# The decoders whose blocks are `layers[i].self_attn` with an output projection `o_proj` (Llama's layout, which most
+# recent decoders took over); each differs only in what the attention function receives (see pipeline.capture).
+LLAMA_LAYOUT = dict(
+    layers="layers",
+    attention="self_attn",
+    output_projection="self_attn.o_proj",
+    attention_parameters=("self_attn",),
+    lm_head=CAUSAL_LM,
+)
+# BERT's layout, shared by the encoders derived from it
+BERT_LAYOUT = dict(
+    layers="encoder.layer",
+    attention="attention.self",
+    output_projection="attention.output.dense",
+    attention_parameters=("attention.self", "attention.output.dense"),
+    lm_head=MASKED_LM,
+)
+
 FAMILIES: tuple[Family, ...] = (
     Family("GPT-2", ("gpt2",), DECODER, "h", "attn", "attn.c_proj", ("attn",), CAUSAL_LM),
-    # BERT keeps W_O, with its LayerNorm, outside the self-attention module: only its dense projection is counted
+    Family("Llama", ("llama",), DECODER, **LLAMA_LAYOUT),
+    Family("Mistral", ("mistral",), DECODER, **LLAMA_LAYOUT),
+    Family("Qwen2", ("qwen2",), DECODER, **LLAMA_LAYOUT),
+    Family("Qwen3", ("qwen3",), DECODER, **LLAMA_LAYOUT),
+    Family("Gemma", ("gemma",), DECODER, **LLAMA_LAYOUT),
+    Family("Gemma 2", ("gemma2",), DECODER, **LLAMA_LAYOUT),
+    Family("Gemma 3", ("gemma3_text",), DECODER, **LLAMA_LAYOUT),
+    Family("Phi-3", ("phi3",), DECODER, **LLAMA_LAYOUT),
+    Family("OLMo", ("olmo",), DECODER, **LLAMA_LAYOUT),
+    Family("OLMo 2", ("olmo2",), DECODER, **LLAMA_LAYOUT),
+    Family("StarCoder2", ("starcoder2",), DECODER, **LLAMA_LAYOUT),
+    Family("SmolLM3", ("smollm3",), DECODER, **LLAMA_LAYOUT),
+    Family("gpt-oss", ("gpt_oss",), DECODER, **LLAMA_LAYOUT),
+    Family("GPT-NeoX", ("gpt_neox",), DECODER, "layers", "attention", "attention.dense", ("attention",), CAUSAL_LM),
+    Family("OPT", ("opt",), DECODER, "decoder.layers", "self_attn", "self_attn.out_proj", ("self_attn",), CAUSAL_LM),
+    Family("BERT", ("bert",), ENCODER, **BERT_LAYOUT),
+    Family("RoBERTa", ("roberta", "xlm-roberta"), ENCODER, **BERT_LAYOUT),
+    Family("ELECTRA", ("electra",), ENCODER, **BERT_LAYOUT),
+    Family("ModernBERT", ("modernbert",), ENCODER, "layers", "attn", "attn.Wo", ("attn",), MASKED_LM),
     Family(
-        "BERT",
-        ("bert",),
+        "DistilBERT",
+        ("distilbert",),
         ENCODER,
-        "encoder.layer",
-        "attention.self",
-        "attention.output.dense",
-        ("attention.self", "attention.output.dense"),
+        "transformer.layer",
+        "attention",
+        "attention.out_lin",
+        ("attention",),
         MASKED_LM,
     ),
 )
+# Families whose attention does not go through transformers' AttentionInterface (their own attention code): a
+# capture could not see it, so they are refused by name rather than guessed at.
+UNCAPTURABLE = ("gptj", "gpt_neo", "falcon", "bloom")
 BY_MODEL_TYPE = {model_type: family for family in FAMILIES for model_type in family.model_types}
 
 
@@ -77,9 +122,15 @@ def supported() -> str:
 
 def family_of(config: Any) -> Family:
     """The family of a model's config, or one line naming the supported families."""
-    family = BY_MODEL_TYPE.get(getattr(config, "model_type", None))
+    model_type = getattr(config, "model_type", None)
+    family = BY_MODEL_TYPE.get(model_type)
     if family is None:
-        raise AttnscopeError(
-            f"model type '{getattr(config, 'model_type', None)}' is not supported yet; attnscope reads {supported()}"
+        why = (
+            "its attention does not go through transformers' attention interface, so it cannot be captured exactly"
+            if model_type in UNCAPTURABLE
+            else "it is not supported yet"
         )
+        raise AttnscopeError(f"model type '{model_type}': {why}; attnscope reads {supported()}")
+    if getattr(config, "use_bidirectional_attention", False) and family.kind.causal:
+        raise AttnscopeError(f"model type '{model_type}' with bidirectional attention is not supported yet")
     return family

@@ -57,8 +57,17 @@ class LoadedModel:
         return self.config.num_attention_heads
 
     @property
+    def n_kv_head(self) -> int:
+        """Key/value heads (fewer than query heads with grouped- or multi-query attention)."""
+        return getattr(self.config, "num_key_value_heads", None) or self.n_head
+
+    @property
     def d_model(self) -> int:
         return self.config.hidden_size
+
+    @property
+    def d_head(self) -> int:
+        return getattr(self.config, "head_dim", None) or self.d_model // self.n_head
 
     @property
     def n_ctx(self) -> int:
@@ -71,23 +80,32 @@ class LoadedModel:
     def info(self) -> dict[str, Any]:
         """Model facts for `attnscope info` and the `model` section of every JSON output.
 
-        `attention_params_formula` is 4·d² (W_Q, W_K, W_V, W_O) plus 4·d biases; `attention_params` is counted
-        from the first layer's real attention modules, so a mismatch shows an architecture this formula misses.
+        `attention_params_formula` counts W_Q (d × H·d_head), W_K and W_V (d × H_kv·d_head each), W_O (H·d_head × d)
+        and, where the model has them, their biases (4·d² + 4·d for GPT-2); `attention_params` is counted from the
+        first layer's real attention modules, so a mismatch shows what the formula leaves out (QK-norms, sinks).
         """
-        d_model = self.d_model
+        d, H, H_kv, d_head = self.d_model, self.n_head, self.n_kv_head, self.d_head
+        weights = d * d_head * (2 * H + 2 * H_kv)
+        has_biases = any(
+            name.endswith("bias")
+            for module in self.family.attention_modules(self.model)[:1]
+            for name, _ in module.named_parameters()
+        )
         return {
             "name": self.name,
+            "family": self.family.name,
             "model_type": self.config.model_type,
             "kind": self.kind.name,
             "n_layer": self.n_layer,
-            "n_head": self.n_head,
-            "d_model": d_model,
-            "d_head": d_model // self.n_head,
+            "n_head": H,
+            "n_kv_head": H_kv,
+            "d_model": d,
+            "d_head": d_head,
             "n_ctx": self.n_ctx,
             "vocab_size": self.config.vocab_size,
             "n_params": sum(p.numel() for p in self.model.parameters()),
             "attention_params": self.family.attention_parameter_count(self.model),
-            "attention_params_formula": 4 * d_model * d_model + 4 * d_model,
+            "attention_params_formula": weights + (d_head * (H + 2 * H_kv) + d if has_biases else 0),
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
         }
@@ -179,21 +197,21 @@ def _hub_reachable(timeout: float = 2.0) -> bool:
         return False
 
 
-def _is_cached(name: str) -> bool:
+def _is_cached(name: str, revision: str | None = None) -> bool:
     """Whether the Hugging Face cache holds what loading `name` offline needs: config.json and the safetensors
     weights (one file, or the index and every shard it lists). A cached config alone (left by `AutoConfig` or an
     interrupted download) is not enough. Tokenizer files are checked once loaded, by the tokenizer's length."""
     from huggingface_hub import try_to_load_from_cache
 
     def cached(filename: str) -> bool:
-        return isinstance(try_to_load_from_cache(name, filename), str)
+        return isinstance(try_to_load_from_cache(name, filename, revision=revision), str)
 
     try:
         if not cached("config.json"):
             return False
         if cached("model.safetensors"):
             return True
-        index = try_to_load_from_cache(name, "model.safetensors.index.json")
+        index = try_to_load_from_cache(name, "model.safetensors.index.json", revision=revision)
         if not isinstance(index, str):
             return False
         shards = set(json.loads(Path(index).read_text(encoding="utf-8"))["weight_map"].values())
@@ -202,7 +220,7 @@ def _is_cached(name: str) -> bool:
         return False
 
 
-def load_config(name: str) -> Any | None:
+def load_config(name: str, revision: str | None = None) -> Any | None:
     """The model's config without its weights, or None when it cannot be had (offline and not cached)."""
     from transformers import AutoConfig
 
@@ -210,14 +228,22 @@ def load_config(name: str) -> Any | None:
         name = str(demo_model_dir())
     local_only = not _looks_like_path(name) and not _hub_reachable()  # offline: the cache answers at once
     try:
-        return AutoConfig.from_pretrained(name, trust_remote_code=False, local_files_only=local_only)
+        return AutoConfig.from_pretrained(name, trust_remote_code=False, local_files_only=local_only, revision=revision)
     except (OSError, ValueError):
         return None
 
 
-def _offline_message(name: str) -> str:
+def _check_accelerate() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("accelerate") is None:
+        raise AttnscopeError("a device map needs accelerate: pip install 'attnscope[big]' (or pip install accelerate)")
+
+
+def _offline_message(name: str, revision: str | None = None) -> str:
+    at = "" if revision is None else f" at revision '{revision}'"
     return (
-        f"model '{name}' is not in the local Hugging Face cache and the Hub cannot be reached; "
+        f"model '{name}'{at} is not in the local Hugging Face cache and the Hub cannot be reached; "
         "pass a directory saved with save_pretrained (--model PATH), or point HF_HOME at a cache that has it "
         "(with HF_HUB_OFFLINE=1 to skip the network)"
     )
@@ -230,18 +256,29 @@ def _from_pretrained(name: str, loader: Any, source: str, local_only: bool, **op
     except Exception as error:  # only transformers runs here, and a damaged file makes it raise almost anything
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         if "couldn't connect" in first_line.lower() or "offline" in first_line.lower():
-            raise AttnscopeError(_offline_message(name)) from error
+            raise AttnscopeError(_offline_message(name, options.get("revision"))) from error
         # transformers' OSErrors are sentences; anything else (SafetensorError, ...) is known by its type
         cause = first_line if isinstance(error, OSError) else f"{type(error).__name__}: {first_line}"
         raise AttnscopeError(f"cannot load model '{name}': {cause}") from error
 
 
-def load_model(name: str, device: str = "auto", dtype: str = "auto", lm_head: bool = False) -> LoadedModel:
-    """Load `name` (`demo`, a Hub id or a local directory) for analysis on `device` in `dtype`; with `lm_head`, the
-    model with its language-model head (for losses), whose base model is then the one analysed.
+def load_model(
+    name: str,
+    device: str = "auto",
+    dtype: str = "auto",
+    lm_head: bool = False,
+    revision: str | None = None,
+    device_map: str | None = None,
+) -> LoadedModel:
+    """Load `name` (`demo`, a Hub id or a local directory; at a Hub `revision`: a branch, tag or commit) for
+    analysis on `device` in `dtype`; with `lm_head`, the model with its language-model head (for losses), whose base
+    model is then the one analysed. `device_map="auto"` spreads a model too large for one device over all of them
+    (through accelerate, the optional extra `attnscope[big]`); `device` then names where inputs start.
 
     Raises AttnscopeError, with one line saying what to do, for every failure a user can cause.
     """
+    if device_map is not None:
+        _check_accelerate()
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
     local_only = False
@@ -262,21 +299,22 @@ def load_model(name: str, device: str = "auto", dtype: str = "auto", lm_head: bo
         # Without a route to the Hub, read the cache only: asked for a file it lacks, huggingface_hub would retry
         # for minutes, then fail on a file the user never named.
         local_only = not _hub_reachable()
-        if local_only and not _is_cached(name):
-            raise AttnscopeError(_offline_message(name))
+        if local_only and not _is_cached(name, revision):
+            raise AttnscopeError(_offline_message(name, revision))
 
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # a user of the CLI does not need transformers' load reports
     hf_logging.disable_progress_bar()
-    config = _from_pretrained(name, AutoConfig, source, local_only)
+    at_revision = {} if revision is None else {"revision": revision}
+    config = _from_pretrained(name, AutoConfig, source, local_only, **at_revision)
     family = family_of(config)
-    tokenizer = _from_pretrained(name, AutoTokenizer, source, local_only)
+    tokenizer = _from_pretrained(name, AutoTokenizer, source, local_only, **at_revision)
     # Finding no tokenizer file, transformers builds an empty tokenizer (one special token at most) instead of failing.
     if len(tokenizer) <= 1:
         raise AttnscopeError(
-            _offline_message(name)
+            _offline_message(name, revision)
             if local_only
             else f"model '{name}' has no usable tokenizer: transformers read no vocabulary from it "
             f"({', '.join(TOKENIZER_FILES)})"
@@ -291,12 +329,20 @@ def load_model(name: str, device: str = "auto", dtype: str = "auto", lm_head: bo
         attn_implementation="eager",  # SDPA returns no attention weights (see README, "How it works")
         use_safetensors=True,
         dtype=torch_dtype,
+        **at_revision,
+        **({} if device_map is None else {"device_map": device_map}),
     )
     model.eval()
-    try:
-        model.to(torch_device)
-    except RuntimeError as error:  # e.g. CUDA out of memory
-        raise AttnscopeError(f"cannot move model '{name}' to {torch_device}: {str(error).splitlines()[0]}") from None
+    family.prepare(model.base_model)
+    if device_map is None:
+        try:
+            model.to(torch_device)
+        except RuntimeError as error:  # e.g. CUDA out of memory
+            raise AttnscopeError(
+                f"cannot move model '{name}' to {torch_device}: {str(error).splitlines()[0]}"
+            ) from None
+    else:  # inputs go where the embeddings are
+        torch_device = model.get_input_embeddings().weight.device
     if lm_head:
         return LoadedModel(name, model.base_model, tokenizer, torch_device, family, lm_model=model)
     return LoadedModel(name, model, tokenizer, torch_device, family)

@@ -66,14 +66,16 @@ def _picture_paths(written: Sequence[Path]) -> list[Any]:
 # --------------------------------------------------------------------------------------------------------- heads
 
 
-def head_records(heads: Sequence[HeadRecord]) -> list[dict]:
-    """One flat record per head (the `heads` list of the JSON and the rows of the CSV): every score of the
-    catalog, null where it was not measured."""
+def head_records(heads: Sequence[HeadRecord], model: dict) -> list[dict]:
+    """One flat record per head (the `heads` list of the JSON and the rows of the CSV): which key/value head it
+    reads (grouped-query attention), its role, and every score of the catalog, null where it was not measured."""
+    group = model["n_head"] // model.get("n_kv_head", model["n_head"])  # query heads per key/value head
     return [
         {
             "layer": record.layer,
             "head": record.head,
             "label": record.label,
+            "kv_head": record.head // group,
             "role": record.role.role,
             "role_metric": record.role.metric,
             "role_score": record.role.score,
@@ -88,7 +90,9 @@ def heads_document(result: HeadsResult, heads: Sequence[HeadRecord] | None = Non
     every head with the selection set to null when given all of them)."""
     selected = result.selected if heads is None else heads
     settings = result.settings if heads is None else {**result.settings, "layer": None, "sort": None, "top": None}
-    return document("heads", result.model, result.inputs, settings, result.notes, heads=head_records(selected))
+    return document(
+        "heads", result.model, result.inputs, settings, result.notes, heads=head_records(selected, result.model)
+    )
 
 
 class HeadsView(View):
@@ -98,7 +102,7 @@ class HeadsView(View):
         return heads_document(self.result)
 
     def records(self) -> list[dict]:
-        return head_records(self.result.selected)
+        return head_records(self.result.selected, self.result.model)
 
     def files(self, stage: Path) -> list[Path]:
         """heads.json and heads.csv (every head, whatever the selection), role_map.png, score_<name>.png and
@@ -108,7 +112,7 @@ class HeadsView(View):
         result = self.result
         written = [
             write_atomic(stage / "heads.json", to_json(heads_document(result, result.heads))),
-            write_atomic(stage / "heads.csv", to_csv(head_records(result.heads))),
+            write_atomic(stage / "heads.csv", to_csv(head_records(result.heads, result.model))),
             figures.heads_role_map(result, stage / "role_map.png"),
             *figures.heads_score_heatmaps(result, stage).values(),
         ]
@@ -517,7 +521,7 @@ class ReportView(View):
         )
 
     def records(self) -> list[dict]:
-        return head_records(self.result.heads.heads)
+        return head_records(self.result.heads.heads, self.result.heads.model)
 
     def files(self, stage: Path) -> list[Path]:
         """report.html: one self-contained page."""

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from attnscope.errors import AttnscopeError
 from attnscope.pipeline.tokens import Batch
 
 IMPLEMENTATION = "attnscope"
@@ -63,17 +64,26 @@ class AttentionBlock:
 @dataclass
 class LayerRows:
     """Per-row summaries of one layer's attention, gathered block by block, that determine every per-head
-    statistic without any (n × n) tensor (see kind.layer_row_scores). All (B, H, n) float32, s the scaled
-    logits shifted so that each row's maximum is 0:
+    statistic without any (n × n) tensor (see Kind.layer_row_scores). With s the scaled logits shifted by each
+    row's maximum (over the keys, and the learned sink where the family has one):
 
-    normalizer: Z_i = Σ_j exp(s_ij);  expected_logit: Σ_j A_ij s_ij;
-    gathered: (B, H, n, m) s_ij at the keys the reducer's `keys_to_gather` named for each row (of each window).
+    normalizer: (B, H, n) Z_i = Σ_j exp(s_ij) (+ exp(s_sink)), so that A_ij = exp(s_ij) / Z_i are the model's
+        weights; expected_logit: (B, H, n) Σ_j A_ij s_ij over the keys;
+    gathered: (B, H, n, m) s_ij at the keys the reducer's `keys_to_gather` named for each row (of each window);
+    visible: (B, n) the keys each row sees (real tokens the model's mask allows: the causal triangle, a sliding
+        window, padding); gathered_visible: (B, n, m) whether each gathered key is one of them;
+    peak: (B, H, n) max_j s_ij (0 unless a sink outweighs every key), mass: (B, H, n) Σ_j A_ij (1 unless the
+        family has a sink); None when the family has no sink.
     """
 
     normalizer: torch.Tensor
     expected_logit: torch.Tensor
-    gathered: torch.Tensor
+    gathered: torch.Tensor | None
     lengths: torch.Tensor
+    visible: torch.Tensor
+    gathered_visible: torch.Tensor | None
+    peak: torch.Tensor | None = None
+    mass: torch.Tensor | None = None
 
 
 class Reducer:
@@ -122,82 +132,131 @@ def _block_rows(start: int, n: int, per_entry: int, budget: int, causal: bool) -
     return max(1, int((-start + math.sqrt(start * start + 4 * entries)) / 2))
 
 
-def _eager_fallback(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    from transformers.models.gpt2.modeling_gpt2 import eager_attention_forward
+def _eager_fallback(module, query, key, value, attention_mask, **kwargs):
+    """The family's own eager attention (every modeling module of transformers defines one)."""
+    import importlib
 
-    return eager_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout)
+    eager = importlib.import_module(type(module).__module__).eager_attention_forward
+    return eager(module, query, key, value, attention_mask, **kwargs)
+
+
+def _is_masked(mask: torch.Tensor) -> torch.Tensor:
+    """Where an additive mask of transformers (0 where allowed, the dtype's minimum where not) forbids a key."""
+    return mask < torch.finfo(mask.dtype).min / 2
 
 
 def reducing_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Attention computed one block of query rows at a time; blocks go to the reducer before they are freed.
 
-    query: (B, H, n, d_head), key/value: (B, H, n_k, d_head), attention_mask: (B, 1, n, n_k) additive (0 or the
-    dtype's minimum). Returns (output (B, n, H, d_head), None), as transformers expects. The output equals eager
-    attention's; softmax runs in float32 whatever the model's dtype, and the output is (exp(s - max) V) / Z, which
-    spares a pass normalising the block.
+    query: (B, H, n, d_head) after the family's rotary embedding and norms; key/value: (B, H_kv, n_k, d_head),
+    the key/value heads only (grouped-query attention: query head h reads key/value head h // (H / H_kv), as
+    transformers' repeat_kv does, without copying them); attention_mask: (B, 1, n, n_k) additive (0 or the
+    dtype's minimum) with the causal triangle, sliding window and padding of this layer, or None. The family's
+    specifics come as keyword arguments: `scaling`, `softcap` (logits ← softcap · tanh(logits / softcap), before
+    the mask), `s_aux` (learned sink logits, one per head: a softmax over the keys and the sink, whose share is
+    then dropped), `sliding_window`.
+
+    Returns (output (B, n, H, d_head), None), as transformers expects. The output equals eager attention's; softmax
+    runs in float32 whatever the model's dtype, and the output is (exp(s - max) V) / Z, which spares a pass
+    normalising the block. A causal layer without a sliding window, on right-padded windows, masks with a small
+    triangle per block instead of adding the model's whole mask (the same keys, half the passes).
     """
     state: CaptureState | None = kwargs.get("attnscope_state")
     if state is None:  # the model was called outside a capture: behave exactly like eager attention
-        return _eager_fallback(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout)
+        return _eager_fallback(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     layer = module.layer_idx
     state.layers_seen.append(layer)
     reducer = state.reducer
-    B, H, n, _ = query.shape
-    n_keys = key.shape[-2]
+    B, H, n, d_head = query.shape
+    H_kv, n_keys = key.shape[1], key.shape[-2]
+    G = H // H_kv  # query heads per key/value head
     causal = getattr(module, "is_causal", False) and n == n_keys
-    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    triangle = causal and kwargs.get("sliding_window") is None  # the model's mask is the causal triangle
+    softcap = kwargs.get("softcap")
+    sinks = kwargs.get("s_aux")
+    sink_logits = None if sinks is None else sinks.float().view(1, H, 1)  # (1, H, 1)
+    scaling = d_head**-0.5 if scaling is None else scaling
     output = torch.empty_like(query)  # (B, H, n, d_head)
     normalizer = torch.empty(B, H, n, device=query.device)  # (B, H, n) float32
     expected_logit = torch.empty_like(normalizer)
+    peak = mass = None
+    if sinks is not None:
+        peak, mass = torch.empty_like(normalizer), torch.empty_like(normalizer)
+    visible = torch.empty(B, n, dtype=torch.long, device=query.device)  # (B, n)
     gather_keys = reducer.keys_to_gather if reducer is not None else (lambda positions, lengths: None)
-    gathered = None
+    gathered = gathered_visible = None
     # GPT-2's key and value are strided views into one (B, n, 3d) tensor; a matmul given such a view copies the whole
     # of it first, so every block of rows would copy all keys and values again. One copy per layer instead.
-    key, value = key.contiguous(), value.contiguous()  # (B, H, n_k, d_head)
-    query = (query * scaling).contiguous()  # (B, H, n, d_head), scaled once rather than block by block
-    keys_t = key.transpose(-1, -2)  # (B, H, d_head, n_k), a transposed view a matmul reads as it is
+    key, value = key.contiguous()[:, :, None], value.contiguous()[:, :, None]  # (B, H_kv, 1, n_k, d_head)
+    query = (query * scaling).contiguous().view(B, H_kv, G, n, d_head)  # scaled once rather than block by block
+    keys_t = key.transpose(-1, -2)  # (B, H_kv, 1, d_head, n_k), a transposed view a matmul reads as it is
     keep = layer in state.keep_layers and state.keep_row is not None
     blocks_wanted = reducer is not None and reducer.wants_blocks
     start = 0
     while start < n:
         stop = min(n, start + _block_rows(start, n_keys, H * 4, BLOCK_BYTES, causal))
+        b = stop - start
         keys = stop if causal else n_keys  # a causal row never sees a key after itself
-        logits = torch.matmul(query[:, :, start:stop], keys_t[..., :keys]).float()  # (B, H, b, k)
-        if causal:
+        logits = torch.matmul(query[:, :, :, start:stop], keys_t[..., :keys]).float().view(B, H, b, keys)
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap).mul_(softcap)
+        positions = torch.arange(start, stop, device=query.device)  # (b,)
+        if triangle:
             # Batches are right-padded, so a real row's keys 0..i are all real: the causal triangle of the block's
             # last b keys is the whole mask (padded rows see padded keys, and are never scored). One small
             # in-place add instead of a pass over the block adding the model's mask.
-            logits[..., start:stop].add_(_causal_bias(stop - start, logits.device))  # (b, b) broadcast
+            logits[..., start:stop].add_(_causal_bias(b, logits.device))  # (b, b) broadcast
+            masked = None
+            visible[:, start:stop] = positions + 1
         elif attention_mask is not None:
-            logits.add_(attention_mask[:, :, start:stop, :keys])  # (B, 1, b, k) broadcast
-        logits.sub_(logits.amax(dim=-1, keepdim=True)).clamp_(min=LOGIT_FLOOR)  # each row's maximum is now 0
+            block_mask = attention_mask[:, :, start:stop, :keys]  # (B, 1, b, k)
+            logits.add_(block_mask)  # broadcast over heads
+            masked = _is_masked(block_mask)  # (B, 1, b, k)
+            visible[:, start:stop] = keys - masked[:, 0].sum(-1)
+        else:  # an encoder's full, unpadded batch
+            masked = None
+            visible[:, start:stop] = keys
+        row_max = logits.amax(dim=-1)  # (B, H, b)
+        shift = row_max if sinks is None else torch.maximum(row_max, sink_logits)  # a sink may outweigh every key
+        logits.sub_(shift[..., None]).clamp_(min=LOGIT_FLOOR)  # each row's maximum is now 0 (or below the sink's)
         exp_logits = torch.exp(logits)  # (B, H, b, k)
         block_z = exp_logits.sum(dim=-1)  # (B, H, b)
-        values = torch.matmul(exp_logits.to(value.dtype), value[:, :, :keys])  # (B, H, b, d_head)
+        if sinks is not None:
+            sink_weight = torch.exp((sink_logits - shift).clamp(min=LOGIT_FLOOR))  # (B, H, b)
+            block_z = block_z + sink_weight
+            peak[..., start:stop] = row_max - shift
+            mass[..., start:stop] = 1.0 - sink_weight / block_z
+        grouped = exp_logits.to(value.dtype).view(B, H_kv, G, b, keys)
+        values = torch.matmul(grouped, value[..., :keys, :]).view(B, H, b, d_head)  # (B, H, b, d_head)
         output[:, :, start:stop] = values / block_z[..., None].to(value.dtype)
         normalizer[..., start:stop] = block_z
-        positions = torch.arange(start, stop, device=query.device)  # (b,)
         wanted = gather_keys(positions, state.lengths)  # (b, m), (B, b, m) or None
         if wanted is not None:
-            b, m = wanted.shape[-2:]
+            m = wanted.shape[-1]
             if gathered is None:
                 gathered = torch.empty(B, H, n, m, device=query.device)  # (B, H, n, m)
-            per_window = wanted.view(-1, 1, b, m)  # (1 or B, 1, b, m)
-            index = per_window.expand(B, H, b, m)  # (B, H, b, m)
-            gathered[:, :, start:stop] = logits.gather(-1, index)
+                gathered_visible = torch.empty(B, n, m, dtype=torch.bool, device=query.device)  # (B, n, m)
+            per_window = wanted.view(-1, b, m).expand(B, b, m)  # (B, b, m)
+            gathered[:, :, start:stop] = logits.gather(-1, per_window[:, None].expand(B, H, b, m))
+            if masked is None:
+                in_sight = per_window <= (positions[None, :, None] if causal else keys - 1)  # (B, b, m)
+            else:
+                in_sight = ~masked[:, 0].gather(-1, per_window)  # (B, b, m)
+            gathered_visible[:, start:stop] = in_sight & (per_window < state.lengths[:, None, None])
         if blocks_wanted or keep:
             block = AttentionBlock(exp_logits, block_z, positions, state.lengths, n_keys)
             if blocks_wanted:
                 reducer.add_block(layer, block)
             if keep:
-                kept = torch.zeros(H, stop - start, n_keys)  # (H, b, n_k) on the host
+                kept = torch.zeros(H, b, n_keys)  # (H, b, n_k) on the host
                 kept[..., :keys] = block.probs[state.keep_row].cpu()
                 state.kept.setdefault(layer, []).append(kept)
         # Σ_j exp(s_ij) s_ij, multiplying in place: the logits are not needed after this
         expected_logit[..., start:stop] = logits.mul_(exp_logits).sum(dim=-1) / block_z
         start = stop
     if reducer is not None:
-        reducer.add_layer(layer, LayerRows(normalizer, expected_logit, gathered, state.lengths))
+        rows = LayerRows(normalizer, expected_logit, gathered, state.lengths, visible, gathered_visible, peak, mass)
+        reducer.add_layer(layer, rows)
     return output.transpose(1, 2), None  # (B, n, H, d_head)
 
 
@@ -246,7 +305,11 @@ def run(
                 state = CaptureState(reducer, batch.lengths, keep if keep_row is not None else frozenset(), keep_row)
                 model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, attnscope_state=state)
                 if sorted(state.layers_seen) != list(range(n_layer)):
-                    raise RuntimeError(f"attention of layers {state.layers_seen} captured, expected 0..{n_layer - 1}")
+                    missed = sorted(set(range(n_layer)) - set(state.layers_seen))
+                    raise AttnscopeError(
+                        f"the attention of layer(s) {missed} did not go through transformers' attention interface, "
+                        "so attnscope cannot see it; this model cannot be analysed exactly"
+                    )
                 if keep_row is not None:
                     length = int(batch.lengths[keep_row])
                     for layer, blocks in state.kept.items():

@@ -14,13 +14,14 @@ from attnscope.scores.kinds import DEFAULT_WINDOW, Kind
 
 
 class HeadStatistics(Reducer):
-    """Running sums of every row statistic of `kind` for every (layer, head), kept on the model's device."""
+    """Running sums of every row statistic of `kind` for every (layer, head), kept on the model's device; each
+    layer's sums are reduced on the device that layer ran on, and only those (H, S) sums move."""
 
     def __init__(self, kind: Kind, n_layer: int, n_head: int, device: torch.device, window: int = DEFAULT_WINDOW):
         self.kind = kind
         self.window = window
         self.sums = torch.zeros(n_layer, n_head, len(kind.row_score_names), dtype=torch.float64, device=device)
-        self.uniform_sum = torch.zeros((), dtype=torch.float64, device=device)
+        self.uniform_sum = torch.zeros(n_layer, dtype=torch.float64, device=device)  # a sliding window changes it
         self.row_count = torch.zeros((), dtype=torch.long, device=device)
 
     def keys_to_gather(self, positions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -28,15 +29,13 @@ class HeadStatistics(Reducer):
 
     def add_layer(self, layer: int, summary: LayerRows) -> None:
         """Add every row of layer `layer` of a batch, from the capture's per-row summaries."""
-        scores = self.kind.layer_row_scores(
-            summary.normalizer, summary.expected_logit, summary.gathered, summary.lengths, self.window
-        )
+        scores = self.kind.layer_row_scores(summary, self.window)
         positions = torch.arange(summary.normalizer.shape[-1], device=summary.normalizer.device)  # (n,)
-        sums, uniform, count = rows.sum_scored_rows(self.kind, scores, positions, summary.lengths, self.window)
-        self.sums[layer] += sums
-        if layer == 0:  # row-level quantities are the same for every layer: count them once
-            self.uniform_sum += uniform
-            self.row_count += count
+        sums, uniform, count = rows.sum_scored_rows(self.kind, scores, positions, summary.lengths)
+        self.sums[layer] += sums.to(self.sums.device)
+        self.uniform_sum[layer] += uniform.to(self.sums.device)
+        if layer == 0:  # the scored rows are the same in every layer: count them once
+            self.row_count += count.to(self.sums.device)
 
     def merge(self, other: HeadStatistics) -> None:
         self.sums += other.sums.to(self.sums.device)
@@ -45,7 +44,7 @@ class HeadStatistics(Reducer):
 
     def means(self) -> dict[str, torch.Tensor]:
         """name -> (n_layer, n_head) float64 on the host."""
-        return rows.finish(self.kind, self.sums.cpu(), float(self.uniform_sum), int(self.row_count))
+        return rows.finish(self.kind, self.sums.cpu(), self.uniform_sum.cpu(), int(self.row_count))
 
 
 class ProbeStatistics(Reducer):
@@ -70,9 +69,9 @@ class ProbeStatistics(Reducer):
         duplicate = rows.offset_attention(attn, positions, -self.period)  # (B, H, b)
         stacked = torch.stack([induction, duplicate], dim=-1)  # (B, H, b, 2)
         stacked = torch.where(second_copy[:, None, :, None], stacked, 0.0)
-        self.sums[layer] += stacked.sum(dim=(0, 2), dtype=torch.float64)  # (H, 2)
+        self.sums[layer] += stacked.sum(dim=(0, 2), dtype=torch.float64).to(self.sums.device)  # (H, 2)
         if layer == 0:
-            self.row_count += second_copy.sum()
+            self.row_count += second_copy.sum().to(self.sums.device)
 
     def means(self) -> dict[str, torch.Tensor]:
         """name -> (n_layer, n_head) float64 on the host."""
@@ -107,10 +106,10 @@ class DiversityStatistics(Reducer):
         scored = self.kind.scored_rows(lengths, positions)  # (B, b)
         # a causal row's keys end at the row: the keys after a chunk's last row may be skipped
         dots, js, js_root = pairs.pairwise_sums(attn, scored, positions if self.kind.causal else None)
-        self.dots += dots
-        self.js += js
-        self.js_root += js_root
-        self.row_count += scored.sum()
+        self.dots += dots.to(self.dots.device)
+        self.js += js.to(self.dots.device)
+        self.js_root += js_root.to(self.dots.device)
+        self.row_count += scored.sum().to(self.dots.device)
 
     def add_block(self, layer: int, block: AttentionBlock) -> None:
         if layer not in self.layers:

@@ -22,6 +22,7 @@ Pure functions of tensors: no model, no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -32,7 +33,13 @@ DEFAULT_WINDOW = 3
 
 @dataclass(frozen=True)
 class Kind:
-    """What a kind of attention map looks like; subclasses hold the maths."""
+    """What a kind of attention map looks like; subclasses hold what differs.
+
+    The capture hands over, for every row, s at a few gathered keys (`gathered_keys`, in a layout of slots that
+    starts with the local window's keys, the row's own key first, then the previous one) and whether the model's
+    mask lets the row see them; a row's visible keys come from the model's mask too, so that sliding windows
+    count only the keys a row actually sees.
+    """
 
     name: str  # catalog.DECODER or catalog.ENCODER
     causal: bool  # row i sees only keys j <= i
@@ -55,122 +62,144 @@ class Kind:
         an encoder, the last)."""
         raise NotImplementedError
 
-    def visible_keys(self, positions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """(B or 1, b) keys that rows `positions` of windows of `lengths` see."""
+    def visible_mask(self, positions: torch.Tensor, lengths: torch.Tensor, n_keys: int) -> torch.Tensor:
+        """(B, b, n_keys) bool: the keys rows `positions` see without a sliding window (the reference form; the
+        capture reads a layer's real mask)."""
         raise NotImplementedError
 
     def window_mask(self, positions: torch.Tensor, lengths: torch.Tensor, n_keys: int, window: int) -> torch.Tensor:
-        """(B or 1, b, n_keys) bool: key j is in the local window of row `positions[r]`."""
+        """(B or 1, b, n_keys) bool: key j is in the local window of row `positions[r]` (by position only)."""
         raise NotImplementedError
 
-    def window_size(self, positions: torch.Tensor, lengths: torch.Tensor, window: int) -> torch.Tensor:
-        """(B or 1, b) keys in the local window of rows `positions` (0 or more)."""
+    def window_offsets(self, window: int, device: torch.device | None = None) -> torch.Tensor:
+        """(s,) key offsets of the local window's slots, the first slots of the gathered layout: 0 (self), -1 ..."""
+        raise NotImplementedError
+
+    def in_window(self, keys: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """(B or 1, b, s) bool: which window keys (b, s) are local by position (never the first token; for an
+        encoder, never the last)."""
         raise NotImplementedError
 
     def gathered_keys(self, positions: torch.Tensor, lengths: torch.Tensor, window: int) -> torch.Tensor:
-        """The keys whose logits `layer_row_scores` needs for rows `positions`: (b, m) when the same for every
-        window, (B, b, m) when they depend on a window's length; each a key the row sees."""
+        """The keys whose logits `layer_row_scores` needs for rows `positions`: the window's keys (in
+        `window_offsets` order, clamped into the window), then the sinks; (b, m) when the same for every window,
+        (B, b, m) when they depend on a window's length."""
+        raise NotImplementedError
+
+    def slots(self, window: int) -> dict[str, int]:
+        """score -> the gathered slot it reads: previous_token, first_token, self (and next_token, last_token)."""
         raise NotImplementedError
 
     def row_scores(
-        self, attn: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor, window: int = DEFAULT_WINDOW
-    ) -> dict[str, torch.Tensor]:
-        """Every row statistic from probabilities (the reference form): attn (B, H, b, n) of rows `positions` (b,)
-        over keys 0..n-1 of windows of `lengths` (B,). Returns name -> (B, H, b); unscored rows hold anything."""
-        B, H, b, n = attn.shape
-
-        def at(keys: torch.Tensor) -> torch.Tensor:  # keys (B, b) -> A[.., r, keys[B, r]] (B, H, b)
-            index = keys.clamp(0, n - 1).view(B, 1, b, 1).expand(B, H, b, 1)  # (B, H, b, 1)
-            return attn.gather(-1, index).squeeze(-1)
-
-        rows = positions[None, :].expand(B, b)  # (B, b)
-        entropy = -torch.special.xlogy(attn, attn).sum(-1)  # (B, H, b); 0·ln 0 = 0
-        visible = self.visible_keys(positions, lengths).to(attn.dtype)[:, None, :]  # (B or 1, 1, b)
-        in_window = self.window_mask(positions, lengths, n, window)[:, None].to(attn.dtype)  # (B or 1, 1, b, n)
-        return {
-            "previous_token": at(rows - 1),
-            "first_token": attn[..., 0],  # (B, H, b)
-            "self": at(rows),
-            "local": (attn * in_window).sum(-1),  # (B, H, b)
-            "entropy": entropy,
-            "entropy_normalized": entropy / torch.log(visible).clamp(min=1e-12),  # (B, H, b)
-            "confidence": attn.amax(-1),  # (B, H, b)
-            **self._extra_row_scores(at, rows, lengths),
-        }
-
-    def _extra_row_scores(self, at, rows: torch.Tensor, lengths: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The row scores only this kind has (from probabilities), given `at(keys)` -> A at keys (B, b)."""
-        return {}
-
-    def layer_row_scores(
         self,
-        normalizer: torch.Tensor,
-        expected_logit: torch.Tensor,
-        gathered: torch.Tensor,
+        attn: torch.Tensor,
+        positions: torch.Tensor,
         lengths: torch.Tensor,
         window: int = DEFAULT_WINDOW,
+        visible: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
-        """The statistics of `row_scores` for every row of a layer, without any (n × n) tensor.
+        """Every row statistic from probabilities (the reference form): attn (B, H, b, n) of rows `positions` (b,)
+        over keys 0..n-1 of windows of `lengths` (B,); `visible` (B, b, n) the keys each row sees (default: the
+        kind's geometry). Returns name -> (B, H, b), and `local_uniform` (B, b); unscored rows hold anything."""
+        B, H, b, n = attn.shape
+        if visible is None:
+            visible = self.visible_mask(positions, lengths, n)
+        keys = positions[:, None] + self.window_offsets(window, positions.device)  # (b, s) unclamped
+        slots = self.slots(window)
+        sought = {name: keys[:, slots[name]][None].expand(B, b) for name in ("previous_token", "self")}
+        sought["first_token"] = torch.zeros(B, b, dtype=torch.long, device=positions.device)
+        if "next_token" in slots:
+            sought["next_token"] = keys[:, slots["next_token"]][None].expand(B, b)
+            sought["last_token"] = (lengths - 1)[:, None].expand(B, b)
 
-        With s_ij the scaled logits shifted so each row's maximum is 0 (the capture's form), the inputs are per row
-        (all (B, H, n)): normalizer Z_i = Σ_j exp(s_ij), expected_logit = Σ_j A_ij s_ij, and `gathered`
-        (B, H, n, m) s_ij at the keys of `gathered_keys`. Then exactly, with A_ij = exp(s_ij) / Z_i:
-            confidence = max_j A_ij = 1 / Z_i               (the row maximum is exp(0))
-            entropy    = -Σ_j A_ij ln A_ij = ln Z_i - expected_logit
+        def at(wanted: torch.Tensor) -> torch.Tensor:  # keys (B, b) -> A[.., r, keys[B, r]] (B, H, b)
+            index = wanted.clamp(0, n - 1).view(B, 1, b, 1).expand(B, H, b, 1)  # (B, H, b, 1)
+            return attn.gather(-1, index).squeeze(-1)
+
+        entropy = -torch.special.xlogy(attn, attn).sum(-1)  # (B, H, b); 0·ln 0 = 0
+        seen = visible.sum(-1).to(attn.dtype)  # (B, b)
+        local = self.window_mask(positions, lengths, n, window) & visible  # (B, b, n)
+        return {
+            **{name: at(wanted) for name, wanted in sought.items()},
+            "local": (attn * local[:, None].to(attn.dtype)).sum(-1),  # (B, H, b)
+            "entropy": entropy,
+            "entropy_normalized": entropy / torch.log(seen[:, None]).clamp(min=1e-12),  # (B, H, b)
+            "confidence": attn.amax(-1),  # (B, H, b)
+            "local_uniform": local.sum(-1).to(torch.float64) / seen.to(torch.float64),  # (B, b)
+        }
+
+    def layer_row_scores(self, rows: Any, window: int = DEFAULT_WINDOW) -> dict[str, torch.Tensor]:
+        """The statistics of `row_scores` for every row of a layer, without any (n × n) tensor, from the capture's
+        per-row summaries `rows` (pipeline.capture.LayerRows: normalizer Z, expected_logit, gathered, visible,
+        gathered_visible, and peak and mass where the family has a sink). Exactly, with A_ij = exp(s_ij) / Z_i:
+
             A at a gathered key = exp(gathered) / Z_i
+            confidence = max_j A_ij = exp(peak_i) / Z_i            (peak = 0: the row maximum is exp(0))
+            entropy    = -Σ_j A_ij ln A_ij = mass_i ln Z_i - expected_logit_i   (mass = Σ_j A_ij = 1 without a sink)
+            local_uniform = |local window ∩ visible keys| / |visible keys|
         """
-        raise NotImplementedError
+        normalizer = rows.normalizer  # (B, H, n)
+        n = normalizer.shape[-1]
+        positions = torch.arange(n, device=normalizer.device)  # (n,)
+        probs = torch.exp(rows.gathered) / normalizer[..., None]  # (B, H, n, m)
+        offsets = self.window_offsets(window, normalizer.device)  # (s,)
+        s = offsets.shape[0]
+        local = self.in_window(positions[:, None] + offsets, rows.lengths) & rows.gathered_visible[..., :s]  # (B, n, s)
+        mass = 1.0 if rows.mass is None else rows.mass
+        entropy = mass * torch.log(normalizer) - rows.expected_logit  # (B, H, n)
+        visible = rows.visible.to(entropy.dtype)  # (B, n)
+        confidence = 1.0 / normalizer if rows.peak is None else torch.exp(rows.peak) / normalizer
+        return {
+            **{name: probs[..., slot] for name, slot in self.slots(window).items()},
+            "local": (probs[..., :s] * local[:, None].to(probs.dtype)).sum(-1),  # (B, H, n)
+            "entropy": entropy,
+            "entropy_normalized": entropy / torch.log(visible[:, None]).clamp(min=1e-12),
+            "confidence": confidence,
+            "local_uniform": local.sum(-1).to(torch.float64) / rows.visible.to(torch.float64),  # (B, n)
+        }
 
 
 class CausalKind(Kind):
-    """A decoder's causal map: gathered keys are i, i-1, ..., i-w (clamped at 0), then 0."""
+    """A decoder's causal map. Gathered layout: i, i-1, ..., i-w (clamped at 0), then 0."""
 
     def scored_rows(self, lengths: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return (positions[None, :] >= 1) & (positions[None, :] < lengths[:, None])  # (B, b)
 
-    def visible_keys(self, positions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        return (positions + 1)[None, :]  # (1, b)
+    def visible_mask(self, positions: torch.Tensor, lengths: torch.Tensor, n_keys: int) -> torch.Tensor:
+        keys = torch.arange(n_keys, device=positions.device)  # (n,)
+        mask = (keys[None, None, :] <= positions[None, :, None]) & (keys[None, None, :] < lengths[:, None, None])
+        return mask  # (B, b, n)
 
     def window_mask(self, positions: torch.Tensor, lengths: torch.Tensor, n_keys: int, window: int) -> torch.Tensor:
         keys = torch.arange(n_keys, device=positions.device)  # (n,)
         low = (positions - window).clamp(min=1)  # (b,)
         return ((keys[None, :] >= low[:, None]) & (keys[None, :] <= positions[:, None]))[None]  # (1, b, n)
 
-    def window_size(self, positions: torch.Tensor, lengths: torch.Tensor, window: int) -> torch.Tensor:
-        return (positions - (positions - window).clamp(min=1) + 1)[None, :]  # (1, b); row 0: 0
+    def window_offsets(self, window: int, device: torch.device | None = None) -> torch.Tensor:
+        return -torch.arange(window + 1, device=device)  # (w+1,) 0, -1, ..., -w
+
+    def in_window(self, keys: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return (keys >= 1)[None]  # (1, b, w+1): token 0 is never local
 
     def gathered_keys(self, positions: torch.Tensor, lengths: torch.Tensor, window: int) -> torch.Tensor:
-        offsets = torch.arange(window + 1, device=positions.device)  # (w+1,) 0 = self, 1 = previous, ...
-        window_keys = (positions[:, None] - offsets[None, :]).clamp(min=0)  # (b, w+1)
+        window_keys = (positions[:, None] + self.window_offsets(window, positions.device)).clamp(min=0)  # (b, w+1)
         return torch.cat([window_keys, torch.zeros_like(positions)[:, None]], dim=1)  # (b, w+2)
 
-    def layer_row_scores(self, normalizer, expected_logit, gathered, lengths, window=DEFAULT_WINDOW):
-        n = normalizer.shape[-1]
-        positions = torch.arange(n, device=normalizer.device)  # (n,)
-        probs = torch.exp(gathered) / normalizer[..., None]  # (B, H, n, w+2)
-        in_window = (positions[:, None] - torch.arange(window + 1, device=normalizer.device) >= 1).to(probs.dtype)
-        entropy = torch.log(normalizer) - expected_logit  # (B, H, n)
-        return {
-            "previous_token": probs[..., 1],
-            "first_token": probs[..., -1],
-            "self": probs[..., 0],
-            "local": (probs[..., : window + 1] * in_window).sum(-1),  # (B, H, n); token 0 is never local
-            "entropy": entropy,
-            "entropy_normalized": entropy / torch.log((positions + 1).to(entropy.dtype)).clamp(min=1e-12),
-            "confidence": 1.0 / normalizer,
-        }
+    def slots(self, window: int) -> dict[str, int]:
+        return {"previous_token": 1, "first_token": window + 1, "self": 0}
 
 
 class BidirectionalKind(Kind):
-    """An encoder's map: gathered keys are i, i-1, ..., i-w, i+1, ..., i+w, then 0 and length-1 (the last real
+    """An encoder's map. Gathered layout: i, i-1, ..., i-w, i+1, ..., i+w, then 0 and length-1 (the last real
     token, which differs per window), each clamped into 0..length-1 (a clamped key is never inside a scored row's
     window)."""
 
     def scored_rows(self, lengths: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return (positions[None, :] >= 1) & (positions[None, :] <= lengths[:, None] - 2)  # (B, b)
 
-    def visible_keys(self, positions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        return lengths[:, None].expand(-1, positions.shape[0])  # (B, b)
+    def visible_mask(self, positions: torch.Tensor, lengths: torch.Tensor, n_keys: int) -> torch.Tensor:
+        keys = torch.arange(n_keys, device=positions.device)  # (n,)
+        return (keys[None, :] < lengths[:, None])[:, None, :].expand(-1, positions.shape[0], -1)  # (B, b, n)
 
     def window_mask(self, positions: torch.Tensor, lengths: torch.Tensor, n_keys: int, window: int) -> torch.Tensor:
         keys = torch.arange(n_keys, device=positions.device)  # (n,)
@@ -178,21 +207,15 @@ class BidirectionalKind(Kind):
         high = torch.minimum(positions[None, :] + window, lengths[:, None] - 2)  # (B, b)
         return (keys[None, None, :] >= low[None, :, None]) & (keys[None, None, :] <= high[:, :, None])  # (B, b, n)
 
-    def window_size(self, positions: torch.Tensor, lengths: torch.Tensor, window: int) -> torch.Tensor:
-        high = torch.minimum(positions[None, :] + window, lengths[:, None] - 2)  # (B, b)
-        return (high - (positions - window).clamp(min=1)[None, :] + 1).clamp(min=0)  # (B, b)
-
-    def _extra_row_scores(self, at, rows, lengths):
-        return {"next_token": at(rows + 1), "last_token": at((lengths - 1)[:, None].expand_as(rows))}
-
-    @staticmethod
-    def offsets(window: int, device: torch.device | None = None) -> torch.Tensor:
-        """(2w+1,) key offsets of the local window in gathered order: 0 (self), -1 .. -w, +1 .. +w."""
+    def window_offsets(self, window: int, device: torch.device | None = None) -> torch.Tensor:
         back = -torch.arange(window + 1, device=device)  # (w+1,) 0, -1, ..., -w
         return torch.cat([back, torch.arange(1, window + 1, device=device)])  # (2w+1,)
 
+    def in_window(self, keys: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return (keys[None] >= 1) & (keys[None] <= (lengths - 2)[:, None, None])  # (B, b, 2w+1)
+
     def gathered_keys(self, positions: torch.Tensor, lengths: torch.Tensor, window: int) -> torch.Tensor:
-        window_keys = positions[:, None] + self.offsets(window, positions.device)[None, :]  # (b, 2w+1)
+        window_keys = positions[:, None] + self.window_offsets(window, positions.device)[None, :]  # (b, 2w+1)
         last = (lengths - 1)[:, None, None]  # (B, 1, 1)
         B, b = lengths.shape[0], positions.shape[0]
         keys = torch.cat(
@@ -200,25 +223,9 @@ class BidirectionalKind(Kind):
         )  # (B, b, 2w+3)
         return torch.minimum(keys.clamp(min=0), last)
 
-    def layer_row_scores(self, normalizer, expected_logit, gathered, lengths, window=DEFAULT_WINDOW):
-        n = normalizer.shape[-1]
-        positions = torch.arange(n, device=normalizer.device)  # (n,)
-        probs = torch.exp(gathered) / normalizer[..., None]  # (B, H, n, 2w+3)
-        keys = positions[:, None] + self.offsets(window, normalizer.device)[None, :]  # (n, 2w+1) unclamped
-        in_window = (keys[None] >= 1) & (keys[None] <= (lengths - 2)[:, None, None])  # (B, n, 2w+1)
-        entropy = torch.log(normalizer) - expected_logit  # (B, H, n)
-        visible = lengths.to(entropy.dtype)[:, None, None]  # (B, 1, 1)
-        return {
-            "previous_token": probs[..., 1],
-            "first_token": probs[..., -2],
-            "self": probs[..., 0],
-            "local": (probs[..., : 2 * window + 1] * in_window[:, None].to(probs.dtype)).sum(-1),  # (B, H, n)
-            "entropy": entropy,
-            "entropy_normalized": entropy / torch.log(visible).clamp(min=1e-12),
-            "confidence": 1.0 / normalizer,
-            "next_token": probs[..., window + 1],
-            "last_token": probs[..., -1],
-        }
+    def slots(self, window: int) -> dict[str, int]:
+        m = 2 * window + 3
+        return {"previous_token": 1, "first_token": m - 2, "self": 0, "next_token": window + 1, "last_token": m - 1}
 
 
 DECODER = CausalKind(catalog.DECODER, causal=True, special_tokens="bos", probe=True)

@@ -24,51 +24,48 @@ from attnscope.scores.kinds import DEFAULT_WINDOW, Kind
 PROBE_SCORES = tuple(score.name for score in catalog.SCORES if score.source == catalog.PROBE)  # in the sums' order
 
 
-def local_uniform(kind: Kind, positions: torch.Tensor, lengths: torch.Tensor, window: int = DEFAULT_WINDOW):
-    """(B or 1, b) float64: the share of the keys a row sees that lie in its local window, which is `local` for
-    uniform attention."""
-    size = kind.window_size(positions, lengths, window).to(torch.float64)
-    return size / kind.visible_keys(positions, lengths).to(torch.float64)
-
-
 def sum_scored_rows(
-    kind: Kind,
-    scores: dict[str, torch.Tensor],
-    positions: torch.Tensor,
-    lengths: torch.Tensor,
-    window: int = DEFAULT_WINDOW,
+    kind: Kind, scores: dict[str, torch.Tensor], positions: torch.Tensor, lengths: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Row scores (name -> (B, H, b)) summed over the scored rows: (sums (H, S) float64 in the order of
-    `kind.row_score_names`, local_uniform sum (scalar float64), scored row count (scalar))."""
+    """Row scores (name -> (B, H, b), and `local_uniform` (B, b)) summed over the scored rows: (sums (H, S) float64
+    in the order of `kind.row_score_names`, local_uniform sum (scalar float64), scored row count (scalar))."""
     scored = kind.scored_rows(lengths, positions)  # (B, b)
     stacked = torch.stack([scores[name] for name in kind.row_score_names], dim=-1)  # (B, H, b, S)
     stacked = torch.where(scored[:, None, :, None], stacked, 0.0)  # padded rows may hold anything, even NaN
     sums = stacked.sum(dim=(0, 2), dtype=torch.float64)  # (H, S)
-    uniform = (local_uniform(kind, positions, lengths, window) * scored).sum()  # scalar
+    uniform = torch.where(scored, scores["local_uniform"], 0.0).sum()  # scalar
     return sums, uniform, scored.sum()
 
 
-def finish(kind: Kind, sums: torch.Tensor, uniform_sum: float, count: int) -> dict[str, torch.Tensor]:
-    """Means from accumulated sums (..., H, S): name -> (..., H) tensor, plus `local_uniform` and `local_lift`."""
+def finish(kind: Kind, sums: torch.Tensor, uniform_sum: torch.Tensor | float, count: int) -> dict[str, torch.Tensor]:
+    """Means from accumulated sums (..., H, S) and local_uniform sums (...,) (one per layer, since a sliding window
+    changes what uniform attention puts in the local window): name -> (..., H) tensor, with `local_uniform` and
+    `local_lift`."""
     if count == 0:
         raise ValueError("no scored rows: every window is too short to score")
     means = sums / count  # (..., H, S)
     result = {name: means[..., k] for k, name in enumerate(kind.row_score_names)}
-    uniform = torch.full_like(result["local"], uniform_sum / count)
+    uniform = torch.as_tensor(uniform_sum, dtype=torch.float64) / count  # (...)
+    uniform = uniform[..., None].expand_as(result["local"]).clone()  # (..., H)
     result["local_uniform"] = uniform
     result["local_lift"] = (result["local"] - uniform) / (1.0 - uniform)
     return result
 
 
 def head_scores(
-    kind: Kind, attn: torch.Tensor, lengths: torch.Tensor, window: int = DEFAULT_WINDOW
+    kind: Kind,
+    attn: torch.Tensor,
+    lengths: torch.Tensor,
+    window: int = DEFAULT_WINDOW,
+    visible: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Every statistic of every head from full maps: attn (B, H, n, n) of B right-padded windows with `lengths`
-    (B,) real tokens. Returns name -> (H,) float64 means over the scored rows of all windows."""
+    (B,) real tokens; `visible` (B, n, n) the keys each row sees (default: the kind's geometry). Returns name ->
+    (H,) float64 means over the scored rows of all windows."""
     positions = torch.arange(attn.shape[-2], device=attn.device)  # (n,)
-    scores = kind.row_scores(attn, positions, lengths, window)
-    sums, uniform, count = sum_scored_rows(kind, scores, positions, lengths, window)
-    return finish(kind, sums, float(uniform), int(count))
+    scores = kind.row_scores(attn, positions, lengths, window, visible)
+    sums, uniform, count = sum_scored_rows(kind, scores, positions, lengths)
+    return finish(kind, sums, uniform, int(count))
 
 
 def offset_attention(attn: torch.Tensor, positions: torch.Tensor, offset: int) -> torch.Tensor:
