@@ -68,8 +68,13 @@ def build_tiny_bert(folder: Path, seed: int = 0, **config) -> Path:
     vocab_file.write_text("\n".join(vocab) + "\n", encoding="utf-8")
     torch.manual_seed(seed)
     settings = dict(
-        num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64,
-        max_position_embeddings=64, vocab_size=len(vocab), initializer_range=0.3,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        hidden_size=32,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        vocab_size=len(vocab),
+        initializer_range=0.3,
     )
     settings.update(config)
     BertForMaskedLM(BertConfig(**settings)).save_pretrained(folder)
