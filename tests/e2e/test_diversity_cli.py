@@ -10,11 +10,9 @@ import json
 import numpy as np
 import pytest
 import torch
-from scipy.spatial.distance import jensenshannon
 
 from attnscope.pipeline.inputs import Text
-from attnscope.pipeline.tokens import batches, pad_id, tokenize
-from tests.support import CAT, build_tiny_gpt2, png_size, reference_maps
+from tests.support import CAT, build_tiny_gpt2, png_size, slow_diversity
 
 TEXTS = [CAT, "Hello there, world"]
 PAIR_COLUMNS = ["a", "b", "a_layer", "a_head", "b_layer", "b_head", "cosine", "js", "js_distance"]
@@ -26,40 +24,13 @@ def _diversity(cli, *args):
     return json.loads(out)
 
 
-def _scored(kind: str, length: int) -> range:
-    """Scored query rows of a window of `length` tokens: after BOS (decoder), between [CLS] and [SEP] (encoder)."""
-    return range(1, length) if kind == "decoder" else range(1, length - 1)
-
-
-def _slow_diversity(model, texts, layers):
-    """Cosine over the concatenated rows, mean row JSD (bits) and mean JS distance, with numpy and scipy, from the
-    from-scratch maps of each window run alone (no padding), for every head of `layers`."""
-    windows = tokenize(model, [Text(text, "t") for text in texts]).windows
-    heads = [(layer, h) for layer in layers for h in range(model.n_head)]
-    rows = {head: [] for head in heads}
-    for window in windows:
-        batch = next(batches([window], 1, model.device, pad_id(model.tokenizer)))
-        maps = reference_maps(model, batch)  # layer -> (1, H, n, n)
-        for layer, h in heads:
-            rows[layer, h].extend(maps[layer][0, h, list(_scored(model.kind.name, len(window.ids)))].double().numpy())
-    K = len(heads)
-    cosine, js, js_distance = np.zeros((K, K)), np.zeros((K, K)), np.zeros((K, K))
-    for a in range(K):
-        for b in range(K):
-            x, y = np.concatenate(rows[heads[a]]), np.concatenate(rows[heads[b]])
-            cosine[a, b] = x @ y / np.sqrt((x @ x) * (y @ y))
-            distances = [jensenshannon(p, q, base=2) for p, q in zip(rows[heads[a]], rows[heads[b]], strict=True)]
-            js[a, b], js_distance[a, b] = np.mean(np.square(distances)), np.mean(distances)
-    return cosine, js, js_distance, sum(len(_scored(model.kind.name, len(w.ids))) for w in windows)
-
-
 @pytest.mark.parametrize("layer", ["1", "all"])
 def test_matrices_equal_scipy_on_the_from_scratch_attention(cli, model, model_dir, tmp_path, layer):
     corpus = tmp_path / "texts.txt"
     corpus.write_text("\n\n".join(TEXTS) + "\n")  # two windows of different lengths: one is padded
     doc = _diversity(cli, "--file", corpus, "--layer", layer, "-m", model_dir)
     layers = [1] if layer == "1" else [0, 1]
-    cosine, js, js_distance, scored = _slow_diversity(model, TEXTS, layers)
+    cosine, js, js_distance, scored = slow_diversity(model, [Text(text, "t") for text in TEXTS], layers)
     assert doc["input"]["scored_rows"] == scored
     assert doc["labels"] == [f"{lr}.{h}" for lr in layers for h in range(4)]
     for name, expected in (("cosine", cosine), ("js", js), ("js_distance", js_distance)):

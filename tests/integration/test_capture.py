@@ -11,7 +11,7 @@ from attnscope.pipeline import capture
 from attnscope.pipeline.reducers import HeadStatistics
 from attnscope.pipeline.tokens import batches, pad_id, tokenize
 from attnscope.scores import rows
-from tests.support import TEXTS, captured_maps, real_entries, reference_maps
+from tests.support import TEXTS, capture_blocks_of, captured_maps, real_entries, reference_maps
 
 
 def _one_batch(loaded, texts):
@@ -22,12 +22,8 @@ def _one_batch(loaded, texts):
 
 def _heads_statistics(loaded, batch, block_bytes=None):
     statistics = HeadStatistics(loaded.kind, loaded.n_layer, loaded.n_head, loaded.device)
-    original = capture.BLOCK_BYTES
-    capture.BLOCK_BYTES = original if block_bytes is None else block_bytes
-    try:
+    with capture_blocks_of(block_bytes):
         capture.run(loaded.model, [batch], statistics)
-    finally:
-        capture.BLOCK_BYTES = original
     return statistics
 
 
