@@ -517,7 +517,7 @@ def _emit(result: Any, output: Output, folder: Path | None) -> None:
     written = write_all(folder, view.files) if folder is not None else []
     shown_as_paths = view.names_files and not (output.json or output.csv)  # the paths themselves go to stdout
     if written and not output.quiet and not shown_as_paths:
-        _note(f"wrote {len(written)} files to {folder}")
+        _note(f"wrote {len(written)} file{'s' if len(written) != 1 else ''} to {folder}")
     if output.json:
         sys.stdout.write(to_json(view.document()))
     elif output.csv:

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-REAL_HF_HOME = os.environ.get("HF_HOME")  # before HF_HOME is pointed at an empty folder, below
+# The user's own cache, for the one test that may read real weights (tests/e2e/test_known_heads.py), kept before
+# HF_HOME is pointed at an empty folder below.
+os.environ.setdefault("ATTNSCOPE_REAL_HF_HOME", os.environ.get("HF_HOME", ""))
 # No test may touch the network: the Hub is off and the cache is an empty folder. Set here, when pytest loads this
 # file and before any test module imports transformers: huggingface_hub reads both variables once, on import.
 OFFLINE_HF_HOME = tempfile.mkdtemp(prefix="attnscope-tests-hf-home-")

@@ -4,6 +4,7 @@ from here, never from each other."""
 
 from __future__ import annotations
 
+import contextlib
 import string
 import struct
 from pathlib import Path
@@ -68,8 +69,13 @@ def build_tiny_bert(folder: Path, seed: int = 0, **config) -> Path:
     vocab_file.write_text("\n".join(vocab) + "\n", encoding="utf-8")
     torch.manual_seed(seed)
     settings = dict(
-        num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64,
-        max_position_embeddings=64, vocab_size=len(vocab), initializer_range=0.3,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        hidden_size=32,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        vocab_size=len(vocab),
+        initializer_range=0.3,
     )
     settings.update(config)
     BertForMaskedLM(BertConfig(**settings)).save_pretrained(folder)
@@ -140,6 +146,54 @@ def real_entries(batch, causal: bool) -> torch.Tensor:
     return entries[:, None]
 
 
+@contextlib.contextmanager
+def capture_blocks_of(block_bytes: int | None):
+    """The capture's blocks sized to `block_bytes` of logits per window (None: as it is) inside the `with`."""
+    from attnscope.pipeline import capture
+
+    original = capture.BLOCK_BYTES
+    capture.BLOCK_BYTES = original if block_bytes is None else block_bytes
+    try:
+        yield
+    finally:
+        capture.BLOCK_BYTES = original
+
+
+def scored_range(kind: str, length: int) -> range:
+    """The scored query rows of a window of `length` tokens: after BOS (decoder, row 0 sees only itself), between
+    [CLS] and [SEP] (encoder)."""
+    return range(1, length) if kind == "decoder" else range(1, length - 1)
+
+
+def slow_diversity(loaded, texts, layers):
+    """Cosine over the concatenated scored rows, mean row JSD (bits) and mean JS distance, with numpy and scipy,
+    from the from-scratch maps of each window run alone (no padding), for every head of `layers`: (cosine, js,
+    js_distance) (K, K) numpy, and the number of scored rows."""
+    import numpy as np
+    from scipy.spatial.distance import jensenshannon
+
+    from attnscope.pipeline.tokens import batches, pad_id, tokenize
+
+    windows = tokenize(loaded, texts).windows
+    heads = [(layer, h) for layer in layers for h in range(loaded.n_head)]
+    rows = {head: [] for head in heads}
+    for window in windows:
+        batch = next(batches([window], 1, loaded.device, pad_id(loaded.tokenizer)))
+        maps = reference_maps(loaded, batch)  # layer -> (1, H, n, n)
+        scored = list(scored_range(loaded.kind.name, len(window.ids)))
+        for layer, h in heads:
+            rows[layer, h].extend(maps[layer][0, h, scored].double().numpy())
+    K = len(heads)
+    cosine, js, js_distance = np.zeros((K, K)), np.zeros((K, K)), np.zeros((K, K))
+    for a in range(K):
+        for b in range(K):
+            x, y = np.concatenate(rows[heads[a]]), np.concatenate(rows[heads[b]])
+            cosine[a, b] = x @ y / np.sqrt((x @ x) * (y @ y))
+            distances = [jensenshannon(p, q, base=2) for p, q in zip(rows[heads[a]], rows[heads[b]], strict=True)]
+            js[a, b], js_distance[a, b] = np.mean(np.square(distances)), np.mean(distances)
+    return cosine, js, js_distance, sum(len(scored_range(loaded.kind.name, len(w.ids))) for w in windows)
+
+
 def captured_maps(loaded, batch, block_bytes: int | None = None) -> dict[int, torch.Tensor]:
     """layer -> (B, H, n, n) as the capture hands them to its reducer, block by block (a causal block stops at its
     last query's key: the keys after it are filled with 0). With block_bytes=1 each block must be one query row."""
@@ -157,12 +211,8 @@ def captured_maps(loaded, batch, block_bytes: int | None = None) -> dict[int, to
             blocks.setdefault(layer, []).append(padded)
 
     reducer = Collect()
-    original = capture.BLOCK_BYTES
-    capture.BLOCK_BYTES = original if block_bytes is None else block_bytes
-    try:
+    with capture_blocks_of(block_bytes):
         capture.run(loaded.model, [batch], reducer)
-    finally:
-        capture.BLOCK_BYTES = original
     if block_bytes == 1:  # one row per block: the blocking itself is under test
         assert reducer.count == batch.input_ids.shape[1] * len(blocks)
     return {layer: torch.cat(parts, dim=2) for layer, parts in blocks.items()}

@@ -9,16 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.common import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_MAX_TOKENS,
-    Progress,
-    check_layer,
-    check_positive,
-    input_summary,
-    run_windows,
-    too_short,
-)
+from attnscope.analyses import common
+from attnscope.analyses.common import Progress
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import distributed
@@ -109,23 +101,23 @@ class Diversity:
 
     layer: int | None
     bos: bool | None = None
-    batch_size: int = DEFAULT_BATCH_SIZE
-    max_tokens: int | None = DEFAULT_MAX_TOKENS
+    batch_size: int = common.DEFAULT_BATCH_SIZE
+    max_tokens: int | None = common.DEFAULT_MAX_TOKENS
     redundant: float = DEFAULT_REDUNDANT
     cluster_at: float = DEFAULT_CLUSTER_AT
     top: int = DEFAULT_TOP
 
     def __post_init__(self) -> None:
-        check_positive("batch size", self.batch_size)
-        check_positive("max tokens", self.max_tokens)
-        check_positive("top", self.top)
+        common.check_positive("batch size", self.batch_size)
+        common.check_positive("max tokens", self.max_tokens)
+        common.check_positive("top", self.top)
         for name, value in (("redundant", self.redundant), ("cluster-at", self.cluster_at)):
             if not 0.0 < value <= 1.0:
                 raise AttnscopeError(f"{name} {value}: a JS divergence in bits, above 0 and at most 1")
 
     def run(self, model: LoadedModel, texts: Sequence[Text], progress: Progress | None = None) -> DiversityResult:
         if self.layer is not None:
-            check_layer(self.layer, model.n_layer)
+            common.check_layer(self.layer, model.n_layer)
         layers = list(range(model.n_layer)) if self.layer is None else [self.layer]
         tokenized = tokenize(model, texts, self.bos)
         batch_size = self.batch_size
@@ -134,10 +126,10 @@ class Diversity:
             per_window = model.n_layer * model.n_head * longest * longest * 4
             batch_size = min(batch_size, max(1, ALL_LAYERS_BUDGET // per_window))
         statistics = DiversityStatistics(model.kind, layers, model.n_head, model.device)
-        run_windows(model, tokenized, statistics, batch_size, self.max_tokens, progress, flush=statistics.flush)
+        common.run_windows(model, tokenized, statistics, batch_size, self.max_tokens, progress, flush=statistics.flush)
         distributed.all_reduce_sum(statistics.dots, statistics.js, statistics.js_root, statistics.row_count)
         if int(statistics.row_count) == 0:
-            raise AttnscopeError(too_short(model, "compare"))
+            raise AttnscopeError(common.too_short(model, "compare"))
         matrices = {name: value.numpy() for name, value in statistics.results().items()}
         labels = [f"{layer}.{head}" for layer in layers for head in range(model.n_head)]
         H = model.n_head
@@ -158,7 +150,7 @@ class Diversity:
         }
         return DiversityResult(
             model=model.info(),
-            inputs=input_summary(texts, tokenized, int(statistics.row_count)),
+            inputs=common.input_summary(texts, tokenized, int(statistics.row_count)),
             settings=settings,
             layer=self.layer,
             labels=labels,
@@ -176,7 +168,11 @@ class Diversity:
 
 
 def analyze_diversity(
-    model: LoadedModel, texts: Sequence[Text], layer: int | None, progress: Progress | None = None, **settings: Any
+    model: LoadedModel,
+    texts: Sequence[Text],
+    layer: int | None,
+    progress: Progress | None = None,
+    **settings: Any,
 ) -> DiversityResult:
     """`Diversity(layer, **settings).run(model, texts, progress)`."""
     return Diversity(layer, **settings).run(model, texts, progress)

@@ -1,0 +1,93 @@
+"""`ablate` end to end: the baseline loss against transformers' own loss, the ranking, pruning, --top, the files."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from tests.support import CAT, png_size
+
+TEXT = CAT
+
+
+def _reference_loss(folder, text):
+    """Next-token loss of `text` with BOS first, by transformers' own GPT2LMHeadModel and its `labels` loss."""
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    ids = torch.tensor([[tokenizer.bos_token_id] + tokenizer(text)["input_ids"]])
+    with torch.no_grad():
+        return float(model(input_ids=ids, labels=ids).loss)
+
+
+def _ablate(cli, *args):
+    code, out, err = cli("ablate", *args, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_cli(cli, tiny_model_dir):
+    code, out, err = cli("ablate", TEXT, "-m", tiny_model_dir, "--json", "--prune", "2")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["command"] == "ablate" and doc["settings"]["method"] == "loss"
+    assert doc["baseline_loss"] == pytest.approx(_reference_loss(tiny_model_dir, TEXT), abs=1e-5)
+    assert doc["input"]["predicted_tokens"] == 11  # every token after BOS
+    heads = doc["heads"]
+    assert sorted(record["rank"] for record in heads) == list(range(1, 9))
+    for record in heads:  # importance: the loss without the head, less the loss with every head
+        assert record["importance"] == pytest.approx(record["loss_without_head"] - doc["baseline_loss"], abs=2e-6)
+    by_rank = sorted(heads, key=lambda record: record["rank"])
+    assert [r["importance"] for r in by_rank] == sorted((r["importance"] for r in heads), reverse=True)
+    # pruning removes the least important heads first, one more at each step
+    assert [step["head"] for step in doc["prune"]] == [r["label"] for r in by_rank[::-1][:2]]
+    assert [step["removed"] for step in doc["prune"]] == [1, 2]
+    assert doc["prune"][0]["loss"] == pytest.approx(by_rank[-1]["loss_without_head"], abs=2e-6)
+    assert cli("ablate", TEXT, "-m", tiny_model_dir, "--json", "--prune", "2")[1] == out  # deterministic
+    code, out, _ = cli("ablate", TEXT, "-m", tiny_model_dir, "--csv", "--method", "gradient")
+    assert code == 0 and out.splitlines()[0] == "layer,head,label,importance,rank"
+    assert len(list(csv.DictReader(io.StringIO(out)))) == 8
+
+
+@pytest.mark.slow
+def test_out_writes_tables_and_pictures(cli, model_dir, tmp_path):
+    code, out, err = cli("ablate", TEXT, "-m", model_dir, "--prune", "3", "--out", tmp_path / "abl")
+    assert code == 0, err
+    names = sorted(p.name for p in (tmp_path / "abl").iterdir())
+    assert names == ["ablate.csv", "ablate.json", "importance.png", "prune.png"]
+    png_size(tmp_path / "abl" / "importance.png")
+    png_size(tmp_path / "abl" / "prune.png")
+    assert "baseline loss" in out and "Most important heads" in out
+    assert len(json.loads((tmp_path / "abl" / "ablate.json").read_text())["prune"]) == 3
+
+
+def test_encoder_loss_and_gradient(cli, tiny_bert_dir):
+    doc = _ablate(cli, TEXT, "-m", tiny_bert_dir)
+    assert doc["baseline_loss"] > 0 and len(doc["heads"]) == 8
+    assert any("masked-LM loss" in note for note in doc["notes"])
+    assert doc["input"]["predicted_tokens"] == 2  # round(15 % of 11) masked positions
+    doc = _ablate(cli, TEXT, "-m", tiny_bert_dir, "--method", "gradient", "--prune", "2")
+    assert doc["settings"]["method"] == "gradient"
+    assert all(h["importance"] >= 0 for h in doc["heads"]) and len(doc["prune"]) == 2
+    assert all("loss_without_head" not in h for h in doc["heads"])  # only the loss method removes heads
+
+
+@pytest.mark.parametrize("top", [3])
+def test_top_is_the_number_of_rows_shown(cli, model_dir, top):
+    code, out, err = cli("ablate", TEXT, "-m", model_dir, "--method", "gradient", "--top", top)
+    assert code == 0, err
+    heads = _ablate(cli, TEXT, "-m", model_dir, "--method", "gradient", "--top", top)["heads"]
+    assert len(heads) == 8  # --top picks the table's rows; the JSON has every head
+    table = out.split("Most important heads")[1]
+    labels = re.findall(r"^\s*\d+\s+\d+\s+(\d+\.\d+)\s", table, re.MULTILINE)  # layer, head, label, ...
+    by_rank = [h["label"] for h in sorted(heads, key=lambda h: h["rank"])]
+    assert labels == by_rank[:top]
+    importance = np.array([h["importance"] for h in heads])
+    assert len(set(importance.round(6))) == 8  # distinct, so the order is the measurement's, not a tie's

@@ -1,0 +1,234 @@
+"""Every mistake a user can make ends in one line, `attnscope: error: ...`, exit status 2, nothing on stdout and
+nothing left on disk; what can be checked without the model is checked before it loads, and the probe before any
+text runs. A bug is not hidden behind that line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.support import CAT
+
+DOCTOR_TWICE = "The doctor said that she would help the doctor."
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+
+# Placeholders filled in by the test: @decoder / @encoder (the tiny models), @pickle (a pickle-only checkpoint),
+# @tmp/... (a path in the test's own folder), @latin1 (a Latin-1 file), @file (a plain file).
+D, E = ["-m", "@decoder"], ["-m", "@encoder"]
+CASES = {
+    # texts
+    "empty text": (["heads", "", *D], "the TEXT argument holds no text"),
+    "whitespace text": (["heads", "  \n ", *D], "the TEXT argument holds no text"),
+    "missing file": (["heads", "--file", "@tmp/nope.txt", *D], "no such file"),
+    "non-UTF-8 file": (["heads", "--file", "@latin1", *D], "is not UTF-8 text"),
+    "text and file": (["heads", CAT, "--file", "@file", *D], "give either a TEXT argument or --file, not both"),
+    "a single token": (["heads", "cat", *D, "--no-bos"], "every text is a single token once tokenized"),
+    "nothing between [CLS] and [SEP]": (["heads", "cat", *E, "--no-bos"], "no text has a token between"),
+    # models
+    "unknown model path": (["heads", CAT, "-m", "@tmp/no-model"], "no such model directory"),
+    "model path ending in /": (["info", "-m", "no-such-model-dir/"], "no such model directory"),
+    "pickle checkpoint": (["heads", CAT, "-m", "@pickle"], "holds only a pickle checkpoint"),
+    "hub id offline": (["info", "-m", "gpt2"], "not in the local Hugging Face cache"),
+    "bad device": (["info", *D, "--device", "tpu"], "Invalid value for '--device': 'tpu': use auto, cpu, cuda"),
+    "bad dtype": (["info", *D, "--dtype", "float8"], "Invalid value for '--dtype'"),
+    "cuda without CUDA": pytest.param(["heads", CAT, *D, "--device", "cuda"], "CUDA is not available", marks=NO_CUDA),
+    "cuda:1 without CUDA": pytest.param(["info", *D, "--device", "cuda:1"], "CUDA is not available", marks=NO_CUDA),
+    # heads
+    "layer out of range": (["heads", CAT, *D, "--layer", "2"], "layer 2 is out of range (this model has layers 0-1)"),
+    "plot out of range": (["heads", CAT, *D, "--plot", "99.0", "--out", "@tmp/plots"], "head '99.0': layer 99"),
+    "plot malformed": (["heads", CAT, *D, "--plot", "4-11", "--out", "@tmp/plots"], "expected LAYER.HEAD"),
+    "plot without out": (["heads", CAT, *D, "--plot", "0.1"], "--plot draws into the folder of --out"),
+    "unwritable out": (["heads", CAT, *D, "--out", "@file/sub"], "cannot write to --out"),
+    "threshold of no role": (["heads", CAT, *D, "--threshold", "previous=0.2"], "expected ROLE=VALUE"),
+    "threshold above 1": (["heads", CAT, *D, "--threshold", "previous-token=2"], "thresholds lie between 0 and 1"),
+    "bad sort": (["heads", CAT, *D, "--sort", "beauty"], "Invalid value for '--sort': 'beauty': use one of"),
+    "json and csv": (["heads", CAT, *D, "--json", "--csv"], "give --json or --csv, not both"),
+    "not a number": (["heads", CAT, *D, "--top", "many"], "Invalid value for '--top'"),
+    "top 0": (["heads", CAT, *D, "--top", "0"], "'--top': Input should be greater than or equal to 1"),
+    "window 0": (["heads", CAT, *D, "--window", "0"], "Invalid value for '--window'"),
+    "batch size 0": (["heads", CAT, *D, "--batch-size", "0"], "Invalid value for '--batch-size'"),
+    "unknown option": (["heads", CAT, *D, "--colour"], "No such option: --colour"),
+    "probe period 2": (["heads", CAT, *D, "--probe-len", "2"], "Invalid value for '--probe-len'"),
+    "probe too long": (["heads", CAT, *D, "--probe-len", "100"], "must fit the model's context of 128 tokens"),
+    "negative probe seed": (["heads", CAT, *D, "--probe-seed", "-1"], "Invalid value for '--probe-seed'"),
+    "sort by a probe score of an encoder": (["heads", CAT, *E, "--sort", "induction"], "measured for decoders only"),
+    "sort by an encoder score of a decoder": (["heads", CAT, *D, "--sort", "next"], "measured for encoders only"),
+    # show
+    "show without a layer": (["show", CAT, *D], "Missing option '--layer'"),
+    "show layer out of range": (["show", CAT, *D, "--layer", "7", "--out", "@tmp/x"], "layer 7 is out of range"),
+    "show head out of range": (["show", CAT, *D, "--layer", "1", "--head", "4", "--out", "@tmp/x"], "head 4 is out of"),
+    "show index out of range": (["show", CAT, *D, "--layer", "0", "--index", "2"], "text index 2 is out of range"),
+    # diversity
+    "diversity layer out of range": (["diversity", CAT, *E, "--layer", "2"], "layer 2 is out of range"),
+    "diversity layer -1": (["diversity", CAT, *D, "--layer", "-1"], "'-1': expected a layer number (0-based) or 'all'"),
+    "diversity layer five": (["diversity", CAT, *D, "--layer", "five"], "or 'all'"),
+    "diversity without a layer": (["diversity", CAT, *D], "Missing option '--layer'"),
+    "redundant 0": (["diversity", CAT, *D, "--layer", "1", "--redundant", "0"], "redundant 0.0: a JS divergence"),
+    "redundant -1": (["diversity", CAT, *D, "--layer", "1", "--redundant", "-1"], "Invalid value for '--redundant'"),
+    "redundant nan": (["diversity", CAT, *D, "--layer", "1", "--redundant", "nan"], "Invalid value for '--redundant'"),
+    "cluster-at 2": (["diversity", CAT, *D, "--layer", "all", "--cluster-at", "2"], "Invalid value for '--cluster-at'"),
+    "diversity top 0": (["diversity", CAT, *D, "--layer", "1", "--top", "0"], "Invalid value for '--top'"),
+    "diversity has no --random-mha": (["diversity", *D, "--layer", "1", "--random-mha"], "No such option"),
+    "diversity has no --pairs": (["diversity", CAT, *D, "--layer", "1", "--pairs", "3"], "No such option: --pairs"),
+    # random-mha
+    "heads not dividing d_model": (["random-mha", "--heads", "3"], "head count 3: must divide d_model 64"),
+    "heads not a number": (["random-mha", "--heads", "two"], "'two': expected comma-separated whole numbers"),
+    "heads empty": (["random-mha", "--heads", ","], "give at least one number"),
+    "heads 0": (["random-mha", "--heads", "0"], "head count 0: must be at least 1"),
+    "heads negative": (["random-mha", "--heads", "-2"], "head count -2: must be at least 1"),
+    "d-model 0": (["random-mha", "--d-model", "0"], "Invalid value for '--d-model'"),
+    "seq-len too long": (["random-mha", "--seq-len", "100000000"], "'--seq-len': Input should be less than or equal"),
+    "attention too large": (["random-mha", "--seq-len", "4096", "--heads", "8"], "use fewer heads or tokens"),
+    "trials 0": (["random-mha", "--trials", "0"], "Invalid value for '--trials'"),
+    "random-mha takes no text": (["random-mha", "Some text"], "unexpected extra argument"),
+    "random-mha takes no layer": (["random-mha", "--layer", "1"], "No such option: --layer"),
+    "random-mha takes no model": (["random-mha", *D], "No such option: -m"),
+    # attend
+    "attend missing token": (["attend", CAT, *E, "--from", "dog"], "from token 'dog' is not a token of the text"),
+    "attend nurse": (["attend", DOCTOR_TWICE, *D, "--from", "nurse"], "its tokens are 0:'<bos>' 1:'The' 2:'doctor'"),
+    "attend to a later token": (["attend", DOCTOR_TWICE, *D, "--from", "she", "--to", "would"], "comes after from"),
+    "attend occurrence": (
+        ["attend", DOCTOR_TWICE, *D, "--from", "doctor", "--from-index", "5"],
+        "from occurrence 5: 'doctor' occurs 2 time(s) (positions [2, 9])",
+    ),
+    "attend to occurrence": (
+        ["attend", DOCTOR_TWICE, *D, "--from", "she", "--to", "doctor", "--to-index", "4"],
+        "to occurrence 4: 'doctor' occurs 2 time(s)",
+    ),
+    "attend to-index without to": (["attend", CAT, *D, "--from", "cat", "--to-index", "0"], "needs a to token"),
+    "attend top 0": (["attend", CAT, *D, "--from", "cat", "--top", "0"], "Invalid value for '--top'"),
+    "attend tokens 0": (["attend", CAT, *D, "--from", "cat", "--tokens", "0"], "Invalid value for '--tokens'"),
+    "attend has no --heads": (["attend", CAT, *D, "--from", "cat", "--heads", "3"], "No such option: --heads"),
+    "attend index": (["attend", CAT, *D, "--from", "cat", "--index", "3"], "text index 3 is out of range"),
+    "attend json and csv": (["attend", CAT, *D, "--from", "cat", "--json", "--csv"], "give --json or --csv, not both"),
+    "attend without from": (["attend", CAT, *D], "Missing option '--from'"),
+    # ablate
+    "ablate method": (["ablate", CAT, *D, "--method", "magic"], "Invalid value for '--method'"),
+    "ablate prune": (["ablate", CAT, *D, "--prune", "100"], "prune 100: this model has 8 heads"),
+    "ablate json and csv": (["ablate", CAT, *D, "--json", "--csv"], "give --json or --csv, not both"),
+    "ablate nothing to predict": (["ablate", "cat", *D, "--no-bos"], "there is no next token to predict"),
+    "ablate nothing to mask": (["ablate", "cat", *E, "--no-bos"], "there is nothing to mask"),
+    # report, info
+    "report window 0": (["report", CAT, *D, "--window", "0"], "Invalid value for '--window'"),
+    "report threshold": (["report", CAT, *D, "--threshold", "x=1"], "threshold 'x=1': expected ROLE=VALUE"),
+    "report probe too long": (["report", CAT, *D, "--probe-len", "64"], "BOS + twice the period (129 tokens)"),
+    "info json and csv": (["info", *D, "--json", "--csv"], "give --json or --csv, not both"),
+    # bench is written for GPT-2
+    "bench is for decoders": (["bench", *E, "--device", "cpu"], "bench times GPT-2-family decoders only"),
+    "bench random weights": (["bench", *E, "--random-weights", "--device", "cpu"], "GPT-2-family decoders only"),
+}
+
+
+@pytest.fixture(scope="module")
+def pickle_only_dir(tmp_path_factory):
+    from transformers import GPT2Config, GPT2Model
+
+    folder = tmp_path_factory.mktemp("pickle-only")
+    model = GPT2Model(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=100, bos_token_id=0, eos_token_id=0))
+    model.config.save_pretrained(folder)
+    torch.save(model.state_dict(), folder / "pytorch_model.bin")  # the old pickle format (transformers v5 writes none)
+    assert (folder / "pytorch_model.bin").exists() and not list(folder.glob("*.safetensors"))
+    return folder
+
+
+@pytest.fixture
+def fill(model_dirs, pickle_only_dir, tmp_path):
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("caf\xe9 au lait".encode("latin-1"))
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    places = {"@decoder": model_dirs["decoder"], "@encoder": model_dirs["encoder"], "@pickle": pickle_only_dir}
+    places |= {"@latin1": latin, "@file": a_file, "@tmp": tmp_path}
+
+    def filled(args):
+        out = []
+        for arg in args:
+            head, sep, rest = arg.partition("/")
+            out.append(str(places[head] / rest if sep else places[head]) if head in places else arg)
+        return out
+
+    return filled
+
+
+@pytest.mark.parametrize("args, expected", list(CASES.values()), ids=list(CASES))
+def test_a_mistake_ends_in_one_line_and_status_2(cli, fill, tmp_path, args, expected):
+    before = sorted(tmp_path.iterdir())
+    code, out, err = cli(*fill(args))
+    assert code == 2, err
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("attnscope: error: ") and expected in lines[0], lines[0]
+    assert sorted(tmp_path.iterdir()) == before  # no --out folder, no temporary file left behind
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["heads", CAT, "--sort", "beauty"], "'beauty': use one of"),
+        (["heads", CAT, "--top", "0"], "Invalid value for '--top'"),
+        (["heads", CAT, "--plot", "0.1"], "give --out DIR too"),
+        (["heads", CAT, "--probe-len", "2"], "Invalid value for '--probe-len'"),
+        (["heads", CAT, "--probe-seed", "-1"], "Invalid value for '--probe-seed'"),
+        (["heads", CAT, "--threshold", "broad=7"], "thresholds lie between 0 and 1"),
+        (["heads", "   "], "holds no text"),
+        (["diversity", CAT, "--layer", "1", "--redundant", "0"], "redundant 0.0"),
+        (["attend", CAT, "--from", "cat", "--to-index", "1"], "needs a to token"),
+        (["random-mha", "--heads", "3"], "must divide d_model"),
+        (["bench", "--seq-lens", "1", "--random-weights"], "sequence length 1"),
+    ],
+)
+def test_what_needs_no_model_is_checked_before_it_loads(cli, tmp_path, args, expected):
+    """A model that does not exist is not even looked for: the option's own error comes first."""
+    code, out, err = cli(*args, "-m", tmp_path / "no-model") if args[0] != "random-mha" else cli(*args)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and expected in err, err
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["heads", CAT, "--probe-len", "64"], "BOS + twice the period (129 tokens)"),
+        (["heads", CAT, "--layer", "5"], "layer 5 is out of range"),
+        (["heads", CAT, "--plot", "0.9", "--out", "OUT"], "head 9 is out of range"),
+        (["heads", CAT, "--sort", "last_token"], "measured for encoders only"),
+        (["report", CAT, "--probe-len", "64"], "BOS + twice the period (129 tokens)"),
+    ],
+)
+def test_what_needs_the_model_is_checked_before_any_text_runs(
+    cli, tiny_model_dir, tmp_path, monkeypatch, args, expected
+):
+    from attnscope.analyses import heads
+
+    def no_analysis(*args, **kwargs):
+        raise AssertionError("the texts ran before the settings were checked")
+
+    monkeypatch.setattr(heads, "run_windows", no_analysis)
+    args = [str(tmp_path / "out") if arg == "OUT" else arg for arg in args]
+    code, out, err = cli(*args, "-m", tiny_model_dir)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and expected in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_running_out_of_memory_is_one_line_and_a_bug_is_not_hidden(cli, tiny_model_dir, monkeypatch):
+    from attnscope.analyses import heads
+
+    def allocate(*args, **kwargs):
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can't allocate memory: you tried "
+            "to allocate 204800000000 bytes. Error code 12 (Cannot allocate memory)"
+        )
+
+    monkeypatch.setattr(heads, "run_windows", allocate)
+    code, out, err = cli("heads", CAT, "-m", tiny_model_dir)
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert line.startswith("attnscope: error: out of memory") and "--batch-size" in line
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(heads, "run_windows", bug)
+    with pytest.raises(RuntimeError, match="shape mismatch"):  # a bug keeps its traceback, for the bug report
+        cli("heads", CAT, "-m", tiny_model_dir)

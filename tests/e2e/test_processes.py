@@ -1,0 +1,113 @@
+"""The process itself under test: `python -m attnscope`, a reader that goes away, Ctrl-C, two processes under
+torchrun. All in subprocesses, all slow."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import CAT
+
+pytestmark = pytest.mark.slow
+
+WORDS = "the cat sat on mat because it was tired doctor said that she would help patient quick brown fox".split()
+
+
+def _corpus_file(path: Path, count: int, seed: int) -> Path:
+    generator = random.Random(seed)
+    lines = []
+    for _ in range(count):
+        text = " ".join(generator.choice(WORDS) for _ in range(generator.randint(3, 40)))
+        lines.append(json.dumps({"text": text}) + "\n")
+    path.write_text("".join(lines))
+    return path
+
+
+def _module(*args, env=None, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "attnscope", *map(str, args)], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+def test_python_dash_m_entry_point(tiny_model_dir):
+    """The process as a user starts it (the same for every kind of model: one kind is enough here)."""
+    result = _module("heads", CAT, "-m", tiny_model_dir, "--json")
+    assert result.returncode == 0, result.stderr
+    assert len(json.loads(result.stdout)["heads"]) == 8
+    assert result.stderr == ""  # no progress bars or load reports on a clean run
+    failed = _module("heads", "", "-m", tiny_model_dir)
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr
+    assert failed.stderr.strip().splitlines() == [
+        "attnscope: error: the TEXT argument holds no text (it is empty or only whitespace)"
+    ]
+
+
+@pytest.mark.parametrize("output", [["--json"], []])
+def test_a_reader_that_goes_away_ends_the_run_quietly(tiny_model_dir, output):
+    """`attnscope heads | head -1`: the pipe closes before attnscope writes; no traceback, no error message."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "attnscope", "heads", CAT, "-m", str(tiny_model_dir), *output],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    process.stdout.close()  # the reader is gone before anything is written
+    err = process.stderr.read()
+    assert process.wait(timeout=120) == 1
+    assert err == ""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="torchrun test uses localhost TCP and fork")
+def test_torchrun_two_gloo_processes_equal_one(tiny_model_dir, tmp_path):
+    file = _corpus_file(tmp_path / "corpus.jsonl", 30, seed=2)
+    args = ["heads", "--file", str(file), "-m", str(tiny_model_dir), "--device", "cpu", "--json", "--batch-size", "4"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    single = _module(*args, env=env)
+    assert single.returncode == 0, single.stderr
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    launcher += ["-m", "attnscope"]
+    double = subprocess.run([*launcher, *args], capture_output=True, text=True, env=env, timeout=300)
+    assert double.returncode == 0, double.stderr[-2000:]
+    one, two = json.loads(single.stdout), json.loads(double.stdout)  # only rank 0 printed: one document
+    assert two["input"]["scored_rows"] == one["input"]["scored_rows"]
+    for a, b in zip(one["heads"], two["heads"], strict=True):
+        for name in ("previous_token", "first_token", "self", "local", "entropy", "confidence", "induction"):
+            assert b[name] == pytest.approx(a[name], abs=2e-6), (a["label"], name)
+        assert b["role"] == a["role"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="sends SIGINT")
+def test_ctrl_c_stops_cleanly_and_writes_nothing(tiny_model_dir, tmp_path):
+    file = _corpus_file(tmp_path / "big.jsonl", 20000, seed=3)
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "attnscope", "heads", "--file", str(file), "-m", str(tiny_model_dir)]
+        + ["--out", str(out), "--batch-size", "4"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def cpu_seconds() -> float:  # user + system time of the process, from /proc (clock ticks)
+        fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    deadline = time.monotonic() + 120
+    # Importing torch and transformers takes a few CPU seconds, then the model loads and the 20,000 texts run for
+    # far longer: 5 CPU seconds in, the command is inside the CLI, loading or analysing, whatever the machine's speed.
+    while cpu_seconds() < 5.0 and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    # Killed by its own SIGINT after cleaning up, as interrupted Unix programs end (a shell shows $? = 130).
+    assert process.returncode == -signal.SIGINT, err
+    assert err.strip().splitlines() == ["attnscope: interrupted"]
+    assert not out.exists()  # nothing written, nothing half-written, not even the folder

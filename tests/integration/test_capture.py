@@ -1,0 +1,190 @@
+"""The capture, for every kind of model, against an independent re-computation of attention from the model's own
+weights (tests.support.reference_maps), against transformers' eager attention, and batched against one at a time."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnscope.analyses.heads import analyze_heads
+from attnscope.pipeline import capture
+from attnscope.pipeline.reducers import HeadStatistics
+from attnscope.pipeline.tokens import batches, pad_id, tokenize
+from attnscope.scores import rows
+from tests.support import TEXTS, capture_blocks_of, captured_maps, real_entries, reference_maps
+
+
+def _one_batch(loaded, texts):
+    """All windows of `texts` in one right-padded batch (windows of different lengths: all but one padded)."""
+    windows = tokenize(loaded, texts).windows
+    return next(batches(windows, len(windows), loaded.device, pad_id(loaded.tokenizer)))
+
+
+def _heads_statistics(loaded, batch, block_bytes=None):
+    statistics = HeadStatistics(loaded.kind, loaded.n_layer, loaded.n_head, loaded.device)
+    with capture_blocks_of(block_bytes):
+        capture.run(loaded.model, [batch], statistics)
+    return statistics
+
+
+@pytest.fixture
+def batch(model):
+    return _one_batch(model, TEXTS)
+
+
+def test_the_batch_pads_windows_of_different_lengths(batch):
+    assert len(set(batch.lengths.tolist())) == len(TEXTS)  # so every comparison below covers padded windows
+
+
+def test_capture_matches_from_scratch_attention(model, batch):
+    reference, captured = reference_maps(model, batch), captured_maps(model, batch)
+    assert sorted(captured) == list(range(model.n_layer))
+    n = batch.input_ids.shape[1]
+    valid = real_entries(batch, model.kind.causal).expand(-1, model.n_head, -1, -1)
+    for layer in range(model.n_layer):
+        assert captured[layer].shape == reference[layer].shape == (len(TEXTS), model.n_head, n, n)
+        difference = (captured[layer] - reference[layer]).abs()[valid]
+        assert float(difference.max()) < 1e-5, f"layer {layer}"
+
+
+def test_a_decoder_capture_puts_no_weight_after_the_query(tiny):
+    batch = _one_batch(tiny, TEXTS)
+    captured = captured_maps(tiny, batch)
+    n = batch.input_ids.shape[1]
+    above_diagonal = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
+    for layer in range(tiny.n_layer):
+        # causal, padded rows included: a masked key weighs at most exp(-87) / Z (capture.LOGIT_FLOOR)
+        assert float(captured[layer][..., above_diagonal].abs().max()) < 1e-37
+
+
+def test_an_encoder_capture_sees_later_keys_but_no_padded_ones(tiny_bert):
+    batch = _one_batch(tiny_bert, TEXTS)
+    captured = captured_maps(tiny_bert, batch)
+    n = batch.input_ids.shape[1]
+    valid = real_entries(batch, causal=False).expand(-1, tiny_bert.n_head, -1, -1)
+    above = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
+    padded_key = (torch.arange(n)[None, :] >= batch.lengths[:, None])[:, None, None, :]  # (B, 1, 1, n)
+    real_row = (torch.arange(n)[None, :] < batch.lengths[:, None])[:, None, :, None]  # (B, 1, n, 1)
+    for layer in range(tiny_bert.n_layer):
+        assert float(captured[layer][valid & above].max()) > 0.05  # no causal mask
+        assert float(captured[layer][(padded_key & real_row).expand_as(captured[layer])].max()) < 1e-30
+
+
+def test_the_comparison_has_teeth(model, batch):
+    """Heads differ from each other by far more than the tolerance, so swapped heads or a transpose would fail."""
+    reference = reference_maps(model, batch)[1]
+    valid = real_entries(batch, model.kind.causal)[:, 0]
+    for h in range(1, model.n_head):
+        assert float((reference[:, 0] - reference[:, h]).abs()[valid].max()) > 0.05
+    length = int(batch.lengths[0])
+    first = reference[0, 0, :length, :length]
+    assert float((first.transpose(0, 1) - first).abs().max()) > 0.05
+
+
+def test_capture_matches_transformers_eager_attention(model, batch):
+    with torch.no_grad():
+        eager = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True)
+    assert len(eager.attentions) == model.n_layer  # one tensor per layer (SDPA would give an empty tuple)
+    captured = captured_maps(model, batch)
+    valid = real_entries(batch, model.kind.causal).expand_as(captured[0])
+    for layer, weights in enumerate(eager.attentions):
+        assert float((captured[layer] - weights).abs()[valid].max()) < 1e-5
+
+
+def test_model_output_is_unchanged_by_the_capture(model, batch):
+    with torch.no_grad():
+        plain = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+    outputs = []
+    hook = model.model.register_forward_hook(lambda module, args, output: outputs.append(output.last_hidden_state))
+    try:
+        capture.run(model.model, [batch], capture.Reducer())
+        capture.run(model.model, [batch], None)
+    finally:
+        hook.remove()
+    assert model.model.config._attn_implementation == "eager"  # restored after the capture
+    real = torch.arange(batch.input_ids.shape[1])[None, :] < batch.lengths[:, None]
+    assert len(outputs) == 2
+    for output in outputs:
+        assert float((output - plain).abs()[real].max()) < 1e-5
+
+
+def test_small_blocks_give_the_same_maps_and_statistics(model, batch):
+    whole, small = captured_maps(model, batch), captured_maps(model, batch, block_bytes=1)  # one row per block
+    for layer in whole:
+        assert torch.allclose(whole[layer], small[layer], atol=1e-6)
+    big, tiny_blocks = _heads_statistics(model, batch), _heads_statistics(model, batch, block_bytes=1)
+    for name, value in big.means().items():
+        assert torch.allclose(value, tiny_blocks.means()[name], atol=1e-6), name
+
+
+def test_statistics_equal_scores_of_reference_maps(model, batch):
+    """The fast per-row path (logits gathered at the kind's keys, an encoder's [SEP] included) against the scores
+    computed from the from-scratch maps."""
+    reference = reference_maps(model, batch)
+    got = _heads_statistics(model, batch).means()
+    expected_names = {*model.kind.row_score_names, "local_uniform", "local_lift"}
+    assert set(got) == expected_names
+    for layer, maps in reference.items():
+        expected = rows.head_scores(model.kind, maps.nan_to_num(0.0), batch.lengths)
+        for name in expected_names:
+            assert torch.allclose(got[name][layer], expected[name], atol=1e-5), (layer, name)
+
+
+def test_batched_and_one_at_a_time_give_the_same_scores(model):
+    """Padding is really masked: a window padded beside longer ones scores as it does alone."""
+    together = analyze_heads(model, TEXTS, batch_size=len(TEXTS), probe=False)
+    separate = [analyze_heads(model, [text], batch_size=1, probe=False) for text in TEXTS]
+    counts = [result.inputs["scored_rows"] for result in separate]
+    assert together.inputs["scored_rows"] == sum(counts)
+    for index, record in enumerate(together.heads):
+        for name in model.kind.row_score_names:
+            pooled = sum(
+                r * result.heads[index].scores[name] for r, result in zip(counts, separate, strict=True)
+            ) / sum(counts)
+            assert record.scores[name] == pytest.approx(pooled, abs=1e-5), (record.label, name)
+
+
+def test_merged_partial_runs_equal_one_run(model):
+    windows = tokenize(model, TEXTS).windows
+    pad = pad_id(model.tokenizer)
+
+    def statistics_of(part):
+        statistics = HeadStatistics(model.kind, model.n_layer, model.n_head, model.device)
+        capture.run(model.model, batches(part, 2, model.device, pad), statistics)
+        return statistics
+
+    whole, first, second = statistics_of(windows), statistics_of(windows[:1]), statistics_of(windows[1:])
+    first.merge(second)
+    assert int(first.row_count) == int(whole.row_count)
+    for name, value in whole.means().items():
+        assert torch.allclose(value, first.means()[name], atol=1e-9), name
+
+
+FIRST_TOKENS = {"decoder": ["<bos>", "The", " cat"], "encoder": ["[CLS]", "the", "cat"]}
+
+
+def test_kept_maps_are_the_first_windows(model, kind):
+    result = analyze_heads(model, TEXTS, batch_size=3, plot=("1.2",), probe=False)
+    first = _one_batch(model, TEXTS[:1])
+    reference = reference_maps(model, first)[1][0]
+    assert set(result.attention) == {1}
+    kept = result.attention[1]
+    n = len(tokenize(model, TEXTS[:1]).windows[0].ids)
+    assert kept.maps.shape == reference.shape == (model.n_head, n, n)
+    assert float((kept.maps - reference).abs().max()) < 1e-5
+    assert kept.tokens[:3] == FIRST_TOKENS[kind] and len(kept.tokens) == n
+    assert kept.text_index == 0 and result.plotted == [(1, 2)]
+    if kind == "encoder":
+        assert kept.tokens[-1] == "[SEP]"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_capture_matches_cpu(model_dir):
+    from attnscope.models.loading import load_model
+
+    cpu = analyze_heads(load_model(str(model_dir), "cpu"), TEXTS)
+    gpu = analyze_heads(load_model(str(model_dir), "cuda"), TEXTS)
+    assert cpu.measured == gpu.measured
+    for a, b in zip(cpu.heads, gpu.heads, strict=True):
+        for name in cpu.measured:
+            assert a.scores[name] == pytest.approx(b.scores[name], abs=1e-4), (a.label, name)

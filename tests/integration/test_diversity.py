@@ -1,0 +1,87 @@
+"""Head diversity on both kinds of model against an independent computation: numpy and scipy on the from-scratch maps
+of each window alone (no padding), over the rows each kind scores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attnscope.analyses.diversity import Diversity, analyze_diversity
+from attnscope.errors import AttnscopeError
+from attnscope.pipeline.inputs import Text
+from attnscope.pipeline.tokens import tokenize
+from tests.support import TEXTS, slow_diversity
+
+TWO_TEXTS = [Text("The cat sat on the mat because it was tired.", "a"), Text("Hello there, world", "b")]
+
+
+def test_layer_diversity_matches_independent_computation(model, kind):
+    result = analyze_diversity(model, TWO_TEXTS, layer=1)
+    cosine, js, js_distance, scored = slow_diversity(model, TWO_TEXTS, [1])
+    assert result.labels == ["1.0", "1.1", "1.2", "1.3"] and result.layer == 1
+    assert result.cosine == pytest.approx(cosine, abs=1e-5)
+    assert result.js == pytest.approx(js, abs=1e-5)
+    assert result.js_distance == pytest.approx(js_distance, abs=1e-5)
+    assert result.layer_scores == {1: pytest.approx(js[np.triu_indices(4, k=1)].mean(), abs=1e-5)}
+    assert result.inputs["scored_rows"] == scored
+    assert js[np.triu_indices(4, k=1)].min() > 0.01  # the heads differ: a swapped pair would fail
+
+
+def test_all_layers_in_a_padded_batch_match_independent_computation(model, kind):
+    lengths = [len(window.ids) for window in tokenize(model, TEXTS).windows]
+    assert len(set(lengths)) == 4  # one batch of four windows of different lengths: three are padded
+    result = analyze_diversity(model, TEXTS, layer=None, batch_size=4)
+    cosine, js, js_distance, _ = slow_diversity(model, TEXTS, [0, 1])
+    assert result.labels == [f"{layer}.{head}" for layer in range(2) for head in range(4)] and result.layer is None
+    assert result.cosine == pytest.approx(cosine, abs=1e-5)  # cross-layer pairs included: the full 8 × 8
+    assert result.js == pytest.approx(js, abs=1e-5)
+    assert result.js_distance == pytest.approx(js_distance, abs=1e-5)
+    assert js[:4, 4:].min() > 0.01  # the cross-layer block compares different heads
+
+
+def test_all_layers_agree_with_each_layer(model):
+    every = analyze_diversity(model, TWO_TEXTS, layer=None, batch_size=1)
+    assert len(every.labels) == 8 and sorted(every.order) == list(range(8))
+    assert set(every.layer_scores) == {0, 1}
+    for layer in range(2):
+        alone = analyze_diversity(model, TWO_TEXTS, layer=layer)
+        block = slice(4 * layer, 4 * layer + 4)
+        assert every.js[block, block] == pytest.approx(alone.js, abs=1e-6)  # float32 rows, other chunking
+        assert every.cosine[block, block] == pytest.approx(alone.cosine, abs=1e-6)
+        assert every.layer_scores[layer] == pytest.approx(alone.layer_scores[layer], abs=1e-6)
+
+
+def test_pairs_are_ranked_by_js(model):
+    result = Diversity(1, top=2).run(model, TWO_TEXTS)
+    pairs = result.pairs()
+    assert [(p["a"], p["b"]) for p in pairs] == [(f"1.{i}", f"1.{j}") for i in range(4) for j in range(i + 1, 4)]
+    for pair in pairs:
+        i, j = result.labels.index(pair["a"]), result.labels.index(pair["b"])
+        assert pair["js"] == result.js[i, j] and (pair["a_layer"], pair["a_head"]) == (1, i)
+    by_js = sorted(pairs, key=lambda p: p["js"])
+    assert result.ranked_pairs(most_similar=True) == by_js[:2]
+    assert result.ranked_pairs(most_similar=False) == by_js[::-1][:2]
+
+
+def test_a_text_with_no_scored_row_is_refused(model, kind):
+    # one token: a decoder's window is BOS and it; with special tokens off, an encoder's window is the token alone
+    with pytest.raises(AttnscopeError, match="give at least"):
+        Diversity(0, bos=False).run(model, [Text("cat", "t")])
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"redundant": 0.0}, "redundant 0.0: a JS divergence in bits, above 0 and at most 1"),
+        ({"cluster_at": 2.0}, "cluster-at 2.0: a JS divergence in bits, above 0 and at most 1"),
+        ({"top": 0}, "top 0: must be at least 1"),
+    ],
+)
+def test_bad_settings_are_refused_on_construction(settings, message):
+    with pytest.raises(AttnscopeError, match=f"^{message}$"):
+        Diversity(1, **settings)
+
+
+def test_a_layer_out_of_range_is_refused(model):
+    with pytest.raises(AttnscopeError, match=r"^layer 2 is out of range"):
+        Diversity(2).run(model, TWO_TEXTS)

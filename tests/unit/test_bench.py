@@ -1,0 +1,124 @@
+"""`bench`'s pieces that need no model files: the ratios, the round-robin order, and the baselines compute what
+they claim."""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+import pytest
+import torch
+
+from attnscope.analyses import bench
+from attnscope.scores import rows
+from attnscope.scores.kinds import DECODER
+from attnscope.scores.reference import multi_head_attention, numpy_mha_batched, numpy_mha_loop
+from tests.support import previous_token_map, uniform_map
+
+
+def test_records_ratios_are_the_ratios_of_the_medians():
+    runs = {
+        "floor": ([1.0, 3.0, 2.0], [100, 300, 200]),
+        "attnscope": ([2.0, 2.2, 9.0], [210, 250, 230]),
+        "tutorial": ([7.0, 5.0, 6.0], [400, 420, 410]),
+        "cache": ([4.0, 4.4, 4.2], [500, 500, 600]),
+    }
+    measurements = [bench.Measurement(name, 2, 16, times, peaks) for name, (times, peaks) in runs.items()]
+    records = {row["method"]: row for row in bench.records(measurements)}
+    time = {name: statistics.median(times) for name, (times, _) in runs.items()}
+    memory = {name: statistics.median(peaks) for name, (_, peaks) in runs.items()}
+    ours = records["attnscope"]
+    assert ours["median_s"] == 2.2 and (ours["min_s"], ours["max_s"]) == (2.0, 9.0)
+    assert ours["speedup_vs_tutorial"] == pytest.approx(time["tutorial"] / time["attnscope"])  # 6.0 / 2.2
+    assert ours["speedup_vs_cache"] == pytest.approx(time["cache"] / time["attnscope"])
+    assert ours["time_vs_floor"] == pytest.approx(time["attnscope"] / time["floor"])
+    assert ours["memory_vs_floor"] == pytest.approx(memory["attnscope"] / memory["floor"])  # median peaks
+    assert ours["peak_mb"] == pytest.approx(230 / 2**20)
+    assert ours["spread"] == pytest.approx((9.0 - 2.0) / 2.2)
+    assert ours["tokens_per_s"] == pytest.approx(2 * 16 / 2.2)
+    assert records["floor"]["time_vs_floor"] == pytest.approx(1.0)
+    assert all(records[name]["speedup_vs_tutorial"] is None for name in ("floor", "tutorial", "cache"))
+    assert all(records[name]["speedup_vs_cache"] is None for name in ("floor", "tutorial", "cache"))
+
+
+def test_records_without_a_floor_have_no_ratios_to_it():
+    alone = bench.records([bench.Measurement("attnscope", 1, 8, [1.0], [0])])[0]
+    assert alone["time_vs_floor"] is None and alone["memory_vs_floor"] is None
+    assert alone["speedup_vs_tutorial"] is None
+
+
+def test_measure_runs_round_robin(monkeypatch):
+    """Warm-up rounds, then each round runs every method once timed and once for memory, starting one later."""
+    monkeypatch.setattr(bench, "_release_freed_memory", lambda: None)  # a garbage collection per run: slow here
+    calls = []
+    runs = {name: (lambda name=name: calls.append(name)) for name in bench.METHODS}
+    measured = bench.measure(runs, torch.device("cpu"), warmup=1, repeats=3)
+    f, a, t, c = bench.METHODS
+    rounds = [[f, a, t, c], [a, t, c, f], [t, c, f, a]]
+    assert calls == [f, a, t, c] + [name for order in rounds for name in order * 2]  # timed, then memory
+    assert all(len(times) == 3 and len(peaks) == 3 for times, peaks in measured.values())
+    assert all(time >= 0 for times, _ in measured.values() for time in times)
+
+
+@pytest.mark.slow
+def test_run_bench_measures_every_method_round_robin(monkeypatch):
+    """run_bench hands every method to the round-robin measurement, once per (batch, seq)."""
+    from transformers import GPT2Config
+
+    calls = []
+    monkeypatch.setattr(
+        bench, "_methods", lambda *args: {name: (lambda name=name: calls.append(name)) for name in bench.METHODS}
+    )
+    config = GPT2Config(n_layer=1, n_head=2, n_embd=8, n_positions=16, vocab_size=64)
+    model = bench.random_model(config, "cpu", "auto")
+    measurements = bench.run_bench(model, torch.device("cpu"), [8], [1], warmup=1, repeats=3)
+    f, a, t, c = bench.METHODS
+    rounds = [[f, a, t, c], [a, t, c, f], [t, c, f, a]]
+    assert calls == [f, a, t, c] + [name for order in rounds for name in order * 2]
+    assert [m.method for m in measurements] == list(bench.METHODS)
+    assert all(len(m.times) == 3 and len(m.peaks) == 3 and (m.batch, m.seq) == (1, 8) for m in measurements)
+
+
+def test_tutorial_scoring_matches_the_scores():
+    maps = torch.stack([previous_token_map(9)[0, 0], uniform_map(9)[0, 0]])  # (2, 9, 9)
+    ours = rows.head_scores(DECODER, maps[None], torch.tensor([9]))
+    theirs = bench.numpy_head_scores(maps.numpy())
+    assert theirs["previous_token"] == pytest.approx([1.0, sum(1 / (i + 1) for i in range(1, 9)) / 8])  # by hand
+    for name in ("previous_token", "first_token", "self", "entropy", "confidence"):
+        assert theirs[name] == pytest.approx(ours[name].numpy(), abs=1e-6), name
+
+
+def test_pattern_share_is_the_share_on_the_pattern():
+    attn = torch.stack([previous_token_map(5)[0, 0], uniform_map(5)[0, 0]])  # (2, 5, 5)
+    previous = torch.zeros(5, 5)
+    previous[torch.arange(1, 5), torch.arange(4)] = 1.0
+    # previous-token head: 4 of its 5 rows' weight on the pattern (row 0 has no previous token)
+    assert bench.pattern_share(previous, attn).tolist() == pytest.approx([4 / 5, (1 / 2 + 1 / 3 + 1 / 4 + 1 / 5) / 5])
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_numpy_attention_variants_agree_with_torch(causal):
+    generator = torch.Generator().manual_seed(0)
+    x, w = (
+        torch.randn(12, 16, generator=generator, dtype=torch.float64),
+        torch.randn(16, 48, generator=generator, dtype=torch.float64) / 4,
+    )
+    b = torch.randn(48, generator=generator, dtype=torch.float64)
+    out, weights = multi_head_attention(x[None], w, b, 4, causal=causal)
+    # torch's own attention as the yardstick for the from-scratch one
+    q, k, v = (part.reshape(1, 12, 4, 4).transpose(1, 2) for part in (x[None] @ w + b).split(16, dim=-1))
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert torch.allclose(out, sdpa.transpose(1, 2).reshape(1, 12, 16))
+    for variant in (numpy_mha_loop, numpy_mha_batched):
+        got_out, got_weights = variant(x.numpy(), w.numpy(), b.numpy(), 4, causal=causal)
+        assert np.allclose(got_out, out[0].numpy()) and np.allclose(got_weights, weights[0].numpy())
+        assert np.allclose(got_weights.sum(-1), 1.0)
+        assert (np.triu(got_weights, k=1) == 0).all() == causal  # causal maps are lower triangular
+
+
+def test_micro_benchmark_rows():
+    rows_ = bench.micro_benchmark(d_model=32, heads=(1, 4), seq=16, repeats=1)
+    assert [row["heads"] for row in rows_] == [1, 4] and [row["d_head"] for row in rows_] == [32, 8]
+    expected = {"heads", "d_head", "numpy_loop_ms", "numpy_batched_ms", "torch_scratch_ms", "torch_sdpa_ms"}
+    assert all(set(row) == expected for row in rows_)
+    assert all(row[key] > 0 for row in rows_ for key in row if key.endswith("_ms"))

@@ -1,0 +1,163 @@
+"""The shape of the package: the import direction between its stages, Typer kept to the CLI, a light `--help`,
+and tests that share code only through tests.support."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "attnscope"
+TESTS = ROOT / "tests"
+# a module of a stage imports only modules of its own stage or of lower ones
+STAGES = ["base", "scores", "models", "pipeline", "analyses", "output", "cli"]
+COMMANDS = ["heads", "show", "diversity", "random-mha", "attend", "ablate", "report", "bench", "info"]
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _stage(module: str) -> str:
+    """attnscope.errors and attnscope itself: base; attnscope.<stage>.x: <stage>; attnscope.cli, __main__: cli."""
+    parts = module.split(".")
+    if parts[0] != "attnscope":
+        raise ValueError(module)
+    if len(parts) == 1 or parts[1] == "errors":
+        return "base"
+    if parts[1] in ("cli", "__main__"):
+        return "cli"
+    return parts[1]
+
+
+def _imports(path: Path, module: str) -> list[tuple[str, int]]:
+    """Every module an `import` or `from ... import` names, at any depth (inside functions too), relative imports
+    resolved: (module, line)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            found.append((target, node.lineno))
+            # `from attnscope import analyses` names the module attnscope.analyses
+            found.extend((f"{target}.{alias.name}", node.lineno) for alias in node.names)
+    return found
+
+
+def _package_modules(root: Path = ROOT) -> list[tuple[Path, str]]:
+    return [(path, _module_name(path, root)) for path in sorted((root / "attnscope").rglob("*.py"))]
+
+
+def _upward_imports(root: Path = ROOT) -> list[str]:
+    """Every import of a module of a higher stage, as `path:line (stage) imports module`."""
+    modules = _package_modules(root)
+    known = {module for _, module in modules}
+    wrong = []
+    for path, module in modules:
+        own = STAGES.index(_stage(module))
+        for target, line in _imports(path, module):
+            if target.split(".")[0] != "attnscope" or target not in known:  # `from m import name`: not a module
+                continue
+            if STAGES.index(_stage(target)) > own:
+                wrong.append(f"{path.relative_to(root)}:{line} ({_stage(module)}) imports {target}")
+    return wrong
+
+
+def test_every_module_belongs_to_a_stage():
+    modules = _package_modules()
+    assert len(modules) > 30
+    for _, module in modules:
+        assert _stage(module) in STAGES, module
+
+
+def test_imports_point_down_the_stages():
+    """errors/__init__ < scores < models < pipeline < analyses < output < cli: a lower stage never imports a higher
+    one, not even inside a function."""
+    assert _upward_imports() == []
+
+
+def test_the_import_check_finds_an_upward_import_at_any_depth(tmp_path):
+    """The check above must not pass for want of looking."""
+    for name in ("__init__", "errors", "scores/__init__", "scores/fake", "output/__init__", "output/views"):
+        (tmp_path / "attnscope" / f"{name}.py").parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "attnscope" / f"{name}.py").write_text("")
+    fake = tmp_path / "attnscope" / "scores" / "fake.py"
+    fake.write_text(
+        "from attnscope import errors\n"
+        "from . import fake\n"
+        "def f():\n"
+        "    if True:\n"
+        "        from attnscope.output import views\n"
+        "    from ..output import views as again\n"
+        "    import attnscope.output.views\n"
+    )
+    assert sorted(_upward_imports(tmp_path)) == [
+        "attnscope/scores/fake.py:5 (scores) imports attnscope.output",
+        "attnscope/scores/fake.py:5 (scores) imports attnscope.output.views",
+        "attnscope/scores/fake.py:6 (scores) imports attnscope.output",
+        "attnscope/scores/fake.py:6 (scores) imports attnscope.output.views",
+        "attnscope/scores/fake.py:7 (scores) imports attnscope.output.views",
+    ]
+
+
+def test_the_lazy_names_of_the_package_load_their_modules():
+    """`attnscope/__init__` names a few things of higher stages by string, loaded when first used (not an import
+    statement, so the package imports without torch)."""
+    import attnscope
+    from attnscope.analyses.heads import analyze_heads
+    from attnscope.pipeline.inputs import Text
+
+    assert attnscope.Text is Text and attnscope.analyze_heads is analyze_heads
+    with pytest.raises(AttributeError):
+        attnscope.no_such_name  # noqa: B018
+
+
+def test_only_the_cli_imports_typer_or_click():
+    users = sorted(
+        str(path.relative_to(ROOT))
+        for path, module in _package_modules()
+        for target, _ in _imports(path, module)
+        if target.split(".")[0] in ("typer", "click")
+    )
+    assert set(users) == {"attnscope/cli.py"}
+
+
+def test_help_does_not_import_heavy_libraries():
+    heavy = ("torch", "transformers", "matplotlib")
+    code = f"import sys, attnscope.cli; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+    helped = subprocess.run(
+        [sys.executable, "-m", "attnscope", "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert helped.returncode == 0, helped.stderr
+    listed = [line.split()[0] for line in helped.stdout.split("Commands:")[1].splitlines() if line.strip()]
+    assert listed == COMMANDS
+
+
+def test_tests_share_code_only_through_support():
+    wrong = []
+    for path in sorted(TESTS.rglob("*.py")):
+        if "data" in path.relative_to(TESTS).parts:
+            continue
+        module = _module_name(path, ROOT)
+        for target, line in _imports(path, module):
+            if target.split(".")[0] != "tests":
+                continue
+            if target in ("tests", "tests.support") or target.startswith("tests.support."):
+                continue
+            wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert wrong == []

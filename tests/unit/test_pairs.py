@@ -1,0 +1,175 @@
+"""Diversity between heads (scores.pairs) against scipy and a slow loop, and the grouping of heads (scores.groups)
+against hand-computed connected components and average linkage."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy.spatial.distance import jensenshannon
+
+from attnscope.scores import groups, pairs
+
+
+def _random_rows(generator, count, n, zeros=True):
+    rows = torch.rand(count, n, generator=generator, dtype=torch.float64) ** 3
+    if zeros:
+        rows[rows < 0.2] = 0.0  # exact zeros, where 0·log 0 matters
+        rows[:, -1] += 0.01  # but never a row of zeros
+        rows[0] = 0.0
+        rows[0, 0] = 1.0  # a one-hot row
+    return rows / rows.sum(-1, keepdim=True)
+
+
+def test_js_divergence_matches_scipy_including_zeros():
+    generator = torch.Generator().manual_seed(0)
+    p, q = _random_rows(generator, 50, 9), _random_rows(generator, 50, 9)
+    q[1] = p[1]  # identical rows: 0
+    ours = pairs.js_divergence(p, q)
+    expected = [jensenshannon(a.numpy(), b.numpy(), base=2) ** 2 for a, b in zip(p, q, strict=True)]
+    assert ours.numpy() == pytest.approx(np.nan_to_num(expected), abs=1e-12)
+    assert float(ours[1]) == 0.0
+    disjoint = pairs.js_divergence(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0]))
+    assert float(disjoint) == pytest.approx(1.0)  # bits: disjoint distributions are 1 apart
+
+
+@pytest.mark.parametrize("budget_bytes", [1, 64 * 2**20])  # the smallest chunks, and one chunk
+def test_pairwise_sums_match_a_slow_loop_with_scipy(budget_bytes):
+    generator = torch.Generator().manual_seed(1)
+    B, K, b, n = 2, 3, 4, 6
+    attn = _random_rows(generator, B * K * b, n).reshape(B, K, b, n)
+    scored = torch.tensor([[True, True, False, True], [True, False, True, True]])
+    attn[~scored[:, None, :].expand(B, K, b)] = float("nan")  # unscored rows may hold anything
+    dots, js, js_root = pairs.pairwise_sums(attn, scored, budget_bytes=budget_bytes)
+    rows = [(x, r) for x in range(B) for r in range(b) if scored[x, r]]
+    for k in range(K):
+        for g in range(K):
+            expected = [jensenshannon(attn[x, k, r].numpy(), attn[x, g, r].numpy(), base=2) for x, r in rows]
+            assert float(js[k, g]) == pytest.approx(sum(d * d for d in expected), abs=1e-10)
+            assert float(js_root[k, g]) == pytest.approx(sum(expected), abs=1e-6)
+            dot = sum(float(attn[x, k, r] @ attn[x, g, r]) for x, r in rows)
+            assert float(dots[k, g]) == pytest.approx(dot)
+    # the means: cosine of the heads' scored rows flattened and concatenated, mean JSD, mean JS distance
+    similar = pairs.similarity(dots, js, js_root, len(rows))
+    flat = {k: np.concatenate([attn[x, k, r].numpy() for x, r in rows]) for k in range(K)}
+    for k, g in itertools.product(range(K), repeat=2):
+        cosine = flat[k] @ flat[g] / np.sqrt((flat[k] @ flat[k]) * (flat[g] @ flat[g]))
+        assert float(similar["cosine"][k, g]) == pytest.approx(cosine)
+        assert float(similar["js"][k, g]) == pytest.approx(float(js[k, g]) / len(rows))
+    with pytest.raises(ValueError, match="no scored rows"):
+        pairs.similarity(dots, js, js_root, 0)
+
+
+def test_causal_rows_may_skip_the_keys_after_them():
+    """With `positions` of causal rows, pairwise_sums skips the keys after a chunk's last row (zero in every causal
+    row): the sums are those of the full maps."""
+    generator = torch.Generator().manual_seed(2)
+    B, K, n = 2, 4, 9
+    logits = torch.randn(B, K, n, n, generator=generator, dtype=torch.float64) * 2
+    attn = torch.softmax(logits.masked_fill(~torch.tril(torch.ones(n, n, dtype=torch.bool)), float("-inf")), -1)
+    scored = torch.ones(B, n, dtype=torch.bool)
+    scored[:, 0] = False
+    scored[1, 6:] = False  # a shorter window
+    full = pairs.pairwise_sums(attn, scored, budget_bytes=1)
+    skipping = pairs.pairwise_sums(attn, scored, torch.arange(n), budget_bytes=1)
+    for ours, theirs in zip(skipping, full, strict=True):
+        assert torch.allclose(ours, theirs, atol=1e-12)
+
+
+def test_identical_heads_are_zero_apart_in_float32():
+    """Float32 softmax rows, as the capture gives them: a head and its copy must be 0 apart, not ~1e-7 bits (whose
+    square root, ~4e-4, is what js_distance showed before the divergence was computed in float64)."""
+    generator = torch.Generator().manual_seed(3)
+    attn = torch.softmax(3 * torch.randn(2, 3, 64, 64, generator=generator), dim=-1)  # (B, K, b, n) float32
+    attn[:, 1] = attn[:, 0]
+    scored = torch.ones(2, 64, dtype=torch.bool)
+    _, js, js_root = pairs.pairwise_sums(attn, scored)
+    rows = int(scored.sum())
+    for k, g in [(0, 1), (0, 0), (2, 2)]:
+        assert float(js[k, g]) / rows < 1e-12 and float(js_root[k, g]) / rows < 1e-6
+    assert float(js[0, 2]) / rows > 0.01  # different heads stay apart
+
+
+# ---------------------------------------------------------------------------------------------- groups
+
+CHAIN = np.array([[0, 0.05, 0.5, 0.9], [0.05, 0, 0.08, 0.9], [0.5, 0.08, 0, 0.9], [0.9, 0.9, 0.9, 0]], dtype=float)
+
+
+def test_near_duplicate_groups_are_the_connected_components_of_close_pairs():
+    assert groups.near_duplicate_groups(CHAIN, 0.1) == [[0, 1, 2]]  # 0 and 2 are 0.5 apart, joined through 1
+    assert groups.near_duplicate_groups(CHAIN, 0.06) == [[0, 1]]
+    assert groups.near_duplicate_groups(CHAIN, 0.05) == []  # strictly closer than the threshold
+    assert groups.near_duplicate_groups(CHAIN, 1.0) == [[0, 1, 2, 3]]
+    # two components, interleaved: {0, 3} and {1, 4, 5}; singletons 2 and 6 are no group
+    d = np.full((7, 7), 0.9)
+    np.fill_diagonal(d, 0.0)
+    for a, b in [(0, 3), (1, 5), (5, 4)]:
+        d[a, b] = d[b, a] = 0.02
+    assert groups.near_duplicate_groups(d, 0.1) == [[0, 3], [1, 4, 5]]
+
+
+def test_average_linkage_and_clusters_of_a_hand_computed_example():
+    """By hand: 0 and 1 join at 0.05; then {0, 1} is (0.5 + 0.08) / 2 = 0.29 from 2 and 0.9 from 3, 2 is 0.9 from
+    3: 2 joins at 0.29; 3 last, at 0.9."""
+    link = groups.average_linkage(CHAIN)
+    assert link.merges[:, 2].tolist() == pytest.approx([0.05, 0.29, 0.9])
+    assert link.merges[:, 3].tolist() == [2, 3, 4]  # sizes of the merged clusters
+    assert groups.clusters(link, 0.1) == [[0, 1]]
+    assert groups.clusters(link, 0.29) == [[0, 1]]  # merges strictly below the threshold
+    assert groups.clusters(link, 0.3) == [[0, 1, 2]]
+    assert groups.clusters(link, 0.05) == []
+    assert groups.clusters(link, 1.0) == [[0, 1, 2, 3]]
+    # the leaf order keeps 1 between 0 and 2 (0.05 + 0.08 apart, where 1, 0, 2 would be 0.05 + 0.5) and 3 at an end
+    order = link.order
+    assert sorted(order) == [0, 1, 2, 3] and order.index(3) in (0, 3)
+    assert abs(order.index(1) - order.index(0)) == 1 and abs(order.index(1) - order.index(2)) == 1
+
+
+def test_fewer_than_two_items_have_no_merges():
+    link = groups.average_linkage(np.zeros((1, 1)))
+    assert link.order == [0] and len(link.merges) == 0 and groups.clusters(link, 1.0) == []
+
+
+def _naive_average_linkage(d: np.ndarray) -> list[tuple[frozenset, float]]:
+    """UPGMA from its definition: join the two clusters whose members are closest on average, until one is left.
+    Returns (merged cluster, height) in merge order."""
+    clusters = [frozenset([k]) for k in range(len(d))]
+    merges = []
+    while len(clusters) > 1:
+
+        def average(pair):
+            a, b = pair
+            return np.mean([d[i, j] for i in a for j in b])
+
+        a, b = min(itertools.combinations(clusters, 2), key=average)
+        merges.append((a | b, average((a, b))))
+        clusters = [c for c in clusters if c not in (a, b)] + [a | b]
+    return merges
+
+
+def _cut(merges: list[tuple[frozenset, float]], threshold: float) -> list[list[int]]:
+    """The clusters of two or more made by the merges below `threshold`, as groups.clusters reports them."""
+    made = [cluster for cluster, height in merges if height < threshold]
+    largest = [c for c in made if not any(c < other for other in made)]
+    return sorted((sorted(c) for c in largest), key=lambda group: group[0])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_linkage_matches_average_linkage_by_its_definition_on_random_distances(seed):
+    points = np.random.default_rng(seed).random((12, 3))
+    d = np.sqrt(((points[:, None] - points[None]) ** 2).sum(-1))
+    link = groups.average_linkage(d)
+    expected = _naive_average_linkage(d)
+    assert sorted(link.merges[:, 2]) == pytest.approx(sorted(height for _, height in expected))
+    heights = sorted(height for _, height in expected)
+    for k in (2, 5, 8):  # halfway between two merges: no rounding can move a merge across the cut
+        threshold = (heights[k] + heights[k + 1]) / 2
+        assert groups.clusters(link, threshold) == _cut(expected, threshold)
+    # the leaf order lays out every cluster of the tree side by side
+    position = {leaf: index for index, leaf in enumerate(link.order)}
+    assert sorted(position) == list(range(12))
+    for cluster, _ in expected:
+        places = sorted(position[leaf] for leaf in cluster)
+        assert places[-1] - places[0] == len(places) - 1, sorted(cluster)
