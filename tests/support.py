@@ -269,3 +269,218 @@ def png_size(path: Path) -> tuple[int, int]:
     assert pixels.shape[:2] == (height, width)
     assert pixels.std() > 0.01, f"{path} is blank"
     return width, height
+
+
+# ------------------------------------------------------------------------------------------- model families
+# One tiny random-weight model per family, with the features that make the family different switched on (fewer
+# key/value heads, a sliding window shorter than the test texts, soft-capping, QK-norm, partial rotary, sinks) and
+# a tokenizer of the family's style (byte-level `Ġ` or SentencePiece-style `▁`; with a BOS the tokenizer adds
+# itself, or none at all), saved with save_pretrained and loaded by path like a real model.
+
+WINDOW = 4  # sliding windows of the family tests: shorter than every test text
+FAMILY_TEXTS = [
+    Text(CAT, "a"),
+    Text("Hello world, again and again.", "b"),
+    Text("Colourless green ideas sleep furiously, and the quick brown fox jumps over the lazy dog.", "c"),
+]
+
+
+def _corpus() -> list[str]:
+    words = " ".join(BERT_WORDS)
+    return [text.text for text in [*TEXTS, *FAMILY_TEXTS]] + [words, words.upper(), string.ascii_letters]
+
+
+def _save_fast_tokenizer(folder: Path, tokenizer, **special) -> int:
+    """Save a `tokenizers` tokenizer as transformers' fast tokenizer; returns its vocabulary size."""
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **special)
+    fast.save_pretrained(folder)
+    return len(fast)
+
+
+def sentencepiece_tokenizer(folder: Path) -> int:
+    """A Llama-style tokenizer: words start with `▁`, BOS `<s>` added by the tokenizer itself (so attnscope must not
+    add a second), BPE of ~500 pieces learned from the test texts."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    special = ["<unk>", "<s>", "</s>", "<pad>"]
+    alphabet = list(string.ascii_letters + string.digits + string.punctuation)
+    trainer = trainers.BpeTrainer(
+        vocab_size=500, special_tokens=special, initial_alphabet=alphabet, show_progress=False
+    )
+    tokenizer.train_from_iterator(_corpus(), trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return _save_fast_tokenizer(
+        folder, tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+
+
+def byte_level_tokenizer(folder: Path, bos: bool = True) -> int:
+    """GPT-2's byte-level BPE (`Ġ`); with `bos` off, a tokenizer without a BOS token (as Qwen's)."""
+    from transformers import GPT2TokenizerFast
+
+    options = {} if bos else {"bos_token": None}
+    tokenizer = GPT2TokenizerFast.from_pretrained(TOKENIZER_DIR, **options)
+    tokenizer.save_pretrained(folder)
+    return len(tokenizer)
+
+
+def roberta_tokenizer(folder: Path) -> int:
+    """A RoBERTa-style encoder tokenizer: byte-level BPE learned from the test texts, `<s>` … `</s>` around a text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    special = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_corpus(), trainer)
+    return _save_fast_tokenizer(
+        folder, tokenizer, bos_token="<s>", cls_token="<s>", eos_token="</s>", sep_token="</s>", pad_token="<pad>",
+        unk_token="<unk>", mask_token="<mask>",
+    )  # fmt: skip
+
+
+def wordpiece_tokenizer(folder: Path) -> int:
+    """BERT's WordPiece over the test vocabulary (see build_tiny_bert), [CLS] … [SEP] around a text."""
+    from transformers import BertTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    pieces = list(string.ascii_lowercase + string.digits + string.punctuation)
+    continuations = [f"##{c}" for c in string.ascii_lowercase + string.digits]
+    vocab = list(dict.fromkeys([*BERT_SPECIAL, *BERT_WORDS, *pieces, *continuations]))
+    vocab_file = folder / "vocab.txt"
+    vocab_file.write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    tokenizer = BertTokenizerFast(vocab=str(vocab_file), do_lower_case=True)
+    tokenizer.save_pretrained(folder)
+    return len(tokenizer)
+
+
+TOKENIZERS = {
+    "sentencepiece": sentencepiece_tokenizer,
+    "byte-level": byte_level_tokenizer,
+    "byte-level, no BOS": lambda folder: byte_level_tokenizer(folder, bos=False),
+    "roberta": roberta_tokenizer,
+    "wordpiece": wordpiece_tokenizer,
+}
+SMALL = dict(
+    hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=64
+)
+GQA = dict(num_key_value_heads=2)
+PARTIAL_ROTARY = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+
+# family -> (config class, tokenizer style, settings beyond SMALL: the family's features switched on)
+FAMILY_MODELS = {
+    "llama": ("LlamaConfig", "sentencepiece", GQA),
+    "mistral": ("MistralConfig", "sentencepiece", {**GQA, "sliding_window": WINDOW}),
+    "qwen2": (
+        "Qwen2Config", "byte-level, no BOS",
+        {**GQA, "use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1},
+    ),
+    "qwen3": ("Qwen3Config", "byte-level, no BOS", {**GQA, "head_dim": 16}),
+    "gemma": ("GemmaConfig", "sentencepiece", {"num_key_value_heads": 1, "head_dim": 16}),
+    "gemma2": (
+        "Gemma2Config", "sentencepiece",
+        {**GQA, "head_dim": 8, "sliding_window": WINDOW, "attn_logit_softcapping": 2.0, "query_pre_attn_scalar": 12},
+    ),
+    "gemma3_text": (
+        "Gemma3TextConfig", "sentencepiece",
+        {**GQA, "head_dim": 8, "sliding_window": WINDOW, "query_pre_attn_scalar": 12,
+         "layer_types": ["sliding_attention", "full_attention"]},
+    ),
+    "phi3": ("Phi3Config", "sentencepiece", {**GQA, "pad_token_id": 0, "rope_parameters": PARTIAL_ROTARY}),
+    "gpt_neox": ("GPTNeoXConfig", "byte-level", {"rope_parameters": PARTIAL_ROTARY}),
+    "opt": ("OPTConfig", "byte-level", {"ffn_dim": 64, "word_embed_proj_dim": 32}),
+    "olmo": ("OlmoConfig", "byte-level, no BOS", {"pad_token_id": 0}),
+    "olmo2": ("Olmo2Config", "byte-level, no BOS", {"pad_token_id": 0}),
+    "starcoder2": ("Starcoder2Config", "byte-level", {**GQA, "sliding_window": WINDOW}),
+    "smollm3": ("SmolLM3Config", "byte-level", {**GQA, "pad_token_id": 0, "no_rope_layer_interval": 2}),
+    "gpt_oss": (
+        "GptOssConfig", "byte-level, no BOS",
+        {**GQA, "head_dim": 8, "sliding_window": WINDOW, "num_local_experts": 2, "num_experts_per_tok": 1,
+         "layer_types": ["sliding_attention", "full_attention"]},
+    ),
+    "bert": ("BertConfig", "wordpiece", {}),
+    "roberta": ("RobertaConfig", "roberta", {"pad_token_id": 1}),
+    "xlm-roberta": ("XLMRobertaConfig", "roberta", {"pad_token_id": 1}),
+    "electra": ("ElectraConfig", "wordpiece", {"embedding_size": 32}),
+    "modernbert": (
+        "ModernBertConfig", "wordpiece",
+        {"num_hidden_layers": 3, "local_attention": WINDOW, "global_attn_every_n_layers": 2, "pad_token_id": 0},
+    ),
+    "distilbert": ("DistilBertConfig", "wordpiece", {}),
+}  # fmt: skip
+# names the families use for the same settings
+_RENAMED = {
+    "GPTNeoXConfig": {},
+    "DistilBertConfig": {"hidden_size": "dim", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
+                         "intermediate_size": "hidden_dim"},
+    "OPTConfig": {"intermediate_size": None},
+}  # fmt: skip
+
+
+def family_config(name: str, vocab_size: int):
+    """The tiny config of family `name` for a tokenizer of `vocab_size` entries."""
+    import transformers
+
+    class_name, _, features = FAMILY_MODELS[name]
+    renamed = _RENAMED.get(class_name, {})
+    settings = {}
+    for key, value in {**SMALL, **features}.items():
+        key = renamed.get(key, key)
+        if key is not None:
+            settings[key] = value
+    config = getattr(transformers, class_name)(vocab_size=vocab_size, initializer_range=0.3, **settings)
+    for token in ("bos_token_id", "eos_token_id", "cls_token_id", "sep_token_id"):  # the tokenizer's, below
+        if getattr(config, token, None) is not None and getattr(config, token) >= vocab_size:
+            setattr(config, token, None)
+    return config
+
+
+def build_family_model(name: str, folder: Path, seed: int = 0) -> Path:
+    """A tiny random-weight model of family `name` with its language-model head and a tokenizer of its style."""
+    import transformers
+
+    _, style, _ = FAMILY_MODELS[name]
+    vocab_size = TOKENIZERS[style](folder)
+    config = family_config(name, vocab_size)
+    encoder = style in ("wordpiece", "roberta")
+    auto = transformers.AutoModelForMaskedLM if encoder else transformers.AutoModelForCausalLM
+    torch.manual_seed(seed)
+    model = auto.from_config(config)
+    with torch.no_grad():  # heads that differ clearly from each other and from uniform attention
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0.0, 0.3)
+    model.save_pretrained(folder)
+    return folder
+
+
+def visible_keys(config, layer: int, lengths: torch.Tensor, n: int, causal: bool) -> torch.Tensor:
+    """(B, n, n) bool: the keys each row sees in `layer`, from the family's documented rules (independent of the
+    masks transformers builds): real tokens; for a decoder j <= i; in a sliding-window layer a decoder's j > i - W
+    (Mistral, Qwen2, Gemma 2/3, StarCoder2, Phi-3, gpt-oss) and ModernBERT's |i - j| <= W / 2."""
+    i = torch.arange(n)[:, None]
+    j = torch.arange(n)[None, :]
+    allowed = (j < lengths[:, None, None]).expand(len(lengths), n, n).clone()
+    if causal:
+        allowed &= j <= i
+    layer_types = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None)
+    sliding = window is not None and (layer_types is None or layer_types[layer] == "sliding_attention")
+    if config.model_type == "qwen2" and not config.use_sliding_window:
+        sliding = False
+    if sliding and causal:
+        allowed &= j > i - window
+    elif sliding:  # ModernBERT: config.sliding_window is half of local_attention
+        allowed &= (i - j).abs() <= window
+    return allowed

@@ -303,7 +303,13 @@ def run(
             for batch in batches:
                 keep_row = batch.indices.index(keep_window) if keep_window in batch.indices else None
                 state = CaptureState(reducer, batch.lengths, keep if keep_row is not None else frozenset(), keep_row)
-                model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, attnscope_state=state)
+                # no key/value cache: nothing is generated, and a cache would keep every layer's keys and values
+                model(
+                    input_ids=batch.input_ids,
+                    attention_mask=batch.attention_mask,
+                    use_cache=False,
+                    attnscope_state=state,
+                )
                 if sorted(state.layers_seen) != list(range(n_layer)):
                     missed = sorted(set(range(n_layer)) - set(state.layers_seen))
                     raise AttnscopeError(

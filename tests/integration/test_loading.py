@@ -126,25 +126,34 @@ def test_with_its_language_model_head_the_base_model_is_the_one_analysed(model_d
     assert loaded.kind.name == kind and loaded.n_layer == 2
 
 
-def test_an_unsupported_config_is_one_line_naming_the_supported_families():
-    from transformers import LlamaConfig
+@pytest.mark.parametrize(
+    "config_class, why",
+    [
+        ("GPTJConfig", "its attention does not go through transformers' attention interface"),
+        ("T5Config", "it is not supported yet"),
+    ],
+)
+def test_an_unsupported_config_is_one_line_naming_the_supported_families(config_class, why):
+    import transformers
 
+    config = getattr(transformers, config_class)()
     with pytest.raises(AttnscopeError) as raised:
-        family_of(LlamaConfig())
+        family_of(config)
     message = str(raised.value)
     assert "\n" not in message
-    assert message == "model type 'llama' is not supported yet; attnscope reads GPT-2 (gpt2), BERT (bert)"
+    assert message.startswith(f"model type '{config.model_type}': {why}")
+    from attnscope.models.families import FAMILIES
+
+    assert all(f"{family.name} ({', '.join(family.model_types)})" in message for family in FAMILIES)
 
 
 def test_loading_an_unsupported_family_is_refused_before_its_weights(tmp_path, tiny_model_dir):
-    from transformers import LlamaConfig
+    from transformers import GPTJConfig
 
-    LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64).save_pretrained(
-        tmp_path
-    )
+    GPTJConfig(n_embd=32, n_layer=1, n_head=4).save_pretrained(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"")  # never read: the family is checked first
     shutil.copy(tiny_model_dir / "tokenizer.json", tmp_path / "tokenizer.json")
-    with pytest.raises(AttnscopeError, match=r"^model type 'llama' is not supported yet; attnscope reads GPT-2"):
+    with pytest.raises(AttnscopeError, match=r"^model type 'gptj': its attention does not go through"):
         load_model(str(tmp_path), "cpu")
 
 

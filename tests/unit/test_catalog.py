@@ -13,7 +13,7 @@ from attnscope.scores.kinds import KINDS
 
 # The JSON/CSV record of a head, as the schema (version 1) fixes it: written out, not read from the catalog.
 RECORD_KEYS = [
-    "layer", "head", "label", "role", "role_metric", "role_score",
+    "layer", "head", "label", "kv_head", "role", "role_metric", "role_score",
     "previous_token", "first_token", "self", "local", "entropy", "entropy_normalized", "confidence",
     "local_uniform", "local_lift", "next_token", "last_token", "induction", "duplicate_token",
 ]  # fmt: skip
@@ -214,9 +214,10 @@ def test_a_heads_record_holds_every_score_of_the_catalog_in_order():
     from attnscope.output.views import head_records
 
     record = _head_record(1, 2, "mixed", previous_token=0.25, entropy=1.5, induction=0.125)
-    [written] = head_records([record])
+    [written] = head_records([record], {"n_head": 4, "n_kv_head": 2})
     assert list(written) == RECORD_KEYS
-    assert list(written)[6:] == list(SCORE_NAMES)
+    assert list(written)[7:] == list(SCORE_NAMES)
+    assert written["kv_head"] == 1  # heads 2 and 3 read key/value head 1 when 4 query heads share 2
     assert (written["label"], written["role"], written["role_metric"], written["role_score"]) == (
         "1.2", "mixed", "previous_token", 0.25,
     )  # fmt: skip

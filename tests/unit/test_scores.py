@@ -5,6 +5,7 @@ decoders (causal) and encoders (bidirectional) alike."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -323,10 +324,17 @@ def test_layer_row_scores_equal_row_scores(kind, seed):
         assert keys.shape == (B, n, width)
         gathered = shifted.gather(-1, keys[:, None].expand(B, H, n, width))
         reference = kind.row_scores(probs, positions, lengths, window)
-        got = kind.layer_row_scores(normalizer, expected, gathered, lengths, window)
-        assert set(got) == set(kind.row_score_names)
+        visible = kind.visible_mask(positions, lengths, n)  # (B, n, n)
+        summary = SimpleNamespace(
+            normalizer=normalizer, expected_logit=expected, gathered=gathered, lengths=lengths,
+            visible=visible.sum(-1), gathered_visible=visible.gather(-1, keys), peak=None, mass=None,
+        )  # fmt: skip
+        got = kind.layer_row_scores(summary, window)
+        assert set(got) == {*kind.row_score_names, "local_uniform"}
         for name in kind.row_score_names:
             assert torch.allclose(got[name][scored], reference[name][scored], atol=2e-5), (name, window)
+        uniform_rows = scored[:, 0]
+        assert torch.allclose(got["local_uniform"][uniform_rows], reference["local_uniform"][uniform_rows])
 
 
 # ------------------------------------------------------------------------------------------- the probe
