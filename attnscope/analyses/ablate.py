@@ -30,7 +30,7 @@ import numpy as np
 from attnscope.analyses.common import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, check_positive
 from attnscope.errors import AttnscopeError
 from attnscope.models.families import CAUSAL_LM
-from attnscope.models.loading import LoadedModel
+from attnscope.models.loading import LoadedModel, fastest_attention
 from attnscope.pipeline.inputs import Text
 from attnscope.pipeline.tokens import Window, batches, pad_id, tokenize
 
@@ -289,7 +289,7 @@ class Ablate:
             "loss_unit": "nats per predicted token",
         }
         previous = loaded.config._attn_implementation
-        loaded.model.set_attn_implementation("sdpa")  # no attention weights are needed here: the fastest kernel
+        loaded.model.set_attn_implementation(fastest_attention(loaded.model))  # no attention weights are needed here
         try:
             keep_all = torch.ones(1, L, H)
             if self.method == "loss":

@@ -32,7 +32,7 @@ import torch
 
 from attnscope.errors import AttnscopeError
 from attnscope.models.families import family_of
-from attnscope.models.loading import load_config, load_model, resolve_device, resolve_dtype
+from attnscope.models.loading import fastest_attention, load_config, load_model, resolve_device, resolve_dtype
 from attnscope.pipeline import capture
 
 METHODS = ("floor", "attnscope", "tutorial", "cache")
@@ -198,12 +198,6 @@ def pattern_share(pattern: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
     return (attn * pattern).sum(dim=(-1, -2)) / attn.sum(dim=(-1, -2))
 
 
-def floor_implementation(model: Any) -> str:
-    """The fastest attention the family has for the floor: SDPA, or eager for a family without it (Gemma 2's
-    soft-capping)."""
-    return "sdpa" if getattr(model, "_supports_sdpa", False) else "eager"
-
-
 def _methods(lm_model: Any, ids: torch.Tensor, device: torch.device) -> dict[str, Callable[[], Any]]:
     """The four methods on `lm_model` (the model with its LM head; its base model is what attnscope analyses)."""
     from attnscope.pipeline.reducers import HeadStatistics
@@ -215,7 +209,7 @@ def _methods(lm_model: Any, ids: torch.Tensor, device: torch.device) -> dict[str
     batch = Batch(list(range(B)), ids, mask, torch.full((B,), n, device=device))
     n_layer, n_head = model.config.num_hidden_layers, model.config.num_attention_heads
     kind = family_of(model.config).kind
-    fastest = floor_implementation(model)
+    fastest = fastest_attention(model)
 
     def floor():
         with torch.inference_mode():
@@ -453,7 +447,7 @@ class Bench:
             "n_head": config.num_attention_heads,
             "n_kv_head": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
             "d_model": config.hidden_size,
-            "floor": floor_implementation(network.base_model),
+            "floor": fastest_attention(network.base_model),
         }
         micro = micro_benchmark(device=device) if self.micro else []
         return BenchResult(shape, settings, records(measurements), micro, notes)

@@ -111,6 +111,12 @@ class LoadedModel:
         }
 
 
+def fastest_attention(model: Any) -> str:
+    """The fastest attention a model's family has, for passes that need no weights (a loss, the bench's floor):
+    SDPA, or eager for a family without it (Gemma 2's soft-capping)."""
+    return "sdpa" if getattr(model, "_supports_sdpa", False) else "eager"
+
+
 def resolve_device(spec: str) -> Any:
     """`auto` (CUDA when available, else CPU), `cpu`, `cuda` or `cuda:N`, checked against this machine."""
     import torch
