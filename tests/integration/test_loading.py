@@ -307,3 +307,73 @@ def test_hub_out_of_reach_with_config_cached_fails_at_once(tmp_path, tiny_model_
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.splitlines() == [result.stderr.strip()]
     assert "not in the local Hugging Face cache" in result.stderr
+
+
+# --------------------------------------------------------------------------------- revisions and device maps
+
+
+def test_a_revision_loads_that_revisions_weights_offline(offline_cache, tmp_path_factory):
+    """`revision` names a Hub branch or tag (Pythia's training checkpoints: step1000): the cache holds two snapshots
+    of one repository, main and step1000, with different weights, and each revision loads its own."""
+    from tests.support import build_tiny_gpt2
+
+    repo = "EleutherAI/pythia-tiny"
+    snapshots = {}
+    for seed, revision in enumerate(("main", "step1000")):
+        source = build_tiny_gpt2(tmp_path_factory.mktemp(f"rev-{revision}"), seed=seed)
+        commit = f"{seed + 1}" * 40
+        folder = offline_cache / "hub" / f"models--{repo.replace('/', '--')}"
+        (folder / "snapshots" / commit).mkdir(parents=True)
+        (folder / "refs").mkdir(exist_ok=True)
+        (folder / "refs" / revision).write_text(commit)
+        for file in source.iterdir():
+            shutil.copy(file, folder / "snapshots" / commit / file.name)
+        snapshots[revision] = load_model(str(source), "cpu")
+    for revision, expected in snapshots.items():
+        loaded = load_model(repo, "cpu", revision=revision)
+        got, want = loaded.model.h[0].attn.c_attn.weight, expected.model.h[0].attn.c_attn.weight
+        assert torch.equal(got, want), revision
+    with pytest.raises(AttnscopeError, match="at revision 'step2000' is not in the local Hugging Face cache"):
+        load_model(repo, "cpu", revision="step2000")
+
+
+def test_a_device_map_spreads_the_model_through_accelerate(tiny_model_dir, tiny, monkeypatch):
+    """With accelerate installed (the `big` extra), `device_map="auto"` goes to from_pretrained, the model stays
+    where accelerate put it (here, all on the CPU: this machine has nothing else) and the analysis gives the numbers
+    of a plain load."""
+    pytest.importorskip("accelerate")
+    from attnscope.analyses.heads import analyze_heads
+    from attnscope.models import loading
+    from tests.support import TEXTS
+
+    asked = []
+    real = loading._from_pretrained
+    monkeypatch.setattr(loading, "_from_pretrained", lambda *a, **options: asked.append(options) or real(*a, **options))
+    mapped = load_model(str(tiny_model_dir), "cpu", device_map="auto")
+    assert asked[-1]["device_map"] == "auto" and mapped.device == torch.device("cpu")
+    plain, spread = analyze_heads(tiny, TEXTS, probe=False), analyze_heads(mapped, TEXTS, probe=False)
+    for a, b in zip(plain.heads, spread.heads, strict=True):
+        assert a.scores == pytest.approx(b.scores, abs=1e-6)
+
+
+def test_a_device_map_without_accelerate_is_one_line(tiny_model_dir, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a))
+    with pytest.raises(AttnscopeError, match=r"pip install 'attnscope\[big\]'"):
+        load_model(str(tiny_model_dir), "cpu", device_map="auto")
+
+
+def test_bfloat16_runs_on_the_cpu_with_float32_statistics(tiny_model_dir, tiny):
+    """`dtype="bfloat16"` on the CPU: the model is bfloat16, softmax and the statistics float32; the numbers stay
+    within bfloat16's rounding of the float32 model's (8 bits of mantissa: about 1e-2 relative)."""
+    from attnscope.analyses.heads import analyze_heads
+    from tests.support import TEXTS
+
+    half = load_model(str(tiny_model_dir), "cpu", "bfloat16")
+    assert half.dtype == torch.bfloat16 and half.info()["dtype"] == "bfloat16"
+    full, low = analyze_heads(tiny, TEXTS, probe=False), analyze_heads(half, TEXTS, probe=False)
+    for a, b in zip(full.heads, low.heads, strict=True):
+        for score in ("previous_token", "first_token", "self", "confidence", "entropy_normalized"):
+            assert b.scores[score] == pytest.approx(a.scores[score], abs=0.05), (a.label, score)
