@@ -214,7 +214,7 @@ def _methods(lm_model: Any, ids: torch.Tensor, device: torch.device) -> dict[str
     def floor():
         with torch.inference_mode():
             model.set_attn_implementation(fastest)
-            model(input_ids=ids, attention_mask=mask)
+            model(input_ids=ids, attention_mask=mask, use_cache=False)  # no key/value cache: nothing is generated
 
     def analysis():
         statistics = HeadStatistics(kind, n_layer, n_head, device)

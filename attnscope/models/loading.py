@@ -327,7 +327,7 @@ def load_model(
         )
     # an encoder's language-model head predicts masked tokens, a decoder's the next token
     lm_class = AutoModelForCausalLM if family.lm_head == CAUSAL_LM else AutoModelForMaskedLM
-    model = _from_pretrained(
+    loaded = _from_pretrained(
         name,
         lm_class if lm_head else AutoModel,
         source,
@@ -335,9 +335,19 @@ def load_model(
         attn_implementation="eager",  # SDPA returns no attention weights (see README, "How it works")
         use_safetensors=True,
         dtype=torch_dtype,
+        output_loading_info=lm_head,
         **at_revision,
         **({} if device_map is None else {"device_map": device_map}),
     )
+    model = loaded[0] if lm_head else loaded
+    if lm_head and loaded[1]["missing_keys"]:
+        # transformers would start the missing head from random weights: every loss would be noise
+        missing = sorted(loaded[1]["missing_keys"])
+        raise AttnscopeError(
+            f"model '{name}' has no {'masked' if family.lm_head != CAUSAL_LM else 'next-token'} language-model head "
+            f"to measure a loss with ({len(missing)} weights missing, e.g. {missing[0]}); use a checkpoint saved with "
+            "its head (an ELECTRA generator, not its discriminator)"
+        )
     model.eval()
     family.prepare(model.base_model)
     if device_map is None:

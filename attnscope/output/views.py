@@ -296,18 +296,9 @@ class RandomMhaView(View):
         rows, d_model = self.result.rows, self.result.settings["d_model"]
         heads = [row["heads"] for row in rows]
         series = {name: [row[name] for row in rows] for name in ("js", "js_distance", "cosine", "entropy_normalized")}
-        return [
-            write_atomic(stage / "random_mha.json", to_json(self.document())),
-            figures.line_plot(
-                heads,
-                series,
-                "heads",
-                "value",
-                f"Random multi-head attention, d_model {d_model}",
-                stage / "random_mha.png",
-                log_x=True,
-            ),
-        ]
+        title = f"Random multi-head attention, d_model {d_model}"
+        plot = figures.line_plot(heads, series, "heads", "value", title, stage / "random_mha.png", log_x=True)
+        return [write_atomic(stage / "random_mha.json", to_json(self.document())), plot]
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
         from attnscope.output import terminal
@@ -567,19 +558,10 @@ class BenchView(View):
             styles[label] = {"color": colours[row["method"]], "linestyle": line_styles[row["batch"]]}
         lines = {label: [values.get(seq) for seq in seqs] for label, values in series.items()}
         where = machine["device_name"] if machine["device"] != "cpu" else f"CPU, {machine['cpu_threads']} threads"
-        return [
-            write_atomic(stage / "bench.json", to_json(self.document())),
-            figures.line_plot(
-                seqs,
-                lines,
-                "sequence length (tokens)",
-                "tokens per second",
-                f"{self.result.model['name']} on {where}",
-                stage / "tokens_per_s.png",
-                log_x=True,
-                styles=styles,
-            ),
-        ]
+        title, path = f"{self.result.model['name']} on {where}", stage / "tokens_per_s.png"
+        labels = ("sequence length (tokens)", "tokens per second")
+        plot = figures.line_plot(seqs, lines, *labels, title, path, log_x=True, styles=styles)
+        return [write_atomic(stage / "bench.json", to_json(self.document())), plot]
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
         from attnscope.output import terminal

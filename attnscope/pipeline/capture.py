@@ -166,6 +166,7 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
         return _eager_fallback(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     layer = module.layer_idx
     state.layers_seen.append(layer)
+    lengths = state.lengths.to(query.device)  # (B,) on this layer's device (a device map spreads the layers)
     reducer = state.reducer
     B, H, n, d_head = query.shape
     H_kv, n_keys = key.shape[1], key.shape[-2]
@@ -230,7 +231,7 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
         values = torch.matmul(grouped, value[..., :keys, :]).view(B, H, b, d_head)  # (B, H, b, d_head)
         output[:, :, start:stop] = values / block_z[..., None].to(value.dtype)
         normalizer[..., start:stop] = block_z
-        wanted = gather_keys(positions, state.lengths)  # (b, m), (B, b, m) or None
+        wanted = gather_keys(positions, lengths)  # (b, m), (B, b, m) or None
         if wanted is not None:
             m = wanted.shape[-1]
             if gathered is None:
@@ -242,9 +243,9 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
                 in_sight = per_window <= (positions[None, :, None] if causal else keys - 1)  # (B, b, m)
             else:
                 in_sight = ~masked[:, 0].gather(-1, per_window)  # (B, b, m)
-            gathered_visible[:, start:stop] = in_sight & (per_window < state.lengths[:, None, None])
+            gathered_visible[:, start:stop] = in_sight & (per_window < lengths[:, None, None])
         if blocks_wanted or keep:
-            block = AttentionBlock(exp_logits, block_z, positions, state.lengths, n_keys)
+            block = AttentionBlock(exp_logits, block_z, positions, lengths, n_keys)
             if blocks_wanted:
                 reducer.add_block(layer, block)
             if keep:
@@ -255,7 +256,7 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
         expected_logit[..., start:stop] = logits.mul_(exp_logits).sum(dim=-1) / block_z
         start = stop
     if reducer is not None:
-        rows = LayerRows(normalizer, expected_logit, gathered, state.lengths, visible, gathered_visible, peak, mass)
+        rows = LayerRows(normalizer, expected_logit, gathered, lengths, visible, gathered_visible, peak, mass)
         reducer.add_layer(layer, rows)
     return output.transpose(1, 2), None  # (B, n, H, d_head)
 

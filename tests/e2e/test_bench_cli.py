@@ -94,3 +94,22 @@ def test_bench_on_cuda_without_cuda_stops_at_once(cli, monkeypatch):
     monkeypatch.setattr(bench, "random_model", lambda *args: pytest.fail("a model was built"))
     code, out, err = cli("bench", "--random-weights", "--device", "cuda")
     assert code == 2 and out == "" and "CUDA is not available" in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_bench_times_any_decoder_from_its_config(cli, tmp_path, family):
+    """`--random-weights` builds any supported decoder from its config alone (no weights on disk): a Llama-style
+    model with grouped-query attention, and Gemma 2, whose floor is eager attention (it has no SDPA)."""
+    from tests.support import family_config
+
+    family_config(family, vocab_size=300).save_pretrained(tmp_path)
+    code, out, err = cli(
+        "bench", "-m", tmp_path, "--random-weights", "--device", "cpu", "--seq-lens", "12", "--batch-sizes", "2",
+        "--repeats", "1", "--warmup", "0", "--methods", "floor,attnscope", "--no-micro", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["model"]["model_type"] == family
+    assert doc["model"]["n_kv_head"] == 2 and doc["model"]["floor"] == ("sdpa" if family == "llama" else "eager")
+    assert [row["method"] for row in doc["results"]] == ["floor", "attnscope"]

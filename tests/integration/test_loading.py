@@ -377,3 +377,17 @@ def test_bfloat16_runs_on_the_cpu_with_float32_statistics(tiny_model_dir, tiny):
     for a, b in zip(full.heads, low.heads, strict=True):
         for score in ("previous_token", "first_token", "self", "confidence", "entropy_normalized"):
             assert b.scores[score] == pytest.approx(a.scores[score], abs=0.05), (a.label, score)
+
+
+def test_a_checkpoint_without_its_language_model_head_is_refused_for_losses(tmp_path, tiny_bert_dir):
+    """A base-model checkpoint (no masked-LM head) analyses as any other, but a loss would come from a head that
+    transformers starts at random: `lm_head=True` refuses it, naming a missing weight."""
+    from transformers import BertModel
+
+    BertModel.from_pretrained(tiny_bert_dir).save_pretrained(tmp_path)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json"):
+        if (tiny_bert_dir / name).exists():
+            shutil.copy(tiny_bert_dir / name, tmp_path / name)
+    assert load_model(str(tmp_path), "cpu").n_layer == 2
+    with pytest.raises(AttnscopeError, match=r"has no masked language-model head .* e\.g\. cls\.predictions"):
+        load_model(str(tmp_path), "cpu", lm_head=True)
