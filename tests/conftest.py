@@ -23,7 +23,7 @@ OFFLINE_HF_HOME = tempfile.mkdtemp(prefix="attnscope-tests-hf-home-")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HOME"] = OFFLINE_HF_HOME
 
-from tests.support import BUILDERS, build_tiny_gpt2  # noqa: E402  (after the offline variables)
+from tests.support import BUILDERS, build_family_model, build_tiny_gpt2  # noqa: E402  (after the offline variables)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -89,6 +89,19 @@ def tiny_bert(loaded_models):
 def short_context_model_dir(tmp_path_factory) -> Path:
     """Context of 16 tokens, so that ordinary sentences must be split into windows."""
     return build_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2-ctx16"), seed=1, n_positions=16)
+
+
+@pytest.fixture(scope="session")
+def family_dir(tmp_path_factory):
+    """family -> the folder of its tiny model (tests.support.FAMILY_MODELS), built the first time a test asks."""
+    built = {}
+
+    def folder(name):
+        if name not in built:
+            built[name] = build_family_model(name, tmp_path_factory.mktemp(name))
+        return built[name]
+
+    return folder
 
 
 @pytest.fixture

@@ -56,10 +56,9 @@ BERT_WORDS = (
 ).split()
 
 
-def build_tiny_bert(folder: Path, seed: int = 0, **config) -> Path:
-    """A 2-layer, 4-head random-weight BertForMaskedLM with a small WordPiece vocabulary, saved with
-    save_pretrained."""
-    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+def wordpiece_tokenizer(folder: Path) -> int:
+    """BERT's WordPiece over the test vocabulary (see build_tiny_bert), [CLS] … [SEP] around a text."""
+    from transformers import BertTokenizerFast
 
     folder.mkdir(parents=True, exist_ok=True)
     pieces = list(string.ascii_lowercase + string.digits + string.punctuation)
@@ -67,20 +66,24 @@ def build_tiny_bert(folder: Path, seed: int = 0, **config) -> Path:
     vocab = list(dict.fromkeys([*BERT_SPECIAL, *BERT_WORDS, *pieces, *continuations]))
     vocab_file = folder / "vocab.txt"
     vocab_file.write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    tokenizer = BertTokenizerFast(vocab=str(vocab_file), do_lower_case=True)
+    tokenizer.save_pretrained(folder)
+    return len(tokenizer)
+
+
+def build_tiny_bert(folder: Path, seed: int = 0, **config) -> Path:
+    """A 2-layer, 4-head random-weight BertForMaskedLM with a small WordPiece vocabulary, saved with
+    save_pretrained."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    vocab_size = wordpiece_tokenizer(folder)
     torch.manual_seed(seed)
     settings = dict(
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        hidden_size=32,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        vocab_size=len(vocab),
-        initializer_range=0.3,
-    )
+        num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64,
+        max_position_embeddings=64, vocab_size=vocab_size, initializer_range=0.3,
+    )  # fmt: skip
     settings.update(config)
     BertForMaskedLM(BertConfig(**settings)).save_pretrained(folder)
-    # transformers v5 takes the vocabulary file as `vocab` (v4 called it `vocab_file`)
-    BertTokenizerFast(vocab=str(vocab_file), do_lower_case=True).save_pretrained(folder)
     return folder
 
 
@@ -348,21 +351,6 @@ def roberta_tokenizer(folder: Path) -> int:
         folder, tokenizer, bos_token="<s>", cls_token="<s>", eos_token="</s>", sep_token="</s>", pad_token="<pad>",
         unk_token="<unk>", mask_token="<mask>",
     )  # fmt: skip
-
-
-def wordpiece_tokenizer(folder: Path) -> int:
-    """BERT's WordPiece over the test vocabulary (see build_tiny_bert), [CLS] … [SEP] around a text."""
-    from transformers import BertTokenizerFast
-
-    folder.mkdir(parents=True, exist_ok=True)
-    pieces = list(string.ascii_lowercase + string.digits + string.punctuation)
-    continuations = [f"##{c}" for c in string.ascii_lowercase + string.digits]
-    vocab = list(dict.fromkeys([*BERT_SPECIAL, *BERT_WORDS, *pieces, *continuations]))
-    vocab_file = folder / "vocab.txt"
-    vocab_file.write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    tokenizer = BertTokenizerFast(vocab=str(vocab_file), do_lower_case=True)
-    tokenizer.save_pretrained(folder)
-    return len(tokenizer)
 
 
 TOKENIZERS = {

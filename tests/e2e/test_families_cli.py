@@ -9,25 +9,13 @@ import pytest
 
 from attnscope.models.loading import load_model
 from attnscope.pipeline.tokens import token_labels, tokenize
-from tests.support import FAMILY_MODELS, FAMILY_TEXTS, build_family_model
+from tests.support import FAMILY_MODELS, FAMILY_TEXTS
 
 EVERYDAY = {"llama", "modernbert"}
 FAMILY_NAMES = [
     pytest.param(name, marks=() if name in EVERYDAY else pytest.mark.slow, id=name) for name in FAMILY_MODELS
 ]
 TEXT = FAMILY_TEXTS[0].text
-
-
-@pytest.fixture(scope="module")
-def family_dir(tmp_path_factory):
-    built = {}
-
-    def folder(name):
-        if name not in built:
-            built[name] = build_family_model(name, tmp_path_factory.mktemp(name))
-        return built[name]
-
-    return folder
 
 
 def _json(cli, *args):

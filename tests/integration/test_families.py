@@ -20,7 +20,7 @@ from attnscope.pipeline import capture
 from attnscope.pipeline.reducers import HeadStatistics
 from attnscope.pipeline.tokens import batches, pad_id, probe_windows, tokenize
 from attnscope.scores import rows
-from tests.support import FAMILY_MODELS, FAMILY_TEXTS, WINDOW, build_family_model, visible_keys
+from tests.support import FAMILY_MODELS, FAMILY_TEXTS, WINDOW, visible_keys
 
 # in the everyday loop: grouped-query attention, a sliding window with soft-capping, sinks, local encoder layers
 EVERYDAY = {"llama", "gemma2", "gpt_oss", "modernbert"}
@@ -31,24 +31,12 @@ FAMILY_NAMES = [
 
 
 @pytest.fixture(scope="module")
-def family_dirs(tmp_path_factory):
-    built = {}
-
-    def folder(name):
-        if name not in built:
-            built[name] = build_family_model(name, tmp_path_factory.mktemp(name))
-        return built[name]
-
-    return folder
-
-
-@pytest.fixture(scope="module")
-def loaded(family_dirs):
+def loaded(family_dir):
     models = {}
 
     def model(name, lm_head=False):
         if (name, lm_head) not in models:
-            models[name, lm_head] = load_model(str(family_dirs(name)), "cpu", lm_head=lm_head)
+            models[name, lm_head] = load_model(str(family_dir(name)), "cpu", lm_head=lm_head)
         return models[name, lm_head]
 
     return model
