@@ -188,9 +188,9 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
     gathered = gathered_visible = None
     # GPT-2's key and value are strided views into one (B, n, 3d) tensor; a matmul given such a view copies the whole
     # of it first, so every block of rows would copy all keys and values again. One copy per layer instead.
-    key, value = key.contiguous()[:, :, None], value.contiguous()[:, :, None]  # (B, H_kv, 1, n_k, d_head)
+    key, value = key.contiguous(), value.contiguous()  # (B, H_kv, n_k, d_head)
     query = (query * scaling).contiguous().view(B, H_kv, G, n, d_head)  # scaled once rather than block by block
-    keys_t = key.transpose(-1, -2)  # (B, H_kv, 1, d_head, n_k), a transposed view a matmul reads as it is
+    keys_t = key.transpose(-1, -2)  # (B, H_kv, d_head, n_k), a transposed view a matmul reads as it is
     keep = layer in state.keep_layers and state.keep_row is not None
     blocks_wanted = reducer is not None and reducer.wants_blocks
     start = 0
@@ -198,7 +198,10 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
         stop = min(n, start + _block_rows(start, n_keys, H * 4, BLOCK_BYTES, causal))
         b = stop - start
         keys = stop if causal else n_keys  # a causal row never sees a key after itself
-        logits = torch.matmul(query[:, :, :, start:stop], keys_t[..., :keys]).float().view(B, H, b, keys)
+        # the G query heads of a key/value head are stacked as G·b rows of one matmul over their shared keys: a
+        # broadcast over G instead would copy the keys once per query head and block
+        block_queries = query[:, :, :, start:stop].reshape(B, H_kv, G * b, d_head)  # (B, H_kv, G·b, d_head)
+        logits = torch.matmul(block_queries, keys_t[..., :keys]).float().view(B, H, b, keys)  # (B, H, b, k)
         if softcap is not None:
             logits = torch.tanh(logits / softcap).mul_(softcap)
         positions = torch.arange(start, stop, device=query.device)  # (b,)
@@ -227,8 +230,8 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
             block_z = block_z + sink_weight
             peak[..., start:stop] = row_max - shift
             mass[..., start:stop] = 1.0 - sink_weight / block_z
-        grouped = exp_logits.to(value.dtype).view(B, H_kv, G, b, keys)
-        values = torch.matmul(grouped, value[..., :keys, :]).view(B, H, b, d_head)  # (B, H, b, d_head)
+        grouped = exp_logits.to(value.dtype).view(B, H_kv, G * b, keys)  # (B, H_kv, G·b, k)
+        values = torch.matmul(grouped, value[:, :, :keys]).view(B, H, b, d_head)  # (B, H, b, d_head)
         output[:, :, start:stop] = values / block_z[..., None].to(value.dtype)
         normalizer[..., start:stop] = block_z
         wanted = gather_keys(positions, lengths)  # (b, m), (B, b, m) or None
