@@ -189,7 +189,7 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
     # GPT-2's key and value are strided views into one (B, n, 3d) tensor; a matmul given such a view copies the whole
     # of it first, so every block of rows would copy all keys and values again. One copy per layer instead.
     key, value = key.contiguous(), value.contiguous()  # (B, H_kv, n_k, d_head)
-    query = (query * scaling).contiguous().view(B, H_kv, G, n, d_head)  # scaled once rather than block by block
+    query = query.reshape(B, H_kv, G, n, d_head)  # query heads grouped by the key/value head they read (a view)
     keys_t = key.transpose(-1, -2)  # (B, H_kv, d_head, n_k), a transposed view a matmul reads as it is
     keep = layer in state.keep_layers and state.keep_row is not None
     blocks_wanted = reducer is not None and reducer.wants_blocks
@@ -200,7 +200,7 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
         keys = stop if causal else n_keys  # a causal row never sees a key after itself
         # the G query heads of a key/value head are stacked as G·b rows of one matmul over their shared keys: a
         # broadcast over G instead would copy the keys once per query head and block
-        block_queries = query[:, :, :, start:stop].reshape(B, H_kv, G * b, d_head)  # (B, H_kv, G·b, d_head)
+        block_queries = (query[:, :, :, start:stop] * scaling).reshape(B, H_kv, G * b, d_head)  # (B, H_kv, G·b, d_head)
         logits = torch.matmul(block_queries, keys_t[..., :keys]).float().view(B, H, b, keys)  # (B, H, b, k)
         if softcap is not None:
             logits = torch.tanh(logits / softcap).mul_(softcap)
