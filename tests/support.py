@@ -364,6 +364,7 @@ SMALL = dict(
     hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=64
 )
 GQA = dict(num_key_value_heads=2)
+MOE = dict(num_local_experts=2, num_experts_per_tok=1)
 PARTIAL_ROTARY = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
 
 # family -> (config class, tokenizer style, settings beyond SMALL: the family's features switched on)
@@ -397,6 +398,27 @@ FAMILY_MODELS = {
         {**GQA, "head_dim": 8, "sliding_window": WINDOW, "num_local_experts": 2, "num_experts_per_tok": 1,
          "layer_types": ["sliding_attention", "full_attention"]},
     ),
+    "mixtral": ("MixtralConfig", "sentencepiece", {**GQA, "sliding_window": WINDOW, **MOE}),
+    "qwen2_moe": (
+        "Qwen2MoeConfig", "byte-level, no BOS",
+        {**GQA, "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 16,
+         "shared_expert_intermediate_size": 16},
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig", "byte-level, no BOS",
+        {**GQA, "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 16, "head_dim": 8},
+    ),
+    "granite": ("GraniteConfig", "byte-level", {**GQA, "attention_multiplier": 0.3}),
+    "granitemoe": ("GraniteMoeConfig", "byte-level", {**GQA, **MOE, "attention_multiplier": 0.3}),
+    "cohere": ("CohereConfig", "byte-level", GQA),
+    "olmoe": ("OlmoeConfig", "byte-level, no BOS", {**GQA, "num_experts": 2, "num_experts_per_tok": 1}),
+    "helium": ("HeliumConfig", "sentencepiece", {**GQA, "head_dim": 8}),
+    "glm": ("GlmConfig", "byte-level", {**GQA, "head_dim": 8}),
+    "exaone4": ("Exaone4Config", "byte-level", {**GQA, "sliding_window": WINDOW}),
+    "seed_oss": ("SeedOssConfig", "byte-level", GQA),
+    "arcee": ("ArceeConfig", "sentencepiece", GQA),
+    "hunyuan_v1_dense": ("HunYuanDenseV1Config", "sentencepiece", {**GQA, "head_dim": 8}),
+    "phi": ("PhiConfig", "byte-level", {"rope_parameters": PARTIAL_ROTARY}),
     "bert": ("BertConfig", "wordpiece", {}),
     "roberta": ("RobertaConfig", "roberta", {"pad_token_id": 1}),
     "xlm-roberta": ("XLMRobertaConfig", "roberta", {"pad_token_id": 1}),
@@ -428,8 +450,10 @@ def family_config(name: str, vocab_size: int):
         if key is not None:
             settings[key] = value
     config = getattr(transformers, class_name)(vocab_size=vocab_size, initializer_range=0.3, **settings)
-    for token in ("bos_token_id", "eos_token_id", "cls_token_id", "sep_token_id"):  # the tokenizer's, below
-        if getattr(config, token, None) is not None and getattr(config, token) >= vocab_size:
+    for token in ("bos_token_id", "eos_token_id", "cls_token_id", "sep_token_id", "pad_token_id"):  # the tokenizer's
+        value = getattr(config, token, None)
+        ids = value if isinstance(value, list) else [value]
+        if any(id_ is not None and id_ >= vocab_size for id_ in ids):
             setattr(config, token, None)
     return config
 

@@ -92,6 +92,19 @@ FAMILIES: tuple[Family, ...] = (
     Family("StarCoder2", ("starcoder2",), DECODER, **LLAMA_LAYOUT),
     Family("SmolLM3", ("smollm3",), DECODER, **LLAMA_LAYOUT),
     Family("gpt-oss", ("gpt_oss",), DECODER, **LLAMA_LAYOUT),
+    Family("Mixtral", ("mixtral",), DECODER, **LLAMA_LAYOUT),
+    Family("Qwen2-MoE", ("qwen2_moe",), DECODER, **LLAMA_LAYOUT),
+    Family("Qwen3-MoE", ("qwen3_moe",), DECODER, **LLAMA_LAYOUT),
+    Family("Granite", ("granite", "granitemoe"), DECODER, **LLAMA_LAYOUT),
+    Family("Cohere", ("cohere",), DECODER, **LLAMA_LAYOUT),
+    Family("OLMoE", ("olmoe",), DECODER, **LLAMA_LAYOUT),
+    Family("Helium", ("helium",), DECODER, **LLAMA_LAYOUT),
+    Family("GLM", ("glm",), DECODER, **LLAMA_LAYOUT),
+    Family("EXAONE 4", ("exaone4",), DECODER, **LLAMA_LAYOUT),
+    Family("Seed-OSS", ("seed_oss",), DECODER, **LLAMA_LAYOUT),
+    Family("Arcee", ("arcee",), DECODER, **LLAMA_LAYOUT),
+    Family("HunYuan", ("hunyuan_v1_dense",), DECODER, **LLAMA_LAYOUT),
+    Family("Phi", ("phi",), DECODER, "layers", "self_attn", "self_attn.dense", ("self_attn",), CAUSAL_LM),
     Family("GPT-NeoX", ("gpt_neox",), DECODER, "layers", "attention", "attention.dense", ("attention",), CAUSAL_LM),
     Family("OPT", ("opt",), DECODER, "decoder.layers", "self_attn", "self_attn.out_proj", ("self_attn",), CAUSAL_LM),
     Family("BERT", ("bert",), ENCODER, **BERT_LAYOUT),
@@ -111,7 +124,7 @@ FAMILIES: tuple[Family, ...] = (
 )
 # Families whose attention does not go through transformers' AttentionInterface (their own attention code): a
 # capture could not see it, so they are refused by name rather than guessed at.
-UNCAPTURABLE = ("gptj", "gpt_neo", "falcon", "bloom")
+UNCAPTURABLE = ("gptj", "gpt_neo", "falcon", "bloom", "stablelm")
 BY_MODEL_TYPE = {model_type: family for family in FAMILIES for model_type in family.model_types}
 
 
