@@ -164,7 +164,8 @@ class Texts:
     file: str | None
     bos: bool | None
 
-    def gather(self) -> list:
+    def gather(self):
+        """The texts as a checked stream (pipeline.inputs.Texts): nothing is read whole."""
         from attnscope.pipeline.inputs import gather_texts
 
         return gather_texts(self.text, self.file)
@@ -421,9 +422,9 @@ def _console(stderr: bool = False):
 
 
 class _ProgressBar:
-    """A rich progress bar on stderr (texts, tokens/s, ETA), shown only when stdout is a terminal and not --quiet;
-    rank 0 only under torchrun. Use as a context manager; `callback` is None when hidden. The bar and its ETA follow
-    tokens, not texts: batches run longest first, so texts are done slowly at first and quickly at the end."""
+    """A rich progress bar on stderr (texts read, tokens/s, ETA), shown only when stdout is a terminal and not
+    --quiet; rank 0 only under torchrun. Use as a context manager; `callback` is None when hidden. The bar and its
+    ETA follow the share of the input read (bytes of a file, texts of a list), which streams in as it runs."""
 
     def __init__(self, quiet: bool, label: str):
         self.shown = not quiet and sys.stdout.isatty() and _is_main()
@@ -449,17 +450,17 @@ class _ProgressBar:
             self.started = self.refreshed = time.perf_counter()
         return self
 
-    def _update(self, texts: int, tokens: int, total_texts: int, total_tokens: int) -> None:
+    def _update(self, texts: int, tokens: int, share: float) -> None:
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         self.bar.update(
             self.task,
-            completed=tokens,
-            total=total_tokens,
-            texts=f"{texts:,}/{total_texts:,} texts",
+            completed=share,
+            total=1.0,
+            texts=f"{texts:,} text{'s' if texts != 1 else ''} read",
             rate=f"{tokens / elapsed:,.0f} tokens/s",
         )
         now = time.perf_counter()
-        if now - self.refreshed > 0.1 or tokens == total_tokens:  # at most 10 redraws a second
+        if now - self.refreshed > 0.1 or share >= 1.0:  # at most 10 redraws a second
             self.refreshed = now
             self.bar.refresh()
 

@@ -31,8 +31,8 @@ from attnscope.analyses.common import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, ch
 from attnscope.errors import AttnscopeError
 from attnscope.models.families import CAUSAL_LM
 from attnscope.models.loading import LoadedModel, fastest_attention
-from attnscope.pipeline.inputs import Text
-from attnscope.pipeline.tokens import Window, batches, pad_id, tokenize
+from attnscope.pipeline.inputs import Text, Texts
+from attnscope.pipeline.tokens import Window, WindowStream, batches, pad_id
 
 METHODS = ("loss", "gradient")
 DEFAULT_TOP = 10  # heads listed, most important first
@@ -263,7 +263,7 @@ class Ablate:
     def batching(self) -> tuple[int, int | None]:
         return self.batch_size, self.max_tokens
 
-    def run(self, loaded: LoadedModel, texts: Sequence[Text], progress: Any = None) -> AblationResult:
+    def run(self, loaded: LoadedModel, texts: Texts | Sequence[Text], progress: Any = None) -> AblationResult:
         import torch
 
         if loaded.lm_model is None:
@@ -271,15 +271,12 @@ class Ablate:
         L, H = loaded.n_layer, loaded.n_head
         if self.prune > L * H:
             raise AttnscopeError(f"prune {self.prune}: this model has {L * H} heads")
-        windows, tokenized_bos, notes = _loss_windows(loaded, texts, self.bos)
-        inputs = {
-            "n_texts": len(texts),
-            "n_windows": len(windows.windows),
-            "n_tokens": sum(len(w.ids) for w in windows.windows),
-            "predicted_tokens": windows.predicted,
-            "bos": tokenized_bos,
-            "sources": [item.source for item in texts],
-        }
+        windows, inputs, notes = _loss_windows(loaded, texts, self.bos)
+        inputs.update(
+            n_windows=len(windows.windows),
+            n_tokens=sum(len(w.ids) for w in windows.windows),
+            predicted_tokens=windows.predicted,
+        )
         settings = {
             "method": self.method,
             "prune": self.prune,
@@ -317,18 +314,22 @@ class Ablate:
         return result
 
 
-def _loss_windows(loaded: LoadedModel, texts: Sequence[Text], bos: bool | None) -> tuple[LossWindows, bool, list[str]]:
-    """The windows the loss is measured on (an encoder's masked), whether special tokens were added, and notes."""
-    tokenized = tokenize(loaded, texts, bos)
-    notes = list(tokenized.notes)
+def _loss_windows(
+    loaded: LoadedModel, texts: Texts | Sequence[Text], bos: bool | None
+) -> tuple[LossWindows, dict[str, Any], list[str]]:
+    """The windows the loss is measured on (an encoder's masked), the input summary, and notes. Held in memory: the
+    ablation runs over them once per pass, each batch once per head configuration."""
+    stream = WindowStream(loaded, texts, bos)
+    every = list(stream)
+    summary, notes = stream.summary(), stream.notes()
     if loaded.family.lm_head == CAUSAL_LM:  # next-token loss
-        windows = LossWindows([window for window in tokenized.windows if len(window.ids) >= 2])
+        windows = LossWindows([window for window in every if len(window.ids) >= 2])
         if not windows.windows:
             raise AttnscopeError("every window has a single token: there is no next token to predict")
-        return windows, tokenized.bos, notes
+        return windows, summary, notes
     if loaded.tokenizer.mask_token_id is None:
         raise AttnscopeError("this encoder's tokenizer has no [MASK] token: the masked-LM loss cannot be measured")
-    windows = masked_windows(tokenized.windows, loaded.tokenizer.mask_token_id)
+    windows = masked_windows(every, loaded.tokenizer.mask_token_id)
     if not windows.windows:
         raise AttnscopeError(
             "no window has a token between its first and last: there is nothing to mask "
@@ -338,4 +339,4 @@ def _loss_windows(loaded: LoadedModel, texts: Sequence[Text], bos: bool | None) 
         f"masked-LM loss: {MASK_FRACTION:.0%} of each window's tokens between the first and the last (at least "
         f"one) replaced by [MASK], chosen with seed {MASK_SEED}"
     )
-    return windows, tokenized.bos, notes
+    return windows, summary, notes

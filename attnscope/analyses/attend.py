@@ -19,23 +19,29 @@ from attnscope.analyses.common import check_index, check_positive
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture
-from attnscope.pipeline.inputs import Text
+from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.reducers import QueryRowReducer
-from attnscope.pipeline.tokens import batches, token_labels, tokenize
+from attnscope.pipeline.tokens import WindowStream, batches, token_labels
 
 DEFAULT_TOKENS = 3  # top tokens listed per head
 DEFAULT_TOP = 10  # strongest heads listed
 
 
-def match_token(labels: Sequence[str], wanted: str, occurrence: int, role: str) -> tuple[int, list[int]]:
-    """Position of the `occurrence`-th token (0-based) whose text, stripped of spaces and the BPE space marker, equals
-    `wanted`; compared exactly first, then ignoring case. Returns it with all matching positions."""
+def token_positions(labels: Sequence[str], wanted: str) -> list[int]:
+    """Positions of the tokens whose text, stripped of spaces and the BPE space marker, equals `wanted`; compared
+    exactly, or when nothing matches exactly, ignoring case."""
     texts = [label.replace("Ġ", " ").replace("▁", " ").strip() for label in labels]
     target = wanted.strip()
     positions = [i for i, text in enumerate(texts) if text == target]
+    return positions or [i for i, text in enumerate(texts) if text.lower() == target.lower()]
+
+
+def match_token(labels: Sequence[str], wanted: str, occurrence: int, role: str) -> tuple[int, list[int]]:
+    """Position of the `occurrence`-th token (0-based) matching `wanted` (see `token_positions`), with all
+    matching positions."""
+    positions = token_positions(labels, wanted)
     if not positions:
-        positions = [i for i, text in enumerate(texts) if text.lower() == target.lower()]
-    if not positions:
+        texts = [label.replace("Ġ", " ").replace("▁", " ").strip() for label in labels]
         shown = " ".join(f"{i}:{text!r}" for i, text in enumerate(texts[:80])) + (" …" if len(texts) > 80 else "")
         raise AttnscopeError(f"{role} token {wanted!r} is not a token of the text; its tokens are {shown}")
     if not 0 <= occurrence < len(positions):
@@ -109,15 +115,9 @@ class Attend:
         if self.to_index is not None and self.to_token is None:
             raise AttnscopeError("a to occurrence needs a to token")
 
-    def run(self, model: LoadedModel, texts: Sequence[Text], progress: Any = None) -> AttendResult:
-        text = check_index(self.index, texts)
-        tokenized = tokenize(model, [text], self.bos)
-        notes = list(tokenized.notes)
-        if len(tokenized.windows) > 1:
-            notes.append("looking in the first window only")
-        window = tokenized.windows[0]
-        labels = token_labels(model.tokenizer, window.ids)
-        position, _ = match_token(labels, self.from_token, self.from_index, "from")
+    def run(self, model: LoadedModel, texts: Texts | Sequence[Text], progress: Any = None) -> AttendResult:
+        windows = WindowStream(model, check_index(self.index, texts), self.bos)
+        window, labels, position, notes = self._find_from_token(model, windows)
         reducer = QueryRowReducer(model.kind, position)
         capture.run(model.model, batches([window], 1, model.device), reducer)
         rows = np.stack([reducer.rows[layer].double().numpy() for layer in range(model.n_layer)])  # (L, H, n)
@@ -129,7 +129,7 @@ class Attend:
             "index": self.index,
         }
         result = AttendResult(
-            model.info(), settings, labels, self.from_token, position, rows, bos=tokenized.bos, notes=notes
+            model.info(), settings, labels, self.from_token, position, rows, bos=windows.bos, notes=notes
         )
         if self.to_token is not None:
             index = 0 if self.to_index is None else self.to_index
@@ -147,3 +147,34 @@ class Attend:
             result.to_positions = chosen
             result.to_weight = rows[..., chosen].sum(axis=-1)  # (L, H)
         return result
+
+    def _find_from_token(self, model: LoadedModel, windows: WindowStream) -> tuple[Any, list[str], int, list[str]]:
+        """The window holding the `from_index`-th occurrence of the from token (counted over the whole text, window
+        by window), its labels, the token's position in it, and notes; the windows after it are not tokenized."""
+        seen = []  # (window number, position) of the occurrences in the windows before
+        first_labels = None  # the first window's labels, for the message when the token is nowhere
+        stream = iter(windows)
+        for number, window in enumerate(stream):
+            labels = token_labels(model.tokenizer, window.ids)
+            first_labels = labels if first_labels is None else first_labels
+            positions = token_positions(labels, self.from_token)
+            if self.from_index < len(seen) + len(positions):
+                notes = windows.notes()
+                if number > 0 or next(stream, None) is not None:
+                    notes.append(
+                        f"the text is longer than the model's context ({model.n_ctx} tokens) and is split into "
+                        f"windows; from token {self.from_token!r} (occurrence {self.from_index}) is in window "
+                        f"{number}, which starts at text token {window.start}: the positions shown are the window's"
+                    )
+                return window, labels, positions[self.from_index - len(seen)], notes
+            seen += [(number, position) for position in positions]
+        if not seen:
+            match_token(first_labels or [], self.from_token, 0, "from")  # raises, listing the first window's tokens
+        where = (
+            f"positions {[position for _, position in seen]}"
+            if all(number == 0 for number, _ in seen)
+            else "window.position " + ", ".join(f"{number}.{position}" for number, position in seen[:20])
+        )
+        raise AttnscopeError(
+            f"from occurrence {self.from_index}: {self.from_token!r} occurs {len(seen)} time(s) ({where})"
+        )

@@ -3,22 +3,23 @@ summary every result carries."""
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture, distributed
-from attnscope.pipeline.inputs import Text
-from attnscope.pipeline.tokens import Tokenized, batches, pad_id
+from attnscope.pipeline.inputs import OneText, Text, Texts, as_texts
+from attnscope.pipeline.tokens import Window, WindowStream, batches, pad_id
 
 DEFAULT_BATCH_SIZE = 8
 DEFAULT_MAX_TOKENS = 16384  # padded tokens per batch: bounds activations whatever the batch size says
 
-# progress(texts done, tokens done, texts in all, tokens in all), called after every batch; a text split into
-# windows is done when its last window is (under torchrun: this process's share of the texts)
-Progress = Callable[[int, int, int, int], None]
+# progress(texts read, tokens run, share of the input read (0 to 1)), called after every batch (under torchrun: the
+# tokens of this process's share of the windows)
+Progress = Callable[[int, int, float], None]
 
 
 def check_positive(name: str, value: int | None, low: int = 1) -> None:
@@ -46,21 +47,18 @@ def parse_head(label: str, n_layer: int, n_head: int) -> tuple[int, int]:
     return layer, head
 
 
-def check_index(index: int, texts: Sequence[Text]) -> Text:
-    """The text at `index` (0-based) of the texts given."""
-    if not 0 <= index < len(texts):
-        raise AttnscopeError(f"text index {index} is out of range ({len(texts)} text(s) given)")
-    return texts[index]
+def check_index(index: int, texts: Texts | Sequence[Text]) -> Texts:
+    """The text at `index` (0-based) of the texts given, alone, as a stream."""
+    if index < 0:
+        raise AttnscopeError(f"text index {index}: must be 0 or more")
+    one = OneText(as_texts(texts), index)
+    one.check()
+    return one
 
 
-def input_summary(texts: Sequence[Text], tokenized: Tokenized, scored_rows: int | None = None) -> dict[str, Any]:
-    summary = {
-        "n_texts": len(texts),
-        "n_windows": len(tokenized.windows),
-        "n_tokens": tokenized.n_tokens,
-        "bos": tokenized.bos,
-        "sources": [item.source for item in texts],
-    }
+def input_summary(windows: WindowStream, scored_rows: int | None = None) -> dict[str, Any]:
+    """What a result says of its input, after `windows` were read: counts, special tokens, sources."""
+    summary = windows.summary()
     if scored_rows is not None:
         summary["scored_rows"] = scored_rows
     return summary
@@ -76,39 +74,48 @@ def too_short(model: LoadedModel, what: str) -> str:
     )
 
 
+@dataclass
+class Run:
+    """What `run_windows` hands back beside the statistics it fed: the maps kept for pictures and the window they
+    are of (the first window of the input), None when no window ran here."""
+
+    maps: dict[int, Any]
+    first_window: Window | None
+
+
 def run_windows(
     model: LoadedModel,
-    tokenized: Tokenized,
+    windows: WindowStream,
     reducer: capture.Reducer,
     batch_size: int,
     max_tokens: int | None,
     progress: Progress | None,
     keep_layers: Sequence[int] = (),
     flush: Callable[[Any], None] | None = None,
-) -> capture.Captured:
-    """Forward this process's share of the windows (every N-th under torchrun) in batches, reducing as it goes."""
+    fits: Callable[[int, int], bool] | None = None,
+) -> Run:
+    """Forward this process's share of the windows (every N-th under torchrun) in batches as they stream in,
+    reducing as it goes; the maps of `keep_layers` are kept for the first window."""
     place = distributed.world()
-    mine = tokenized.windows[place.rank :: place.size]  # window 0, whose maps pictures use, is rank 0's
-    windows_left = Counter(window.text_index for window in mine)  # text -> its windows not yet run
-    total_texts, total_tokens = len(windows_left), sum(len(window.ids) for window in mine)
-    done = [0, 0]  # texts, tokens
+    mine = islice(windows, place.rank, None, place.size)  # window 0, whose maps pictures use, is rank 0's
+    tokens, first = 0, []
 
     def after_batch(batch) -> None:
+        nonlocal tokens
         if flush is not None:
             flush(batch)
-        for index in batch.indices:
-            text = mine[index].text_index
-            windows_left[text] -= 1
-            done[0] += windows_left[text] == 0
-        done[1] += sum(len(mine[index].ids) for index in batch.indices)
+        if 0 in batch.indices:
+            first.append(batch.windows[batch.indices.index(0)])
+        tokens += sum(len(window.ids) for window in batch.windows)
         if progress is not None:
-            progress(done[0], done[1], total_texts, total_tokens)
+            progress(windows.n_texts, tokens, windows.share())
 
-    return capture.run(
+    captured = capture.run(
         model.model,
-        batches(mine, batch_size, model.device, pad_id(model.tokenizer), max_tokens),
+        batches(mine, batch_size, model.device, pad_id(model.tokenizer), max_tokens, fits),
         reducer,
         keep_layers=keep_layers,
         keep_window=0 if place.rank == 0 else None,
         on_batch=after_batch,
     )
+    return Run(captured.maps, first[0] if first else None)

@@ -14,9 +14,9 @@ from attnscope.analyses.common import Progress
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import distributed
-from attnscope.pipeline.inputs import Text
+from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.reducers import DiversityStatistics
-from attnscope.pipeline.tokens import tokenize
+from attnscope.pipeline.tokens import WindowStream
 from attnscope.scores import groups
 
 DEFAULT_REDUNDANT = 0.1  # bits: heads whose rows differ by less than a tenth of the way to disjoint
@@ -115,18 +115,24 @@ class Diversity:
             if not 0.0 < value <= 1.0:
                 raise AttnscopeError(f"{name} {value}: a JS divergence in bits, above 0 and at most 1")
 
-    def run(self, model: LoadedModel, texts: Sequence[Text], progress: Progress | None = None) -> DiversityResult:
+    def run(
+        self, model: LoadedModel, texts: Texts | Sequence[Text], progress: Progress | None = None
+    ) -> DiversityResult:
         if self.layer is not None:
             common.check_layer(self.layer, model.n_layer)
         layers = list(range(model.n_layer)) if self.layer is None else [self.layer]
-        tokenized = tokenize(model, texts, self.bos)
-        batch_size = self.batch_size
+        windows = WindowStream(model, texts, self.bos)
+        fits = None
         if self.layer is None:  # all layers' maps of a batch are held at once: size batches to the budget
-            longest = max(len(window.ids) for window in tokenized.windows)
-            per_window = model.n_layer * model.n_head * longest * longest * 4
-            batch_size = min(batch_size, max(1, ALL_LAYERS_BUDGET // per_window))
+            per_position_pair = model.n_layer * model.n_head * 4  # bytes per (query, key) of a window
+
+            def fits(count: int, longest: int) -> bool:
+                return count * per_position_pair * longest * longest <= ALL_LAYERS_BUDGET
+
         statistics = DiversityStatistics(model.kind, layers, model.n_head, model.device)
-        common.run_windows(model, tokenized, statistics, batch_size, self.max_tokens, progress, flush=statistics.flush)
+        common.run_windows(
+            model, windows, statistics, self.batch_size, self.max_tokens, progress, flush=statistics.flush, fits=fits
+        )
         distributed.all_reduce_sum(statistics.dots, statistics.js, statistics.js_root, statistics.row_count)
         if int(statistics.row_count) == 0:
             raise AttnscopeError(common.too_short(model, "compare"))
@@ -150,7 +156,7 @@ class Diversity:
         }
         return DiversityResult(
             model=model.info(),
-            inputs=common.input_summary(texts, tokenized, int(statistics.row_count)),
+            inputs=common.input_summary(windows, int(statistics.row_count)),
             settings=settings,
             layer=self.layer,
             labels=labels,
@@ -163,7 +169,7 @@ class Diversity:
             ],
             order=linkage.order,
             clusters=[[labels[k] for k in group] for group in groups.clusters(linkage, self.cluster_at)],
-            notes=list(tokenized.notes),
+            notes=windows.notes(),
         )
 
 

@@ -27,9 +27,9 @@ from attnscope.analyses.maps import AttentionMap
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture, distributed
-from attnscope.pipeline.inputs import Text
+from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.reducers import HeadStatistics, ProbeStatistics
-from attnscope.pipeline.tokens import PROBE_SEQUENCES, Window, batches, probe_windows, token_labels, tokenize
+from attnscope.pipeline.tokens import PROBE_SEQUENCES, Window, WindowStream, batches, probe_windows, token_labels
 from attnscope.scores import catalog, roles
 from attnscope.scores.kinds import DEFAULT_WINDOW, Kind
 
@@ -126,7 +126,7 @@ class Heads:
         if self.sort is not None:  # stored under its name, whichever spelling was given
             object.__setattr__(self, "sort", sort_score(self.sort).name)
 
-    def run(self, model: LoadedModel, texts: Sequence[Text], progress: Progress | None = None) -> HeadsResult:
+    def run(self, model: LoadedModel, texts: Texts | Sequence[Text], progress: Progress | None = None) -> HeadsResult:
         """Every head's statistics over `texts` and its role; full maps of the plotted heads' layers."""
         kind = model.kind
         if self.layer is not None:
@@ -134,8 +134,8 @@ class Heads:
         check_sort(self.sort, kind, self.probe)
         # each head drawn once, in the order first asked for
         plotted = list(dict.fromkeys(parse_head(label, model.n_layer, model.n_head) for label in self.plot))
-        tokenized = tokenize(model, texts, self.bos)
-        notes = list(tokenized.notes)
+        windows = WindowStream(model, texts, self.bos)
+        notes = []
         probe_input, probe_len = None, self.probe_len
         if self.probe and not kind.probe:
             notes.append("the repeated-token probe measures left-to-right copying; skipped for encoder models")
@@ -148,12 +148,13 @@ class Heads:
             probe_input = probe_windows(model.tokenizer, probe_len, model.n_ctx, self.probe_seed)
         statistics = HeadStatistics(kind, model.n_layer, model.n_head, model.device, self.window)
         keep_layers = sorted({layer for layer, _ in plotted})
-        captured = run_windows(model, tokenized, statistics, self.batch_size, self.max_tokens, progress, keep_layers)
+        captured = run_windows(model, windows, statistics, self.batch_size, self.max_tokens, progress, keep_layers)
+        notes = windows.notes() + notes
         distributed.all_reduce_sum(statistics.sums, statistics.uniform_sum, statistics.row_count)
         if int(statistics.row_count) == 0:
             raise AttnscopeError(too_short(model, "score"))
         means = statistics.means()
-        summary = input_summary(texts, tokenized, int(statistics.row_count))
+        summary = input_summary(windows, int(statistics.row_count))
         if probe_input is not None:
             probe_means, summary["probe"] = probe_scores(model, probe_input, probe_len, self.probe_seed)
             means.update(probe_means)
@@ -164,8 +165,8 @@ class Heads:
                     name: float(means[name][layer, head]) if name in means else None for name in catalog.SCORE_NAMES
                 }
                 heads.append(HeadRecord(layer, head, scores, roles.classify(scores, self.thresholds)))
-        first = tokenized.windows[0]
-        labels = token_labels(model.tokenizer, first.ids)
+        first = captured.first_window
+        labels = token_labels(model.tokenizer, first.ids) if first is not None else []
         # only the roles this kind of model can be given (a decoder's JSON is what it was before encoders)
         kind_roles = {role.name for role in catalog.roles_for(kind.name)}
         settings = {

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from attnscope.analyses.common import check_index, check_layer, parse_head
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture
-from attnscope.pipeline.inputs import Text
-from attnscope.pipeline.tokens import batches, pad_id, token_labels, tokenize
+from attnscope.pipeline.inputs import Text, Texts
+from attnscope.pipeline.tokens import WindowStream, batches, pad_id, token_labels
 
 
 @dataclass
@@ -27,19 +28,26 @@ class AttentionMap:
 
 
 def attention_maps(
-    model: LoadedModel, text: Text, layers: Sequence[int], bos: bool | None = None
+    model: LoadedModel, text: Text | Texts, layers: Sequence[int], bos: bool | None = None
 ) -> tuple[dict[int, AttentionMap], list[str]]:
     """Full attention maps of `layers` for one text (its first window when it is longer than the context), from
-    one forward pass: layer -> AttentionMap, and notes."""
+    one forward pass: layer -> AttentionMap, and notes. Only the text's first window is tokenized."""
     for layer in layers:
         check_layer(layer, model.n_layer)
-    tokenized = tokenize(model, [text], bos)
-    notes = list(tokenized.notes)
-    if len(tokenized.windows) > 1:
-        notes.append("showing the first window only")
-    first = tokenized.windows[:1]
+    windows = WindowStream(model, [text] if isinstance(text, Text) else text, bos)
+    first = list(islice(windows, 2))  # a second window only says that there are more
+    notes = windows.notes()
+    if len(first) > 1:
+        notes.append(
+            f"the text is longer than the model's context ({model.n_ctx} tokens) and is split into windows: showing "
+            "its first window only"
+        )
     captured = capture.run(
-        model.model, batches(first, 1, model.device, pad_id(model.tokenizer)), None, keep_layers=layers, keep_window=0
+        model.model,
+        batches(first[:1], 1, model.device, pad_id(model.tokenizer)),
+        None,
+        keep_layers=layers,
+        keep_window=0,
     )
     labels = token_labels(model.tokenizer, first[0].ids)
     return {layer: AttentionMap(layer, captured.maps[layer], labels, 0) for layer in layers}, notes
@@ -66,7 +74,7 @@ class Show:
     index: int = 0
     bos: bool | None = None
 
-    def run(self, model: LoadedModel, texts: Sequence[Text], progress: Any = None) -> ShowResult:
+    def run(self, model: LoadedModel, texts: Texts | Sequence[Text], progress: Any = None) -> ShowResult:
         text = check_index(self.index, texts)
         check_layer(self.layer, model.n_layer)
         if self.head is not None:

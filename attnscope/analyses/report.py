@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnscope.analyses.common import Progress
+from attnscope.analyses.common import Progress, check_index
 from attnscope.analyses.diversity import Diversity, DiversityResult
 from attnscope.analyses.heads import HeadRecord, Heads, HeadsResult
 from attnscope.analyses.maps import attention_maps
 from attnscope.models.loading import LoadedModel
-from attnscope.pipeline.inputs import Text
+from attnscope.pipeline.inputs import Text, Texts
 from attnscope.scores.catalog import ROLES
 
 TOP_PER_ROLE = 3
@@ -62,11 +62,11 @@ class Report:
     heads: Heads = field(default_factory=Heads)
     diversity: bool = True
 
-    def run(self, model: LoadedModel, texts: Sequence[Text], progress: Progress | None = None) -> ReportResult:
+    def run(self, model: LoadedModel, texts: Texts | Sequence[Text], progress: Progress | None = None) -> ReportResult:
         heads = self.heads.run(model, texts, progress)
         characteristic = characteristic_heads(heads.heads)
         layers = sorted({record.layer for record in characteristic})
-        heads.attention, _ = attention_maps(model, texts[0], layers, self.heads.bos)
+        heads.attention, _ = attention_maps(model, check_index(0, texts), layers, self.heads.bos)
         diversity = None
         if self.diversity:
             settings = Diversity(None, self.heads.bos, self.heads.batch_size, self.heads.max_tokens, top=PAIRS)

@@ -1,17 +1,39 @@
-"""Stage 1: where the texts come from (an argument, a file, stdin, or the bundled samples).
+"""Stage 1: where the texts come from (an argument, a file, stdin, or the bundled samples), read as a stream.
+
+Texts reach the tokenizer as a stream of pieces, so that no input, however large (a 1 GB corpus, a 50 MB line), is
+ever held whole in memory: a file is read in blocks of `BLOCK_BYTES`, decoded incrementally, and split into texts
+on blank lines as it goes; a long text arrives in pieces (see `tokens.WindowStream`, which cuts and tokenizes it
+incrementally). A `Texts` source can be read again from the start (ablation reads it once per pass). Standard input
+and a named pipe are spooled to an anonymous temporary file first, so that they can be checked, then read.
+
+`check()` reads the whole input once before any model is loaded (UTF-8, NUL bytes, JSON lines) and fails with one
+line naming the file and the byte or line: a bad byte at the end of a 1 GB file costs a second, not a model load
+and an hour of work.
 
 Pure Python, no torch: the CLI can validate inputs before paying for a model load.
 """
 
 from __future__ import annotations
 
+import codecs
+import io
 import json
+import os
+import stat
 import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import BinaryIO
 
 from attnscope.errors import AttnscopeError
+
+BLOCK_BYTES = 1 << 20  # bytes read, decoded and split at a time
+# A line of nothing but white space longer than this is not waited on to tell whether it is blank: it is text.
+# (Without a bound, a file of 1 GB of spaces would be held whole while deciding.)
+LONGEST_BLANK_LINE = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -22,6 +44,111 @@ class Text:
     source: str
 
 
+@dataclass(frozen=True)
+class Piece:
+    """Part of the `index`-th text (0-based, counting the texts this source gives) from `source`; the pieces of a
+    text come one after the other, and every text has at least one character that is not white space."""
+
+    index: int
+    source: str
+    text: str
+
+
+def valid_text(text: str, where: str) -> str:
+    """`text` if it is valid Unicode: a lone surrogate (from invalid UTF-8 in a command-line argument, which Python
+    keeps as `\\udcff`, or a `\\ud800` escape in JSON) is refused, naming `where` and the character."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        char = text[error.start]
+        if 0xDC80 <= ord(char) <= 0xDCFF:  # surrogateescape: the byte the operating system passed
+            what = f"byte 0x{ord(char) - 0xDC00:02x} at character {error.start} is not UTF-8"
+        else:
+            what = f"character {error.start} is a lone surrogate (U+{ord(char):04X}), not a character"
+        raise AttnscopeError(f"{where} is not valid text: {what}") from None
+    return text
+
+
+class Texts:
+    """A stream of texts that can be read again from the start. `pieces()` gives every text in order, in one or
+    more `Piece`s; `share()` how much of the input the current read has consumed (0 to 1, for progress); `check()`
+    validates everything up front."""
+
+    def pieces(self) -> Iterator[Piece]:
+        raise NotImplementedError
+
+    def share(self) -> float:
+        raise NotImplementedError
+
+    def check(self) -> None:
+        """Refuse, with one line, an input that would fail later or has no text at all."""
+
+    def __iter__(self) -> Iterator[Text]:
+        """Whole texts, each joined from its pieces: for inputs known to be small (a corpus streams by `pieces`)."""
+        current: list[str] = []
+        source, index = "", -1
+        for piece in self.pieces():
+            if piece.index != index and current:
+                yield Text("".join(current), source)
+                current = []
+            index, source = piece.index, piece.source
+            current.append(piece.text)
+        if current:
+            yield Text("".join(current), source)
+
+
+class TextList(Texts):
+    """Texts in memory (the TEXT argument, the bundled samples, a list from Python), each one piece."""
+
+    def __init__(self, texts: Sequence[Text], where: str = "the texts given"):
+        self.items = [Text(valid_text(item.text, item.source), item.source) for item in texts]
+        self.where = where
+        self._done = 0
+
+    def pieces(self) -> Iterator[Piece]:
+        for index, item in enumerate(self.items):
+            self._done = index
+            yield Piece(index, item.source, item.text)
+        self._done = len(self.items)
+
+    def share(self) -> float:
+        return self._done / len(self.items) if self.items else 1.0
+
+    def check(self) -> None:
+        if not any(item.text.strip() for item in self.items):
+            raise AttnscopeError(f"{self.where} holds no text (it is empty or only whitespace)")
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def as_texts(texts: Texts | Sequence[Text]) -> Texts:
+    """A `Texts` stream of `texts` (a list of `Text` from Python is wrapped as it is)."""
+    return texts if isinstance(texts, Texts) else TextList(list(texts))
+
+
+class OneText(Texts):
+    """The `index`-th text (0-based) of `texts` alone, streamed as it is; `check()` says when there is none."""
+
+    def __init__(self, texts: Texts, index: int):
+        self.texts, self.index = texts, index
+
+    def pieces(self) -> Iterator[Piece]:
+        for piece in self.texts.pieces():
+            if piece.index == self.index:
+                yield Piece(0, piece.source, piece.text)
+            elif piece.index > self.index:
+                return
+
+    def share(self) -> float:
+        return self.texts.share()
+
+    def check(self) -> None:
+        if next(self.pieces(), None) is None:
+            count = len({piece.index for piece in self.texts.pieces()})
+            raise AttnscopeError(f"text index {self.index} is out of range ({count} text(s) given)")
+
+
 def sample_texts() -> list[Text]:
     """The bundled sample texts, one per file of `attnscope/sample_texts/`, in file-name order."""
     folder = resources.files("attnscope") / "sample_texts"
@@ -29,81 +156,209 @@ def sample_texts() -> list[Text]:
     return [Text(entry.read_text(encoding="utf-8").strip(), f"sample:{entry.name}") for entry in entries]
 
 
-def split_blank_lines(content: str) -> list[str]:
-    """Texts separated by one or more blank lines; whitespace-only chunks are dropped."""
-    chunks, current = [], []
-    for line in content.splitlines():
-        if line.strip():
-            current.append(line)
-        elif current:
-            chunks.append("\n".join(current))
-            current = []
-    if current:
-        chunks.append("\n".join(current))
-    return chunks
+class TextFile(Texts):
+    """Texts from a file, read in blocks: `.jsonl` takes each line's `text` field (a line is parsed whole), any
+    other file is split into texts on blank lines (lines of nothing but white space) and streamed in pieces of at
+    most a block. `name` is how messages name the file, `label` how sources do (`label#k`: the k-th text)."""
 
+    def __init__(self, open_binary: Callable[[], BinaryIO], size: int, name: str, label: str, jsonl: bool):
+        self.open_binary, self.size, self.name, self.label, self.jsonl = open_binary, size, name, label, jsonl
+        self._file: BinaryIO | None = None
 
-def parse_jsonl(content: str, name: str) -> list[str]:
-    """The `text` field of every non-empty line of a JSON-lines file."""
-    texts = []
-    for number, line in enumerate(content.splitlines(), start=1):
-        if not line.strip():
-            continue
+    def share(self) -> float:
+        if self._file is None or self._file.closed or self.size <= 0:
+            return 1.0 if self._file is None or self._file.closed else 0.0
+        return min(self._file.tell() / self.size, 1.0)
+
+    def _blocks(self) -> Iterator[str]:
+        """The file decoded, a block at a time: UTF-8 (a byte-order mark at the start is not text), line ends
+        written as `\\n` (as Python's universal newlines: `\\r\\n` and `\\r` too)."""
+        with self.open_binary() as raw:
+            self._file = raw
+            reader = io.TextIOWrapper(raw, encoding="utf-8-sig", newline=None)
+            try:
+                while block := reader.read(BLOCK_BYTES):
+                    yield block
+            except UnicodeDecodeError:  # check() found none: the file changed under us
+                raise AttnscopeError(f"{self.name} changed while it was read: it is no longer UTF-8") from None
+            except OSError as error:
+                raise AttnscopeError(f"cannot read {self.name}: {error.strerror or error}") from None
+            finally:
+                reader.detach()
+
+    def pieces(self) -> Iterator[Piece]:
+        if self.jsonl:
+            for index, (_, text) in enumerate(self._records()):
+                if text.strip():
+                    yield Piece(index, f"{self.label}#{index}", text)
+            return
+        for index, text in _split_blank_lines(self._blocks()):
+            yield Piece(index, f"{self.label}#{index}", text)
+
+    def _records(self) -> Iterator[tuple[int, str]]:
+        """(line number, text) of every non-empty line of a JSON-lines file, each checked."""
+        pending = ""
+        number = 0
+        for block in self._blocks():
+            lines = (pending + block).split("\n")
+            pending = lines.pop()
+            for line in lines:
+                number += 1
+                if line.strip():
+                    yield number, self._record(line, number)
+        if pending.strip():
+            yield number + 1, self._record(pending, number + 1)
+
+    def _record(self, line: str, number: int) -> str:
+        where = f"{self.name}:{number}"
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
-            raise AttnscopeError(f"{name}:{number}: not valid JSON ({error.msg})") from None
+            raise AttnscopeError(f"{where}: not valid JSON ({error.msg})") from None
+        except RecursionError:
+            raise AttnscopeError(f"{where}: JSON nested too deeply") from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise AttnscopeError(f'{name}:{number}: expected an object with a string "text" field')
-        texts.append(record["text"])
-    return texts
+            raise AttnscopeError(f'{where}: expected an object with a string "text" field')
+        return valid_text(record["text"], f'{where}: the "text" field')
+
+    def check(self) -> None:
+        """One pass over the raw bytes: UTF-8 throughout (the first bad byte named by its offset), no NUL byte
+        (a binary file), and at least one text; a JSON-lines file has every line parsed and checked."""
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        offset, has_text = 0, False
+        with self.open_binary() as raw:
+            while True:
+                try:
+                    data = raw.read(BLOCK_BYTES)
+                except OSError as error:
+                    raise AttnscopeError(f"cannot read {self.name}: {error.strerror or error}") from None
+                nul = data.find(b"\0")
+                if nul >= 0:
+                    raise AttnscopeError(
+                        f"{self.name} looks like a binary file (a NUL byte at byte {offset + nul}), not text"
+                    )
+                buffered = len(decoder.getstate()[0])
+                try:
+                    text = decoder.decode(data, final=not data)
+                except UnicodeDecodeError as error:
+                    bad = offset - buffered + error.start
+                    raise AttnscopeError(f"{self.name} is not UTF-8 text (byte {bad} cannot be decoded)") from None
+                if not has_text:
+                    visible = text.replace("\ufeff", "")  # a byte-order mark is not text
+                    has_text = bool(visible) and not visible.isspace()
+                if not data:
+                    break
+                offset += len(data)
+        if self.jsonl:  # every line parsed, not only those up to the first text
+            has_text = False
+            for _, text in self._records():
+                has_text = has_text or bool(text.strip())
+        if not has_text:
+            raise AttnscopeError(f"{self.name} holds no text (it is empty or only whitespace)")
 
 
-def _decode(data: bytes, name: str) -> str:
-    """UTF-8 text; a byte-order mark (Windows editors write one) is not part of the text."""
+def _split_blank_lines(blocks: Iterator[str]) -> Iterator[tuple[int, str]]:
+    """(k, piece) of the k-th text, for texts separated by blank lines, in order.
+
+    A text is its lines joined by `\\n`, as they were, from its first line with a non-space character to the last
+    line before a blank one (a line of only white space) or the end. Only a line that may still turn out blank is
+    held back while deciding (at most LONGEST_BLANK_LINE characters; a longer one counts as text); everything else
+    is passed on as it arrives.
+    """
+    index, inside = -1, False
+    held = ""  # the current line so far while it is only white space (inside a text: with the "\n" before it)
+    for block in blocks:
+        parts = block.split("\n")
+        for number, part in enumerate(parts):
+            ends_line = number < len(parts) - 1
+            if not inside or held:  # the current line may still be blank
+                if not part or part.isspace():
+                    if ends_line:  # a blank line: it ends the open text, if any
+                        inside, held = False, ""
+                        continue
+                    held += part
+                    if len(held) <= LONGEST_BLANK_LINE:
+                        continue
+                if not inside:
+                    index, inside = index + 1, True
+                part, held = held + part, ""
+            if part:
+                yield index, part
+            if ends_line:
+                held = "\n"
+
+
+def _open_path(path: str) -> BinaryIO:
     try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        raise AttnscopeError(f"{name} is not UTF-8 text (byte {error.start} cannot be decoded)") from None
-
-
-def read_file(path: str) -> list[Text]:
-    """Texts from a file: `.jsonl` takes each line's `text` field, anything else is split on blank lines."""
-    file = Path(path)
-    if not file.exists():
-        raise AttnscopeError(f"no such file: {path}")
-    if file.is_dir():
-        raise AttnscopeError(f"{path} is a directory, not a text file")
-    try:
-        content = _decode(file.read_bytes(), path)
+        return open(path, "rb")  # noqa: SIM115 (the caller closes it)
     except OSError as error:
-        raise AttnscopeError(f"cannot read {path}: {error.strerror}") from None
-    chunks = parse_jsonl(content, path) if file.suffix.lower() == ".jsonl" else split_blank_lines(content)
-    return [Text(chunk, f"{path}#{index}") for index, chunk in enumerate(chunks)]
+        raise AttnscopeError(f"cannot read {path}: {error.strerror or error}") from None
 
 
-def read_stdin() -> list[Text]:
+def _spool(source: BinaryIO, name: str) -> tuple[Callable[[], BinaryIO], int]:
+    """Copy a stream that can be read only once (stdin, a pipe) to an anonymous temporary file, a block at a time;
+    returns how to open the copy (each open reads it from the start) and its size."""
+    spool = tempfile.TemporaryFile(prefix="attnscope-input-")  # noqa: SIM115 (lives as long as the process)
+    try:
+        while data := source.read(BLOCK_BYTES):
+            spool.write(data)
+    except OSError as error:
+        spool.close()
+        raise AttnscopeError(f"cannot read {name}: {error.strerror or error}") from None
+    spool.flush()
+    size = spool.tell()
+
+    def reopen() -> BinaryIO:
+        copy = os.dup(spool.fileno())
+        os.lseek(copy, 0, os.SEEK_SET)
+        return open(copy, "rb")  # noqa: SIM115
+
+    reopen.spool = spool  # keeps the temporary file open as long as the opener lives
+    return reopen, size
+
+
+def read_file(path: str) -> TextFile:
+    """Texts from a file: `.jsonl` takes each line's `text` field, anything else is split on blank lines. A named
+    pipe is read once into a temporary file; a device or socket is refused."""
+    file = Path(path)
+    try:
+        mode = file.stat().st_mode
+    except FileNotFoundError:
+        raise AttnscopeError(f"no such file: {path}") from None
+    except OSError as error:
+        raise AttnscopeError(f"cannot read {path}: {error.strerror or error}") from None
+    jsonl = file.suffix.lower() == ".jsonl"
+    if stat.S_ISDIR(mode):
+        raise AttnscopeError(f"{path} is a directory, not a text file")
+    if stat.S_ISREG(mode):
+        return TextFile(lambda: _open_path(path), file.stat().st_size, path, path, jsonl)
+    if stat.S_ISFIFO(mode):
+        with _open_path(path) as pipe:
+            opener, size = _spool(pipe, path)
+        return TextFile(opener, size, path, path, jsonl)
+    raise AttnscopeError(f"{path} is not a regular file (a device or a socket); give a text file")
+
+
+def read_stdin() -> TextFile:
     """Texts from standard input, split on blank lines like a plain text file."""
-    content = _decode(sys.stdin.buffer.read(), "standard input")
-    return [Text(chunk, f"stdin#{index}") for index, chunk in enumerate(split_blank_lines(content))]
+    if sys.stdin is None or sys.stdin.closed:
+        raise AttnscopeError("standard input is closed: there is no text to read from '-'")
+    opener, size = _spool(sys.stdin.buffer, "standard input")
+    return TextFile(opener, size, "standard input", "stdin", jsonl=False)
 
 
-def gather_texts(text: str | None, file: str | None) -> list[Text]:
-    """Resolve the CLI's input options: TEXT, `-` (stdin), `--file`, or the bundled samples when none is given."""
+def gather_texts(text: str | None, file: str | None) -> Texts:
+    """Resolve the CLI's input options: TEXT, `-` (stdin), `--file`, or the bundled samples when none is given;
+    checked (see `Texts.check`) before it is returned."""
     if text is not None and file is not None:
         raise AttnscopeError("give either a TEXT argument or --file, not both")
     if file is not None:
-        texts = read_file(file)
-        where = file
+        texts: Texts = read_file(file)
     elif text == "-":
         texts = read_stdin()
-        where = "standard input"
     elif text is not None:
-        texts = [Text(text, "argument")] if text.strip() else []
-        where = "the TEXT argument"
+        texts = TextList([Text(valid_text(text, "the TEXT argument"), "argument")], "the TEXT argument")
     else:
-        return sample_texts()
-    texts = [item for item in texts if item.text.strip()]
-    if not texts:
-        raise AttnscopeError(f"{where} holds no text (it is empty or only whitespace)")
+        texts = TextList(sample_texts(), "the bundled samples")
+    texts.check()
     return texts

@@ -48,10 +48,11 @@ def test_two_thousand_texts_with_progress(model, kind):
     assert result.inputs["n_texts"] == 2000 and result.inputs["n_windows"] == 2000
     total_tokens = sum(len(window.ids) for window in tokenize(model, texts).windows)
     assert result.inputs["n_tokens"] == total_tokens
-    assert calls[-1] == (2000, total_tokens, 2000, total_tokens)
+    assert calls[-1] == (2000, total_tokens, 1.0)  # every text read, every token run, the whole input
     assert len(calls) >= 2000 // 64  # one call per batch
     assert [c[0] for c in calls] == sorted(c[0] for c in calls)  # monotone
     assert [c[1] for c in calls] == sorted(c[1] for c in calls)
+    assert [c[2] for c in calls] == sorted(c[2] for c in calls)
     assert result.inputs["scored_rows"] == total_tokens - UNSCORED_PER_WINDOW[kind] * 2000
 
 

@@ -226,5 +226,5 @@ def test_progress_counts_every_text_and_token(model):
     result = Heads(batch_size=1, probe=False).run(model, TEXTS, progress=lambda *args: calls.append(args))
     total = result.inputs["n_tokens"]
     assert len(calls) == len(TEXTS)  # one call per batch
-    assert calls[-1] == (len(TEXTS), total, len(TEXTS), total)
+    assert calls[-1] == (len(TEXTS), total, 1.0)
     assert [c[1] for c in calls] == sorted(c[1] for c in calls)

@@ -61,7 +61,7 @@ def test_empty_text_is_refused(text):
 
 
 def test_an_argument_is_one_text():
-    assert inputs.gather_texts("one\n\ntwo", None) == [inputs.Text("one\n\ntwo", "argument")]
+    assert list(inputs.gather_texts("one\n\ntwo", None)) == [inputs.Text("one\n\ntwo", "argument")]
 
 
 def test_missing_and_non_utf8_files_and_folders(tmp_path):
