@@ -276,7 +276,7 @@ def _split_blank_lines(blocks: Iterator[str]) -> Iterator[tuple[int, str]]:
                     if ends_line:  # a blank line: it ends the open text, if any
                         inside, held = False, ""
                         continue
-                    held += part
+                    held, part = held + part, ""
                     if len(held) <= LONGEST_BLANK_LINE:
                         continue
                 if not inside:

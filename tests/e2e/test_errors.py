@@ -22,6 +22,10 @@ CASES = {
     "missing file": (["heads", "--file", "@tmp/nope.txt", *D], "no such file"),
     "non-UTF-8 file": (["heads", "--file", "@latin1", *D], "is not UTF-8 text"),
     "text and file": (["heads", CAT, "--file", "@file", *D], "give either a TEXT argument or --file, not both"),
+    "binary file": (["heads", "--file", "@binary", *D], "looks like a binary file (a NUL byte at byte 6)"),
+    "a device": (["heads", "--file", "/dev/zero", *D], "/dev/zero is not a regular file"),
+    "lone surrogate in JSON": (["heads", "--file", "@surrogate", *D], "surrogate.jsonl:1: the \"text\" field is not"),
+    "invalid UTF-8 argument": (["heads", "caf\udce9", *D], "the TEXT argument is not valid text: byte 0xe9"),
     "a single token": (["heads", "cat", *D, "--no-bos"], "every text is a single token once tokenized"),
     "nothing between [CLS] and [SEP]": (["heads", "cat", *E, "--no-bos"], "no text has a token between"),
     # models
@@ -138,7 +142,11 @@ def fill(model_dirs, pickle_only_dir, tmp_path):
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
     places = {"@decoder": model_dirs["decoder"], "@encoder": model_dirs["encoder"], "@pickle": pickle_only_dir}
-    places |= {"@latin1": latin, "@file": a_file, "@tmp": tmp_path}
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"GIF89a\x00\x01")
+    surrogate = tmp_path / "surrogate.jsonl"
+    surrogate.write_text('{"text": "a \\ud800 b"}\n', encoding="utf-8")
+    places |= {"@latin1": latin, "@file": a_file, "@tmp": tmp_path, "@binary": binary, "@surrogate": surrogate}
 
     def filled(args):
         out = []

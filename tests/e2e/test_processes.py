@@ -111,3 +111,49 @@ def test_ctrl_c_stops_cleanly_and_writes_nothing(tiny_model_dir, tmp_path):
     assert process.returncode == -signal.SIGINT, err
     assert err.strip().splitlines() == ["attnscope: interrupted"]
     assert not out.exists()  # nothing written, nothing half-written, not even the folder
+
+
+def test_bytes_that_are_not_utf8_and_a_closed_stdin_end_in_one_line(tiny_model_dir):
+    """The real process: the operating system passes the argument's bytes as they are, and stdin may be closed."""
+    bad = subprocess.run(
+        [sys.executable.encode(), b"-m", b"attnscope", b"heads", b"The cat \xff\xfe sat", b"-m", bytes(tiny_model_dir)],
+        capture_output=True,
+        timeout=300,
+    )
+    assert bad.returncode == 2 and bad.stdout == b""
+    assert bad.stderr.decode().strip().splitlines() == [
+        "attnscope: error: the TEXT argument is not valid text: byte 0xff at character 8 is not UTF-8"
+    ]
+    closed = subprocess.run(
+        f"exec {sys.executable} -m attnscope heads - -m {tiny_model_dir} <&-",
+        shell=True,
+        capture_output=True,
+        text=True,
+    )
+    assert closed.returncode == 2 and "Traceback" not in closed.stderr
+    assert closed.stderr.strip().splitlines() == [
+        "attnscope: error: standard input is closed: there is no text to read from '-'"
+    ]
+
+
+def test_a_long_single_line_from_stdin_streams_to_the_same_numbers_as_the_same_text_given_whole(tiny_model_dir):
+    """A 100 KB line with no line break (bigger than a block read and than a piece tokenized), read from a pipe,
+    against the same text as the TEXT argument (one string in memory): the same windows, the same scores."""
+    line = " ".join(f"The cat number {k} sat on the mat." for k in range(2800))
+    assert 64 * 1024 < len(line) < 128 * 1024  # an argument may not be longer
+    piped = subprocess.run(
+        [sys.executable, "-m", "attnscope", "heads", "-", "-m", str(tiny_model_dir), "--json", "--no-probe"],
+        input=line,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    whole = _module("heads", line, "-m", tiny_model_dir, "--json", "--no-probe")
+    assert piped.returncode == 0 and whole.returncode == 0, piped.stderr + whole.stderr
+    streamed, given = json.loads(piped.stdout), json.loads(whole.stdout)
+    assert streamed["input"]["n_windows"] == given["input"]["n_windows"] > 100
+    assert streamed["input"]["n_tokens"] == given["input"]["n_tokens"]
+    for a, b in zip(streamed["heads"], given["heads"], strict=True):
+        assert a["role"] == b["role"]
+        for name in ("previous_token", "first_token", "self", "local", "entropy"):
+            assert a[name] == pytest.approx(b[name], abs=1e-6)
