@@ -24,7 +24,7 @@ CASES = {
     "text and file": (["heads", CAT, "--file", "@file", *D], "give either a TEXT argument or --file, not both"),
     "binary file": (["heads", "--file", "@binary", *D], "looks like a binary file (a NUL byte at byte 6)"),
     "a device": (["heads", "--file", "/dev/zero", *D], "/dev/zero is not a regular file"),
-    "lone surrogate in JSON": (["heads", "--file", "@surrogate", *D], "surrogate.jsonl:1: the \"text\" field is not"),
+    "lone surrogate in JSON": (["heads", "--file", "@surrogate", *D], 'surrogate.jsonl:1: the "text" field is not'),
     "invalid UTF-8 argument": (["heads", "caf\udce9", *D], "the TEXT argument is not valid text: byte 0xe9"),
     "a single token": (["heads", "cat", *D, "--no-bos"], "every text is a single token once tokenized"),
     "nothing between [CLS] and [SEP]": (["heads", "cat", *E, "--no-bos"], "no text has a token between"),
