@@ -175,7 +175,7 @@ class Diversity:
 
 def analyze_diversity(
     model: LoadedModel,
-    texts: Sequence[Text],
+    texts: Texts | Sequence[Text],
     layer: int | None,
     progress: Progress | None = None,
     **settings: Any,

@@ -209,7 +209,7 @@ def probe_scores(
 
 
 def analyze_heads(
-    model: LoadedModel, texts: Sequence[Text], progress: Progress | None = None, **settings: Any
+    model: LoadedModel, texts: Texts | Sequence[Text], progress: Progress | None = None, **settings: Any
 ) -> HeadsResult:
     """`Heads(**settings).run(model, texts, progress)`: every head's scores and role (see `Heads`)."""
     return Heads(**settings).run(model, texts, progress)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain, groupby
 from typing import Any
 
@@ -296,7 +296,7 @@ class Batch:
     input_ids: Any  # (B, n) long
     attention_mask: Any  # (B, n) long, 1 = real token
     lengths: Any  # (B,) long
-    windows: list[Window]
+    windows: list[Window] = field(default_factory=list)  # empty for a batch made by hand (bench)
 
 
 def batches(
