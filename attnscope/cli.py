@@ -78,14 +78,14 @@ def _numbers(text: str | tuple) -> Numbers:
 
 
 def _methods(text: str | tuple) -> Names:
-    from attnscope.analyses.bench import METHODS  # imports torch: only when the option is given
+    from attnscope.analyses.bench import ALL_METHODS  # imports torch: only when the option is given
 
     if isinstance(text, tuple):
         return Names(text)
     chosen = Names(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
-    unknown = [name for name in chosen if name not in METHODS]
+    unknown = [name for name in chosen if name not in ALL_METHODS]
     if unknown or not chosen:
-        raise typer.BadParameter(f"'{text}': use some of {', '.join(METHODS)}, comma-separated")
+        raise typer.BadParameter(f"'{text}': use some of {', '.join(ALL_METHODS)}, comma-separated")
     return chosen
 
 
@@ -655,17 +655,38 @@ def diversity(
             help="Rows shown: the K most redundant and K most distinct pairs.",
         ),
     ] = 5,
+    sample_rows: Annotated[
+        int,
+        typer.Option(
+            "--sample-rows",
+            min=0,
+            max=2**31 - 1,
+            metavar="N",
+            help="Estimate JS on N random scored rows per window, with standard errors (0: every row, exact).",
+        ),
+    ] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", min=0, max=SEED_MAX, metavar="SEED", help="Seed of the rows --sample-rows draws.")
+    ] = 0,
 ) -> None:
     """How different are the heads? Cosine and Jensen–Shannon between every pair of heads of a layer (or all).
 
-    --csv prints every pair of heads.
+    --csv prints every pair of heads. Exact by default; --sample-rows N estimates JS on N seeded random rows per
+    window (cosine stays exact) and reports each pair's standard error.
 
-    Example: attnscope diversity --layer 5 --top 10; attnscope diversity --layer all --out results/
+    Example: attnscope diversity --layer 5 --top 10; attnscope diversity --layer all --sample-rows 32 --out results/
     """
     from attnscope.analyses.diversity import Diversity, parse_layer_choice
 
     analysis = Diversity(
-        parse_layer_choice(layer), texts.bos, **batching, redundant=redundant, cluster_at=cluster_at, top=top
+        parse_layer_choice(layer),
+        texts.bos,
+        **batching,
+        redundant=redundant,
+        cluster_at=cluster_at,
+        top=top,
+        sample_rows=sample_rows,
+        seed=seed,
     )
     _run(analysis, output, texts, model)
 
@@ -826,14 +847,28 @@ def bench(
     methods: Annotated[
         Names,
         typer.Option(
-            "--methods", parser=_methods, metavar="floor,attnscope,tutorial,cache", help="Which methods to time."
+            "--methods",
+            parser=_methods,
+            metavar="floor,attnscope,tutorial,cache,diversity,diversity-sampled",
+            help="Which methods to time.",
         ),
     ] = "floor,attnscope,tutorial,cache",
     micro: Annotated[
         bool, typer.Option("--micro/--no-micro", help="Also the from-scratch attention micro-benchmark.")
     ] = True,
+    sample_rows: Annotated[
+        int,
+        typer.Option(
+            "--sample-rows",
+            min=2,
+            max=2**31 - 1,
+            metavar="N",
+            help="Rows per window on which the diversity-sampled method estimates JS.",
+        ),
+    ] = 32,
 ) -> None:
-    """How fast is the analysis? Against a plain SDPA forward (the floor) and the usual notebook ways.
+    """How fast is the analysis? Against a plain SDPA forward (the floor) and the usual notebook ways; with
+    --methods floor,diversity,diversity-sampled, `diversity --layer all` exact and with --sample-rows.
 
     Example: attnscope bench --device cpu --random-weights --seq-lens 128,512 --batch-sizes 1
     """
@@ -853,6 +888,7 @@ def bench(
         warmup,
         methods,
         micro,
+        sample_rows,
     )
     _run(analysis, output)
 

@@ -7,6 +7,9 @@ Methods, on the same random token ids, batch shape and device:
   `output_attentions=True`, one text at a time, every map copied to numpy on the host and scored there.
 - `cache`: TransformerLens-style caching: one prompt at a time, every layer's attention pattern kept in a cache,
   then scored (TransformerLens's `detect_head` scores a head by the share of its attention on a pattern).
+- `diversity`, `diversity-sampled` (only when asked for): `attnscope diversity --layer all`'s reduction, every pair
+  of heads of all layers, exact or with JS on `sample_rows` random rows per window; batches sized as that
+  command sizes them (all layers' maps of a batch within its memory budget).
 
 Timing: `warmup` untimed rounds of every method, then `repeats` rounds; each round runs every method once timed and
 once for its memory, in an order rotated by one method per round (round-robin), so that drift in the machine's load
@@ -35,7 +38,10 @@ from attnscope.models.families import family_of
 from attnscope.models.loading import fastest_attention, load_config, load_model, resolve_device, resolve_dtype
 from attnscope.pipeline import capture
 
-METHODS = ("floor", "attnscope", "tutorial", "cache")
+METHODS = ("floor", "attnscope", "tutorial", "cache")  # the default set
+DIVERSITY_METHODS = ("diversity", "diversity-sampled")
+ALL_METHODS = METHODS + DIVERSITY_METHODS
+DEFAULT_SAMPLE_ROWS = 32  # rows per window of `diversity-sampled`
 BASELINES = ("tutorial", "cache")  # what users do today, against which attnscope's speed-up is reported
 
 
@@ -198,8 +204,10 @@ def pattern_share(pattern: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
     return (attn * pattern).sum(dim=(-1, -2)) / attn.sum(dim=(-1, -2))
 
 
-def _methods(lm_model: Any, ids: torch.Tensor, device: torch.device) -> dict[str, Callable[[], Any]]:
-    """The four methods on `lm_model` (the model with its LM head; its base model is what attnscope analyses)."""
+def _methods(
+    lm_model: Any, ids: torch.Tensor, device: torch.device, sample_rows: int = DEFAULT_SAMPLE_ROWS
+) -> dict[str, Callable[[], Any]]:
+    """Every method on `lm_model` (the model with its LM head; its base model is what attnscope analyses)."""
     from attnscope.pipeline.reducers import HeadStatistics
     from attnscope.pipeline.tokens import Batch
 
@@ -243,7 +251,27 @@ def _methods(lm_model: Any, ids: torch.Tensor, device: torch.device) -> dict[str
                 results.append({name: pattern_share(previous, attn.float()) for name, attn in cached.items()})
         return results
 
-    return {"floor": floor, "attnscope": analysis, "tutorial": tutorial, "cache": cache}
+    def diversity(rows: int) -> Any:
+        from attnscope.analyses.diversity import diversity_statistics, layers_batch_size
+
+        layers = list(range(n_layer))
+        size = layers_batch_size(B, len(layers), n_head, n)
+        statistics = diversity_statistics(kind, layers, n_head, device, rows, seed=0)
+        parts = [
+            Batch(list(range(i, min(B, i + size))), ids[i : i + size], mask[i : i + size], batch.lengths[i : i + size])
+            for i in range(0, B, size)
+        ]
+        capture.run(model, parts, statistics, on_batch=statistics.flush)
+        return statistics.results()
+
+    return {
+        "floor": floor,
+        "attnscope": analysis,
+        "tutorial": tutorial,
+        "cache": cache,
+        "diversity": lambda: diversity(0),
+        "diversity-sampled": lambda: diversity(sample_rows),
+    }
 
 
 def check_settings(seqs: Sequence[int], batches: Sequence[int], repeats: int, warmup: int) -> None:
@@ -278,6 +306,7 @@ def run_bench(
     repeats: int = 3,
     methods: Sequence[str] = METHODS,
     seed: int = 0,
+    sample_rows: int = DEFAULT_SAMPLE_ROWS,
 ) -> list[Measurement]:
     """Every method at every (batch, seq) on `lm_model` (a decoder with its LM head, eval mode), on the same random
     token ids."""
@@ -286,7 +315,7 @@ def run_bench(
     for batch_size in batches:
         for seq in seqs:
             ids = torch.randint(0, lm_model.config.vocab_size, (batch_size, seq), generator=generator).to(device)
-            runs = _methods(lm_model, ids, device)
+            runs = _methods(lm_model, ids, device, sample_rows)
             measured = measure({method: runs[method] for method in methods}, device, warmup, repeats)
             for method, (times, peaks) in measured.items():
                 results.append(Measurement(method, batch_size, seq, times, peaks))
@@ -408,11 +437,14 @@ class Bench:
     warmup: int = 1
     methods: tuple[str, ...] = METHODS
     micro: bool = True
+    sample_rows: int = DEFAULT_SAMPLE_ROWS  # of `diversity-sampled`
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.methods) - set(METHODS))
+        unknown = sorted(set(self.methods) - set(ALL_METHODS))
         if unknown or not self.methods:
-            raise AttnscopeError(f"methods {', '.join(unknown) or '(none)'}: use some of {', '.join(METHODS)}")
+            raise AttnscopeError(f"methods {', '.join(unknown) or '(none)'}: use some of {', '.join(ALL_METHODS)}")
+        if self.sample_rows < 2:
+            raise AttnscopeError(f"sample rows {self.sample_rows}: must be at least 2")
         check_settings(self.seq_lens, self.batch_sizes, self.repeats, self.warmup)
         resolve_dtype(self.dtype)
         resolve_device(self.device)  # --device cuda on a machine without CUDA stops here, before any model
@@ -422,7 +454,14 @@ class Bench:
         notes: list[str] = []
         network, name = self._network(device, notes)
         measurements = run_bench(
-            network, device, self.seq_lens, self.batch_sizes, self.warmup, self.repeats, self.methods
+            network,
+            device,
+            self.seq_lens,
+            self.batch_sizes,
+            self.warmup,
+            self.repeats,
+            self.methods,
+            sample_rows=self.sample_rows,
         )
         machine = {
             "device": str(device),
@@ -437,6 +476,7 @@ class Bench:
             "repeats": self.repeats,
             "warmup": self.warmup,
             "methods": list(self.methods),
+            "sample_rows": self.sample_rows,
             **machine,
         }
         config = network.config

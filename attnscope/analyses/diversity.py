@@ -3,21 +3,24 @@ per layer, and grouped (near-duplicates, average-linkage clusters, `scores.group
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from attnscope.analyses import common
 from attnscope.analyses.common import Progress
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import distributed
+from attnscope.pipeline.capture import AttentionBlock
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.reducers import DiversityStatistics
 from attnscope.pipeline.tokens import WindowStream
-from attnscope.scores import groups
+from attnscope.scores import groups, pairs
+from attnscope.scores.kinds import Kind
 
 DEFAULT_REDUNDANT = 0.1  # bits: heads whose rows differ by less than a tenth of the way to disjoint
 DEFAULT_CLUSTER_AT = 0.3  # bits: average-linkage merges below this form a cluster (all layers)
@@ -46,6 +49,8 @@ class DiversityResult:
     order: list[int]  # heads ordered so that similar ones sit together (average linkage, optimal leaf order)
     clusters: list[list[str]]  # average-linkage clusters below `cluster_at`
     notes: list[str] = field(default_factory=list)
+    js_se: Any = None
+    js_distance_se: Any = None
 
     @property
     def redundant(self) -> float:
@@ -60,6 +65,7 @@ class DiversityResult:
         takes the labels `0.1` and `0.10` for the same number."""
         K = len(self.labels)
         heads = [tuple(int(part) for part in label.split(".")) for label in self.labels]
+        errors = {} if self.js_se is None else {"js_se": self.js_se, "js_distance_se": self.js_distance_se}
         return [
             {
                 "a": self.labels[i],
@@ -71,6 +77,7 @@ class DiversityResult:
                 "cosine": float(self.cosine[i, j]),
                 "js": float(self.js[i, j]),
                 "js_distance": float(self.js_distance[i, j]),
+                **{name: float(matrix[i, j]) for name, matrix in errors.items()},
             }
             for i in range(K)
             for j in range(i + 1, K)
@@ -82,6 +89,101 @@ class DiversityResult:
         pairs = self.pairs()
         pairs.sort(key=lambda pair: pair["js"] if most_similar else -pair["js"])
         return pairs[: self.settings["top"] if k is None else k]
+
+
+class SampledDiversityStatistics(DiversityStatistics):
+    """DiversityStatistics with the divergences estimated on `sample_rows` random scored rows per window, drawn
+    with a generator seeded by (`seed`, the window's index in the corpus): the same rows whatever the batch size
+    or the number of processes. The dot products (cosine) stay exact, over every scored row.
+
+    Each window is a stratum: its N_w = min(sample_rows, R_w) rows estimate the sum over its R_w scored rows, and
+    the spread of the per-row JSD gives the variance of that estimate (`pairs.stratified_estimate`); a window
+    with no more scored rows than `sample_rows` is taken whole and adds no variance. Every layer is buffered until
+    its batch ends (one layer too), since which rows to take is known only with the batch's window indices.
+    """
+
+    def __init__(self, kind: Kind, layers: list[int], n_head: int, device: torch.device, sample_rows: int, seed: int):
+        super().__init__(kind, layers, n_head, device)
+        self.sample_rows = sample_rows
+        self.seed = seed
+        self.js_variance = torch.zeros_like(self.js)  # (K, K) of the estimated JSD sum
+        self.js_root_variance = torch.zeros_like(self.js)  # (K, K) of the estimated sqrt-JSD sum
+
+    def add_block(self, layer: int, block: AttentionBlock) -> None:
+        if layer not in self.layers:
+            return
+        attn, positions = block.probs, block.positions  # (B, H, b, k)
+        B, H, _, k = attn.shape
+        if self.buffer is None:
+            n = block.n_keys
+            self.buffer = torch.zeros(B, len(self.layers) * H, n, n, dtype=attn.dtype, device=attn.device)
+            self.lengths = block.lengths
+        first = self.layers.index(layer) * H
+        self.buffer[:, first : first + H, int(positions[0]) : int(positions[-1]) + 1, :k] = attn
+
+    def flush(self, batch=None) -> None:
+        """Reduce the buffered batch: exact dot products, sampled divergences (batch.indices name its windows)."""
+        if self.buffer is None:
+            return
+        maps, self.buffer = self.buffer, None  # (B, K, n, n)
+        positions = torch.arange(maps.shape[2], device=maps.device)  # (n,)
+        scored = self.kind.scored_rows(self.lengths, positions)  # (B, n)
+        place = distributed.world()  # this process runs windows rank, rank + size, ... of the corpus
+        seeds = [window_seed(self.seed, place.rank + index * place.size) for index in batch.indices]
+        chosen = pairs.sample_rows(scored, self.sample_rows, seeds)  # (B, n)
+        causal = positions if self.kind.causal else None
+        self.dots += pairs.pairwise_dots(maps, scored, causal).to(self.dots.device)
+        sums = pairs.window_divergence_sums(maps, chosen, causal)  # (3, B, K, K) Σ JSD, Σ sqrt JSD, Σ JSD²
+        sampled, total = chosen.sum(-1), scored.sum(-1)  # (B,)
+        js, js_variance = pairs.stratified_estimate(sums[0], sums[2], sampled, total)
+        js_root, js_root_variance = pairs.stratified_estimate(sums[1], sums[0], sampled, total)  # (√JSD)² = JSD
+        for running, value in (
+            (self.js, js),
+            (self.js_variance, js_variance),
+            (self.js_root, js_root),
+            (self.js_root_variance, js_root_variance),
+        ):
+            running += value.to(running.device)
+        self.row_count += total.sum().to(self.row_count.device)
+
+    def results(self) -> dict[str, torch.Tensor]:
+        """DiversityStatistics.results with `js_se` and `js_distance_se`, the standard errors of the means."""
+        count = int(self.row_count)
+        return super().results() | {
+            "js_se": self.js_variance.cpu().sqrt() / count,
+            "js_distance_se": self.js_root_variance.cpu().sqrt() / count,
+        }
+
+
+def diversity_statistics(
+    kind: Kind, layers: list[int], n_head: int, device: torch.device, sample_rows: int = 0, seed: int = 0
+) -> DiversityStatistics:
+    """The reducer of `diversity`: exact (sample_rows 0) or with JS on `sample_rows` random rows per window."""
+    if sample_rows:
+        return SampledDiversityStatistics(kind, layers, n_head, device, sample_rows, seed)
+    return DiversityStatistics(kind, layers, n_head, device)
+
+
+def layers_batch_size(batch_size: int, n_layers: int, n_head: int, longest: int) -> int:
+    """The batch size, lowered so that a batch's buffered maps of `n_layers` layers, float32 (B, L·H, n, n) for
+    windows of up to `longest` tokens, stay within ALL_LAYERS_BUDGET (one window at least)."""
+    per_window = n_layers * n_head * longest * longest * 4
+    return min(batch_size, max(1, ALL_LAYERS_BUDGET // per_window))
+
+
+def layers_fit(n_layers: int, n_head: int) -> Callable[[int, int], bool]:
+    """The batch-size rule of `layers_batch_size` as the batcher's `fits(count, longest)` predicate."""
+
+    def fits(count: int, longest: int) -> bool:
+        return count * n_layers * n_head * longest * longest * 4 <= ALL_LAYERS_BUDGET
+
+    return fits
+
+
+def window_seed(seed: int, window: int) -> int:
+    """The seed of window `window`'s row sample: the user's seed and the window's index mixed (numpy SeedSequence),
+    so that neighbouring seeds or windows do not draw related samples."""
+    return int(np.random.SeedSequence((seed, window)).generate_state(1)[0])
 
 
 def parse_layer_choice(text: str | int | None) -> int | None:
@@ -106,11 +208,17 @@ class Diversity:
     redundant: float = DEFAULT_REDUNDANT
     cluster_at: float = DEFAULT_CLUSTER_AT
     top: int = DEFAULT_TOP
+    sample_rows: int = 0  # 0: every scored row (exact); N: JS estimated on N random scored rows per window
+    seed: int = 0  # of the row sample
 
     def __post_init__(self) -> None:
         common.check_positive("batch size", self.batch_size)
         common.check_positive("max tokens", self.max_tokens)
         common.check_positive("top", self.top)
+        if self.sample_rows != 0:
+            common.check_positive("sample rows", self.sample_rows, low=2)  # a standard error needs two rows
+        if not 0 <= self.seed < 2**32:
+            raise AttnscopeError(f"seed {self.seed}: must be between 0 and {2**32 - 1}")
         for name, value in (("redundant", self.redundant), ("cluster-at", self.cluster_at)):
             if not 0.0 < value <= 1.0:
                 raise AttnscopeError(f"{name} {value}: a JS divergence in bits, above 0 and at most 1")
@@ -123,20 +231,26 @@ class Diversity:
         layers = list(range(model.n_layer)) if self.layer is None else [self.layer]
         windows = WindowStream(model, texts, self.bos)
         fits = None
-        if self.layer is None:  # all layers' maps of a batch are held at once: size batches to the budget
-            per_position_pair = model.n_layer * model.n_head * 4  # bytes per (query, key) of a window
-
-            def fits(count: int, longest: int) -> bool:
-                return count * per_position_pair * longest * longest <= ALL_LAYERS_BUDGET
-
-        statistics = DiversityStatistics(model.kind, layers, model.n_head, model.device)
+        if self.layer is None or self.sample_rows:  # the layers' maps of a batch are held at once: size batches
+            fits = layers_fit(len(layers), model.n_head)
+        statistics = diversity_statistics(model.kind, layers, model.n_head, model.device, self.sample_rows, self.seed)
+        variances = [statistics.js_variance, statistics.js_root_variance] if self.sample_rows else []
         common.run_windows(
             model, windows, statistics, self.batch_size, self.max_tokens, progress, flush=statistics.flush, fits=fits
         )
-        distributed.all_reduce_sum(statistics.dots, statistics.js, statistics.js_root, statistics.row_count)
+        distributed.all_reduce_sum(statistics.dots, statistics.js, statistics.js_root, statistics.row_count, *variances)
         if int(statistics.row_count) == 0:
             raise AttnscopeError(common.too_short(model, "compare"))
         matrices = {name: value.numpy() for name, value in statistics.results().items()}
+        notes = windows.notes()
+        if self.sample_rows:
+            off_diagonal = ~np.eye(matrices["js"].shape[0], dtype=bool)
+            js_se, root_se = (matrices[name][off_diagonal].max(initial=0.0) for name in ("js_se", "js_distance_se"))
+            notes.append(
+                f"JS estimated on {self.sample_rows} random scored rows per window (seed {self.seed}; cosine uses "
+                f"every row): largest standard error {js_se:.2g} bits for js, {root_se:.2g} for js_distance (per "
+                "pair: js_se, js_distance_se); --sample-rows 0 for the exact values"
+            )
         labels = [f"{layer}.{head}" for layer in layers for head in range(model.n_head)]
         H = model.n_head
         layer_scores = {}
@@ -153,6 +267,8 @@ class Diversity:
             "batch_size": self.batch_size,
             "max_tokens": self.max_tokens,
             "js_unit": "bits (log base 2)",
+            "sample_rows": self.sample_rows,
+            "seed": self.seed,
         }
         return DiversityResult(
             model=model.info(),
@@ -169,7 +285,9 @@ class Diversity:
             ],
             order=linkage.order,
             clusters=[[labels[k] for k in group] for group in groups.clusters(linkage, self.cluster_at)],
-            notes=windows.notes(),
+            notes=notes,
+            js_se=matrices.get("js_se"),
+            js_distance_se=matrices.get("js_distance_se"),
         )
 
 

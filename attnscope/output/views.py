@@ -210,7 +210,11 @@ def diversity_document(result: DiversityResult) -> dict:
         clusters=result.clusters,
         labels=result.labels,
         order=[result.labels[i] for i in result.order],
-        matrices={name: getattr(result, name).tolist() for name in ("cosine", "js", "js_distance")},
+        matrices={
+            name: getattr(result, name).tolist()
+            for name in ("cosine", "js", "js_distance", "js_se", "js_distance_se")
+            if getattr(result, name) is not None  # standard errors only when rows were sampled
+        },
     )
 
 

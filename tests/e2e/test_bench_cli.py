@@ -42,6 +42,20 @@ def test_bench_cli_reports_every_method_with_ratios(cli, tiny_model_dir, tmp_pat
 
 
 @pytest.mark.slow
+def test_bench_times_all_head_diversity_exact_and_sampled(cli, tiny_model_dir):
+    code, out, err = cli(
+        "bench", "-m", tiny_model_dir, "--device", "cpu", "--seq-lens", "16", "--batch-sizes", "3",
+        "--repeats", "1", "--warmup", "0", "--methods", "floor,diversity,diversity-sampled", "--sample-rows", "4",
+        "--no-micro", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [row["method"] for row in doc["results"]] == ["floor", "diversity", "diversity-sampled"]
+    assert doc["settings"]["sample_rows"] == 4
+    assert all(row["time_vs_floor"] > 0 for row in doc["results"])
+
+
+@pytest.mark.slow
 def test_random_weights_need_no_download(cli):
     code, out, err = cli(
         "bench", "-m", "gpt2", "--random-weights", "--device", "cpu", "--seq-lens", "8", "--batch-sizes", "1",
@@ -56,7 +70,12 @@ def test_random_weights_need_no_download(cli):
 
 
 BENCH_MISTAKES = [
-    (["--methods", "magic"], "Invalid value for '--methods': 'magic': use some of floor, attnscope, tutorial, cache"),
+    (
+        ["--methods", "magic"],
+        "Invalid value for '--methods': 'magic': use some of floor, attnscope, tutorial, cache, diversity, "
+        "diversity-sampled",
+    ),
+    (["--sample-rows", "1"], "Invalid value for '--sample-rows'"),
     (["--seq-lens", "0"], "sequence length 0: a sequence needs at least 2 tokens"),
     (["--seq-lens", "8,1"], "sequence length 1: a sequence needs at least 2 tokens"),
     (["--seq-lens", "4096"], "sequence length 4096: longer than the model's context, 128 tokens"),  # its config

@@ -70,6 +70,30 @@ def test_planted_twin_heads_are_found_through_the_cli(cli, twin_heads_dir):
     assert np.array(doc["matrices"]["js"]).shape == (4, 4)
 
 
+def test_sampled_rows_report_standard_errors(cli, tiny_model_dir):
+    doc = _diversity(cli, CAT, "-m", tiny_model_dir, "--layer", "all", "--sample-rows", "3", "--seed", "7")
+    assert (doc["settings"]["sample_rows"], doc["settings"]["seed"]) == (3, 7)
+    se = np.array(doc["matrices"]["js_se"])
+    assert se.shape == (8, 8) and np.array(doc["matrices"]["js_distance_se"]).shape == (8, 8)
+    largest = se[~np.eye(8, dtype=bool)].max()
+    assert [note for note in doc["notes"] if note.startswith("JS estimated on 3 random scored rows per window")]
+    assert f"largest standard error {largest:.2g} bits" in doc["notes"][-1]
+    pair = doc["most_redundant"][0]
+    assert pair["js_se"] == pytest.approx(se[doc["labels"].index(pair["a"]), doc["labels"].index(pair["b"])])
+    again = _diversity(cli, CAT, "-m", tiny_model_dir, "--layer", "all", "--sample-rows", "3", "--seed", "7")
+    assert again == doc  # seeded
+    code, out, _ = cli("diversity", CAT, "-m", tiny_model_dir, "--layer", "1", "--sample-rows", "3", "--csv")
+    assert code == 0 and list(csv.DictReader(io.StringIO(out)))[0].keys() >= {"js_se", "js_distance_se"}
+    exact = _diversity(cli, CAT, "-m", tiny_model_dir, "--layer", "all")
+    assert exact["settings"]["sample_rows"] == 0 and "js_se" not in exact["matrices"]
+
+
+@pytest.mark.parametrize("value, message", [("1", "sample rows 1: must be at least 2"), ("-1", "--sample-rows")])
+def test_sample_rows_below_two_are_refused(cli, tiny_model_dir, value, message):
+    code, out, err = cli("diversity", CAT, "-m", tiny_model_dir, "--layer", "1", "--sample-rows", value)
+    assert code == 2 and out == "" and message in err and len(err.strip().splitlines()) == 1, err
+
+
 @pytest.mark.parametrize("top", [1, 4])
 def test_top_is_the_number_of_pairs_listed(cli, tiny_model_dir, top):
     doc = _diversity(cli, CAT, "-m", tiny_model_dir, "--layer", "1", "--top", top)

@@ -51,6 +51,44 @@ def test_all_layers_agree_with_each_layer(model):
         assert every.layer_scores[layer] == pytest.approx(alone.layer_scores[layer], abs=1e-6)
 
 
+def test_sampling_every_row_is_the_exact_result(model, kind):
+    """--sample-rows at least every window's scored rows takes them all: the exact values, standard errors 0."""
+    exact = analyze_diversity(model, TEXTS, layer=None, batch_size=2)
+    sampled = analyze_diversity(model, TEXTS, layer=None, batch_size=2, sample_rows=10_000, seed=3)
+    for name in ("cosine", "js", "js_distance"):
+        assert getattr(sampled, name) == pytest.approx(getattr(exact, name), abs=1e-12), name
+    assert (sampled.js_se == 0).all() and (sampled.js_distance_se == 0).all()
+    assert exact.js_se is None and "js_se" not in exact.pairs()[0]
+    assert sampled.settings["sample_rows"] == 10_000 and sampled.settings["seed"] == 3
+    assert "standard error 0 bits" in sampled.notes[-1]
+
+
+def test_sampled_rows_depend_on_the_seed_only(model):
+    """The same seed gives the same numbers whatever the batch size (each window's rows come from the seed and the
+    window's index); another seed draws other rows; cosine stays exact."""
+    first = analyze_diversity(model, TEXTS, layer=1, batch_size=1, sample_rows=2, seed=5)
+    again = analyze_diversity(model, TEXTS, layer=1, batch_size=4, sample_rows=2, seed=5)
+    other = analyze_diversity(model, TEXTS, layer=1, batch_size=4, sample_rows=2, seed=6)
+    exact = analyze_diversity(model, TEXTS, layer=1)
+    # the same rows (padding to another length only moves float32 roundings): far closer than another sample
+    assert first.js == pytest.approx(again.js, abs=1e-6) and first.js_se == pytest.approx(again.js_se, abs=1e-6)
+    assert np.abs(first.js - other.js).max() > 1e-3
+    assert first.cosine == pytest.approx(exact.cosine, abs=1e-6)  # every row, chunked otherwise
+    assert first.inputs["scored_rows"] == exact.inputs["scored_rows"]  # the mean is over every scored row
+
+
+def test_sampled_estimates_are_within_their_error_bars_of_the_exact_values(model):
+    exact = analyze_diversity(model, TEXTS, layer=None)
+    off = ~np.eye(len(exact.labels), dtype=bool)
+    misses = []
+    for seed in range(5):
+        sampled = analyze_diversity(model, TEXTS, layer=None, sample_rows=3, seed=seed)
+        assert (sampled.js_se[off] > 0).all()  # windows have more than 3 scored rows: an estimate
+        misses.append(np.mean(np.abs(sampled.js - exact.js)[off] > 3 * sampled.js_se[off]))
+        assert np.abs(sampled.js_distance - exact.js_distance)[off].max() < 5 * sampled.js_distance_se[off].max()
+    assert np.mean(misses) < 0.05  # 3 standard errors: ~0.3 % of pairs if the errors were normal
+
+
 def test_pairs_are_ranked_by_js(model):
     result = Diversity(1, top=2).run(model, TWO_TEXTS)
     pairs = result.pairs()
@@ -75,6 +113,8 @@ def test_a_text_with_no_scored_row_is_refused(model, kind):
         ({"redundant": 0.0}, "redundant 0.0: a JS divergence in bits, above 0 and at most 1"),
         ({"cluster_at": 2.0}, "cluster-at 2.0: a JS divergence in bits, above 0 and at most 1"),
         ({"top": 0}, "top 0: must be at least 1"),
+        ({"sample_rows": 1}, "sample rows 1: must be at least 2"),
+        ({"seed": -1}, "seed -1: must be between 0 and 4294967295"),
     ],
 )
 def test_bad_settings_are_refused_on_construction(settings, message):

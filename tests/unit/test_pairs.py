@@ -92,6 +92,111 @@ def test_identical_heads_are_zero_apart_in_float32():
     assert float(js[0, 2]) / rows > 0.01  # different heads stay apart
 
 
+def _softmax_rows(generator, K, R, n, scale):
+    """(K, R, n) float32 softmax rows, near uniform (small scale) to peaked (large)."""
+    return torch.softmax(scale * torch.randn(K, R, n, generator=generator), dim=-1)
+
+
+def test_row_divergences_match_scipy_in_float64_with_zeros_and_one_hot_rows():
+    generator = torch.Generator().manual_seed(4)
+    K, R, n = 4, 6, 7
+    rows = _random_rows(generator, K * R, n).reshape(K, R, n)  # exact zeros; row 0 of head 0 one-hot
+    rows[3] = rows[1]  # a copy of a head
+    ours = pairs.row_divergences(rows, budget_bytes=1)  # one head per chunk
+    for k, g, r in itertools.product(range(K), range(K), range(R)):
+        expected = jensenshannon(rows[k, r].numpy(), rows[g, r].numpy(), base=2) ** 2
+        assert float(ours[k, g, r]) == pytest.approx(float(np.nan_to_num(expected)), abs=1e-14)
+    assert torch.equal(ours, ours.transpose(0, 1))
+    assert (ours[1, 3] == 0).all() and (ours.diagonal(dim1=0, dim2=1) == 0).all()
+
+
+@pytest.mark.parametrize("scale", [0.1, 1.0, 5.0])  # GPT-2 with random weights is near uniform; trained, peaked
+def test_float32_rows_are_within_the_stated_bound_of_float64(scale):
+    """The float32 kernel against the same rows in float64: within 2e-6 bits per row (the bound row_divergences
+    states), 2e-7 typically; some heads near uniform and some peaked in the same rows too."""
+    generator = torch.Generator().manual_seed(5)
+    rows = _softmax_rows(generator, 6, 20, 400, scale)  # (K, R, n) float32
+    mixed = torch.cat([rows[:3], _softmax_rows(generator, 3, 20, 400, 0.1)])
+    for weights in (rows, mixed):
+        error = (pairs.row_divergences(weights) - pairs.row_divergences(weights.double())).abs()
+        assert error.max() < 2e-6 and error.median() < 2e-7
+
+
+def test_identical_heads_are_exactly_zero_apart_in_every_chunking():
+    generator = torch.Generator().manual_seed(6)
+    rows = _softmax_rows(generator, 5, 9, 33, 3.0)
+    rows[4] = rows[0]
+    rows[2] = rows[1]
+    for budget in (1, 5 * 9 * 33 * 4 * 2, 2**30):  # one head per chunk, two, all
+        ours = pairs.row_divergences(rows, budget)
+        assert (ours[0, 4] == 0).all() and (ours[1, 2] == 0).all() and (ours[0, 1] > 0).all()
+
+
+def test_window_sums_add_up_to_the_pairwise_sums():
+    generator = torch.Generator().manual_seed(7)
+    B, K, n = 3, 4, 12
+    logits = torch.randn(B, K, n, n, generator=generator) * 2
+    attn = torch.softmax(logits.masked_fill(~torch.tril(torch.ones(n, n, dtype=torch.bool)), float("-inf")), -1)
+    scored = torch.ones(B, n, dtype=torch.bool)
+    scored[:, 0] = False
+    scored[2, 7:] = False
+    positions = torch.arange(n)
+    dots, js, js_root = pairs.pairwise_sums(attn, scored, positions)
+    sums = pairs.window_divergence_sums(attn, scored, positions)  # (3, B, K, K)
+    assert torch.allclose(sums[0].sum(0), js, atol=1e-12) and torch.allclose(sums[1].sum(0), js_root, atol=1e-12)
+    assert torch.allclose(pairs.pairwise_dots(attn, scored, positions), dots, atol=1e-12)
+    # the squares, window by window, from scipy
+    x, k, g = 2, 0, 3
+    expected = [jensenshannon(attn[x, k, r].double(), attn[x, g, r].double(), base=2) ** 4 for r in range(1, 7)]
+    assert float(sums[2, x, k, g]) == pytest.approx(sum(expected), rel=1e-6)
+
+
+def test_sample_rows_are_seeded_scored_and_all_of_them_when_few():
+    scored = torch.zeros(3, 10, dtype=torch.bool)
+    scored[0, 1:10] = True
+    scored[1, 1:4] = True  # three scored rows: fewer than asked, all taken
+    scored[2, 1:8] = True
+    chosen = pairs.sample_rows(scored, 4, [11, 12, 13])
+    assert chosen.sum(-1).tolist() == [4, 3, 4]
+    assert not (chosen & ~scored).any()  # only scored rows
+    assert torch.equal(chosen, pairs.sample_rows(scored, 4, [11, 12, 13]))  # the same seeds, the same rows
+    others = [pairs.sample_rows(scored, 4, [seed, 12, 13])[0] for seed in range(20)]
+    assert len({tuple(row.tolist()) for row in others}) > 5  # other seeds, other rows
+    assert torch.equal(pairs.sample_rows(scored, 100, [1, 2, 3]), scored)
+
+
+def test_stratified_estimate_is_exact_when_every_row_is_sampled():
+    values = torch.rand(2, 5, 3, 3, dtype=torch.float64)  # (B, rows, K, K) per-row values
+    sums, squares = values.sum(1), values.square().sum(1)
+    estimate, variance = pairs.stratified_estimate(sums, squares, torch.tensor([5, 5]), torch.tensor([5, 5]))
+    assert torch.allclose(estimate, values.sum((0, 1))) and (variance == 0).all()
+
+
+def test_stratified_error_bars_cover_the_truth_on_a_planted_case():
+    """Two windows whose per-row values differ (one has a block of rows far from the rest): over 400 seeds the
+    estimate ± 2 standard errors covers the true sum about 95 % of the time, and the estimates average to it."""
+    population = [torch.cat([torch.full((30,), 0.05), torch.full((10,), 0.6)]), torch.linspace(0.0, 0.3, 25)]
+    truth = float(sum(rows.sum() for rows in population))
+    covered, estimates = 0, []
+    for seed in range(400):
+        sums, squares, sampled = [], [], []
+        for window, rows in enumerate(population):
+            chosen = pairs.sample_rows(torch.ones(1, len(rows), dtype=torch.bool), 8, [seed * 2 + window])[0]
+            sums.append(rows[chosen].sum())
+            squares.append(rows[chosen].square().sum())
+            sampled.append(int(chosen.sum()))
+        estimate, variance = pairs.stratified_estimate(
+            torch.stack(sums).double()[:, None, None],
+            torch.stack(squares).double()[:, None, None],
+            torch.tensor(sampled),
+            torch.tensor([len(rows) for rows in population]),
+        )
+        estimates.append(float(estimate))
+        covered += abs(float(estimate) - truth) <= 2 * float(variance.sqrt())
+    assert 0.88 <= covered / 400 <= 0.99
+    assert np.mean(estimates) == pytest.approx(truth, rel=0.02)
+
+
 # ---------------------------------------------------------------------------------------------- groups
 
 CHAIN = np.array([[0, 0.05, 0.5, 0.9], [0.05, 0, 0.08, 0.9], [0.5, 0.08, 0, 0.9], [0.9, 0.9, 0.9, 0]], dtype=float)
