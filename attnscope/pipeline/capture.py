@@ -85,6 +85,28 @@ class LayerRows:
     peak: torch.Tensor | None = None
     mass: torch.Tensor | None = None
 
+    @classmethod
+    def stack(cls, layers: list[LayerRows]) -> LayerRows:
+        """Several layers' summaries of one batch (on one device, of one shape) as one whose windows are the layers'
+        windows one layer after the other (L·B windows, layer-major), so that one pass scores them all."""
+        if len(layers) == 1:
+            return layers[0]
+
+        def joined(name: str) -> torch.Tensor | None:
+            parts = [getattr(rows, name) for rows in layers]
+            return None if parts[0] is None else torch.cat(parts)  # (L·B, ...)
+
+        return cls(
+            normalizer=joined("normalizer"),
+            expected_logit=joined("expected_logit"),
+            gathered=joined("gathered"),
+            lengths=joined("lengths"),
+            visible=joined("visible"),
+            gathered_visible=joined("gathered_visible"),
+            peak=joined("peak"),
+            mass=joined("mass"),
+        )
+
 
 class Reducer:
     """What the capture hands attention to. A reducer overrides one or both methods; `wants_blocks` says whether
@@ -104,6 +126,25 @@ class Reducer:
     def add_layer(self, layer: int, rows: LayerRows) -> None:
         """The per-row summaries of layer `layer`, once all its blocks are done."""
 
+    def end_batch(self) -> None:
+        """The batch's forward pass is over: reduce what was kept back until now (the capture calls it)."""
+
+
+@dataclass
+class BlockGeometry:
+    """What a block of query rows `positions` (b,) needs that no layer changes: the same for every layer of a batch.
+
+    causal_bias: (b, b) the causal triangle of the block's last b keys (triangle layers only); visible: (B, b) the
+    keys each row sees in a triangle layer; gather_index: (B, b, m) the keys the reducer gathers (None: none);
+    gathered_visible: (B, b, m) whether a triangle layer's rows see them (None: the layer's mask decides).
+    """
+
+    positions: torch.Tensor
+    causal_bias: torch.Tensor | None = None
+    visible: torch.Tensor | None = None
+    gather_index: torch.Tensor | None = None
+    gathered_visible: torch.Tensor | None = None
+
 
 @dataclass
 class CaptureState:
@@ -115,6 +156,38 @@ class CaptureState:
     keep_row: int | None = None  # which window of the batch to keep full maps of
     kept: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     layers_seen: list[int] = field(default_factory=list)
+    # computed by the batch's first layer, reused by the others: lengths per device, geometry per block
+    _lengths: dict[torch.device, torch.Tensor] = field(default_factory=dict)
+    _geometry: dict[tuple, BlockGeometry] = field(default_factory=dict)
+
+    def lengths_on(self, device: torch.device) -> torch.Tensor:
+        """(B,) the windows' real tokens on `device`."""
+        if device not in self._lengths:
+            self._lengths[device] = self.lengths.to(device)
+        return self._lengths[device]
+
+    def geometry(self, start: int, stop: int, device: torch.device, triangle: bool, gather_keys) -> BlockGeometry:
+        """Block `start:stop`'s geometry on `device` (`triangle`: a causal layer masked by the plain causal
+        triangle); `gather_keys` is the reducer's `keys_to_gather`, or None."""
+        cache_key = (start, stop, device, triangle)
+        if cache_key in self._geometry:
+            return self._geometry[cache_key]
+        lengths = self.lengths_on(device)  # (B,)
+        B, b = lengths.shape[0], stop - start
+        positions = torch.arange(start, stop, device=device)  # (b,)
+        geometry = BlockGeometry(positions)
+        if triangle:
+            geometry.causal_bias = _causal_bias(b, device)  # (b, b)
+            geometry.visible = (positions + 1).expand(B, b)  # (B, b): keys 0..i
+        wanted = None if gather_keys is None else gather_keys(positions, lengths)  # (b, m), (B, b, m) or None
+        if wanted is not None:
+            m = wanted.shape[-1]
+            geometry.gather_index = wanted.view(-1, b, m).expand(B, b, m)  # (B, b, m)
+            if triangle:  # keys up to the row's own, and real ones
+                index = geometry.gather_index
+                geometry.gathered_visible = (index <= positions[None, :, None]) & (index < lengths[:, None, None])
+        self._geometry[cache_key] = geometry
+        return geometry
 
 
 def _causal_bias(size: int, device: torch.device) -> torch.Tensor:
@@ -145,6 +218,11 @@ def _is_masked(mask: torch.Tensor) -> torch.Tensor:
     return mask < torch.finfo(mask.dtype).min / 2
 
 
+def _joined(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """The blocks' pieces of one layer side by side along `dim` (no copy when one block held every row)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+
+
 def reducing_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Attention computed one block of query rows at a time; blocks go to the reducer before they are freed.
 
@@ -160,13 +238,20 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
     runs in float32 whatever the model's dtype, and the output is (exp(s - max) V) / Z, which spares a pass
     normalising the block. A causal layer without a sliding window, on right-padded windows, masks with a small
     triangle per block instead of adding the model's whole mask (the same keys, half the passes).
+
+    On a small model every tensor operation here costs more in Python and dispatch than in arithmetic, so a layer
+    does as few as it can: what depends only on the batch's geometry (positions, the causal triangle, the keys the
+    reducer gathers and whether rows see them) is computed by the first layer and reused by the others
+    (`CaptureState.geometry`), and one block's pieces are used as they are rather than copied into whole-layer
+    buffers.
     """
     state: CaptureState | None = kwargs.get("attnscope_state")
     if state is None:  # the model was called outside a capture: behave exactly like eager attention
         return _eager_fallback(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     layer = module.layer_idx
     state.layers_seen.append(layer)
-    lengths = state.lengths.to(query.device)  # (B,) on this layer's device (a device map spreads the layers)
+    device = query.device
+    lengths = state.lengths_on(device)  # (B,) on this layer's device (a device map spreads the layers)
     reducer = state.reducer
     B, H, n, d_head = query.shape
     H_kv, n_keys = key.shape[1], key.shape[-2]
@@ -177,15 +262,7 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
     sinks = kwargs.get("s_aux")
     sink_logits = None if sinks is None else sinks.float().view(1, H, 1)  # (1, H, 1)
     scaling = d_head**-0.5 if scaling is None else scaling
-    output = torch.empty_like(query)  # (B, H, n, d_head)
-    normalizer = torch.empty(B, H, n, device=query.device)  # (B, H, n) float32
-    expected_logit = torch.empty_like(normalizer)
-    peak = mass = None
-    if sinks is not None:
-        peak, mass = torch.empty_like(normalizer), torch.empty_like(normalizer)
-    visible = torch.empty(B, n, dtype=torch.long, device=query.device)  # (B, n)
-    gather_keys = reducer.keys_to_gather if reducer is not None else (lambda positions, lengths: None)
-    gathered = gathered_visible = None
+    gather_keys = reducer.keys_to_gather if reducer is not None else None
     # GPT-2's key and value are strided views into one (B, n, 3d) tensor; a matmul given such a view copies the whole
     # of it first, so every block of rows would copy all keys and values again. One copy per layer instead.
     key, value = key.contiguous(), value.contiguous()  # (B, H_kv, n_k, d_head)
@@ -193,6 +270,9 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
     keys_t = key.transpose(-1, -2)  # (B, H_kv, d_head, n_k), a transposed view a matmul reads as it is
     keep = layer in state.keep_layers and state.keep_row is not None
     blocks_wanted = reducer is not None and reducer.wants_blocks
+    # each block's pieces of the layer's outputs and per-row summaries, joined along the rows at the end
+    outputs, normalizers, expected_logits, visibles = [], [], [], []
+    gathereds, gathered_visibles, peaks, masses = [], [], [], []
     start = 0
     while start < n:
         stop = min(n, start + _block_rows(start, n_keys, H * 4, BLOCK_BYTES, causal))
@@ -204,22 +284,23 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
         logits = torch.matmul(block_queries, keys_t[..., :keys]).float().view(B, H, b, keys)  # (B, H, b, k)
         if softcap is not None:
             logits = torch.tanh(logits / softcap).mul_(softcap)
-        positions = torch.arange(start, stop, device=query.device)  # (b,)
+        geometry = state.geometry(start, stop, device, triangle, gather_keys)
+        positions = geometry.positions  # (b,)
         if triangle:
             # Batches are right-padded, so a real row's keys 0..i are all real: the causal triangle of the block's
             # last b keys is the whole mask (padded rows see padded keys, and are never scored). One small
             # in-place add instead of a pass over the block adding the model's mask.
-            logits[..., start:stop].add_(_causal_bias(b, logits.device))  # (b, b) broadcast
+            logits[..., start:stop].add_(geometry.causal_bias)  # (b, b) broadcast
             masked = None
-            visible[:, start:stop] = positions + 1
+            visibles.append(geometry.visible)  # (B, b)
         elif attention_mask is not None:
             block_mask = attention_mask[:, :, start:stop, :keys]  # (B, 1, b, k)
             logits.add_(block_mask)  # broadcast over heads
             masked = _is_masked(block_mask)  # (B, 1, b, k)
-            visible[:, start:stop] = keys - masked[:, 0].sum(-1)
+            visibles.append(keys - masked[:, 0].sum(-1))  # (B, b)
         else:  # an encoder's full, unpadded batch
             masked = None
-            visible[:, start:stop] = keys
+            visibles.append(torch.full((B, b), keys, device=device))  # (B, b)
         row_max = logits.amax(dim=-1)  # (B, H, b)
         shift = row_max if sinks is None else torch.maximum(row_max, sink_logits)  # a sink may outweigh every key
         logits.sub_(shift[..., None]).clamp_(min=LOGIT_FLOOR)  # each row's maximum is now 0 (or below the sink's)
@@ -228,25 +309,24 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
         if sinks is not None:
             sink_weight = torch.exp((sink_logits - shift).clamp(min=LOGIT_FLOOR))  # (B, H, b)
             block_z = block_z + sink_weight
-            peak[..., start:stop] = row_max - shift
-            mass[..., start:stop] = 1.0 - sink_weight / block_z
+            peaks.append(row_max - shift)
+            masses.append(1.0 - sink_weight / block_z)
         grouped = exp_logits.to(value.dtype).view(B, H_kv, G * b, keys)  # (B, H_kv, G·b, k)
         values = torch.matmul(grouped, value[:, :, :keys]).view(B, H, b, d_head)  # (B, H, b, d_head)
-        output[:, :, start:stop] = values / block_z[..., None].to(value.dtype)
-        normalizer[..., start:stop] = block_z
-        wanted = gather_keys(positions, lengths)  # (b, m), (B, b, m) or None
-        if wanted is not None:
-            m = wanted.shape[-1]
-            if gathered is None:
-                gathered = torch.empty(B, H, n, m, device=query.device)  # (B, H, n, m)
-                gathered_visible = torch.empty(B, n, m, dtype=torch.bool, device=query.device)  # (B, n, m)
-            per_window = wanted.view(-1, b, m).expand(B, b, m)  # (B, b, m)
-            gathered[:, :, start:stop] = logits.gather(-1, per_window[:, None].expand(B, H, b, m))
-            if masked is None:
-                in_sight = per_window <= (positions[None, :, None] if causal else keys - 1)  # (B, b, m)
-            else:
-                in_sight = ~masked[:, 0].gather(-1, per_window)  # (B, b, m)
-            gathered_visible[:, start:stop] = in_sight & (per_window < lengths[:, None, None])
+        outputs.append(values / block_z[..., None].to(value.dtype))
+        normalizers.append(block_z)
+        if geometry.gather_index is not None:
+            index = geometry.gather_index  # (B, b, m)
+            m = index.shape[-1]
+            gathereds.append(logits.gather(-1, index[:, None].expand(B, H, b, m)))  # (B, H, b, m)
+            if geometry.gathered_visible is not None:  # the triangle's: the same in every layer
+                gathered_visibles.append(geometry.gathered_visible)
+            else:  # this layer's mask says which gathered keys its rows see
+                if masked is None:
+                    in_sight = index <= (positions[None, :, None] if causal else keys - 1)  # (B, b, m)
+                else:
+                    in_sight = ~masked[:, 0].gather(-1, index)  # (B, b, m)
+                gathered_visibles.append(in_sight & (index < lengths[:, None, None]))
         if blocks_wanted or keep:
             block = AttentionBlock(exp_logits, block_z, positions, lengths, n_keys)
             if blocks_wanted:
@@ -256,12 +336,21 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
                 kept[..., :keys] = block.probs[state.keep_row].cpu()
                 state.kept.setdefault(layer, []).append(kept)
         # Σ_j exp(s_ij) s_ij, multiplying in place: the logits are not needed after this
-        expected_logit[..., start:stop] = logits.mul_(exp_logits).sum(dim=-1) / block_z
+        expected_logits.append(logits.mul_(exp_logits).sum(dim=-1) / block_z)
         start = stop
     if reducer is not None:
-        rows = LayerRows(normalizer, expected_logit, gathered, lengths, visible, gathered_visible, peak, mass)
+        rows = LayerRows(
+            normalizer=_joined(normalizers, -1),  # (B, H, n)
+            expected_logit=_joined(expected_logits, -1),  # (B, H, n)
+            gathered=_joined(gathereds, -2) if gathereds else None,  # (B, H, n, m)
+            lengths=lengths,
+            visible=_joined(visibles, -1),  # (B, n)
+            gathered_visible=_joined(gathered_visibles, -2) if gathered_visibles else None,  # (B, n, m)
+            peak=_joined(peaks, -1) if peaks else None,
+            mass=_joined(masses, -1) if masses else None,
+        )
         reducer.add_layer(layer, rows)
-    return output.transpose(1, 2), None  # (B, n, H, d_head)
+    return _joined(outputs, -2).transpose(1, 2), None  # (B, n, H, d_head)
 
 
 def _register() -> None:
@@ -314,6 +403,8 @@ def run(
                     use_cache=False,
                     attnscope_state=state,
                 )
+                if reducer is not None:
+                    reducer.end_batch()
                 if sorted(state.layers_seen) != list(range(n_layer)):
                     missed = sorted(set(range(n_layer)) - set(state.layers_seen))
                     raise AttnscopeError(
