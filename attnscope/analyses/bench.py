@@ -10,8 +10,10 @@ Methods, on the same random token ids, batch shape and device:
 
 Timing: `warmup` untimed rounds of every method, then `repeats` rounds; each round runs every method once timed and
 once for its memory, in an order rotated by one method per round (round-robin), so that drift in the machine's load
-falls on every method alike. Reported: the median time and its spread, (max - min) / median. On CUDA, events with a
-synchronisation; on CPU, perf_counter. Memory, the median over the rounds of one run's peak: CUDA
+falls on every method alike. A timed run lasts at least SAMPLE_S: a call shorter than that (a small model's forward
+takes a millisecond or two) is repeated and the time of one call reported, attnscope's calls being the batches of
+one run, as `heads` runs a corpus. Reported: the median time and its spread, (max - min) / median. On CUDA,
+events with a synchronisation; on CPU, perf_counter. Memory, the median over the rounds of one run's peak: CUDA
 `max_memory_allocated` above what was allocated before the run; on CPU the peak resident set size above the size
 before the run, sampled every millisecond by a thread, after freed memory is handed back to the OS (glibc
 malloc_trim) so that the run's own allocations show. The memory runs are not the timed ones: the sampling thread
@@ -238,11 +240,11 @@ def _methods(lm_model: Any, ids: torch.Tensor, device: torch.device) -> dict[str
                 model(input_ids=ids, attention_mask=mask, use_cache=False)  # no key/value cache: nothing is generated
 
     def analysis(calls: int = 1) -> Any:
-        for _ in range(calls):  # each call a whole analysis of one batch, as `heads` on one batch of texts
-            statistics = HeadStatistics(kind, n_layer, n_head, device)
-            capture.run(model, [batch], statistics)
-            means = statistics.means()
-        return means
+        # `calls` batches analysed in one run, as `heads` runs a corpus batch after batch: what a run does once
+        # (switching the model's attention, the means) is shared by its batches
+        statistics = HeadStatistics(kind, n_layer, n_head, device)
+        capture.run(model, [batch] * calls, statistics)
+        return statistics.means()
 
     def tutorial(calls: int = 1) -> list:
         lm_model.set_attn_implementation("eager")

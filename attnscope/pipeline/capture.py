@@ -88,8 +88,9 @@ class LayerRows:
 
     @classmethod
     def stack(cls, layers: list[LayerRows]) -> LayerRows:
-        """Several layers' summaries of one batch (on one device, of one shape) as one whose windows are the layers'
-        windows one layer after the other (L·B windows, layer-major), so that one pass scores them all."""
+        """Several layers' summaries (of one batch or of several of the same shape, on one device) as one whose
+        windows are the layers' windows one layer after the other (L·B windows, layer-major), so that one pass scores
+        them all."""
         if len(layers) == 1:
             return layers[0]
 
@@ -127,8 +128,8 @@ class Reducer:
     def add_layer(self, layer: int, rows: LayerRows) -> None:
         """The per-row summaries of layer `layer`, once all its blocks are done."""
 
-    def end_batch(self) -> None:
-        """The batch's forward pass is over: reduce what was kept back until now (the capture calls it)."""
+    def end_run(self) -> None:
+        """Every batch of a run has gone through: reduce what was kept back (the capture calls it)."""
 
 
 @dataclass
@@ -459,8 +460,6 @@ def run(
                     use_cache=False,
                     attnscope_state=state,
                 )
-                if reducer is not None:
-                    reducer.end_batch()
                 if sorted(state.layers_seen) != list(range(n_layer)):
                     missed = sorted(set(range(n_layer)) - set(state.layers_seen))
                     raise AttnscopeError(
@@ -473,6 +472,8 @@ def run(
                         maps[layer] = torch.cat(blocks, dim=1)[:, :length, :length]  # (H, n, n)
                 if on_batch is not None:
                     on_batch(batch)
+        if reducer is not None:
+            reducer.end_run()
     finally:
         torch.set_flush_denormal(False)
         switch_back()

@@ -17,15 +17,16 @@ class HeadStatistics(Reducer):
     """Running sums of every row statistic of `kind` for every (layer, head), kept on the model's device; each
     layer's sums are reduced on the device that layer ran on, and only those (H, S) sums move.
 
-    Layers are reduced together, not one by one: `add_layer` keeps a layer's per-row summaries back, and the layers
-    kept are stacked and scored in one pass at the end of the batch (`end_batch`), or as soon as they hold
-    PENDING_BYTES. Scoring a layer takes some forty small tensor operations whatever its size, which on a small model
-    cost more than its attention: the bundled demo model (2 layers × 4 heads) at 32 tokens spent ~0.25 ms a layer
-    there against a ~1.1 ms forward pass.
+    Layers are scored together, not one by one: `add_layer` keeps a layer's per-row summaries back, and those kept
+    are stacked and scored in one pass when they hold PENDING_BYTES or the run ends (`end_run`; `means` and `merge`
+    score what is left too). Scoring takes some forty small tensor operations whatever the size, which on a small
+    model cost more than its attention: layer by layer, the bundled demo model (2 layers × 4 heads) at 32 tokens
+    spent ~0.25 ms a layer there against a ~0.75 ms forward pass; now a run of many short batches scores them all
+    at once, and one batch scores its layers at once.
     """
 
     # Per-row summaries kept back before they are scored: ~3.5× this in temporaries while they are (one GPT-2 small
-    # layer at 8 × 1024 tokens holds ~2.8 MiB, so a few layers go together; a small model's whole batch does).
+    # layer at 8 × 1024 tokens holds ~2.8 MiB, so a few layers go together; a small model's many batches do).
     PENDING_BYTES = 8 * 2**20
 
     def __init__(self, kind: Kind, n_layer: int, n_head: int, device: torch.device, window: int = DEFAULT_WINDOW):
@@ -41,7 +42,7 @@ class HeadStatistics(Reducer):
         return self.kind.gathered_keys(positions, lengths, self.window)
 
     def add_layer(self, layer: int, summary: LayerRows) -> None:
-        """Keep layer `layer`'s per-row summaries of a batch until the batch ends (or enough are kept)."""
+        """Keep layer `layer`'s per-row summaries of a batch until the run ends (or enough are kept)."""
         self.pending.append((layer, summary))
         self.pending_bytes += sum(
             part.numel() * part.element_size()
@@ -49,9 +50,9 @@ class HeadStatistics(Reducer):
             if part is not None
         )
         if self.pending_bytes >= self.PENDING_BYTES:
-            self.end_batch()
+            self.end_run()
 
-    def end_batch(self) -> None:
+    def end_run(self) -> None:
         """Score every layer kept back: those that can be stacked (same device, same shapes) in one pass."""
         groups: dict[tuple, list[tuple[int, LayerRows]]] = {}
         for layer, summary in self.pending:
@@ -63,7 +64,8 @@ class HeadStatistics(Reducer):
             self._add_layers([layer for layer, _ in group], LayerRows.stack([summary for _, summary in group]))
 
     def _add_layers(self, layers: list[int], summary: LayerRows) -> None:
-        """Add every row of `layers` of a batch, their summaries stacked layer after layer (LayerRows.stack)."""
+        """Add every row of stacked summaries (LayerRows.stack), the k-th of layer `layers[k]` (of one batch or
+        several, so a layer may come more than once)."""
         scores = self.kind.layer_row_scores(summary, self.window)
         positions = torch.arange(summary.normalizer.shape[-1], device=summary.normalizer.device)  # (n,)
         sums, uniform, count = rows.sum_scored_rows(self.kind, scores, positions, summary.lengths, len(layers))
@@ -75,15 +77,15 @@ class HeadStatistics(Reducer):
             self.row_count += count[first].sum().to(self.sums.device)
 
     def merge(self, other: HeadStatistics) -> None:
-        self.end_batch()
-        other.end_batch()
+        self.end_run()
+        other.end_run()
         self.sums += other.sums.to(self.sums.device)
         self.uniform_sum += other.uniform_sum.to(self.sums.device)
         self.row_count += other.row_count.to(self.sums.device)
 
     def means(self) -> dict[str, torch.Tensor]:
         """name -> (n_layer, n_head) float64 on the host."""
-        self.end_batch()  # layers kept back by a caller that drove add_layer itself
+        self.end_run()  # layers kept back by a caller that drove add_layer itself
         return rows.finish(self.kind, self.sums.cpu(), self.uniform_sum.cpu(), int(self.row_count))
 
 

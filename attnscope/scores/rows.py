@@ -31,7 +31,8 @@ def sum_scored_rows(
     in the order of `kind.row_score_names`, local_uniform sum (scalar float64), scored row count (scalar)).
 
     With `layers` = L > 0 the windows are L layers' windows one layer after the other (B = L·B', layer-major, see
-    pipeline.capture.LayerRows.stack), and each layer keeps its own sums: (L, H, S), (L,) and (L,)."""
+    pipeline.capture.LayerRows.stack), and each layer keeps its own sums: (L, H, S), (L,) and (L,). (The L layers
+    may be those of several batches of the same shape.)"""
     scored = kind.scored_rows(lengths, positions)  # (B, b)
     stacked = torch.stack([scores[name] for name in kind.row_score_names], dim=-1)  # (B, H, b, S)
     stacked = torch.where(scored[:, None, :, None], stacked, 0.0)  # padded rows may hold anything, even NaN

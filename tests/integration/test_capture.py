@@ -201,6 +201,25 @@ def test_merged_partial_runs_equal_one_run(model):
         assert torch.allclose(value, first.means()[name], atol=1e-9), name
 
 
+def test_layers_scored_one_by_one_or_together_agree(model, monkeypatch):
+    """Summaries kept back and scored together (all layers of every batch of a run) give the sums of scoring each
+    layer of each batch as it comes."""
+    windows = tokenize(model, TEXTS).windows
+    pad = pad_id(model.tokenizer)
+
+    def statistics_of():
+        statistics = HeadStatistics(model.kind, model.n_layer, model.n_head, model.device)
+        capture.run(model.model, batches(windows, 2, model.device, pad), statistics)
+        return statistics
+
+    together = statistics_of()
+    monkeypatch.setattr(HeadStatistics, "PENDING_BYTES", 1)  # every layer scored as it comes
+    alone = statistics_of()
+    assert int(together.row_count) == int(alone.row_count) > 0
+    assert torch.allclose(together.sums, alone.sums, rtol=1e-12, atol=1e-9)
+    assert torch.allclose(together.uniform_sum, alone.uniform_sum, rtol=1e-12, atol=1e-12)
+
+
 FIRST_TOKENS = {"decoder": ["<bos>", "The", " cat"], "encoder": ["[CLS]", "the", "cat"]}
 
 
