@@ -8,6 +8,7 @@ only for the layers a picture needs, and only for one window.
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from collections.abc import Callable, Iterable
@@ -138,7 +139,8 @@ class BlockGeometry:
 
     causal_bias: (b, b) the causal triangle of the block's last b keys (triangle layers only); visible: (B, b) the
     keys each row sees in a triangle layer; gather_index: (B, b, m) the keys the reducer gathers (None: none);
-    gathered_visible: (B, b, m) whether a triangle layer's rows see them (None: the layer's mask decides).
+    gathered_visible: (B, b, m) whether a triangle layer's rows see them (None: the layer's mask decides). Rows past
+    a window's length are padding, never scored: what they see does not matter.
     """
 
     positions: torch.Tensor
@@ -158,6 +160,9 @@ class CaptureState:
     keep_row: int | None = None  # which window of the batch to keep full maps of
     kept: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     layers_seen: list[int] = field(default_factory=list)
+    # blocks' geometry that no window changes, shared by every batch of a run: (start, stop, device, triangle) ->
+    # positions (b,), causal bias (b, b) or None, gathered keys (b, m) or None, whether a triangle row sees them
+    run_geometry: dict[tuple, tuple] = field(default_factory=dict)
     # computed by the batch's first layer, reused by the others: lengths per device, geometry per block
     _lengths: dict[torch.device, torch.Tensor] = field(default_factory=dict)
     _geometry: dict[tuple, BlockGeometry] = field(default_factory=dict)
@@ -172,22 +177,34 @@ class CaptureState:
         """Block `start:stop`'s geometry on `device` (`triangle`: a causal layer masked by the plain causal
         triangle); `gather_keys` is the reducer's `keys_to_gather`, or None."""
         cache_key = (start, stop, device, triangle)
-        if cache_key in self._geometry:
-            return self._geometry[cache_key]
+        geometry = self._geometry.get(cache_key)
+        if geometry is not None:
+            return geometry
         lengths = self.lengths_on(device)  # (B,)
         B, b = lengths.shape[0], stop - start
-        positions = torch.arange(start, stop, device=device)  # (b,)
-        geometry = BlockGeometry(positions)
+        fixed = self.run_geometry.get(cache_key)
+        if fixed is None:
+            positions = torch.arange(start, stop, device=device)  # (b,)
+            bias = _causal_bias(b, device) if triangle else None  # (b, b)
+            wanted = None if gather_keys is None else gather_keys(positions, lengths)  # (b, m), (B, b, m) or None
+            if wanted is not None and wanted.dim() == 3:  # the keys depend on the windows: not for other batches
+                fixed = (positions, bias, None, None)
+            else:
+                in_sight = None if wanted is None or not triangle else wanted <= positions[:, None]  # (b, m)
+                fixed = self.run_geometry[cache_key] = (positions, bias, wanted, in_sight)
+        else:
+            wanted = fixed[2]
+        positions, bias, _, in_sight = fixed
+        geometry = BlockGeometry(positions, bias)
         if triangle:
-            geometry.causal_bias = _causal_bias(b, device)  # (b, b)
             geometry.visible = (positions + 1).expand(B, b)  # (B, b): keys 0..i
-        wanted = None if gather_keys is None else gather_keys(positions, lengths)  # (b, m), (B, b, m) or None
         if wanted is not None:
             m = wanted.shape[-1]
             geometry.gather_index = wanted.view(-1, b, m).expand(B, b, m)  # (B, b, m)
-            if triangle:  # keys up to the row's own, and real ones
-                index = geometry.gather_index
-                geometry.gathered_visible = (index <= positions[None, :, None]) & (index < lengths[:, None, None])
+            if triangle:  # keys up to the row's own
+                if in_sight is None:
+                    in_sight = geometry.gather_index <= positions[None, :, None]  # (B, b, m)
+                geometry.gathered_visible = in_sight.expand(B, b, m)
         self._geometry[cache_key] = geometry
         return geometry
 
@@ -280,8 +297,10 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
     scaling = d_head**-0.5 if scaling is None else scaling
     gather_keys = reducer.keys_to_gather if reducer is not None else None
     # GPT-2's key and value are strided views into one (B, n, 3d) tensor; a matmul given such a view copies the whole
-    # of it first, so every block of rows would copy all keys and values again. One copy per layer instead.
-    key, value = key.contiguous(), value.contiguous()  # (B, H_kv, n_k, d_head)
+    # of it first, so every block of rows would copy all keys and values again. One copy per layer instead (none
+    # asked for when one block holds every row: its matmuls copy them once anyway).
+    if _block_rows(0, n_keys, H * 4, BLOCK_BYTES, causal) < n:
+        key, value = key.contiguous(), value.contiguous()  # (B, H_kv, n_k, d_head)
     query = query.reshape(B, H_kv, G, n, d_head)  # query heads grouped by the key/value head they read (a view)
     keys_t = key.transpose(-1, -2)  # (B, H_kv, d_head, n_k), a transposed view a matmul reads as it is
     keep = layer in state.keep_layers and state.keep_row is not None
@@ -372,7 +391,9 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
     return _joined(outputs, -2).transpose(1, 2), None  # (B, n, H, d_head)
 
 
+@functools.cache
 def _register() -> None:
+    """Register the capture with transformers, once per process."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -443,6 +464,7 @@ def run(
     switch_back = _switch_attention(model, IMPLEMENTATION)
     keep = frozenset(keep_layers)
     maps: dict[int, torch.Tensor] = {}
+    run_geometry: dict[tuple, tuple] = {}  # the blocks' geometry that no window changes: for every batch
     # Flush denormals to zero on the CPU while attention is captured: the clamped logits leave weights of ~1.6e-38
     # (see LOGIT_FLOOR) whose products with the values are denormal, and x86 computes those dozens of times slower
     # (A·V took 2.2 s instead of 0.16 s for one GPT-2 layer at batch 8 × 1024 on one core). Numbers below 1.2e-38
@@ -452,7 +474,13 @@ def run(
         with torch.inference_mode():
             for batch in batches:
                 keep_row = batch.indices.index(keep_window) if keep_window in batch.indices else None
-                state = CaptureState(reducer, batch.lengths, keep if keep_row is not None else frozenset(), keep_row)
+                state = CaptureState(
+                    reducer,
+                    batch.lengths,
+                    keep if keep_row is not None else frozenset(),
+                    keep_row,
+                    run_geometry=run_geometry,
+                )
                 # no key/value cache: nothing is generated, and a cache would keep every layer's keys and values
                 model(
                     input_ids=batch.input_ids,
