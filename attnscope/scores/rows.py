@@ -34,14 +34,15 @@ def sum_scored_rows(
     pipeline.capture.LayerRows.stack), and each layer keeps its own sums: (L, H, S), (L,) and (L,). (The L layers
     may be those of several batches of the same shape.)"""
     scored = kind.scored_rows(lengths, positions)  # (B, b)
-    stacked = torch.stack([scores[name] for name in kind.row_score_names], dim=-1)  # (B, H, b, S)
-    stacked = torch.where(scored[:, None, :, None], stacked, 0.0)  # padded rows may hold anything, even NaN
+    # scores side by side along a first dimension: a stack along the last one writes them element by element
+    stacked = torch.stack([scores[name] for name in kind.row_score_names])  # (S, B, H, b)
+    stacked = torch.where(scored[:, None], stacked, 0.0)  # padded rows may hold anything, even NaN
     uniform = torch.where(scored, scores["local_uniform"], 0.0)  # (B, b)
     if not layers:
-        return stacked.sum(dim=(0, 2), dtype=torch.float64), uniform.sum(), scored.sum()  # (H, S), (), ()
-    B, H, b, S = stacked.shape
-    sums = stacked.view(layers, B // layers, H, b, S).sum(dim=(1, 3), dtype=torch.float64)  # (L, H, S)
-    return sums, uniform.view(layers, -1).sum(-1), scored.view(layers, -1).sum(-1)  # (L, H, S), (L,), (L,)
+        return stacked.sum(dim=(1, 3), dtype=torch.float64).T, uniform.sum(), scored.sum()  # (H, S), (), ()
+    S, B, H, b = stacked.shape
+    sums = stacked.view(S, layers, B // layers, H, b).sum(dim=(2, 4), dtype=torch.float64)  # (S, L, H)
+    return sums.permute(1, 2, 0), uniform.view(layers, -1).sum(-1), scored.view(layers, -1).sum(-1)
 
 
 def finish(kind: Kind, sums: torch.Tensor, uniform_sum: torch.Tensor | float, count: int) -> dict[str, torch.Tensor]:
