@@ -13,8 +13,10 @@ Methods, on the same random token ids, batch shape and device:
 
 Timing: `warmup` untimed rounds of every method, then `repeats` rounds; each round runs every method once timed and
 once for its memory, in an order rotated by one method per round (round-robin), so that drift in the machine's load
-falls on every method alike. Reported: the median time and its spread, (max - min) / median. On CUDA, events with a
-synchronisation; on CPU, perf_counter. Memory, the median over the rounds of one run's peak: CUDA
+falls on every method alike. A timed run lasts at least SAMPLE_S: a call shorter than that (a small model's forward
+takes a millisecond or two) is repeated and the time of one call reported, attnscope's calls being the batches of
+one run, as `heads` runs a corpus. Reported: the median time and its spread, (max - min) / median. On CUDA,
+events with a synchronisation; on CPU, perf_counter. Memory, the median over the rounds of one run's peak: CUDA
 `max_memory_allocated` above what was allocated before the run; on CPU the peak resident set size above the size
 before the run, sampled every millisecond by a thread, after freed memory is handed back to the OS (glibc
 malloc_trim) so that the run's own allocations show. The memory runs are not the timed ones: the sampling thread
@@ -23,6 +25,7 @@ and the memory handed back would slow a timed run.
 
 from __future__ import annotations
 
+import math
 import statistics as stats_module
 import threading
 import time
@@ -42,6 +45,10 @@ METHODS = ("floor", "attnscope", "tutorial", "cache")  # the default set
 DIVERSITY_METHODS = ("diversity", "diversity-sampled")
 ALL_METHODS = METHODS + DIVERSITY_METHODS
 DEFAULT_SAMPLE_ROWS = 32  # rows per window of `diversity-sampled`
+# A timed sample lasts at least this long (calls of a short forward are repeated to fill it; see `measure`), and
+# makes at most MAX_CALLS calls.
+SAMPLE_S = 0.1
+MAX_CALLS = 1000
 BASELINES = ("tutorial", "cache")  # what users do today, against which attnscope's speed-up is reported
 
 
@@ -114,48 +121,61 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(run: Callable[[], Any], device: torch.device) -> float:
-    """Seconds one run takes."""
+def _timed(run: Callable[[int], Any], device: torch.device, calls: int = 1) -> float:
+    """Seconds one call takes: the time of `run(calls)` over `calls`."""
     if device.type == "cuda":
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
-        run()
+        run(calls)
         end.record()
         torch.cuda.synchronize(device)
-        return begin.elapsed_time(end) / 1000
+        return begin.elapsed_time(end) / 1000 / calls
     start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
+    run(calls)
+    return (time.perf_counter() - start) / calls
 
 
-def _peak(run: Callable[[], Any], device: torch.device) -> int:
-    """Bytes one run's memory peaks above what was in use when it started."""
+def _peak(run: Callable[[int], Any], device: torch.device) -> int:
+    """Bytes one call's memory peaks above what was in use when it started."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-        run()
+        run(1)
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before
     _release_freed_memory()  # so that the run's allocations show in the resident set size again
     with PeakRSS() as rss:
-        run()
+        run(1)
     return rss.above_start
 
 
 def measure(
-    runs: dict[str, Callable[[], Any]], device: torch.device, warmup: int, repeats: int, memory: bool = True
+    runs: dict[str, Callable[[int], Any]],
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+    memory: bool = True,
+    sample_s: float = 0.0,
 ) -> dict[str, tuple[list[float], list[int]]]:
-    """Per run name, the times of `repeats` timed runs and (with `memory`) the peaks of as many memory runs.
+    """Per run name, the time of one call in each of `repeats` timed samples and (with `memory`) the peaks of as
+    many single calls; `runs[name](calls)` makes `calls` calls of a method.
 
-    `warmup` untimed rounds first; then each round runs every method once timed, then once for its memory, starting
-    one method later than the round before (round-robin), so that a change in the machine's load during the
-    measurement does not fall on one method only.
+    `warmup` untimed rounds first, each call timed; then each round takes one timed sample of every method, then
+    one call for its memory, starting one method later than the round before (round-robin), so that a change in
+    the machine's load during the measurement does not fall on one method only. A sample makes as many calls as
+    fill `sample_s` by the last warm-up call's time (at least 1, at most MAX_CALLS): a forward of a millisecond or
+    two is too short to time alone (timer resolution, and the jitter of a shared machine, are a sizeable part of
+    it), so its time is the sample's time over its calls.
     """
     names = list(runs)
+    one_call = {name: 0.0 for name in names}  # seconds, from the warm-up
     for _ in range(warmup):
         for name in names:
-            runs[name]()
+            one_call[name] = _timed(runs[name], device)
+    calls = {name: max(1, min(MAX_CALLS, math.ceil(sample_s / max(one_call[name], 1e-9)))) for name in names}
+    if not warmup:
+        calls = dict.fromkeys(names, 1)
     _sync(device)
     times: dict[str, list[float]] = {name: [] for name in names}
     peaks: dict[str, list[int]] = {name: [] for name in names}
@@ -163,7 +183,7 @@ def measure(
         shift = round_index % len(names)
         order = names[shift:] + names[:shift]
         for name in order:
-            times[name].append(_timed(runs[name], device))
+            times[name].append(_timed(runs[name], device, calls[name]))
         if memory:
             for name in order:
                 peaks[name].append(_peak(runs[name], device))
@@ -206,8 +226,9 @@ def pattern_share(pattern: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
 
 def _methods(
     lm_model: Any, ids: torch.Tensor, device: torch.device, sample_rows: int = DEFAULT_SAMPLE_ROWS
-) -> dict[str, Callable[[], Any]]:
-    """Every method on `lm_model` (the model with its LM head; its base model is what attnscope analyses)."""
+) -> dict[str, Callable[[int], Any]]:
+    """Every method on `lm_model` (the model with its LM head; its base model is what attnscope analyses), each
+    called with how many times to run (`measure`)."""
     from attnscope.pipeline.reducers import HeadStatistics
     from attnscope.pipeline.tokens import Batch
 
@@ -219,39 +240,46 @@ def _methods(
     kind = family_of(model.config).kind
     fastest = fastest_attention(model)
 
-    def floor():
+    def floor(calls: int = 1) -> None:
         with torch.inference_mode():
-            model.set_attn_implementation(fastest)
-            model(input_ids=ids, attention_mask=mask, use_cache=False)  # no key/value cache: nothing is generated
+            if model.config._attn_implementation != fastest:  # another method switched it: not part of a forward
+                model.set_attn_implementation(fastest)
+            for _ in range(calls):
+                model(input_ids=ids, attention_mask=mask, use_cache=False)  # no key/value cache: nothing is generated
 
-    def analysis():
+    def analysis(calls: int = 1) -> Any:
+        # `calls` batches analysed in one run, as `heads` runs a corpus batch after batch: what a run does once
+        # (switching the model's attention, the means) is shared by its batches
         statistics = HeadStatistics(kind, n_layer, n_head, device)
-        capture.run(model, [batch], statistics)
+        capture.run(model, [batch] * calls, statistics)
         return statistics.means()
 
-    def tutorial():
-        results = []
+    def tutorial(calls: int = 1) -> list:
         lm_model.set_attn_implementation("eager")
-        with torch.inference_mode():
-            for row in range(B):
-                out = lm_model(input_ids=ids[row : row + 1], output_attentions=True)
-                results.append([numpy_head_scores(layer[0].float().cpu().numpy()) for layer in out.attentions])
+        for _ in range(calls):
+            results = []
+            with torch.inference_mode():
+                for row in range(B):
+                    out = lm_model(input_ids=ids[row : row + 1], output_attentions=True)
+                    results.append([numpy_head_scores(layer[0].float().cpu().numpy()) for layer in out.attentions])
         return results
 
     previous = torch.zeros(n, n, device=device)
     previous[torch.arange(1, n), torch.arange(n - 1)] = 1.0
 
-    def cache():
-        results = []
+    def cache(calls: int = 1) -> list:
         lm_model.set_attn_implementation("eager")
-        with torch.inference_mode():
-            for row in range(B):
-                out = lm_model(input_ids=ids[row : row + 1], output_attentions=True)
-                cached = {f"blocks.{layer}.attn.hook_pattern": a[0] for layer, a in enumerate(out.attentions)}
-                results.append({name: pattern_share(previous, attn.float()) for name, attn in cached.items()})
+        for _ in range(calls):
+            results = []
+            with torch.inference_mode():
+                for row in range(B):
+                    out = lm_model(input_ids=ids[row : row + 1], output_attentions=True)
+                    cached = {f"blocks.{layer}.attn.hook_pattern": a[0] for layer, a in enumerate(out.attentions)}
+                    results.append({name: pattern_share(previous, attn.float()) for name, attn in cached.items()})
         return results
 
-    def diversity(rows: int) -> Any:
+    def diversity(rows: int, calls: int = 1) -> Any:
+        # like `analysis`: `calls` passes over the batch in one run
         from attnscope.analyses.diversity import diversity_statistics, layers_batch_size
 
         layers = list(range(n_layer))
@@ -261,7 +289,7 @@ def _methods(
             Batch(list(range(i, min(B, i + size))), ids[i : i + size], mask[i : i + size], batch.lengths[i : i + size])
             for i in range(0, B, size)
         ]
-        capture.run(model, parts, statistics, on_batch=statistics.flush)
+        capture.run(model, parts * calls, statistics, on_batch=statistics.flush)
         return statistics.results()
 
     return {
@@ -269,8 +297,8 @@ def _methods(
         "attnscope": analysis,
         "tutorial": tutorial,
         "cache": cache,
-        "diversity": lambda: diversity(0),
-        "diversity-sampled": lambda: diversity(sample_rows),
+        "diversity": lambda calls=1: diversity(0, calls),
+        "diversity-sampled": lambda calls=1: diversity(sample_rows, calls),
     }
 
 
@@ -316,7 +344,7 @@ def run_bench(
         for seq in seqs:
             ids = torch.randint(0, lm_model.config.vocab_size, (batch_size, seq), generator=generator).to(device)
             runs = _methods(lm_model, ids, device, sample_rows)
-            measured = measure({method: runs[method] for method in methods}, device, warmup, repeats)
+            measured = measure({method: runs[method] for method in methods}, device, warmup, repeats, sample_s=SAMPLE_S)
             for method, (times, peaks) in measured.items():
                 results.append(Measurement(method, batch_size, seq, times, peaks))
     lm_model.set_attn_implementation("eager")
@@ -380,14 +408,19 @@ def micro_benchmark(
         if d_model % count:
             raise AttnscopeError(f"{count} heads do not divide d_model {d_model}")
 
-        def sdpa(count=count):
-            q, k, v = (split_heads(part, count) for part in (xd[None] @ wd + bd).split(d_model, dim=-1))
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        def sdpa(calls=1, count=count):
+            for _ in range(calls):
+                q, k, v = (split_heads(part, count) for part in (xd[None] @ wd + bd).split(d_model, dim=-1))
+                torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
         runs = {  # each run measured in this iteration, so binding `count` by default is only for the linter
-            "numpy_loop": lambda count=count: numpy_mha_loop(x_np, w_np, b_np, count),
-            "numpy_batched": lambda count=count: numpy_mha_batched(x_np, w_np, b_np, count),
-            "torch_scratch": lambda count=count: multi_head_attention(xd[None], wd, bd, count),
+            "numpy_loop": lambda calls=1, count=count: [numpy_mha_loop(x_np, w_np, b_np, count) for _ in range(calls)],
+            "numpy_batched": lambda calls=1, count=count: [
+                numpy_mha_batched(x_np, w_np, b_np, count) for _ in range(calls)
+            ],
+            "torch_scratch": lambda calls=1, count=count: [
+                multi_head_attention(xd[None], wd, bd, count) for _ in range(calls)
+            ],
             "torch_sdpa": sdpa,
         }
         row = {"heads": count, "d_head": d_model // count}

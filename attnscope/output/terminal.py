@@ -134,7 +134,7 @@ def bench_table(rows: Sequence[dict], title: str) -> Table:
     headers = (
         "B × n",
         "method",
-        "median\ns",
+        "median\nms",
         "spread",
         "tokens/s",
         "time\n×floor",
@@ -152,7 +152,7 @@ def bench_table(rows: Sequence[dict], title: str) -> Table:
         table.add_row(
             f"{row['batch']} × {row['seq']}" if first else "",
             row["method"],
-            f"{row['median_s']:.3f}",
+            f"{row['median_s'] * 1000:,.2f}",  # a small model's forward takes a millisecond or two
             f"{row['spread']:.0%}",
             f"{row['tokens_per_s']:,.0f}",
             _times(row["time_vs_floor"]),

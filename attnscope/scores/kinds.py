@@ -141,21 +141,20 @@ class Kind:
         normalizer = rows.normalizer  # (B, H, n)
         n = normalizer.shape[-1]
         positions = torch.arange(n, device=normalizer.device)  # (n,)
-        probs = torch.exp(rows.gathered) / normalizer[..., None]  # (B, H, n, m)
+        probs = torch.exp(rows.gathered).div_(normalizer[..., None])  # (B, H, n, m)
         offsets = self.window_offsets(window, normalizer.device)  # (s,)
         s = offsets.shape[0]
         local = self.in_window(positions[:, None] + offsets, rows.lengths) & rows.gathered_visible[..., :s]  # (B, n, s)
-        mass = 1.0 if rows.mass is None else rows.mass
-        entropy = mass * torch.log(normalizer) - rows.expected_logit  # (B, H, n)
-        visible = rows.visible.to(entropy.dtype)  # (B, n)
-        confidence = 1.0 / normalizer if rows.peak is None else torch.exp(rows.peak) / normalizer
+        log_normalizer = torch.log(normalizer)  # (B, H, n)
+        entropy = (log_normalizer if rows.mass is None else rows.mass * log_normalizer) - rows.expected_logit
+        confidence = normalizer.reciprocal() if rows.peak is None else torch.exp(rows.peak) / normalizer
         return {
             **{name: probs[..., slot] for name, slot in self.slots(window).items()},
-            "local": (probs[..., :s] * local[:, None].to(probs.dtype)).sum(-1),  # (B, H, n)
+            "local": (probs[..., :s] * local[:, None]).sum(-1),  # (B, H, n)
             "entropy": entropy,
-            "entropy_normalized": entropy / torch.log(visible[:, None]).clamp(min=1e-12),
+            "entropy_normalized": entropy / torch.log(rows.visible[:, None]).clamp_(min=1e-12),
             "confidence": confidence,
-            "local_uniform": local.sum(-1).to(torch.float64) / rows.visible.to(torch.float64),  # (B, n)
+            "local_uniform": local.sum(-1, dtype=torch.float64) / rows.visible,  # (B, n) float64
         }
 
 

@@ -25,16 +25,24 @@ PROBE_SCORES = tuple(score.name for score in catalog.SCORES if score.source == c
 
 
 def sum_scored_rows(
-    kind: Kind, scores: dict[str, torch.Tensor], positions: torch.Tensor, lengths: torch.Tensor
+    kind: Kind, scores: dict[str, torch.Tensor], positions: torch.Tensor, lengths: torch.Tensor, layers: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Row scores (name -> (B, H, b), and `local_uniform` (B, b)) summed over the scored rows: (sums (H, S) float64
-    in the order of `kind.row_score_names`, local_uniform sum (scalar float64), scored row count (scalar))."""
+    in the order of `kind.row_score_names`, local_uniform sum (scalar float64), scored row count (scalar)).
+
+    With `layers` = L > 0 the windows are L layers' windows one layer after the other (B = L·B', layer-major, see
+    pipeline.capture.LayerRows.stack), and each layer keeps its own sums: (L, H, S), (L,) and (L,). (The L layers
+    may be those of several batches of the same shape.)"""
     scored = kind.scored_rows(lengths, positions)  # (B, b)
-    stacked = torch.stack([scores[name] for name in kind.row_score_names], dim=-1)  # (B, H, b, S)
-    stacked = torch.where(scored[:, None, :, None], stacked, 0.0)  # padded rows may hold anything, even NaN
-    sums = stacked.sum(dim=(0, 2), dtype=torch.float64)  # (H, S)
-    uniform = torch.where(scored, scores["local_uniform"], 0.0).sum()  # scalar
-    return sums, uniform, scored.sum()
+    # scores side by side along a first dimension: a stack along the last one writes them element by element
+    stacked = torch.stack([scores[name] for name in kind.row_score_names])  # (S, B, H, b)
+    stacked = torch.where(scored[:, None], stacked, 0.0)  # padded rows may hold anything, even NaN
+    uniform = torch.where(scored, scores["local_uniform"], 0.0)  # (B, b)
+    if not layers:
+        return stacked.sum(dim=(1, 3), dtype=torch.float64).T, uniform.sum(), scored.sum()  # (H, S), (), ()
+    S, B, H, b = stacked.shape
+    sums = stacked.view(S, layers, B // layers, H, b).sum(dim=(2, 4), dtype=torch.float64)  # (S, L, H)
+    return sums.permute(1, 2, 0), uniform.view(layers, -1).sum(-1), scored.view(layers, -1).sum(-1)
 
 
 def finish(kind: Kind, sums: torch.Tensor, uniform_sum: torch.Tensor | float, count: int) -> dict[str, torch.Tensor]:

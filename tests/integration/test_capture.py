@@ -108,6 +108,47 @@ def test_model_output_is_unchanged_by_the_capture(model, batch):
         assert float((output - plain).abs()[real].max()) < 1e-5
 
 
+def test_a_run_gives_back_whatever_implementation_the_model_had(model, batch):
+    """The first run switches through transformers, later ones set the noted configs only: both give back the
+    implementation the model had, even one set between two runs."""
+    model.model.set_attn_implementation("sdpa")
+    try:
+        for _ in range(2):
+            seen: list[str] = []
+            hook = model.model.register_forward_pre_hook(
+                lambda module, args, seen=seen: seen.append(module.config._attn_implementation)
+            )
+            try:
+                capture.run(model.model, [batch], None)
+            finally:
+                hook.remove()
+            assert seen == [capture.IMPLEMENTATION]
+            assert {
+                module.config._attn_implementation for module in model.model.modules() if hasattr(module, "config")
+            } == {"sdpa"}
+    finally:
+        model.model.set_attn_implementation("eager")
+    capture.run(model.model, [batch], None)
+    assert model.model.config._attn_implementation == "eager"
+
+
+def test_outside_a_capture_the_implementation_is_eager_attention(model, batch):
+    """Called with the capture's implementation but no capture, a model computes eager attention, whatever mask
+    the capture's mask function gives it (boolean, or none for an unpadded batch)."""
+    unpadded = _one_batch(model, TEXTS[:1])
+    with torch.no_grad():
+        eager = [model.model(input_ids=b.input_ids, attention_mask=b.attention_mask) for b in (batch, unpadded)]
+        capture._register()
+        model.model.set_attn_implementation(capture.IMPLEMENTATION)
+        try:
+            ours = [model.model(input_ids=b.input_ids, attention_mask=b.attention_mask) for b in (batch, unpadded)]
+        finally:
+            model.model.set_attn_implementation("eager")
+    for b, expected, got in zip((batch, unpadded), eager, ours, strict=True):
+        real = torch.arange(b.input_ids.shape[1])[None, :] < b.lengths[:, None]
+        assert float((got.last_hidden_state - expected.last_hidden_state).abs()[real].max()) < 1e-5
+
+
 def test_small_blocks_give_the_same_maps_and_statistics(model, batch):
     whole, small = captured_maps(model, batch), captured_maps(model, batch, block_bytes=1)  # one row per block
     for layer in whole:
@@ -158,6 +199,25 @@ def test_merged_partial_runs_equal_one_run(model):
     assert int(first.row_count) == int(whole.row_count)
     for name, value in whole.means().items():
         assert torch.allclose(value, first.means()[name], atol=1e-9), name
+
+
+def test_layers_scored_one_by_one_or_together_agree(model, monkeypatch):
+    """Summaries kept back and scored together (all layers of every batch of a run) give the sums of scoring each
+    layer of each batch as it comes."""
+    windows = tokenize(model, TEXTS).windows
+    pad = pad_id(model.tokenizer)
+
+    def statistics_of():
+        statistics = HeadStatistics(model.kind, model.n_layer, model.n_head, model.device)
+        capture.run(model.model, batches(windows, 2, model.device, pad), statistics)
+        return statistics
+
+    together = statistics_of()
+    monkeypatch.setattr(HeadStatistics, "PENDING_BYTES", 1)  # every layer scored as it comes
+    alone = statistics_of()
+    assert int(together.row_count) == int(alone.row_count) > 0
+    assert torch.allclose(together.sums, alone.sums, rtol=1e-12, atol=1e-9)
+    assert torch.allclose(together.uniform_sum, alone.uniform_sum, rtol=1e-12, atol=1e-12)
 
 
 FIRST_TOKENS = {"decoder": ["<bos>", "The", " cat"], "encoder": ["[CLS]", "the", "cat"]}

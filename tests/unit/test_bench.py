@@ -4,6 +4,7 @@ they claim."""
 from __future__ import annotations
 
 import statistics
+import time
 
 import numpy as np
 import pytest
@@ -51,13 +52,33 @@ def test_measure_runs_round_robin(monkeypatch):
     """Warm-up rounds, then each round runs every method once timed and once for memory, starting one later."""
     monkeypatch.setattr(bench, "_release_freed_memory", lambda: None)  # a garbage collection per run: slow here
     calls = []
-    runs = {name: (lambda name=name: calls.append(name)) for name in bench.METHODS}
-    measured = bench.measure(runs, torch.device("cpu"), warmup=1, repeats=3)
+    runs = {name: (lambda count, name=name: calls.extend([name] * count)) for name in bench.METHODS}
+    measured = bench.measure(runs, torch.device("cpu"), warmup=1, repeats=3)  # no sample_s: one call a sample
     f, a, t, c = bench.METHODS
     rounds = [[f, a, t, c], [a, t, c, f], [t, c, f, a]]
     assert calls == [f, a, t, c] + [name for order in rounds for name in order * 2]  # timed, then memory
     assert all(len(times) == 3 and len(peaks) == 3 for times, peaks in measured.values())
     assert all(time >= 0 for times, _ in measured.values() for time in times)
+
+
+def test_a_short_call_is_timed_over_several_calls(monkeypatch):
+    """A sample makes as many calls as fill sample_s by the warm-up's time, and reports the time of one call."""
+    monkeypatch.setattr(bench, "_release_freed_memory", lambda: None)
+    counts = {"short": [], "long": []}
+
+    def run(name, seconds):
+        def calls(count):
+            counts[name].append(count)
+            time.sleep(seconds * count)
+
+        return calls
+
+    runs = {"short": run("short", 0.002), "long": run("long", 0.03)}
+    measured = bench.measure(runs, torch.device("cpu"), warmup=1, repeats=2, sample_s=0.02)
+    # warm-up: one call each; then per round one timed sample and one call for memory
+    assert counts["long"] == [1, 1, 1, 1, 1]
+    assert counts["short"][0] == 1 and counts["short"][2] == 1 and 2 <= counts["short"][1] <= 10
+    assert all(0.002 <= t < 0.01 for t in measured["short"][0]) and all(t >= 0.03 for t in measured["long"][0])
 
 
 @pytest.mark.slow
@@ -67,8 +88,9 @@ def test_run_bench_measures_every_method_round_robin(monkeypatch):
 
     calls = []
     monkeypatch.setattr(
-        bench, "_methods", lambda *args: {name: (lambda name=name: calls.append(name)) for name in bench.METHODS}
+        bench, "_methods", lambda *args: {name: (lambda count, name=name: calls.append(name)) for name in bench.METHODS}
     )
+    monkeypatch.setattr(bench, "SAMPLE_S", 0.0)  # one call a sample
     config = GPT2Config(n_layer=1, n_head=2, n_embd=8, n_positions=16, vocab_size=64)
     model = bench.random_model(config, "cpu", "auto")
     measurements = bench.run_bench(model, torch.device("cpu"), [8], [1], warmup=1, repeats=3)
