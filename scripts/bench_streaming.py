@@ -7,8 +7,9 @@ Writes a deterministic input (English-like sentences cycled from the bundled sam
 that no two texts are alike) into a temporary folder, runs `attnscope heads --model demo --file FILE --json -q` in a
 child process, and samples the child's resident memory (VmRSS in /proc) every 0.2 s. With `--seconds`, the run is
 interrupted (SIGINT, as Ctrl-C) after that long: enough to show whether memory grows with the input read. Prints a
-JSON summary: peak RSS (the kernel's high-water mark, VmHWM), a timeline (seconds, MB), the exit status and the
-wall time; `--timeline-every` thins the timeline. Linux only (/proc).
+JSON summary: peak RSS (the kernel's high-water mark, VmHWM), a timeline (seconds, MB, and how far the input file has
+been read, from its offset in /proc/PID/fdinfo: the check reads it once, the analysis a second time), the exit status
+and the wall time; `--timeline-every` thins the timeline. Linux only (/proc).
 """
 
 from __future__ import annotations
@@ -58,6 +59,19 @@ def memory_mb(pid: int, field: str = "VmRSS") -> float | None:
     return None
 
 
+def read_position(pid: int, path: Path) -> int | None:
+    """Where the child's open file `path` is being read (its file offset, /proc/PID/fdinfo), None if not open."""
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            if os.readlink(fd) == str(path):
+                for line in Path(f"/proc/{pid}/fdinfo/{fd.name}").read_text().splitlines():
+                    if line.startswith("pos:"):
+                        return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=["corpus", "line"], required=True)
@@ -73,15 +87,21 @@ def main() -> None:
     started = time.perf_counter()
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     timeline, peak_seen, high_water = [], 0.0, None
+    reading, passes, last_position = 0, 0, -1  # the input is read twice: checked, then analysed
     interrupted = False
     while child.poll() is None:
         elapsed = time.perf_counter() - started
         rss = memory_mb(child.pid)
         high_water = memory_mb(child.pid, "VmHWM") or high_water
+        position = read_position(child.pid, path)
+        if position is not None:
+            if position < last_position or passes == 0:
+                passes += 1
+            reading, last_position = position, position
         if rss is not None:
             peak_seen = max(peak_seen, rss)
             if not timeline or elapsed - timeline[-1][0] >= args.timeline_every:
-                timeline.append((round(elapsed, 1), round(rss)))
+                timeline.append((round(elapsed, 1), round(rss), passes, round(100 * reading / size, 1)))
         if args.seconds is not None and elapsed > args.seconds and not interrupted:
             child.send_signal(signal.SIGINT)
             interrupted = True
@@ -95,7 +115,10 @@ def main() -> None:
         "interrupted_after_s": args.seconds if interrupted else None,
         "wall_s": round(wall, 1),
         "peak_rss_mb": round(max(peak_seen, high_water or 0.0)),
-        "timeline_s_mb": " ".join(f"{t:g}:{mb}" for t, mb in timeline),
+        # seconds:MB resident:pass:percent of the input read in that pass (the pass counts the reads of the file
+        # seen: a check too short to be sampled is not seen, and the analysis is then pass 1)
+        "timeline_s_mb_pass_percent": " ".join(f"{t:g}:{mb}:{k}:{pc:g}" for t, mb, k, pc in timeline),
+        "last_read": {"pass": passes, "percent": round(100 * reading / size, 1)},
         "stderr_tail": stderr.strip().splitlines()[-3:],
     }
     if child.returncode == 0:

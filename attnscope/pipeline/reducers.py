@@ -26,8 +26,11 @@ class HeadStatistics(Reducer):
     """
 
     # Per-row summaries kept back before they are scored: ~3.5× this in temporaries while they are (one GPT-2 small
-    # layer at 8 × 1024 tokens holds ~2.8 MiB, so a few layers go together; a small model's many batches do).
-    PENDING_BYTES = 8 * 2**20
+    # layer at 8 × 1024 tokens holds ~2.8 MiB, so it goes alone; a small model's many batches go together). Not more:
+    # small tensors kept alive across batches pin the C heap under the batches' large temporaries (glibc cannot give
+    # it back), and at 8 MiB a long run of the demo model peaked at 830 MB instead of 480 MB; at 1 MiB it stays at
+    # ~480 MB, as fast (scripts and figures in the README, "Small models").
+    PENDING_BYTES = 2**20
 
     def __init__(self, kind: Kind, n_layer: int, n_head: int, device: torch.device, window: int = DEFAULT_WINDOW):
         self.kind = kind
