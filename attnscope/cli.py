@@ -64,17 +64,24 @@ class Names(tuple):
     """Comma-separated names (`floor,attnscope`) as one option value."""
 
 
-def _numbers(text: str | tuple) -> Numbers:
-    """Comma-separated whole numbers: `128,512,1024`."""
-    if isinstance(text, tuple):  # a default given as a tuple
-        return Numbers(text)
-    try:
-        values = Numbers(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise typer.BadParameter(f"'{text}': expected comma-separated whole numbers") from None
-    if not values:
-        raise typer.BadParameter("give at least one number")
-    return values
+def _numbers(low: int, high: int) -> Callable[[str | tuple], Numbers]:
+    """A parser of comma-separated whole numbers (`128,512,1024`), each from `low` to `high`."""
+
+    def parse(text: str | tuple) -> Numbers:
+        if isinstance(text, tuple):  # a default given as a tuple
+            return Numbers(text)
+        try:
+            values = Numbers(int(part) for part in text.split(",") if part.strip())
+        except ValueError:
+            raise typer.BadParameter(f"'{text}': expected comma-separated whole numbers") from None
+        if not values:
+            raise typer.BadParameter("give at least one number")
+        for value in values:
+            if not low <= value <= high:
+                raise typer.BadParameter(f"{value}: each value must be from {low:,} to {high:,}")
+        return values
+
+    return parse
 
 
 def _methods(text: str | tuple) -> Names:
@@ -87,6 +94,15 @@ def _methods(text: str | tuple) -> Names:
     if unknown or not chosen:
         raise typer.BadParameter(f"'{text}': use some of {', '.join(ALL_METHODS)}, comma-separated")
     return chosen
+
+
+def _folder(text: str | Path) -> Path:
+    """A folder to write into: an empty name is refused (it would quietly mean the current folder)."""
+    if isinstance(text, Path):
+        return text
+    if not text.strip():
+        raise typer.BadParameter("an empty folder name; give a folder, e.g. --out results/ (or . for this one)")
+    return Path(text)
 
 
 def _sort(text: str) -> str:
@@ -108,6 +124,8 @@ def _sort_names(incomplete: str) -> list[str]:
 
 SEED_MAX = 2**32 - 1
 LENGTH_MAX = 100_000  # tokens: beyond every model's context, and small enough that nothing sized by it overflows
+BATCH_MAX = 65_536  # texts in one bench batch: far beyond any memory at any useful length
+D_MODEL_MAX = 4096  # random-mha's width, and so its most heads
 
 # ------------------------------------------------------------------------------------------ shared options
 # Options shared by several commands are declared once, in groups; `_options` adds a group's options to a command
@@ -393,7 +411,13 @@ OUTPUT = _group(
     out=(
         Annotated[
             Path | None,
-            typer.Option("--out", "-o", metavar="DIR", help="Write the command's files (JSON, CSV, pictures) here."),
+            typer.Option(
+                "--out",
+                "-o",
+                parser=_folder,
+                metavar="DIR",
+                help="Write the command's files (JSON, CSV, pictures) here.",
+            ),
         ],
         None,
     ),
@@ -519,14 +543,21 @@ def _emit(result: Any, output: Output, folder: Path | None) -> None:
     shown_as_paths = view.names_files and not (output.json or output.csv)  # the paths themselves go to stdout
     if written and not output.quiet and not shown_as_paths:
         _note(f"wrote {len(written)} file{'s' if len(written) != 1 else ''} to {folder}")
-    if output.json:
-        sys.stdout.write(to_json(view.document()))
-    elif output.csv:
-        sys.stdout.write(to_csv(view.records()))
-    else:
-        console = _console()
-        for item in view.terminal(written):
-            console.print(item)
+    try:
+        if output.json:
+            sys.stdout.write(to_json(view.document()))
+        elif output.csv:
+            sys.stdout.write(to_csv(view.records(), view.columns))
+        else:
+            console = _console()
+            for item in view.terminal(written):
+                console.print(item)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as error:  # stdout on a full disk (`> /dev/full`), a quota, an I/O error
+        _silence_stdout()
+        raise AttnscopeError(f"cannot write to standard output: {error.strerror or error}") from None
 
 
 def _version(value: bool) -> None:
@@ -695,10 +726,15 @@ def diversity(
 @_options(output=OUTPUT)
 def random_mha(
     output,
-    d_model: Annotated[int, typer.Option("--d-model", min=1, max=4096, metavar="D", help="Model width.")] = 64,
+    d_model: Annotated[int, typer.Option("--d-model", min=1, max=D_MODEL_MAX, metavar="D", help="Model width.")] = 64,
     heads: Annotated[
         Numbers,
-        typer.Option("--heads", parser=_numbers, metavar="H,H,...", help="Head counts, each dividing --d-model."),
+        typer.Option(
+            "--heads",
+            parser=_numbers(1, D_MODEL_MAX),
+            metavar="H,H,...",
+            help=f"Head counts (1-{D_MODEL_MAX}), each dividing --d-model.",
+        ),
     ] = "1,2,4,8",
     seq_len: Annotated[
         int, typer.Option("--seq-len", min=2, max=4096, metavar="N", help="Tokens per random sequence.")
@@ -827,10 +863,22 @@ def bench(
         bool, typer.Option("--random-weights", help="The model's architecture with random weights (no download).")
     ] = False,
     seq_lens: Annotated[
-        Numbers, typer.Option("--seq-lens", parser=_numbers, metavar="N,N,...", help="Sequence lengths.")
+        Numbers,
+        typer.Option(
+            "--seq-lens",
+            parser=_numbers(2, LENGTH_MAX),
+            metavar="N,N,...",
+            help=f"Sequence lengths (2-{LENGTH_MAX:,}, at most the model's context).",
+        ),
     ] = "128,512,1024",
     batch_sizes: Annotated[
-        Numbers, typer.Option("--batch-sizes", parser=_numbers, metavar="B,B,...", help="Batch sizes.")
+        Numbers,
+        typer.Option(
+            "--batch-sizes",
+            parser=_numbers(1, BATCH_MAX),
+            metavar="B,B,...",
+            help=f"Batch sizes (1-{BATCH_MAX:,}; a shape that would not fit in memory is refused before it runs).",
+        ),
     ] = "1,8",
     repeats: Annotated[
         int,
@@ -908,55 +956,89 @@ def info(model, output) -> None:
 # ------------------------------------------------------------------------------------------ error boundary
 
 
+# Out-of-memory advice names the options of the command that ran out (bench has no --max-tokens).
+_MEMORY_ADVICE = {
+    "bench": "try smaller --batch-sizes or --seq-lens, or a smaller --dtype",
+    "random-mha": "try a smaller --seq-len, --d-model or fewer --heads",
+}
+_MEMORY_ADVICE_DEFAULT = "try a smaller --batch-size or --max-tokens, shorter texts, or a smaller --dtype"
+_interrupted = False  # set by the SIGINT handler: whatever a library makes of the interrupt, it was Ctrl-C
+
+
+def _on_interrupt(signum: int, frame: Any) -> None:
+    """Ctrl-C: remember it, then interrupt as Python does. Code that catches the KeyboardInterrupt and raises
+    something else (an import cut short turns into an ImportError inside transformers) still ends as Ctrl-C."""
+    global _interrupted
+    _interrupted = True
+    raise KeyboardInterrupt
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI on `argv` and return its exit status: the one error boundary for every command."""
+    global _interrupted
+    _interrupted = False
     try:
         # Commands return None; typer returns an exit status instead when one stopped early: 130 for Ctrl-C
         # (it turns KeyboardInterrupt into that itself), 0 after --help.
         status = app(args=argv, prog_name="attnscope", standalone_mode=False)
-        if status == 130:
+        if status == 130 or _interrupted:
             print("attnscope: interrupted", file=sys.stderr)
+            return 130
         return status if isinstance(status, int) else 0
-    except AttnscopeError as error:
-        print(f"attnscope: error: {error}", file=sys.stderr)
-        return 2
-    except click_errors.NoArgsIsHelpError as error:  # `attnscope` alone prints the help
+    except BaseException as error:
+        if _interrupted or isinstance(error, (typer.Abort, KeyboardInterrupt)):
+            print("attnscope: interrupted", file=sys.stderr)
+            return 130
+        message, status = _user_error(error, (argv or [""])[0] if argv else "")
+        if message is None:
+            raise  # a bug keeps its traceback, for the bug report
+        if message:
+            print(message, file=sys.stderr)
+        return status
+
+
+def _user_error(error: BaseException, command: str) -> tuple[str | None, int]:
+    """The line and exit status for an error a user can cause; (None, 0) for a bug."""
+    if isinstance(error, AttnscopeError):
+        return f"attnscope: error: {error}", 2
+    if isinstance(error, click_errors.NoArgsIsHelpError):  # `attnscope` alone prints the help
         error.show()
-        return 0
-    except click_errors.UsageError as error:
+        return "", 0
+    if isinstance(error, click_errors.UsageError):
         hint = f" (see: attnscope {error.ctx.info_name} --help)" if error.ctx is not None and error.ctx.parent else ""
-        print(f"attnscope: error: {error.format_message()}{hint}", file=sys.stderr)
-        return 2
-    except click_errors.ClickException as error:
-        print(f"attnscope: error: {error.format_message()}", file=sys.stderr)
-        return 2
-    except (typer.Abort, KeyboardInterrupt):
-        print("attnscope: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
+        return f"attnscope: error: {error.format_message()}{hint}", 2
+    if isinstance(error, click_errors.ClickException):
+        return f"attnscope: error: {error.format_message()}", 2
+    if isinstance(error, BrokenPipeError):
         # The reader of stdout went away (`attnscope heads | head`): stop quietly. Point stdout at /dev/null so
         # that the interpreter's last flush does not fail again; rich does the same for its own writes (exit 1).
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except (MemoryError, RuntimeError) as error:
-        if not _out_of_memory(error):
-            raise
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        print(
-            f"attnscope: error: out of memory ({first_line}); try a smaller --batch-size or --max-tokens, "
-            "shorter texts, or a smaller --dtype",
-            file=sys.stderr,
-        )
-        return 2
+        _silence_stdout()
+        return "", 1
+    if _out_of_memory(error):
+        text = str(error).strip()
+        first_line = text.splitlines()[0] if text else type(error).__name__
+        advice = _MEMORY_ADVICE.get(command, _MEMORY_ADVICE_DEFAULT)
+        return f"attnscope: error: out of memory ({first_line}); {advice}", 2
+    return None, 0
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of what is left does not fail again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _out_of_memory(error: BaseException) -> bool:
     """Whether `error` is running out of host or device memory, which a user causes with the size of the input
-    (torch raises RuntimeError on the CPU: "can't allocate memory", and torch.OutOfMemoryError on a GPU)."""
+    (torch raises RuntimeError on the CPU: "can't allocate memory", and torch.OutOfMemoryError on a GPU; a Rust
+    library such as the tokenizer panics when an allocation fails)."""
     if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
         return True
+    if not isinstance(error, RuntimeError) and type(error).__name__ != "PanicException":
+        return False
     text = str(error).lower()
-    return "can't allocate memory" in text or "out of memory" in text
+    return any(
+        words in text for words in ("can't allocate memory", "out of memory", "memory allocation", "capacity overflow")
+    )
 
 
 def main() -> None:
@@ -964,7 +1046,7 @@ def main() -> None:
     import signal
 
     # Ctrl-C must stop a run even when the parent started us with SIGINT ignored (as shells do for `&` jobs).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, _on_interrupt)
     status = run(sys.argv[1:])
     if status == 130:
         # End the way an interrupted Unix program does, killed by SIGINT (the shell shows 130 and stops a script's

@@ -27,7 +27,14 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.common import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, check_positive
+from attnscope.analyses.common import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_TOKENS,
+    check_finite,
+    check_positive,
+    damaged_weights,
+    first_non_finite_weight,
+)
 from attnscope.errors import AttnscopeError
 from attnscope.models.families import CAUSAL_LM
 from attnscope.models.loading import LoadedModel, fastest_attention
@@ -271,6 +278,11 @@ class Ablate:
         L, H = loaded.n_layer, loaded.n_head
         if self.prune > L * H:
             raise AttnscopeError(f"prune {self.prune}: this model has {L * H} heads")
+        # SDPA, which the losses run with, turns a NaN head's output into zeros: a damaged head would pass for an
+        # ablated one, so the weights are checked first (a scan costs less than one of the forward passes here)
+        damaged = first_non_finite_weight(loaded.lm_model)
+        if damaged is not None:
+            raise AttnscopeError(damaged_weights(damaged))
         windows, inputs, notes = _loss_windows(loaded, texts, self.bos)
         inputs.update(
             n_windows=len(windows.windows),
@@ -298,6 +310,7 @@ class Ablate:
             else:
                 baseline, importance = _gradient_importance(loaded, windows, *self.batching)
                 ablated = None
+            check_finite(loaded, "loss", [baseline, *np.asarray(importance).ravel()])
             result = AblationResult(loaded.info(), inputs, settings, baseline, importance, ablated, notes=notes)
             if self.prune:
                 order = result.ranked()[::-1][: self.prune]  # least important first

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.common import check_index, check_positive
+from attnscope.analyses.common import check_finite, check_index, check_positive
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture
@@ -113,7 +113,9 @@ class Attend:
         check_positive("tokens", self.tokens)
         check_positive("top", self.top)
         if self.to_index is not None and self.to_token is None:
-            raise AttnscopeError("a to occurrence needs a to token")
+            raise AttnscopeError(
+                f"to occurrence {self.to_index} picks one occurrence of the to token: give the to token too (--to)"
+            )
 
     def run(self, model: LoadedModel, texts: Texts | Sequence[Text], progress: Any = None) -> AttendResult:
         windows = WindowStream(model, check_index(self.index, texts), self.bos)
@@ -121,6 +123,7 @@ class Attend:
         reducer = QueryRowReducer(model.kind, position)
         capture.run(model.model, batches([window], 1, model.device), reducer)
         rows = np.stack([reducer.rows[layer].double().numpy() for layer in range(model.n_layer)])  # (L, H, n)
+        check_finite(model, "attention", rows, range(model.n_layer))
         settings = {
             "from_index": self.from_index,
             "to_index": self.to_index,

@@ -64,6 +64,48 @@ def input_summary(windows: WindowStream, scored_rows: int | None = None) -> dict
     return summary
 
 
+def check_finite(model: LoadedModel, what: str, values: Any, layers: Sequence[int] | None = None) -> None:
+    """Refuse a result that came out NaN or infinite: its numbers would mean nothing, so no table is made of them.
+    `values` holds `what` ("attention", "loss"): with `layers`, one entry per layer along its first dimension, for
+    the message to say where it starts. The line names the cause: weights that are not finite (a damaged checkpoint,
+    named by its first such tensor, looked for only now so that a sound model pays nothing), or a half precision
+    that overflowed."""
+    import numpy as np
+
+    values = np.asarray(values.cpu() if hasattr(values, "cpu") else values, dtype=np.float64)
+    if np.isfinite(values).all():
+        return
+    where = ""
+    if layers is not None:
+        finite = np.isfinite(values.reshape(len(layers), -1)).all(axis=1)
+        where = f" from layer {layers[int(np.argmin(finite))]} on"
+    weights = first_non_finite_weight(model.model)
+    dtype = str(model.dtype).removeprefix("torch.")
+    if weights is not None:
+        cause = damaged_weights(weights)
+    elif dtype in ("float16", "bfloat16"):
+        cause = f"{dtype} overflowed: try --dtype float32"
+    else:
+        cause = "the model's activations overflowed"
+    raise AttnscopeError(f"the {what} is not finite (NaN or infinity){where}; nothing is reported: {cause}")
+
+
+def damaged_weights(name: str) -> str:
+    return f"the model's weights hold NaN or infinite values (first in {name}): the checkpoint is damaged"
+
+
+def first_non_finite_weight(network: Any) -> str | None:
+    """The name of the first parameter of `network` holding a NaN or an infinity (None: all finite)."""
+    import math
+
+    for name, parameter in network.named_parameters():
+        if parameter.device.type != "meta" and parameter.numel():
+            low, high = (float(value) for value in parameter.detach().reshape(-1).aminmax())
+            if not (math.isfinite(low) and math.isfinite(high)):
+                return name
+    return None
+
+
 def too_short(model: LoadedModel, what: str) -> str:
     """The message for a corpus with no scored row."""
     if model.kind.causal:

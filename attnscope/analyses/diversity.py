@@ -60,25 +60,27 @@ class DiversityResult:
     def cluster_at(self) -> float:
         return self.settings["cluster_at"]
 
+    def pair_columns(self) -> list[str]:
+        """The keys of a pair's record, in order (the CSV's header, also when there is no pair)."""
+        errors = [] if self.js_se is None else ["js_se", "js_distance_se"]
+        return ["a", "b", "a_layer", "a_head", "b_layer", "b_head", "cosine", "js", "js_distance", *errors]
+
     def pairs(self) -> list[dict[str, Any]]:
         """Every unordered pair of heads, in label order; each head also as integers, since a numeric CSV reader
         takes the labels `0.1` and `0.10` for the same number."""
         K = len(self.labels)
         heads = [tuple(int(part) for part in label.split(".")) for label in self.labels]
-        errors = {} if self.js_se is None else {"js_se": self.js_se, "js_distance_se": self.js_distance_se}
+        matrices = [self.cosine, self.js, self.js_distance]
+        if self.js_se is not None:
+            matrices += [self.js_se, self.js_distance_se]
         return [
-            {
-                "a": self.labels[i],
-                "b": self.labels[j],
-                "a_layer": heads[i][0],
-                "a_head": heads[i][1],
-                "b_layer": heads[j][0],
-                "b_head": heads[j][1],
-                "cosine": float(self.cosine[i, j]),
-                "js": float(self.js[i, j]),
-                "js_distance": float(self.js_distance[i, j]),
-                **{name: float(matrix[i, j]) for name, matrix in errors.items()},
-            }
+            dict(
+                zip(
+                    self.pair_columns(),
+                    [self.labels[i], self.labels[j], *heads[i], *heads[j], *(float(m[i, j]) for m in matrices)],
+                    strict=True,
+                )
+            )
             for i in range(K)
             for j in range(i + 1, K)
         ]
@@ -242,6 +244,8 @@ class Diversity:
         if int(statistics.row_count) == 0:
             raise AttnscopeError(common.too_short(model, "compare"))
         matrices = {name: value.numpy() for name, value in statistics.results().items()}
+        # a head's similarity to itself is finite exactly when its attention is
+        common.check_finite(model, "attention", np.diag(matrices["cosine"]).reshape(len(layers), -1), layers)
         notes = windows.notes()
         if self.sample_rows:
             off_diagonal = ~np.eye(matrices["js"].shape[0], dtype=bool)

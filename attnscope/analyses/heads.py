@@ -12,10 +12,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from attnscope.analyses.common import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_TOKENS,
     Progress,
+    check_finite,
     check_layer,
     check_positive,
     input_summary,
@@ -29,7 +32,16 @@ from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture, distributed
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.reducers import HeadStatistics, ProbeStatistics
-from attnscope.pipeline.tokens import PROBE_SEQUENCES, Window, WindowStream, batches, probe_windows, token_labels
+from attnscope.pipeline.tokens import (
+    MIN_PROBE_LEN,
+    PROBE_SEQUENCES,
+    Window,
+    WindowStream,
+    batches,
+    ordinary_token_ids,
+    probe_windows,
+    token_labels,
+)
 from attnscope.scores import catalog, roles
 from attnscope.scores.kinds import DEFAULT_WINDOW, Kind
 
@@ -120,7 +132,7 @@ class Heads:
         check_positive("window", self.window)
         check_positive("batch size", self.batch_size)
         check_positive("max tokens", self.max_tokens)
-        check_positive("probe period", self.probe_len, 3)
+        check_positive("probe period", self.probe_len, MIN_PROBE_LEN)
         check_positive("probe seed", self.probe_seed, 0)
         check_positive("top", self.top)
         if self.sort is not None:  # stored under its name, whichever spelling was given
@@ -141,11 +153,11 @@ class Heads:
             notes.append("the repeated-token probe measures left-to-right copying; skipped for encoder models")
         elif self.probe:
             if probe_len is None:
-                probe_len = min(DEFAULT_PROBE_LEN, (model.n_ctx - 1) // 2)
-                if probe_len < DEFAULT_PROBE_LEN:
-                    notes.append(f"probe period shortened to {probe_len} tokens to fit the context of {model.n_ctx}")
-            # built before the texts run, so that a bad probe period or seed stops the command at once
-            probe_input = probe_windows(model.tokenizer, probe_len, model.n_ctx, self.probe_seed)
+                probe_len, note = default_probe_period(model)
+                notes += [note] if note else []
+            if probe_len is not None:
+                # built before the texts run, so that a bad probe period or seed stops the command at once
+                probe_input = probe_windows(model.tokenizer, probe_len, model.n_ctx, self.probe_seed)
         statistics = HeadStatistics(kind, model.n_layer, model.n_head, model.device, self.window)
         keep_layers = sorted({layer for layer, _ in plotted})
         captured = run_windows(model, windows, statistics, self.batch_size, self.max_tokens, progress, keep_layers)
@@ -158,6 +170,8 @@ class Heads:
         if probe_input is not None:
             probe_means, summary["probe"] = probe_scores(model, probe_input, probe_len, self.probe_seed)
             means.update(probe_means)
+        per_layer = torch.cat([value.reshape(model.n_layer, -1) for value in means.values()], dim=1)  # (L, ·)
+        check_finite(model, "attention", per_layer, range(model.n_layer))
         heads = []
         for layer in range(model.n_layer):
             for head in range(model.n_head):
@@ -193,6 +207,28 @@ class Heads:
             plotted=plotted,
             selection={"layer": self.layer, "sort": self.sort, "top": self.top},
         )
+
+
+def default_probe_period(model: LoadedModel) -> tuple[int | None, str | None]:
+    """The probe's period when none was asked for: DEFAULT_PROBE_LEN, or less where the model's context or its
+    vocabulary of ordinary words holds fewer, with a note; None (and why) when not even the shortest probe fits."""
+    prefix = 1 if model.tokenizer.bos_token_id is not None else 0
+    fits = (model.n_ctx - prefix) // 2
+    words = len(ordinary_token_ids(model.tokenizer))
+    period = min(DEFAULT_PROBE_LEN, fits, words)
+    if period < MIN_PROBE_LEN:
+        why = (
+            f"the model's context of {model.n_ctx} tokens cannot hold {'BOS + ' if prefix else ''}two copies of "
+            f"{MIN_PROBE_LEN} tokens"
+            if fits < MIN_PROBE_LEN
+            else f"the vocabulary has only {words} ordinary word tokens (a space and a lowercase word), fewer than "
+            f"{MIN_PROBE_LEN}"
+        )
+        return None, f"the repeated-token probe was skipped: {why}; induction and duplicate_token were not measured"
+    limit = f"the context of {model.n_ctx} tokens" if fits <= words else f"the {words} ordinary word tokens"
+    if period < DEFAULT_PROBE_LEN:
+        return period, f"probe period shortened to {period} tokens to fit {limit}"
+    return period, None
 
 
 def probe_scores(

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-from attnscope.analyses.common import check_index, check_layer, parse_head
+from attnscope.analyses.common import check_finite, check_index, check_layer, parse_head
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text, Texts
@@ -81,5 +81,6 @@ class Show:
             parse_head(f"{self.layer}.{self.head}", model.n_layer, model.n_head)
         maps, notes = attention_maps(model, text, [self.layer], self.bos)
         attention = maps[self.layer]
+        check_finite(model, "attention", attention.maps[None], [self.layer])
         attention.text_index = self.index
         return ShowResult(model.info(), attention, self.head, self.index, self.bos, notes)

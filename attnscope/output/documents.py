@@ -53,11 +53,13 @@ def to_json(doc: dict) -> str:
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 
 
-def to_csv(records: Sequence[dict]) -> str:
-    """One row per record, columns in the first record's key order (no records: no text)."""
+def to_csv(records: Sequence[dict], columns: Sequence[str] | None = None) -> str:
+    """One row per record, columns in the first record's key order; with no records, the header of `columns` alone
+    (a CSV reader takes a header with no rows, but not an empty file), or no text when the columns are unknown."""
     buffer = io.StringIO()
-    if records:
-        writer = csv.DictWriter(buffer, fieldnames=list(records[0]), lineterminator="\n")
+    fieldnames = list(records[0]) if records else list(columns or ())
+    if fieldnames:
+        writer = csv.DictWriter(buffer, fieldnames=fieldnames, lineterminator="\n")
         writer.writeheader()
         writer.writerows(clean(list(records)))
     return buffer.getvalue()

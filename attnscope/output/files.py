@@ -58,7 +58,10 @@ def write_all(folder: Path, write: Callable[[Path], Sequence[Path]]) -> list[Pat
         raise AttnscopeError(f"cannot write to --out {folder}: {error.strerror or error}") from None
     landed = False
     try:
-        written = list(write(stage))
+        try:
+            written = list(write(stage))
+        except OSError as error:  # a full disk, a quota, a folder that went read-only: nothing is left behind
+            raise AttnscopeError(f"cannot write to --out {folder}: {error.strerror or error}") from None
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             for path in written:

@@ -34,6 +34,7 @@ class View:
 
     command = ""
     names_files = False  # True: the terminal face is the paths of the files written (commands whose output they are)
+    columns: Sequence[str] = ()  # the CSV's header when there are no records (where records can be none)
 
     def __init__(self, result: Any):
         self.result = result
@@ -51,7 +52,7 @@ class View:
     def files(self, stage: Path) -> list[Path]:
         return [
             write_atomic(stage / f"{self.command}.json", to_json(self.document())),
-            write_atomic(stage / f"{self.command}.csv", to_csv(self.records())),
+            write_atomic(stage / f"{self.command}.csv", to_csv(self.records(), self.columns)),
         ]
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
@@ -227,6 +228,10 @@ class DiversityView(View):
     def records(self) -> list[dict]:
         return self.result.pairs()
 
+    @property
+    def columns(self) -> list[str]:
+        return self.result.pair_columns()
+
     def files(self, stage: Path) -> list[Path]:
         """diversity.json, diversity_pairs.csv, js_matrix.png, cosine_matrix.png and, for all layers,
         layer_diversity.png. Matrices of all heads are drawn in linkage order (similar heads together)."""
@@ -239,7 +244,7 @@ class DiversityView(View):
         scope = "all heads" if result.layer is None else f"layer {result.layer}"
         written = [
             write_atomic(stage / "diversity.json", to_json(self.document())),
-            write_atomic(stage / "diversity_pairs.csv", to_csv(self.records())),
+            write_atomic(stage / "diversity_pairs.csv", to_csv(self.records(), self.columns)),
             figures.head_matrix(
                 result.js[np.ix_(order, order)],
                 labels,

@@ -381,6 +381,7 @@ def token_labels(tokenizer: Any, ids: Sequence[int]) -> list[str]:
 
 ORDINARY_TOKEN = re.compile(r"^(Ġ|▁)[a-z]{3,}$")  # a space marker and a lowercase word: " house", " river"
 PROBE_SEQUENCES = 4
+MIN_PROBE_LEN = 3  # with T = 2 the induction target i-(T-1) is the previous token: the probe could not tell them apart
 
 
 def ordinary_token_ids(tokenizer: Any) -> list[int]:
@@ -397,9 +398,8 @@ def probe_windows(tokenizer: Any, period: int, n_ctx: int, seed: int = 0, count:
     import numpy as np
 
     prefix = (tokenizer.bos_token_id,) if tokenizer.bos_token_id is not None else ()
-    # T = 2 would put the induction target i-(T-1) on the previous token: the probe could not tell the two apart.
-    if period < 3:
-        raise AttnscopeError(f"probe period {period}: must be at least 3")
+    if period < MIN_PROBE_LEN:
+        raise AttnscopeError(f"probe period {period}: must be at least {MIN_PROBE_LEN}")
     if len(prefix) + 2 * period > n_ctx:
         bos = "BOS + " if prefix else ""
         raise AttnscopeError(

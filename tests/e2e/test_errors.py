@@ -43,6 +43,8 @@ CASES = {
     "plot malformed": (["heads", CAT, *D, "--plot", "4-11", "--out", "@tmp/plots"], "expected LAYER.HEAD"),
     "plot without out": (["heads", CAT, *D, "--plot", "0.1"], "--plot draws into the folder of --out"),
     "unwritable out": (["heads", CAT, *D, "--out", "@file/sub"], "cannot write to --out"),
+    "empty out": (["heads", CAT, *D, "--out", ""], "'--out' / '-o': an empty folder name"),
+    "blank out": (["show", CAT, *D, "--layer", "0", "--out", " "], "'--out' / '-o': an empty folder name"),
     "threshold of no role": (["heads", CAT, *D, "--threshold", "previous=0.2"], "expected ROLE=VALUE"),
     "threshold above 1": (["heads", CAT, *D, "--threshold", "previous-token=2"], "thresholds lie between 0 and 1"),
     "bad sort": (["heads", CAT, *D, "--sort", "beauty"], "Invalid value for '--sort': 'beauty': use one of"),
@@ -78,8 +80,8 @@ CASES = {
     "heads not dividing d_model": (["random-mha", "--heads", "3"], "head count 3: must divide d_model 64"),
     "heads not a number": (["random-mha", "--heads", "two"], "'two': expected comma-separated whole numbers"),
     "heads empty": (["random-mha", "--heads", ","], "give at least one number"),
-    "heads 0": (["random-mha", "--heads", "0"], "head count 0: must be at least 1"),
-    "heads negative": (["random-mha", "--heads", "-2"], "head count -2: must be at least 1"),
+    "heads 0": (["random-mha", "--heads", "0"], "'--heads': 0: each value must be from 1 to 4,096"),
+    "heads negative": (["random-mha", "--heads", "-2"], "'--heads': -2: each value must be from 1"),
     "d-model 0": (["random-mha", "--d-model", "0"], "Invalid value for '--d-model'"),
     "seq-len too long": (["random-mha", "--seq-len", "100000000"], "'--seq-len': Input should be less than or equal"),
     "attention too large": (["random-mha", "--seq-len", "4096", "--heads", "8"], "use fewer heads or tokens"),
@@ -99,7 +101,7 @@ CASES = {
         ["attend", DOCTOR_TWICE, *D, "--from", "she", "--to", "doctor", "--to-index", "4"],
         "to occurrence 4: 'doctor' occurs 2 time(s)",
     ),
-    "attend to-index without to": (["attend", CAT, *D, "--from", "cat", "--to-index", "0"], "needs a to token"),
+    "attend to-index without to": (["attend", CAT, *D, "--from", "cat", "--to-index", "0"], "give the to token"),
     "attend top 0": (["attend", CAT, *D, "--from", "cat", "--top", "0"], "Invalid value for '--top'"),
     "attend tokens 0": (["attend", CAT, *D, "--from", "cat", "--tokens", "0"], "Invalid value for '--tokens'"),
     "attend has no --heads": (["attend", CAT, *D, "--from", "cat", "--heads", "3"], "No such option: --heads"),
@@ -120,6 +122,9 @@ CASES = {
     # bench is written for GPT-2
     "bench is for decoders": (["bench", *E, "--device", "cpu"], "bench times decoders"),
     "bench random weights": (["bench", *E, "--random-weights", "--device", "cpu"], "model type 'bert' is an encoder"),
+    "bench batch too large": (["bench", *D, "--batch-sizes", "70000", "--device", "cpu"], "'--batch-sizes': 70000:"),
+    "bench length too long": (["bench", *D, "--seq-lens", "200000", "--device", "cpu"], "'--seq-lens': 200000:"),
+    "random-mha heads too many": (["random-mha", "--heads", "5000"], "'--heads': 5000: each value must be from 1"),
 }
 
 
@@ -181,9 +186,9 @@ def test_a_mistake_ends_in_one_line_and_status_2(cli, fill, tmp_path, args, expe
         (["heads", CAT, "--threshold", "broad=7"], "thresholds lie between 0 and 1"),
         (["heads", "   "], "holds no text"),
         (["diversity", CAT, "--layer", "1", "--redundant", "0"], "redundant 0.0"),
-        (["attend", CAT, "--from", "cat", "--to-index", "1"], "needs a to token"),
+        (["attend", CAT, "--from", "cat", "--to-index", "1"], "give the to token"),
         (["random-mha", "--heads", "3"], "must divide d_model"),
-        (["bench", "--seq-lens", "1", "--random-weights"], "sequence length 1"),
+        (["bench", "--seq-lens", "1", "--random-weights"], "'--seq-lens': 1: each value must be from 2"),
     ],
 )
 def test_what_needs_no_model_is_checked_before_it_loads(cli, tmp_path, args, expected):

@@ -107,7 +107,10 @@ def test_attend_sees_later_tokens_in_an_encoder(tiny_bert):
 @pytest.mark.parametrize(
     "settings, message",
     [
-        ({"from_token": "she", "to_index": 0}, "a to occurrence needs a to token"),
+        (
+            {"from_token": "she", "to_index": 0},
+            r"to occurrence 0 picks one occurrence of the to token: give the to token too \(--to\)",
+        ),
         ({"from_token": "she", "tokens": 0}, "tokens 0: must be at least 1"),
         ({"from_token": "she", "top": 0}, "top 0: must be at least 1"),
         ({"from_token": "she", "from_index": -1}, "from occurrence -1: must be at least 0"),

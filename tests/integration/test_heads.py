@@ -218,7 +218,7 @@ def test_the_default_probe_is_shortened_to_fit_a_short_context(short_context_mod
     loaded = load_model(str(short_context_model_dir), "cpu")  # 16 tokens: BOS + 2 × 7
     result = Heads().run(loaded, TEXTS[:1])
     assert result.inputs["probe"]["period"] == 7 and result.inputs["probe"]["scored_rows"] == 4 * 7
-    assert "probe period shortened to 7 tokens to fit the context of 16" in result.notes
+    assert "probe period shortened to 7 tokens to fit the context of 16 tokens" in result.notes
 
 
 def test_progress_counts_every_text_and_token(model):
