@@ -20,21 +20,10 @@ from matplotlib.colors import ListedColormap  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from attnscope.output.files import write_atomic  # noqa: E402
-from attnscope.scores.catalog import FRACTION, ROLE, ROLE_NAMES, Score  # noqa: E402
+from attnscope.scores.catalog import FRACTION, ROLE, ROLE_NAMES, ROLES, Score  # noqa: E402
 
 DPI = 100
-ROLE_COLOURS = {
-    "previous-token": "#1f77b4",
-    "self": "#ff7f0e",
-    "first-token": "#7f3c8d",
-    "next-token": "#17becf",
-    "last-token": "#8c564b",
-    "induction": "#d62728",
-    "duplicate-token": "#e377c2",
-    "local": "#2ca02c",
-    "broad": "#f2d95c",
-    "mixed": "#d0d0d0",
-}
+ROLE_COLOURS = {role.name: role.colour for role in ROLES}  # the catalog's palette, shared with the terminal
 
 
 def score_limits(score: Score) -> tuple[float | None, float | None]:
@@ -119,7 +108,7 @@ def role_map(
     for layer in range(n_layer):
         for head in range(n_head):
             role = roles[layer][head]
-            colour = "white" if role in ("previous-token", "first-token", "last-token", "induction") else "black"
+            colour = ROLE[role].ink
             text = f"{layer}.{head}\n{ROLE[role].short}\n{scores[layer][head]}"
             axes.text(head, layer, text, ha="center", va="center", fontsize=fontsize, color=colour)
     axes.set_xticks(range(n_head))

@@ -10,20 +10,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from attnscope.scores.catalog import ROLE, SCORE, roles_for, table_columns
+from attnscope.scores.catalog import ROLE, ROLES, SCORE, roles_for, table_columns
 
-ROLE_STYLES = {
-    "previous-token": "bold white on blue",
-    "self": "bold black on dark_orange",
-    "first-token": "bold white on purple4",
-    "next-token": "bold black on cyan3",
-    "last-token": "bold white on orange4",
-    "induction": "bold white on red3",
-    "duplicate-token": "bold black on hot_pink",
-    "local": "bold white on green4",
-    "broad": "black on khaki1",
-    "mixed": "black on grey70",
-}
+ROLE_STYLES = {role.name: f"bold {role.ink} on {role.colour}" for role in ROLES}  # the catalog's palette
 
 
 def role_cell(role: str) -> Text:

@@ -48,6 +48,34 @@ class Role:
     threshold: float | None
     rule: str  # "pattern", "sink" (a pattern that gives way to any other), "shape" or "fallback"
     description: str
+    colour: str  # "#RRGGBB", the same in the terminal, the pictures and the report (see PALETTE)
+
+    @property
+    def ink(self) -> str:
+        """The text colour that reads on this role's colour: black on light colours, white on dark ones (by the
+        relative luminance of WCAG 2, the threshold where black and white contrast equally)."""
+        red, green, blue = (int(self.colour[k : k + 2], 16) / 255 for k in (1, 3, 5))
+        linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in (red, green, blue)]
+        luminance = 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+        return "#000000" if luminance > 0.179 else "#ffffff"
+
+
+# Role colours: the Okabe-Ito palette (Okabe & Ito 2008, "Color Universal Design"), which stays distinct under the
+# common colour-vision deficiencies, one colour per role; the two sinks in black and dark grey (attention parked,
+# not a pattern), mixed in light grey (nothing passed). A decoder's or an encoder's eight roles are never shown
+# in two colours of the same hue.
+PALETTE = {
+    "previous-token": "#0072B2",  # blue
+    "self": "#E69F00",  # orange
+    "first-token": "#000000",  # black
+    "next-token": "#56B4E9",  # sky blue
+    "last-token": "#5F5F5F",  # dark grey
+    "induction": "#D55E00",  # vermillion
+    "duplicate-token": "#CC79A7",  # reddish purple
+    "local": "#009E73",  # bluish green
+    "broad": "#F0E442",  # yellow
+    "mixed": "#D9D9D9",  # light grey
+}
 
 
 SCORES: tuple[Score, ...] = (
@@ -178,16 +206,72 @@ SCORES: tuple[Score, ...] = (
 )
 
 ROLES: tuple[Role, ...] = (
-    Role("previous-token", "prev", "previous_token", 0.5, "pattern", "most attention on the token just before"),
-    Role("self", "self", "self", 0.5, "pattern", "most attention on the token itself"),
-    Role("first-token", "first", "first_token", 0.5, "sink", "most attention parked on the first token"),
-    Role("next-token", "next", "next_token", 0.5, "pattern", "most attention on the token just after (encoders)"),
-    Role("last-token", "last", "last_token", 0.5, "sink", "most attention parked on the last token (encoders)"),
-    Role("induction", "induc", "induction", 0.5, "pattern", "copies the token after an earlier occurrence"),
-    Role("duplicate-token", "dup", "duplicate_token", 0.5, "pattern", "attends to an earlier occurrence of itself"),
-    Role("local", "local", "local_lift", 0.5, "shape", "attention stays near the token"),
-    Role("broad", "broad", "entropy_normalized", 0.8, "shape", "near-uniform attention over what the row sees"),
-    Role("mixed", "mixed", None, None, "fallback", "no rule passes; the closest score is shown"),
+    Role(
+        "previous-token",
+        "prev",
+        "previous_token",
+        0.5,
+        "pattern",
+        "most attention on the token just before",
+        PALETTE["previous-token"],
+    ),
+    Role("self", "self", "self", 0.5, "pattern", "most attention on the token itself", PALETTE["self"]),
+    Role(
+        "first-token",
+        "first",
+        "first_token",
+        0.5,
+        "sink",
+        "most attention parked on the first token",
+        PALETTE["first-token"],
+    ),
+    Role(
+        "next-token",
+        "next",
+        "next_token",
+        0.5,
+        "pattern",
+        "most attention on the token just after (encoders)",
+        PALETTE["next-token"],
+    ),
+    Role(
+        "last-token",
+        "last",
+        "last_token",
+        0.5,
+        "sink",
+        "most attention parked on the last token (encoders)",
+        PALETTE["last-token"],
+    ),
+    Role(
+        "induction",
+        "induc",
+        "induction",
+        0.5,
+        "pattern",
+        "copies the token after an earlier occurrence",
+        PALETTE["induction"],
+    ),
+    Role(
+        "duplicate-token",
+        "dup",
+        "duplicate_token",
+        0.5,
+        "pattern",
+        "attends to an earlier occurrence of itself",
+        PALETTE["duplicate-token"],
+    ),
+    Role("local", "local", "local_lift", 0.5, "shape", "attention stays near the token", PALETTE["local"]),
+    Role(
+        "broad",
+        "broad",
+        "entropy_normalized",
+        0.8,
+        "shape",
+        "near-uniform attention over what the row sees",
+        PALETTE["broad"],
+    ),
+    Role("mixed", "mixed", None, None, "fallback", "no rule passes; the closest score is shown", PALETTE["mixed"]),
 )
 
 SCORE = {score.name: score for score in SCORES}
