@@ -55,9 +55,8 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], title: str | N
     """A table of `rows`, each a sequence of cells made by `_cell`."""
     head = "<tr>" + "".join(_cell(header, header=True) for header in headers) + "</tr>"
     body = "".join("<tr>" + "".join(row) + "</tr>" for row in rows)
-    return (
-        _title(title) if title else ""
-    ) + f'<table style="{TABLE}"><thead>{head}</thead><tbody>{body}</tbody></table>'
+    table = f'<table style="{TABLE}"><thead>{head}</thead><tbody>{body}</tbody></table>'
+    return (_title(title) if title else "") + table
 
 
 def _records_table(records: Sequence[dict], title: str) -> str:
@@ -103,8 +102,8 @@ def _fragment(*parts: str) -> str:
 
 
 def _role_cell(role: str, tip: str) -> str:
-    colour = ROLE[role]
-    return _cell(colour.short, f"background:{colour.colour};color:{colour.ink};text-align:center", title=tip)
+    entry = ROLE[role]
+    return _cell(entry.short, f"background:{entry.colour};color:{entry.ink};text-align:center", title=tip)
 
 
 def role_map(heads: Sequence[Any], n_layer: int, n_head: int, title: str) -> str:
