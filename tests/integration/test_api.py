@@ -196,3 +196,25 @@ def test_results_faces_import_no_matplotlib_unless_a_picture_is_drawn(tiny_model
     finished = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=Path.cwd())
     assert finished.returncode == 0, finished.stderr
     assert finished.stdout.strip() == "False"
+
+
+@pytest.mark.slow
+def test_bench_times_the_model_named_with_the_settings_given(tiny_model_dir, tiny):
+    result = attnscope.bench(
+        tiny_model_dir,
+        device="cpu",
+        seq_lens=[8, 16],
+        batch_sizes=[2],
+        repeats=1,
+        warmup=0,
+        methods="floor",
+        micro=False,
+    )
+    settings = result.to_document()["settings"]
+    assert (settings["seq_lens"], settings["batch_sizes"], settings["methods"]) == ([8, 16], [2], ["floor"])
+    assert [(row["method"], row["batch"], row["seq"]) for row in result.to_records()] == [
+        ("floor", 2, 8),
+        ("floor", 2, 16),
+    ]
+    with pytest.raises(AttnscopeError, match="bench loads the model itself"):
+        attnscope.bench(tiny)
