@@ -1,10 +1,13 @@
 """attnscope: what every attention head of a transformer does.
 
-The package imports without torch; the names below load their modules (and torch) when first used:
+Every command of the CLI is a function here (see attnscope.api), with the CLI's options as keywords:
 
     import attnscope
-    model = attnscope.load_model("demo")
-    result = attnscope.analyze_heads(model, [attnscope.Text("The cat sat on the mat.", "argument")])
+    model = attnscope.load("demo")
+    result = attnscope.heads(model, "The cat sat on the mat because it was tired.", window=5)
+    result.to_records()  # the rows of --csv; in a notebook, `result` shows the role map and the table
+
+The package imports without torch: the names below load their modules (and torch) when first used.
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ from attnscope.errors import AttnscopeError
 
 __version__ = "0.1.0"
 
+_API = ("load", "heads", "show", "diversity", "attend", "ablate", "report", "info", "random_mha", "bench")
 _LAZY = {
-    "load_model": "attnscope.models.loading",
+    **{name: "attnscope.api" for name in _API},
     "Text": "attnscope.pipeline.inputs",
+    # the first API's names, kept working
+    "load_model": "attnscope.models.loading",
     "analyze_heads": "attnscope.analyses.heads",
     "analyze_diversity": "attnscope.analyses.diversity",
 }
@@ -31,3 +37,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'attnscope' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

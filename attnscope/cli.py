@@ -3,8 +3,9 @@ knows about Typer.
 
 Options are declared once (below) and shared; their domains (choices, ranges) are declared on the option, so
 `--help` lists them and shell completion offers them. Every command builds its analysis's settings (which checks
-them), then `_run` gathers the texts, proves `--out` writable, loads the model, runs the analysis and ends through
-`_emit`: notes on stderr, files into `--out`, then `--json`, `--csv` or the terminal view on stdout.
+them): the same dataclass, from the same values, as its function in the Python API (`attnscope.api`), which loads
+models for both. Then `_run` gathers the texts, proves `--out` writable, loads the model, runs the analysis and ends
+through `_emit`: notes on stderr, files into `--out`, then `--json`, `--csv` or the terminal view on stdout.
 
 Heavy imports (torch, transformers, matplotlib) happen inside the commands, so `attnscope --help` stays fast.
 Every AttnscopeError and usage error ends as one line on stderr with exit status 2 (see `run`).
@@ -499,17 +500,12 @@ def _is_main() -> bool:
 
 
 def _load(model: Model, lm_head: bool = False):
-    """Load the model; under torchrun, join the process group and take this rank's GPU."""
-    from attnscope.models.loading import load_model, resolve_device
-    from attnscope.pipeline import distributed
+    """Load the model as the Python API does (under torchrun: join the process group, take this rank's GPU)."""
+    from attnscope import api
 
-    device = model.device
-    place = distributed.world()
-    if place.size > 1 and resolve_device(device).type == "cuda":
-        device = f"cuda:{place.local_rank}"
-    loaded = load_model(model.name, device, model.dtype, lm_head, model.revision, model.device_map)
-    distributed.init(loaded.device)
-    return loaded
+    return api.load(
+        model.name, model.device, model.dtype, revision=model.revision, device_map=model.device_map, lm_head=lm_head
+    )
 
 
 def _run(
@@ -619,17 +615,8 @@ def heads(
 
     if plot and output.out is None:
         raise AttnscopeError("--plot draws into the folder of --out: give --out DIR too")
-    analysis = Heads(
-        **_role_settings(roles), bos=texts.bos, **batching, plot=tuple(plot or ()), layer=layer, sort=sort, top=top
-    )
+    analysis = Heads(**roles, bos=texts.bos, **batching, plot=plot, layer=layer, sort=sort, top=top)
     _run(analysis, output, texts, model)
-
-
-def _role_settings(roles: dict) -> dict:
-    """The ROLES options as settings of `analyses.heads.Heads` (thresholds parsed from ROLE=VALUE)."""
-    from attnscope.scores.roles import parse_thresholds
-
-    return {**roles, "thresholds": parse_thresholds(roles["thresholds"])}
 
 
 @app.command()
@@ -707,10 +694,10 @@ def diversity(
 
     Example: attnscope diversity --layer 5 --top 10; attnscope diversity --layer all --sample-rows 32 --out results/
     """
-    from attnscope.analyses.diversity import Diversity, parse_layer_choice
+    from attnscope.analyses.diversity import Diversity
 
     analysis = Diversity(
-        parse_layer_choice(layer),
+        layer,
         texts.bos,
         **batching,
         redundant=redundant,
@@ -850,7 +837,7 @@ def report(
     from attnscope.analyses.heads import Heads
     from attnscope.analyses.report import Report
 
-    settings = Heads(**_role_settings(roles), bos=texts.bos, **batching)
+    settings = Heads(**roles, bos=texts.bos, **batching)
     _run(Report(settings, with_diversity), output, texts, model, default_out=Path("attnscope-report"))
 
 

@@ -35,6 +35,7 @@ from attnscope.analyses.common import (
     damaged_weights,
     first_non_finite_weight,
 )
+from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.families import CAUSAL_LM
 from attnscope.models.loading import LoadedModel, fastest_attention
@@ -159,7 +160,7 @@ def _token_losses(loaded: LoadedModel, input_ids, attention_mask, labels=None):
 
 
 @dataclass
-class AblationResult:
+class AblationResult(Result):
     """Importance of every head, (n_layer, n_head) numpy float64; with the loss method also the loss with the head
     removed; `prune` lists the loss as the least important heads are removed one after another."""
 

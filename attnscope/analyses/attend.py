@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.analyses.common import check_finite, check_index, check_positive
+from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture
@@ -52,7 +53,7 @@ def match_token(labels: Sequence[str], wanted: str, occurrence: int, role: str) 
 
 
 @dataclass
-class AttendResult:
+class AttendResult(Result):
     """Attention from the token at `from_position` in every layer and head.
 
     rows: (n_layer, n_head, n) numpy float64, the attention row of that token (keys after it weigh 0 in a causal

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.families import family_of
 from attnscope.models.loading import fastest_attention, load_config, load_model, resolve_device, resolve_dtype
@@ -486,7 +487,7 @@ def micro_benchmark(
 
 
 @dataclass
-class BenchResult:
+class BenchResult(Result):
     model: dict[str, Any]  # name and shape of the model timed
     settings: dict[str, Any]  # what was asked, and the machine it ran on
     rows: list[dict]  # `records` of every measurement

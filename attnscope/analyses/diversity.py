@@ -12,6 +12,7 @@ import torch
 
 from attnscope.analyses import common
 from attnscope.analyses.common import Progress
+from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import distributed
@@ -29,7 +30,7 @@ ALL_LAYERS_BUDGET = 64 * 2**20  # bytes of all layers' attention held at once fo
 
 
 @dataclass
-class DiversityResult:
+class DiversityResult(Result):
     """Pairwise similarity of the heads `labels` (one layer's, or all heads of the model in layer.head order).
 
     Matrices are (K, K) numpy float64: `cosine`, `js` (mean JSD per scored row, bits) and `js_distance` (mean of
@@ -201,9 +202,9 @@ def parse_layer_choice(text: str | int | None) -> int | None:
 
 @dataclass(frozen=True)
 class Diversity:
-    """Cosine and Jensen–Shannon similarity between the heads of `layer` (None: every head of the model)."""
+    """Cosine and Jensen–Shannon similarity between the heads of `layer` (None or "all": every head of the model)."""
 
-    layer: int | None
+    layer: int | str | None  # an int or None once built
     bos: bool | None = None
     batch_size: int = common.DEFAULT_BATCH_SIZE
     max_tokens: int | None = common.DEFAULT_MAX_TOKENS
@@ -214,6 +215,7 @@ class Diversity:
     seed: int = 0  # of the row sample
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "layer", parse_layer_choice(self.layer))
         common.check_positive("batch size", self.batch_size)
         common.check_positive("max tokens", self.max_tokens)
         common.check_positive("top", self.top)

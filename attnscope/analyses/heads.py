@@ -27,6 +27,7 @@ from attnscope.analyses.common import (
     too_short,
 )
 from attnscope.analyses.maps import AttentionMap
+from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture, distributed
@@ -61,7 +62,7 @@ class HeadRecord:
 
 
 @dataclass
-class HeadsResult:
+class HeadsResult(Result):
     model: dict[str, Any]
     kind: Kind
     inputs: dict[str, Any]
@@ -115,20 +116,23 @@ class Heads:
     """Settings of a heads analysis; `run` checks what needs the model before any forward pass."""
 
     window: int = DEFAULT_WINDOW
-    thresholds: Mapping[str, float] = field(default_factory=lambda: dict(catalog.DEFAULT_THRESHOLDS))
+    # every role's threshold once built: the catalog's defaults with these overrides, {ROLE: VALUE} or `ROLE=VALUE`s
+    thresholds: Mapping[str, float] | Sequence[str] | None = None
     bos: bool | None = None
     batch_size: int = DEFAULT_BATCH_SIZE
     max_tokens: int | None = DEFAULT_MAX_TOKENS
     probe: bool = True
     probe_len: int | None = None  # None: DEFAULT_PROBE_LEN, or less when twice that does not fit the context
     probe_seed: int = 0
-    plot: tuple[str, ...] = ()  # heads `L.H` whose full maps to keep (first window)
+    plot: Sequence[str] = ()  # heads `L.H` whose full maps to keep (first window); a tuple once built
     # which heads `HeadsResult.selected` holds; checked before any forward pass, so a bad one costs nothing
     layer: int | None = None
     sort: str | None = None
     top: int | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "thresholds", roles.parse_thresholds(self.thresholds))
+        object.__setattr__(self, "plot", (self.plot,) if isinstance(self.plot, str) else tuple(self.plot or ()))
         check_positive("window", self.window)
         check_positive("batch size", self.batch_size)
         check_positive("max tokens", self.max_tokens)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnscope.analyses.result import Result
 from attnscope.models.loading import LoadedModel
 
 
 @dataclass
-class InfoResult:
+class InfoResult(Result):
     model: dict[str, Any]
     notes: list[str] = field(default_factory=list)
 

@@ -11,6 +11,7 @@ from itertools import islice
 from typing import Any
 
 from attnscope.analyses.common import check_finite, check_index, check_layer, parse_head
+from attnscope.analyses.result import Result
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text, Texts
@@ -54,7 +55,7 @@ def attention_maps(
 
 
 @dataclass
-class ShowResult:
+class ShowResult(Result):
     """`attnscope show`: one layer's maps (every head, or `head` alone) for the text at `index`."""
 
     model: dict[str, Any]

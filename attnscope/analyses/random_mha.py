@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.scores import pairs
 from attnscope.scores.kinds import DECODER
@@ -93,7 +94,7 @@ def _diversity_by_heads(
 
 
 @dataclass
-class RandomMhaResult:
+class RandomMhaResult(Result):
     settings: dict[str, Any]
     rows: list[dict]  # one per head count, ascending
     notes: list[str] = field(default_factory=list)

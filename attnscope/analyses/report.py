@@ -11,6 +11,7 @@ from attnscope.analyses.common import Progress, check_index
 from attnscope.analyses.diversity import Diversity, DiversityResult
 from attnscope.analyses.heads import HeadRecord, Heads, HeadsResult
 from attnscope.analyses.maps import attention_maps
+from attnscope.analyses.result import Result
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.scores.catalog import ROLES
@@ -42,7 +43,7 @@ def top_heads_per_role(heads: Sequence[HeadRecord], k: int = TOP_PER_ROLE) -> di
 
 
 @dataclass
-class ReportResult:
+class ReportResult(Result):
     heads: HeadsResult  # its `attention` holds the maps of the characteristic heads' layers, first text
     diversity: DiversityResult | None  # None with the diversity pass off
     characteristic: list[HeadRecord]

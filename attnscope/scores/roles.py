@@ -21,7 +21,7 @@ Rules, in order (`scores.catalog.ROLES` gives each role its deciding score and t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from attnscope.errors import AttnscopeError
@@ -40,19 +40,24 @@ class Role:
     score: float
 
 
-def parse_thresholds(items: list[str] | None) -> dict[str, float]:
-    """`ROLE=VALUE` overrides (e.g. `previous-token=0.6`; a role's short label works too) on the defaults."""
+def parse_thresholds(items: Mapping[str, float] | Sequence[str] | str | None) -> dict[str, float]:
+    """Every role's threshold: the catalog's defaults with the overrides of `items`, either `ROLE=VALUE` strings (the
+    CLI's, e.g. `previous-token=0.6`) or a mapping `{ROLE: VALUE}` (Python's); a role's short label works too."""
+    if isinstance(items, Mapping):
+        pairs = [(f"{name}={value}", str(name), value) for name, value in items.items()]
+    else:
+        strings = [str(item) for item in ([items] if isinstance(items, str) else items or [])]
+        pairs = [(item, *item.split("=", 1)) if "=" in item else (item, None, None) for item in strings]
     thresholds = dict(DEFAULT_THRESHOLDS)
-    for item in items or []:
-        name, sep, value = item.partition("=")
-        role = role_named(name)
-        if not sep or role is None or role.threshold is None:
+    for item, name, value in pairs:
+        role = None if name is None else role_named(name)
+        if role is None or role.threshold is None:
             raise AttnscopeError(
                 f"threshold '{item}': expected ROLE=VALUE with ROLE one of {', '.join(DEFAULT_THRESHOLDS)}"
             )
         try:
             number = float(value)
-        except ValueError:
+        except (TypeError, ValueError):
             raise AttnscopeError(f"threshold '{item}': '{value}' is not a number") from None
         if not 0.0 <= number <= 1.0:
             raise AttnscopeError(f"threshold '{item}': thresholds lie between 0 and 1")

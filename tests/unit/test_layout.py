@@ -14,7 +14,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "attnscope"
 TESTS = ROOT / "tests"
 # a module of a stage imports only modules of its own stage or of lower ones
-STAGES = ["base", "scores", "models", "pipeline", "analyses", "output", "cli"]
+STAGES = ["base", "scores", "models", "pipeline", "analyses", "output", "api", "cli"]
+# The one exception: a result renders itself through its view (`result.to_records()`, `_repr_html_`), importing the
+# output stage inside its methods only, so that importing an analysis still loads no renderer.
+RENDERS_THROUGH_OUTPUT = "attnscope.analyses.result"
 COMMANDS = ["heads", "show", "diversity", "random-mha", "attend", "ablate", "report", "bench", "info"]
 
 
@@ -24,7 +27,8 @@ def _module_name(path: Path, root: Path) -> str:
 
 
 def _stage(module: str) -> str:
-    """attnscope.errors and attnscope itself: base; attnscope.<stage>.x: <stage>; attnscope.cli, __main__: cli."""
+    """attnscope.errors and attnscope itself: base; attnscope.<stage>.x: <stage>; attnscope.api: api (the Python
+    API, above the output it hands back); attnscope.cli, __main__: cli."""
     parts = module.split(".")
     if parts[0] != "attnscope":
         raise ValueError(module)
@@ -35,13 +39,21 @@ def _stage(module: str) -> str:
     return parts[1]
 
 
-def _imports(path: Path, module: str) -> list[tuple[str, int]]:
-    """Every module an `import` or `from ... import` names, at any depth (inside functions too), relative imports
-    resolved: (module, line)."""
+def _imports(path: Path, module: str, top_level_only: bool = False) -> list[tuple[str, int]]:
+    """Every module an `import` or `from ... import` names, at any depth (inside functions too; only outside them
+    with `top_level_only`), relative imports resolved: (module, line)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    inside = {
+        id(node)
+        for function in ast.walk(tree)
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for node in ast.walk(function)
+    }
     found = []
     for node in ast.walk(tree):
+        if top_level_only and id(node) in inside:
+            continue
         if isinstance(node, ast.Import):
             found.extend((alias.name, node.lineno) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -67,8 +79,16 @@ def _upward_imports(root: Path = ROOT) -> list[str]:
     wrong = []
     for path, module in modules:
         own = STAGES.index(_stage(module))
+        # RENDERS_THROUGH_OUTPUT may import the output stage inside its methods: not at its top level
+        excepted = (
+            set()
+            if module != RENDERS_THROUGH_OUTPUT
+            else set(_imports(path, module)) - set(_imports(path, module, True))
+        )
         for target, line in _imports(path, module):
             if target.split(".")[0] != "attnscope" or target not in known:  # `from m import name`: not a module
+                continue
+            if (target, line) in excepted and _stage(target) == "output":
                 continue
             if STAGES.index(_stage(target)) > own:
                 wrong.append(f"{path.relative_to(root)}:{line} ({_stage(module)}) imports {target}")
@@ -83,9 +103,28 @@ def test_every_module_belongs_to_a_stage():
 
 
 def test_imports_point_down_the_stages():
-    """errors/__init__ < scores < models < pipeline < analyses < output < cli: a lower stage never imports a higher
-    one, not even inside a function."""
+    """errors/__init__ < scores < models < pipeline < analyses < output < api < cli: a lower stage never imports a
+    higher one, not even inside a function (but for the results' faces, RENDERS_THROUGH_OUTPUT, inside methods)."""
     assert _upward_imports() == []
+
+
+def test_the_results_reach_the_output_stage_only_inside_their_methods(tmp_path):
+    """The exception above is as narrow as it says: at the top of analyses/result.py an import of the output stage
+    is found, and the exception covers the output stage only."""
+    for name in ("__init__", "analyses/__init__", "analyses/result", "output/__init__", "output/views", "api"):
+        (tmp_path / "attnscope" / f"{name}.py").parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "attnscope" / f"{name}.py").write_text("")
+    (tmp_path / "attnscope" / "analyses" / "result.py").write_text(
+        "from attnscope.output import views\n"
+        "def to_records():\n"
+        "    from attnscope.output import views\n"
+        "    from attnscope import api\n"
+    )
+    assert sorted(_upward_imports(tmp_path)) == [
+        "attnscope/analyses/result.py:1 (analyses) imports attnscope.output",
+        "attnscope/analyses/result.py:1 (analyses) imports attnscope.output.views",
+        "attnscope/analyses/result.py:4 (analyses) imports attnscope.api",
+    ]
 
 
 def test_the_import_check_finds_an_upward_import_at_any_depth(tmp_path):
@@ -116,12 +155,29 @@ def test_the_lazy_names_of_the_package_load_their_modules():
     """`attnscope/__init__` names a few things of higher stages by string, loaded when first used (not an import
     statement, so the package imports without torch)."""
     import attnscope
+    from attnscope import api
     from attnscope.analyses.heads import analyze_heads
+    from attnscope.models.loading import load_model
     from attnscope.pipeline.inputs import Text
 
-    assert attnscope.Text is Text and attnscope.analyze_heads is analyze_heads
+    assert attnscope.Text is Text and attnscope.analyze_heads is analyze_heads and attnscope.load_model is load_model
+    for name in ("load", "heads", "show", "diversity", "attend", "ablate", "report", "info", "random_mha", "bench"):
+        assert getattr(attnscope, name) is getattr(api, name)
+        assert name in dir(attnscope) and name in attnscope.__all__
     with pytest.raises(AttributeError):
         attnscope.no_such_name  # noqa: B018
+
+
+@pytest.mark.parametrize("module", ["attnscope", "attnscope.api", "attnscope.analyses.result"])
+def test_importing_the_package_or_its_api_imports_no_heavy_library(module):
+    """A notebook's `import attnscope` costs nothing: torch and transformers come with the first call, and a
+    result's faces never bring matplotlib unless a picture is drawn."""
+    code = (
+        f"import sys, {module}; print(sorted(m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
 
 
 def test_only_the_cli_imports_typer_or_click():

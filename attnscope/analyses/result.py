@@ -1,0 +1,73 @@
+"""What every analysis result offers in Python: the faces the command line shows, each delegating to the result's
+view (`output.views`, the same view `--json`, `--csv` and `--out` use), so a notebook sees what the CLI shows.
+
+    result.to_records()    the rows of --csv: one dict per row (floats unrounded; the CSV rounds to 6 decimals)
+    result.to_document()   the --json document, as a dict
+    result.to_json()       the same as text, byte for byte what --json prints
+    result.to_dataframe()  the records as a pandas DataFrame (pandas is optional: pip install pandas)
+    result.save(out)       the files of --out (JSON, CSV, pictures) written into the folder `out`; returns their paths
+    result                 in a notebook: its tables as HTML (`_repr_html_`, from `output.notebook`)
+
+The renderers are imported when a face is first asked for (the one place an analysis reaches up to the output
+stage, allowed by tests/unit/test_layout.py), so importing an analysis loads no renderer and no matplotlib.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from attnscope.errors import AttnscopeError
+
+
+class Result:
+    """The base of every analysis result (a dataclass): adds the faces above, no fields."""
+
+    def _view(self) -> Any:
+        from attnscope.output.views import view_of
+
+        return view_of(self)
+
+    def to_records(self) -> list[dict[str, Any]]:
+        """The rows `--csv` prints: one flat dict per row, the same keys in the same order."""
+        return self._view().records()
+
+    def to_document(self) -> dict[str, Any]:
+        """The document `--json` prints (schema_version 1), as a dict: floats rounded to 6 decimals, NaN as None."""
+        return self._view().document()
+
+    def to_json(self) -> str:
+        """The document `--json` prints, as the same text."""
+        from attnscope.output.documents import to_json
+
+        return to_json(self.to_document())
+
+    def to_dataframe(self) -> Any:
+        """The records as a pandas DataFrame, one row per record (the columns of `--csv` even when there is none).
+        pandas is not a dependency of attnscope: without it, one AttnscopeError says how to install it."""
+        try:
+            import pandas
+        except ImportError:
+            raise AttnscopeError(
+                "to_dataframe needs pandas, which attnscope does not install: pip install pandas"
+            ) from None
+        view = self._view()
+        records = view.records()
+        return pandas.DataFrame(records) if records else pandas.DataFrame(columns=list(view.columns))
+
+    def save(self, out: str | os.PathLike) -> list[Path]:
+        """Write the files `--out` writes (JSON, CSV, pictures) into the folder `out`, made if needed, all at once
+        (nothing half-written on an error); returns their paths."""
+        from attnscope.output.files import prepare_out_dir, write_all
+
+        return write_all(prepare_out_dir(out), self._view().files)
+
+    def _repr_html_(self) -> str:
+        """What a notebook shows: the result's tables as one self-contained HTML fragment (see output.notebook)."""
+        from attnscope.output.notebook import html
+
+        return html(self._view())
+
+    # .plot(...), returning matplotlib Figures, comes with the figures refactor (output.figures drawing Figures
+    # before writing them): it will delegate to the view like the faces above.

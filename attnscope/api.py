@@ -1,0 +1,533 @@
+"""The Python API: every command of the CLI as a function, for notebooks and scripts.
+
+    import attnscope
+    model = attnscope.load("demo")
+    result = attnscope.heads(model, "The cat sat on the mat because it was tired.", window=5)
+    result.to_records()   # the rows of --csv; .to_dataframe() with pandas; .to_document(), the --json document
+    result                # in a notebook: the role map and the table of heads
+
+Keywords are the CLI's options with underscores (`--batch-size` is `batch_size`), with the same defaults and the
+same checks: each function builds the settings dataclass its command builds (`analyses.heads.Heads`, ...), and that
+dataclass checks them, so the same options give the same result (and `to_json()` the same bytes as `--json`). Where
+Python differs: TEXT is `texts`, `--model` the first argument, the repeatable `--threshold` is `thresholds` and
+`--plot` takes a list, `--from`/`--to` are `from_token`/`to_token` (`from` is a Python keyword). Results are the
+analyses' own (HeadsResult, ...), with the faces of `analyses.result.Result`. An error a user can cause raises
+AttnscopeError, worded as the CLI's one line.
+
+Nothing heavy is imported until a function is called: `import attnscope` stays free of torch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from attnscope.errors import AttnscopeError
+
+if TYPE_CHECKING:
+    from attnscope.analyses.ablate import AblationResult
+    from attnscope.analyses.attend import AttendResult
+    from attnscope.analyses.bench import BenchResult
+    from attnscope.analyses.diversity import DiversityResult
+    from attnscope.analyses.heads import HeadsResult
+    from attnscope.analyses.info import InfoResult
+    from attnscope.analyses.maps import ShowResult
+    from attnscope.analyses.random_mha import RandomMhaResult
+    from attnscope.analyses.report import ReportResult
+    from attnscope.models.loading import LoadedModel
+    from attnscope.pipeline.inputs import Text, Texts
+
+    ModelGiven = LoadedModel | str | os.PathLike
+    TextsGiven = str | Text | Iterable[str | Text] | Texts | None
+    Progress = Callable[[int, int, float], None] | None
+
+DEVICE_MAPS = ("auto", "balanced", "sequential")
+
+# The keywords several functions share, described once and appended to each function's docstring (`_keywords`).
+SHARED = {
+    "texts": """
+        texts       a string, a list of strings (or Text), or None: the bundled sample texts (TEXT)
+        file        a file of texts instead: separated by blank lines, or .jsonl with a "text" field (--file)
+        bos         prepend the BOS token, or wrap an encoder's text in [CLS] … [SEP] (--bos/--no-bos; None: when
+                    the model has them)
+    """,
+    "batching": """
+        batch_size  windows per forward pass, padded and length-bucketed (--batch-size)
+        max_tokens  padded tokens per batch at most; a long window still runs alone (--max-tokens)
+    """,
+    "model": """
+        model       a model `load` returned, or a name to load for this call: "demo", a Hub id, a folder (--model)
+        device      auto (CUDA when available), cpu, cuda or cuda:N, for a model given by name (--device)
+        dtype       auto (the checkpoint's own), float32, float16 or bfloat16, for a model given by name (--dtype)
+        revision    a Hub branch, tag or commit, for a model given by name (--revision)
+        device_map  auto, balanced or sequential: a model given by name spread over every device (--device-map)
+    """,
+    "progress": """
+        progress    called after every batch with (texts read, tokens run, share of the input read from 0 to 1)
+    """,
+}
+
+
+def _keywords(*groups: str) -> Callable[[Callable], Callable]:
+    """Append the descriptions of shared keywords (SHARED) to a function's docstring, so `help()` lists them all."""
+
+    def decorate(function: Callable) -> Callable:
+        shared = "\n".join(inspect.cleandoc(SHARED[group]) for group in groups)
+        function.__doc__ = f"{inspect.cleandoc(function.__doc__ or '')}\n{shared}\n"
+        return function
+
+    return decorate
+
+
+# ------------------------------------------------------------------------------------------- models and texts
+
+
+def load(
+    name: str | os.PathLike,
+    device: str = "auto",
+    dtype: str = "auto",
+    *,
+    revision: str | None = None,
+    device_map: str | None = None,
+    lm_head: bool = False,
+) -> LoadedModel:
+    """Load a model for analysis: "demo" (bundled), a Hugging Face id ("gpt2"), or a folder saved with
+    save_pretrained. Load once and pass the model to every function: a name is loaded again at every call.
+
+    device      auto (CUDA when available), cpu, cuda or cuda:N (--device)
+    dtype       auto (the checkpoint's own), float32, float16 or bfloat16 (--dtype)
+    revision    a Hub branch, tag or commit (--revision)
+    device_map  auto, balanced or sequential: a model too large for one device spread over all of them (--device-map;
+                needs accelerate)
+    lm_head     load the language-model head too, which `ablate` needs; every other function takes such a model as
+                well (it analyses the base model)
+
+    Under torchrun, a CUDA device becomes this process's own GPU and the process joins the group, as in the CLI.
+    """
+    from attnscope.models import loading
+    from attnscope.pipeline import distributed
+
+    if device_map is not None and device_map not in DEVICE_MAPS:
+        raise AttnscopeError(f"device map '{device_map}': use one of {', '.join(DEVICE_MAPS)}")
+    place = distributed.world()
+    if place.size > 1 and loading.resolve_device(device).type == "cuda":
+        device = f"cuda:{place.local_rank}"
+    loaded = loading.load_model(os.fspath(name), device, dtype, lm_head, revision, device_map)
+    distributed.init(loaded.device)
+    return loaded
+
+
+def _model(given: ModelGiven, lm_head: bool = False, **loading: str | None) -> LoadedModel:
+    """The model to run on: `given` itself, or loaded by name with `loading` (device, dtype, revision, device_map),
+    which a model already loaded cannot take."""
+    from attnscope.models.loading import LoadedModel
+
+    if isinstance(given, (str, os.PathLike)):
+        chosen = {key: value for key, value in loading.items() if value is not None}
+        device, dtype = chosen.pop("device", "auto"), chosen.pop("dtype", "auto")
+        return load(given, device, dtype, **chosen, lm_head=lm_head)
+    if not isinstance(given, LoadedModel):
+        raise AttnscopeError(
+            f"model: expected a model from attnscope.load or a name ('demo', a Hub id, a folder), not a "
+            f"{type(given).__name__}"
+        )
+    passed = [f"{key}={value!r}" for key, value in loading.items() if value is not None]
+    if passed:
+        raise AttnscopeError(
+            f"{', '.join(passed)}: for a model given by name; this one is already loaded (on {given.device}), so "
+            "load it again with attnscope.load(...) to change that"
+        )
+    if lm_head and given.lm_model is None:
+        raise AttnscopeError(
+            f"this needs the model's language-model head: load it with attnscope.load({given.name!r}, lm_head=True), "
+            "or give the model's name"
+        )
+    return given
+
+
+def _texts(texts: TextsGiven, file: str | os.PathLike | None) -> Texts:
+    """The texts as the analyses read them, checked (see `pipeline.inputs.Texts.check`): a string, a list of
+    strings or Text, a Texts stream, a file, or the bundled samples. A string's source is "argument", as the CLI's
+    TEXT; a list's k-th, "argument#k"."""
+    from attnscope.pipeline.inputs import Text, TextList, Texts, read_file, sample_texts, valid_text
+
+    def one(item: Any, where: str, source: str) -> Text:
+        if isinstance(item, Text):
+            return item
+        if not isinstance(item, str):
+            raise AttnscopeError(f"{where}: expected a string or a Text, not a {type(item).__name__}")
+        return Text(valid_text(item, where), source)
+
+    if texts is not None and file is not None:
+        raise AttnscopeError("give texts or file, not both")
+    if file is not None:
+        gathered: Texts = read_file(os.fspath(file))
+    elif texts is None:
+        gathered = TextList(sample_texts(), "the bundled samples")
+    elif isinstance(texts, Texts):
+        gathered = texts
+    elif isinstance(texts, (str, Text)):
+        gathered = TextList([one(texts, "the text given", "argument")], "the text given")
+    elif isinstance(texts, Iterable) and not isinstance(texts, (bytes, Mapping)):
+        items = [one(item, f"text {k} of the list", f"argument#{k}") for k, item in enumerate(texts)]
+        gathered = TextList(items, "the texts given")
+    else:
+        raise AttnscopeError(f"texts: expected a string or a list of strings, not a {type(texts).__name__}")
+    gathered.check()
+    return gathered
+
+
+def _run(analysis: Any, model: ModelGiven, texts: TextsGiven, file: Any, progress: Progress, **loading: Any) -> Any:
+    """The CLI's flow without its printing: settings (checked when `analysis` was built), then the texts, then the
+    model, then the analysis. Each step fails with one AttnscopeError before the next, costlier one begins."""
+    gathered = _texts(texts, file)
+    loaded = _model(model, getattr(analysis, "needs_lm_head", False), **loading)
+    return analysis.run(loaded, gathered, progress)
+
+
+# ------------------------------------------------------------------------------------------------- commands
+
+
+@_keywords("texts", "batching", "model", "progress")
+def heads(
+    model: ModelGiven,
+    texts: TextsGiven = None,
+    *,
+    window: int = 3,
+    thresholds: Mapping[str, float] | Sequence[str] | None = None,
+    probe: bool = True,
+    probe_len: int | None = None,
+    probe_seed: int = 0,
+    layer: int | None = None,
+    sort: str | None = None,
+    top: int | None = None,
+    plot: Sequence[str] = (),
+    file: str | os.PathLike | None = None,
+    bos: bool | None = None,
+    batch_size: int = 8,
+    max_tokens: int | None = 16384,
+    device: str | None = None,
+    dtype: str | None = None,
+    revision: str | None = None,
+    device_map: str | None = None,
+    progress: Progress = None,
+) -> HeadsResult:
+    """Score and classify every attention head (`attnscope heads`). A notebook shows the role map and the table.
+
+    window      the local window: the current token and the `window` tokens before it (--window)
+    thresholds  roles' thresholds moved: {"previous-token": 0.6} or ["previous-token=0.6"] (--threshold)
+    probe       run the repeated-random-token probe: induction and duplicate-token (--probe/--no-probe)
+    probe_len   the probe's period: T random tokens, then again (--probe-len; None: 50, or what the context holds)
+    probe_seed  the seed of the probe's random tokens (--probe-seed)
+    layer       only this layer's heads in the table and the records (--layer)
+    sort        the table and the records sorted by this score, descending: its name or column header (--sort)
+    top         only the first `top` heads in the table and the records (--top)
+    plot        heads "L.H" whose attention maps `save` draws (--plot)
+    """
+    from attnscope.analyses.heads import Heads
+
+    analysis = Heads(
+        window=window,
+        thresholds=thresholds,
+        bos=bos,
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+        probe=probe,
+        probe_len=probe_len,
+        probe_seed=probe_seed,
+        plot=plot,
+        layer=layer,
+        sort=sort,
+        top=top,
+    )
+    return _run(
+        analysis, model, texts, file, progress, device=device, dtype=dtype, revision=revision, device_map=device_map
+    )
+
+
+@_keywords("texts", "model")
+def show(
+    model: ModelGiven,
+    texts: TextsGiven = None,
+    *,
+    layer: int,
+    head: int | None = None,
+    index: int = 0,
+    file: str | os.PathLike | None = None,
+    bos: bool | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    revision: str | None = None,
+    device_map: str | None = None,
+) -> ShowResult:
+    """One layer's attention maps (or one head's) for one text (`attnscope show`). A notebook shows each map as a
+    shaded table; `save(folder)` draws the picture.
+
+    layer       the layer, 0-based (--layer)
+    head        only this head (--head)
+    index       which text, 0-based (--index)
+    """
+    from attnscope.analyses.maps import Show
+
+    analysis = Show(layer, head, index, bos)
+    return _run(
+        analysis, model, texts, file, None, device=device, dtype=dtype, revision=revision, device_map=device_map
+    )
+
+
+@_keywords("texts", "batching", "model", "progress")
+def diversity(
+    model: ModelGiven,
+    texts: TextsGiven = None,
+    *,
+    layer: int | str | None,
+    redundant: float = 0.1,
+    cluster_at: float = 0.3,
+    top: int = 5,
+    sample_rows: int = 0,
+    seed: int = 0,
+    file: str | os.PathLike | None = None,
+    bos: bool | None = None,
+    batch_size: int = 8,
+    max_tokens: int | None = 16384,
+    device: str | None = None,
+    dtype: str | None = None,
+    revision: str | None = None,
+    device_map: str | None = None,
+    progress: Progress = None,
+) -> DiversityResult:
+    """How different the heads are: cosine and Jensen–Shannon between every pair (`attnscope diversity`).
+
+    layer       a layer (0-based), or "all" (or None): every head of the model (--layer)
+    redundant   JSD (bits) below which two heads are near-duplicates (--redundant)
+    cluster_at  JSD (bits) below which average-linkage clusters merge (--cluster-at)
+    top         pairs listed: the `top` most redundant and the `top` most distinct (--top)
+    sample_rows JS estimated on this many random scored rows per window, with standard errors (--sample-rows;
+                0: every row, exact)
+    seed        the seed of the rows `sample_rows` draws (--seed)
+    """
+    from attnscope.analyses.diversity import Diversity
+
+    analysis = Diversity(
+        layer,
+        bos,
+        batch_size,
+        max_tokens,
+        redundant=redundant,
+        cluster_at=cluster_at,
+        top=top,
+        sample_rows=sample_rows,
+        seed=seed,
+    )
+    return _run(
+        analysis, model, texts, file, progress, device=device, dtype=dtype, revision=revision, device_map=device_map
+    )
+
+
+@_keywords("texts", "model")
+def attend(
+    model: ModelGiven,
+    texts: TextsGiven = None,
+    *,
+    from_token: str,
+    to_token: str | None = None,
+    from_index: int = 0,
+    to_index: int | None = None,
+    tokens: int = 3,
+    top: int = 10,
+    index: int = 0,
+    file: str | os.PathLike | None = None,
+    bos: bool | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    revision: str | None = None,
+    device_map: str | None = None,
+) -> AttendResult:
+    """Where one token looks, in every layer and head (`attnscope attend`).
+
+    from_token  the token that looks: its text, without the leading space (--from)
+    to_token    the token looked at (--to; None: each head's top tokens)
+    from_index  which occurrence of from_token, 0-based (--from-index)
+    to_index    which occurrence of to_token, 0-based (--to-index; None: every one the query sees, summed)
+    tokens      top tokens listed per head (--tokens)
+    top         heads listed, strongest first (--top)
+    index       which text, 0-based (--index)
+    """
+    from attnscope.analyses.attend import Attend
+
+    analysis = Attend(from_token, to_token, from_index, to_index, index, bos, tokens, top)
+    return _run(
+        analysis, model, texts, file, None, device=device, dtype=dtype, revision=revision, device_map=device_map
+    )
+
+
+@_keywords("texts", "batching", "model", "progress")
+def ablate(
+    model: ModelGiven,
+    texts: TextsGiven = None,
+    *,
+    method: str = "loss",
+    prune: int = 0,
+    top: int = 10,
+    file: str | os.PathLike | None = None,
+    bos: bool | None = None,
+    batch_size: int = 8,
+    max_tokens: int | None = 16384,
+    device: str | None = None,
+    dtype: str | None = None,
+    revision: str | None = None,
+    device_map: str | None = None,
+    progress: Progress = None,
+) -> AblationResult:
+    """Which heads matter: the language-model loss with each head's output removed (`attnscope ablate`). A model
+    already loaded must have been loaded with `load(..., lm_head=True)`; one given by name is loaded so.
+
+    method      loss: remove each head and measure the loss; gradient: |dL/d gate|, one backward pass (--method)
+    prune       also remove the `prune` least important heads one after another (--prune)
+    top         heads listed, most important first (--top)
+    """
+    from attnscope.analyses.ablate import Ablate
+
+    analysis = Ablate(method, prune, bos, batch_size, max_tokens, top=top)
+    return _run(
+        analysis, model, texts, file, progress, device=device, dtype=dtype, revision=revision, device_map=device_map
+    )
+
+
+@_keywords("texts", "batching", "model", "progress")
+def report(
+    model: ModelGiven,
+    texts: TextsGiven = None,
+    *,
+    diversity: bool = True,
+    window: int = 3,
+    thresholds: Mapping[str, float] | Sequence[str] | None = None,
+    probe: bool = True,
+    probe_len: int | None = None,
+    probe_seed: int = 0,
+    file: str | os.PathLike | None = None,
+    bos: bool | None = None,
+    batch_size: int = 8,
+    max_tokens: int | None = 16384,
+    device: str | None = None,
+    dtype: str | None = None,
+    revision: str | None = None,
+    device_map: str | None = None,
+    progress: Progress = None,
+) -> ReportResult:
+    """Everything the report page shows (`attnscope report`): `save(folder)` writes report.html; a notebook shows
+    the role map, the heads and the diversity.
+
+    diversity   include the diversity of all heads: one more pass (--diversity/--no-diversity)
+    window, thresholds, probe, probe_len, probe_seed: as for `heads`
+    """
+    from attnscope.analyses.heads import Heads
+    from attnscope.analyses.report import Report
+
+    settings = Heads(
+        window=window,
+        thresholds=thresholds,
+        bos=bos,
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+        probe=probe,
+        probe_len=probe_len,
+        probe_seed=probe_seed,
+    )
+    analysis = Report(settings, diversity)
+    return _run(
+        analysis, model, texts, file, progress, device=device, dtype=dtype, revision=revision, device_map=device_map
+    )
+
+
+@_keywords("model")
+def info(
+    model: ModelGiven,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    revision: str | None = None,
+    device_map: str | None = None,
+) -> InfoResult:
+    """The model's shape: layers, heads, d_model, d_head, context, attention parameters, device, dtype
+    (`attnscope info`)."""
+    from attnscope.analyses.info import Info
+
+    loaded = _model(model, device=device, dtype=dtype, revision=revision, device_map=device_map)
+    return Info().run(loaded)
+
+
+def random_mha(
+    *,
+    d_model: int = 64,
+    heads: Sequence[int] = (1, 2, 4, 8),
+    seq_len: int = 32,
+    trials: int = 4,
+    seed: int = 0,
+) -> RandomMhaResult:
+    """How different are the heads of a random (untrained) attention layer, by their number (`attnscope
+    random-mha`)? No model and no text.
+
+    d_model     the model width (--d-model)
+    heads       head counts, each dividing d_model (--heads)
+    seq_len     tokens per random sequence (--seq-len)
+    trials      random layers averaged per head count (--trials)
+    seed        the seed of the random weights and inputs (--seed)
+    """
+    from attnscope.analyses.random_mha import RandomMha
+
+    return RandomMha(d_model, tuple(heads), seq_len, trials, seed).run()
+
+
+def bench(
+    model: str | os.PathLike = "gpt2",
+    *,
+    random_weights: bool = False,
+    device: str = "auto",
+    dtype: str = "auto",
+    revision: str | None = None,
+    seq_lens: Sequence[int] = (128, 512, 1024),
+    batch_sizes: Sequence[int] = (1, 8),
+    repeats: int = 3,
+    warmup: int = 1,
+    methods: Sequence[str] = ("floor", "attnscope", "tutorial", "cache"),
+    micro: bool = True,
+    sample_rows: int = 32,
+) -> BenchResult:
+    """How fast is the analysis, against a plain SDPA forward and the usual notebook ways (`attnscope bench`)?
+
+    model       the name of the model to time (--model): bench loads it itself, or builds it with random weights
+    random_weights  the model's architecture with random weights: nothing to download (--random-weights)
+    device      auto, cpu, cuda or cuda:N (--device)
+    dtype       auto, float32, float16 or bfloat16 (--dtype)
+    revision    a Hub branch, tag or commit (--revision)
+    seq_lens    sequence lengths (--seq-lens)
+    batch_sizes batch sizes (--batch-sizes)
+    repeats     rounds, each running every method once timed and once for memory; medians reported (--repeats)
+    warmup      untimed rounds of every method first (--warmup)
+    methods     which methods to time: floor, attnscope, tutorial, cache, diversity, diversity-sampled (--methods)
+    micro       also the from-scratch attention micro-benchmark (--micro/--no-micro)
+    sample_rows rows per window on which diversity-sampled estimates JS (--sample-rows)
+    """
+    from attnscope.analyses.bench import Bench
+
+    if not isinstance(model, (str, os.PathLike)):
+        raise AttnscopeError("bench loads the model itself (or builds it with random weights): give its name")
+    methods = (methods,) if isinstance(methods, str) else tuple(methods)
+    analysis = Bench(
+        os.fspath(model),
+        random_weights,
+        device,
+        dtype,
+        revision,
+        tuple(seq_lens),
+        tuple(batch_sizes),
+        repeats,
+        warmup,
+        methods,
+        micro,
+        sample_rows,
+    )
+    return analysis.run()

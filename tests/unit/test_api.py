@@ -1,0 +1,244 @@
+"""The Python API's surface, without a model: every CLI option is a keyword of the command's function with the same
+default, every keyword is documented, thresholds take Python's forms, and a result's notebook HTML is a
+self-contained, escaped fragment in the catalog's colours (on hand-built results with known roles)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from html.parser import HTMLParser
+
+import numpy as np
+import pytest
+
+from attnscope import api, cli
+from attnscope.analyses.attend import AttendResult
+from attnscope.analyses.heads import HeadRecord, Heads, HeadsResult
+from attnscope.errors import AttnscopeError
+from attnscope.output.notebook import html
+from attnscope.output.views import view_of
+from attnscope.scores import catalog
+from attnscope.scores.kinds import DECODER
+from attnscope.scores.roles import Role, parse_thresholds
+
+# command -> its function in the API; the CLI's own parameters the API spells otherwise; the CLI's output options
+FUNCTIONS = {
+    "heads": api.heads,
+    "show": api.show,
+    "diversity": api.diversity,
+    "attend": api.attend,
+    "ablate": api.ablate,
+    "report": api.report,
+    "info": api.info,
+    "random-mha": api.random_mha,
+    "bench": api.bench,
+}
+RENAMED = {"text": "texts", "name": "model", "with_diversity": "diversity"}
+OUTPUT_OPTIONS = {"json", "csv", "out", "quiet"}
+LEFT_OUT = {("bench", "device_map")}  # bench times a model on one device: its command refuses --device-map
+# Python's spelling of a default the CLI writes as option text, or leaves to a fixed choice of None
+SAME_DEFAULT = {
+    "device": ("auto", None),  # None: the default device of a model given by name, and nothing for a loaded one
+    "dtype": ("auto", None),
+    "plot": (None, ()),
+    "name": ("gpt2", inspect.Parameter.empty),  # the model is the first argument, required but for bench
+}
+
+
+def _cli_parameters(command: str) -> dict[str, inspect.Parameter]:
+    function = next(
+        info.callback
+        for info in cli.app.registered_commands
+        if (info.name or info.callback.__name__.replace("_", "-")) == command
+    )
+    return dict(inspect.signature(function).parameters)
+
+
+def _python_default(value: object) -> object:
+    """The CLI's default as Python spells it: `...` (required) as no default, comma-separated numbers as a tuple."""
+    if value is ...:
+        return inspect.Parameter.empty
+    if isinstance(value, str) and re.fullmatch(r"[\w-]+(,[\w-]+)+", value):
+        return tuple(int(part) if part.isdigit() else part for part in value.split(","))
+    return value
+
+
+@pytest.mark.parametrize("command", FUNCTIONS)
+def test_every_option_of_a_command_is_a_keyword_of_its_function_with_the_same_default(command):
+    """One meaning per option name: `--batch-size 4` and `batch_size=4` are the same setting, and leaving either
+    out means the same. A new CLI option fails here until the API has it too."""
+    python = inspect.signature(FUNCTIONS[command]).parameters
+    for name, option in _cli_parameters(command).items():
+        if name in OUTPUT_OPTIONS or (command, name) in LEFT_OUT:
+            continue
+        keyword = RENAMED.get(name, name)
+        assert keyword in python, f"{command}: --{name.replace('_', '-')} has no keyword {keyword}"
+        cli_default, python_default = _python_default(option.default), python[keyword].default
+        if name in SAME_DEFAULT and command != "bench":
+            assert (cli_default, python_default) == SAME_DEFAULT[name], (command, name)
+        else:
+            assert python_default == cli_default, (command, name, python_default, cli_default)
+
+
+@pytest.mark.parametrize("command", FUNCTIONS)
+def test_every_keyword_is_documented_in_the_functions_help(command):
+    function = FUNCTIONS[command]
+    documented = {line.split()[0] for line in inspect.getdoc(function).splitlines() if line and not line[0].isspace()}
+    documented |= {
+        name.strip() for line in inspect.getdoc(function).splitlines() for name in line.split(":")[0].split(",")
+    }
+    missing = [name for name in inspect.signature(function).parameters if name not in documented]
+    assert missing == [], f"{command}: undocumented keywords {missing}"
+
+
+def test_the_api_defaults_are_the_settings_defaults():
+    """The keywords' defaults are the analyses' own (the CLI's too, above): the settings dataclass built from no
+    keyword is the one built from every keyword at its default."""
+    python = inspect.signature(api.heads).parameters
+    given = {name: python[name].default for name in ("window", "probe", "probe_len", "probe_seed", "batch_size")}
+    assert Heads(**given, max_tokens=python["max_tokens"].default) == Heads()
+
+
+def test_thresholds_take_a_mapping_or_role_equals_value_strings():
+    strings = parse_thresholds(["previous-token=0.6", "induc=0.7"])
+    assert parse_thresholds({"previous-token": 0.6, "induction": 0.7}) == strings
+    assert parse_thresholds({"prev": 0.6, "induction": "0.7"}) == strings
+    assert parse_thresholds("previous-token=0.6") == parse_thresholds(["previous-token=0.6"])
+    assert parse_thresholds({}) == catalog.DEFAULT_THRESHOLDS
+    assert Heads(thresholds={"prev": 0.6}).thresholds == Heads(thresholds=["previous-token=0.6"]).thresholds
+    assert Heads(thresholds={"prev": 0.6}).thresholds["previous-token"] == 0.6
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ({"nonsense": 0.5}, "threshold 'nonsense=0.5': expected ROLE=VALUE"),
+        ({"mixed": 0.5}, "threshold 'mixed=0.5': expected ROLE=VALUE"),
+        ({"broad": 1.5}, "threshold 'broad=1.5': thresholds lie between 0 and 1"),
+        ({"broad": None}, "threshold 'broad=None': 'None' is not a number"),
+        ({"broad": float("nan")}, "threshold 'broad=nan': thresholds lie between 0 and 1"),
+    ],
+)
+def test_a_bad_threshold_mapping_is_the_same_one_line(given, message):
+    with pytest.raises(AttnscopeError) as raised:
+        Heads(thresholds=given)
+    assert str(raised.value).startswith(message)
+
+
+# -------------------------------------------------------------------------------------------- notebook HTML
+
+# What a fragment may hold: tables, text containers, inline styles. No script, no link, no picture, no form.
+ALLOWED_TAGS = {"div", "span", "table", "thead", "tbody", "tr", "th", "td"}
+HOSTILE = "<script>alert('x')</script> & co"
+
+
+class _Fragment(HTMLParser):
+    """Every tag, attribute and piece of text of an HTML fragment, and whether its tags are balanced."""
+
+    def __init__(self, text: str):
+        super().__init__(convert_charrefs=True)
+        self.tags, self.attributes, self.text, self.open = [], [], [], []
+        self.feed(text)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.attributes.extend(attrs)
+        self.open.append(tag)
+
+    def handle_endtag(self, tag):
+        assert self.open and self.open.pop() == tag, f"</{tag}> closes nothing open"
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def _parse(fragment: str) -> _Fragment:
+    parsed = _Fragment(fragment)
+    assert parsed.open == []
+    assert set(parsed.tags) <= ALLOWED_TAGS, set(parsed.tags) - ALLOWED_TAGS
+    assert {name for name, _ in parsed.attributes} <= {"style", "title", "class"}
+    assert re.search(r"&(?!(amp|lt|gt|quot|#x27);)", fragment) is None, "a bare & in the fragment"
+    assert "url(" not in fragment and "http" not in fragment  # nothing fetched
+    return parsed
+
+
+def _heads_result(roles: dict[tuple[int, int], str], name: str = "tiny") -> HeadsResult:
+    """Two layers of two heads with the roles given, each decided by its own score at 0.9."""
+    heads = []
+    for (layer, head), role in sorted(roles.items()):
+        metric = catalog.ROLE[role].score or "entropy_normalized"
+        scores = {score: 0.1 for score in catalog.SCORE_NAMES} | {metric: 0.9, "next_token": None, "last_token": None}
+        heads.append(HeadRecord(layer, head, scores, Role(role, metric, 0.9)))
+    model = {"name": name, "kind": "decoder", "n_layer": 2, "n_head": 2, "n_kv_head": 2}
+    inputs = {"n_texts": 1, "n_windows": 1, "n_tokens": 9, "bos": True, "sources": [HOSTILE]}
+    return HeadsResult(model, DECODER, inputs, {}, heads, catalog.SCORE_NAMES, notes=[HOSTILE])
+
+
+def test_the_role_map_is_a_grid_in_the_catalogs_colours_with_a_legend_of_the_roles_present():
+    roles = {(0, 0): "previous-token", (0, 1): "first-token", (1, 0): "induction", (1, 1): "previous-token"}
+    fragment = html(view_of(_heads_result(roles)))
+    parsed = _parse(fragment)
+    cells = {}
+    for attrs in _cells_with_titles(fragment):
+        label = attrs["title"].split()[0]
+        if "." in label:  # the role map's cells (the table's role cells are titled by their role alone)
+            cells[label] = re.search(r"background:(#\w+);color:(#\w+)", attrs["style"]).groups()
+    expected = {
+        f"{layer}.{head}": (catalog.ROLE[role].colour, catalog.ROLE[role].ink) for (layer, head), role in roles.items()
+    }
+    assert cells == expected
+    assert cells["0.1"] == ("#000000", "#ffffff")  # white on the black sink
+    # the legend names the three roles present, in the catalog's order, and no other
+    legend = [text for text in parsed.text if " = " in text]
+    assert legend == ["prev = previous-token", "first = first-token", "induc = induction"]
+    assert "Head roles: tiny (1 texts, 9 tokens)" in parsed.text
+
+
+def _cells_with_titles(fragment: str) -> list[dict[str, str]]:
+    found = []
+
+    class Cells(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            if tag == "td" and "title" in dict(attrs):
+                found.append(dict(attrs))
+
+    Cells().feed(fragment)
+    return found
+
+
+def test_the_heads_table_lists_the_selected_heads_with_the_terminals_columns():
+    result = _heads_result({(0, 0): "self", (0, 1): "broad", (1, 0): "local", (1, 1): "mixed"})
+    result.selection = {"layer": 1, "sort": None, "top": None}
+    parsed = _parse(html(view_of(result)))
+    columns = [score.short for score in catalog.table_columns("decoder")]
+    text = parsed.text
+    assert text[text.index("Heads") + 1 : text.index("Heads") + 4 + len(columns)] == ["head", "role", "by", *columns]
+    assert "1.0" in text and "1.1" in text and "0.0" not in text  # layer 1 only in the table
+    assert "local_lift" not in text and "lift 0.90" in text  # the deciding score, by its short label
+
+
+def test_every_text_is_escaped_and_nothing_runs():
+    """A model name, a source and a note holding markup are shown as text."""
+    fragment = html(view_of(_heads_result({(0, 0): "self", (0, 1): "self", (1, 0): "self", (1, 1): "self"}, HOSTILE)))
+    parsed = _parse(fragment)
+    assert "script" not in parsed.tags and "<script" not in fragment.lower()
+    assert f"note: {HOSTILE}" in parsed.text
+    assert any(HOSTILE in text for text in parsed.text)
+
+
+def test_attend_html_escapes_its_tokens_and_shades_its_grid():
+    tokens = ["<bos>", "<script>", " &", "a"]
+    rows = np.zeros((1, 2, 4))  # (L, H, n): head 0 on "<script>", head 1 spread
+    rows[0, 0] = [0.0, 1.0, 0.0, 0.0]
+    rows[0, 1] = [0.25, 0.25, 0.25, 0.25]
+    model = {"name": HOSTILE, "kind": "decoder", "n_layer": 1, "n_head": 2}
+    settings = {"from_index": 0, "to_index": None, "tokens": 2, "top": 2, "index": 0}
+    result = AttendResult(model, settings, tokens, "a", 3, rows, "<script>", [1], rows[..., [1]].sum(-1))
+    fragment = html(view_of(result))
+    parsed = _parse(fragment)
+    assert "<script" not in fragment.lower()
+    assert "Attention from 'a'@3 to '<script>'@1" in parsed.text
+    assert "'<script>'@1: 1.00, '<bos>'@0: 0.00" in parsed.text
+    assert "background:rgba(0,114,178,1.00);color:#fff" in fragment  # the full weight, dark with white text
+    assert "background:rgba(0,114,178,0.25)" in fragment
