@@ -26,7 +26,7 @@ from attnscope.analyses.common import (
     run_windows,
     too_short,
 )
-from attnscope.analyses.maps import AttentionMap
+from attnscope.analyses.maps import AttentionMap, with_words
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture, distributed
@@ -38,9 +38,9 @@ from attnscope.pipeline.tokens import (
     Window,
     WindowStream,
     batches,
+    label_window,
     ordinary_token_ids,
     probe_windows,
-    token_labels,
 )
 from attnscope.scores import catalog, roles
 from attnscope.scores.kinds import DEFAULT_WINDOW, Kind
@@ -123,6 +123,7 @@ class Heads:
     probe_len: int | None = None  # None: DEFAULT_PROBE_LEN, or less when twice that does not fit the context
     probe_seed: int = 0
     plot: tuple[str, ...] = ()  # heads `L.H` whose full maps to keep (first window)
+    words: bool = False  # the plotted maps also word by word (see scores.words)
     # which heads `HeadsResult.selected` holds; checked before any forward pass, so a bad one costs nothing
     layer: int | None = None
     sort: str | None = None
@@ -180,7 +181,12 @@ class Heads:
                 }
                 heads.append(HeadRecord(layer, head, scores, roles.classify(scores, self.thresholds)))
         first = captured.first_window
-        labels = token_labels(model.tokenizer, first.ids) if first is not None else []
+        labels = label_window(model.tokenizer, first.ids) if first is not None else None
+        attention = {
+            layer: AttentionMap(layer, maps, labels, first.text_index) for layer, maps in captured.maps.items()
+        }
+        if self.words:
+            attention = {layer: with_words(maps) for layer, maps in attention.items()}
         # only the roles this kind of model can be given (a decoder's JSON is what it was before encoders)
         kind_roles = {role.name for role in catalog.roles_for(kind.name)}
         settings = {
@@ -201,9 +207,7 @@ class Heads:
             heads=heads,
             measured=tuple(name for name in catalog.SCORE_NAMES if name in means),
             notes=notes,
-            attention={
-                layer: AttentionMap(layer, maps, labels, first.text_index) for layer, maps in captured.maps.items()
-            },
+            attention=attention,
             plotted=plotted,
             selection={"layer": self.layer, "sort": self.sort, "top": self.top},
         )
