@@ -12,6 +12,7 @@ attention are kept (L × H × tokens of the word × n numbers), never the maps.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,11 +43,14 @@ def parse_occurrence(spec: str) -> tuple[str, int | None]:
 
 def find_word(labels: Labels, wanted: str) -> list[range]:
     """Where `wanted` is in a window, as spans of token positions in order: the words whose text (without its
-    leading space) equals `wanted` exactly, else ignoring case; when no word does, the single tokens whose text or
-    label as tables show it equals it (a piece of a word: `do`, `##ct`), exactly, else ignoring case."""
+    leading space) equals `wanted` exactly, else ignoring case; else the same without punctuation at the word's ends
+    (a vocabulary that holds `▁furiously,` as one piece makes "furiously," one word); when no word does, the single
+    tokens whose text or label as tables show it equals it (a piece of a word: `do`, `##ct`), exactly, else ignoring
+    case."""
     target = wanted.strip()
     tiers = (
         (labels.words, [text.strip() for text in labels.word_text]),
+        (labels.words, [_unpunctuated(text) for text in labels.word_text]),
         ([range(i, i + 1) for i in range(len(labels.tokens))], None),
     )
     for spans, texts in tiers:
@@ -62,6 +66,16 @@ def find_word(labels: Labels, wanted: str) -> list[range]:
             if found:
                 return found
     return []
+
+
+def _unpunctuated(text: str) -> str:
+    """A word's text without the punctuation and symbols at its ends; a word of punctuation alone stays itself."""
+    start, stop = 0, len(text)
+    while start < stop and unicodedata.category(text[start])[0] in "PS":
+        start += 1
+    while stop > start and unicodedata.category(text[stop - 1])[0] in "PS":
+        stop -= 1
+    return text[start:stop].strip() or text
 
 
 def _bare(token: str) -> str:
