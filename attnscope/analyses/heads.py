@@ -123,11 +123,11 @@ class Heads:
     probe_len: int | None = None  # None: DEFAULT_PROBE_LEN, or less when twice that does not fit the context
     probe_seed: int = 0
     plot: tuple[str, ...] = ()  # heads `L.H` whose full maps to keep (first window)
-    words: bool = False  # the plotted maps also word by word (see scores.words)
     # which heads `HeadsResult.selected` holds; checked before any forward pass, so a bad one costs nothing
     layer: int | None = None
     sort: str | None = None
     top: int | None = None
+    words: bool = False  # the plotted maps also word by word (see scores.words)
 
     def __post_init__(self) -> None:
         check_positive("window", self.window)
