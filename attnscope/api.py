@@ -204,6 +204,7 @@ def heads(
     sort: str | None = None,
     top: int | None = None,
     plot: Sequence[str] = (),
+    words: bool = False,
     file: str | os.PathLike | None = None,
     bos: bool | None = None,
     batch_size: int = 8,
@@ -225,6 +226,7 @@ def heads(
     sort        the table and the records sorted by this score, descending: its name or column header (--sort)
     top         only the first `top` heads in the table and the records (--top)
     plot        heads "L.H" whose attention maps `save` draws (--plot)
+    words       the maps of `plot` word by word (--words)
     """
     from attnscope.analyses.heads import Heads
 
@@ -238,6 +240,7 @@ def heads(
         probe_len=probe_len,
         probe_seed=probe_seed,
         plot=plot,
+        words=words,
         layer=layer,
         sort=sort,
         top=top,
@@ -255,6 +258,7 @@ def show(
     layer: int,
     head: int | None = None,
     index: int = 0,
+    words: bool = False,
     file: str | os.PathLike | None = None,
     bos: bool | None = None,
     device: str | None = None,
@@ -268,10 +272,11 @@ def show(
     layer       the layer, 0-based (--layer)
     head        only this head (--head)
     index       which text, 0-based (--index)
+    words       the maps word by word: to a word, the sum over its tokens; from a word, the mean (--words)
     """
     from attnscope.analyses.maps import Show
 
-    analysis = Show(layer, head, index, bos)
+    analysis = Show(layer, head, index, bos, words)
     return _run(
         analysis, model, texts, file, None, device=device, dtype=dtype, revision=revision, device_map=device_map
     )
@@ -333,11 +338,13 @@ def attend(
     *,
     from_token: str,
     to_token: str | None = None,
-    from_index: int = 0,
+    from_index: int | None = None,
     to_index: int | None = None,
     tokens: int = 3,
     top: int = 10,
     index: int = 0,
+    words: bool = False,
+    skip_first: bool = False,
     file: str | os.PathLike | None = None,
     bos: bool | None = None,
     device: str | None = None,
@@ -347,17 +354,19 @@ def attend(
 ) -> AttendResult:
     """Where one token looks, in every layer and head (`attnscope attend`).
 
-    from_token  the token that looks: its text, without the leading space (--from)
-    to_token    the token looked at (--to; None: each head's top tokens)
-    from_index  which occurrence of from_token, 0-based (--from-index)
+    from_token  the word (or token) that looks, without its leading space; WORD@K for its K-th occurrence (--from)
+    to_token    the word (or token) looked at, WORD@K as for from_token (--to; None: each head's top keys)
+    from_index  which occurrence of from_token, 0-based (--from-index; None: 0, or the K of WORD@K)
     to_index    which occurrence of to_token, 0-based (--to-index; None: every one the query sees, summed)
-    tokens      top tokens listed per head (--tokens)
+    tokens      top keys listed per head (--tokens)
     top         heads listed, strongest first (--top)
     index       which text, 0-based (--index)
+    words       keys ranked as words rather than tokens (--words)
+    skip_first  leave the first token (the attention sink) out of the ranking of keys and heads (--skip-first)
     """
     from attnscope.analyses.attend import Attend
 
-    analysis = Attend(from_token, to_token, from_index, to_index, index, bos, tokens, top)
+    analysis = Attend(from_token, to_token, from_index, to_index, index, bos, tokens, top, words, skip_first)
     return _run(
         analysis, model, texts, file, None, device=device, dtype=dtype, revision=revision, device_map=device_map
     )

@@ -434,6 +434,22 @@ OUTPUT = _group(
 )
 IndexOpt = Annotated[int, typer.Option("--index", min=0, metavar="I", help="Which input text (0-based).")]
 TopOpt = Annotated[int, typer.Option("--top", min=1, metavar="K", help="Rows shown: the first K.")]
+WordsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--words/--no-words",
+        help="Words instead of tokens: attention to a word is the sum over its tokens' keys, from a word the mean "
+        "of its tokens' rows.",
+    ),
+]
+SkipFirstOpt = Annotated[
+    bool,
+    typer.Option(
+        "--skip-first",
+        help="Leave the first token (the attention sink: BOS, [CLS], or a window's first token) out of the ranking "
+        "of keys and heads.",
+    ),
+]
 
 
 def _note(message: str) -> None:
@@ -603,6 +619,7 @@ def heads(
             "--plot", "-p", metavar="L.H", help="Also draw head L.H's attention map (repeatable; needs --out)."
         ),
     ] = None,
+    words: WordsOpt = False,
 ) -> None:
     """Score and classify every attention head.
 
@@ -615,7 +632,9 @@ def heads(
 
     if plot and output.out is None:
         raise AttnscopeError("--plot draws into the folder of --out: give --out DIR too")
-    analysis = Heads(**roles, bos=texts.bos, **batching, plot=plot, layer=layer, sort=sort, top=top)
+    if words and not plot:
+        raise AttnscopeError("--words draws the maps of --plot by word: give --plot L.H too")
+    analysis = Heads(**roles, bos=texts.bos, **batching, plot=plot, words=words, layer=layer, sort=sort, top=top)
     _run(analysis, output, texts, model)
 
 
@@ -628,17 +647,19 @@ def show(
     layer: Annotated[int, typer.Option("--layer", "-l", min=0, metavar="L", help="Layer to draw (0-based).")] = ...,
     head: Annotated[int | None, typer.Option("--head", min=0, metavar="H", help="Draw only this head, larger.")] = None,
     index: IndexOpt = 0,
+    words: WordsOpt = False,
 ) -> None:
     """Draw one layer's attention maps (or one head's) with token labels, as PNG.
 
     The picture goes to --out (default: the current folder) and its path is printed; with --json or --csv the
     maps are printed instead (every weight a query gives a key it sees), and a picture is drawn only with --out.
+    Labels mark a piece that continues a word with ##; --words draws (and prints) words instead of tokens.
 
-    Example: attnscope show "The doctor said that she would help the patient." --layer 5 --out pictures/
+    Example: attnscope show "The doctor said that she would help the patient." --layer 5 --words --out pictures/
     """
     from attnscope.analyses.maps import Show
 
-    _run(Show(layer, head, index, texts.bos), output, texts, model, default_out=Path("."))
+    _run(Show(layer, head, index, texts.bos, words), output, texts, model, default_out=Path("."))
 
 
 @app.command()
@@ -751,36 +772,52 @@ def attend(
     output,
     from_token: Annotated[
         str,
-        typer.Option("--from", metavar="TOKEN", help="The token that looks (its text, without the leading space)."),
+        typer.Option(
+            "--from",
+            metavar="WORD[@K]",
+            help="The word that looks: its text without the leading space; WORD@K its K-th occurrence (0-based).",
+        ),
     ] = ...,
     to_token: Annotated[
         str | None,
-        typer.Option("--to", metavar="TOKEN", help="The token looked at; omitted: each head's top tokens."),
+        typer.Option(
+            "--to",
+            metavar="WORD[@K]",
+            help="The word looked at (the sum over its tokens); WORD@K its K-th occurrence; omitted: each head's top "
+            "keys.",
+        ),
     ] = None,
     from_index: Annotated[
-        int,
-        typer.Option("--from-index", min=0, metavar="I", help="Which occurrence of --from (0-based)."),
-    ] = 0,
+        int | None,
+        typer.Option("--from-index", min=0, metavar="K", help="Which occurrence of --from (0-based), as WORD@K."),
+    ] = None,
     to_index: Annotated[
         int | None,
         typer.Option(
             "--to-index",
             min=0,
-            metavar="I",
-            help="Which occurrence of --to (0-based); default: all, summed.",
+            metavar="K",
+            help="Which occurrence of --to (0-based), as WORD@K; default: all the query sees, summed.",
         ),
     ] = None,
-    tokens: Annotated[int, typer.Option("--tokens", min=1, metavar="K", help="Top tokens listed per head.")] = 3,
+    tokens: Annotated[
+        int, typer.Option("--tokens", min=1, metavar="K", help="Top keys listed per head (tokens, or words).")
+    ] = 3,
     top: TopOpt = 10,
     index: IndexOpt = 0,
+    words: WordsOpt = False,
+    skip_first: SkipFirstOpt = False,
 ) -> None:
-    """Where one token looks, in every layer and head.
+    """Where one word looks, in every layer and head.
+
+    A word of several tokens (doctor = do|ct|or) looks with the mean of its tokens' rows and is looked at with the
+    sum over its tokens; --words ranks the keys as words too.
 
     Example: attnscope attend "The doctor said that she would help the patient." --from she --to doctor
     """
     from attnscope.analyses.attend import Attend
 
-    analysis = Attend(from_token, to_token, from_index, to_index, index, texts.bos, tokens, top)
+    analysis = Attend(from_token, to_token, from_index, to_index, index, texts.bos, tokens, top, words, skip_first)
     _run(analysis, output, texts, model)
 
 

@@ -26,7 +26,7 @@ from attnscope.analyses.common import (
     run_windows,
     too_short,
 )
-from attnscope.analyses.maps import AttentionMap
+from attnscope.analyses.maps import AttentionMap, with_words
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
@@ -39,9 +39,9 @@ from attnscope.pipeline.tokens import (
     Window,
     WindowStream,
     batches,
+    label_window,
     ordinary_token_ids,
     probe_windows,
-    token_labels,
 )
 from attnscope.scores import catalog, roles
 from attnscope.scores.kinds import DEFAULT_WINDOW, Kind
@@ -129,6 +129,7 @@ class Heads:
     layer: int | None = None
     sort: str | None = None
     top: int | None = None
+    words: bool = False  # the plotted maps also word by word (see scores.words)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "thresholds", roles.parse_thresholds(self.thresholds))
@@ -184,7 +185,12 @@ class Heads:
                 }
                 heads.append(HeadRecord(layer, head, scores, roles.classify(scores, self.thresholds)))
         first = captured.first_window
-        labels = token_labels(model.tokenizer, first.ids) if first is not None else []
+        labels = label_window(model.tokenizer, first.ids) if first is not None else None
+        attention = {
+            layer: AttentionMap(layer, maps, labels, first.text_index) for layer, maps in captured.maps.items()
+        }
+        if self.words:
+            attention = {layer: with_words(maps) for layer, maps in attention.items()}
         # only the roles this kind of model can be given (a decoder's JSON is what it was before encoders)
         kind_roles = {role.name for role in catalog.roles_for(kind.name)}
         settings = {
@@ -205,9 +211,7 @@ class Heads:
             heads=heads,
             measured=tuple(name for name in catalog.SCORE_NAMES if name in means),
             notes=notes,
-            attention={
-                layer: AttentionMap(layer, maps, labels, first.text_index) for layer, maps in captured.maps.items()
-            },
+            attention=attention,
             plotted=plotted,
             selection={"layer": self.layer, "sort": self.sort, "top": self.top},
         )

@@ -15,24 +15,52 @@ from attnscope.analyses.result import Result
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text, Texts
-from attnscope.pipeline.tokens import WindowStream, batches, pad_id, token_labels
+from attnscope.pipeline.tokens import Labels, WindowStream, batches, label_window, pad_id
+from attnscope.scores.words import word_map
+
+TOKENS, WORDS = "tokens", "words"  # the two views of a map: token by token, or word by word
 
 
 @dataclass
 class AttentionMap:
-    """One window's full attention for one layer: maps (H, n, n) float32 on the host, with token labels."""
+    """One window's full attention for one layer: maps (H, n, n) float32 on the host, with the window's labels
+    (tokens, how tables and pictures show them, words); in the words view also word_maps (H, W, W) float64, each
+    row the mean of a word's tokens' rows and each column the sum of its tokens' columns (`scores.words`)."""
 
     layer: int
     maps: Any
-    tokens: list[str]
+    labels: Labels
     text_index: int
+    word_maps: Any = None
+
+    @property
+    def tokens(self) -> list[str]:
+        return self.labels.tokens
+
+    @property
+    def view(self) -> str:
+        return WORDS if self.word_maps is not None else TOKENS
+
+    def shown(self, head: int | None = None) -> tuple[Any, list[str]]:
+        """The maps of the view (H, K, K) numpy, or one head's (K, K), and their labels: the tokens as tables show
+        them (`do`, `##ct`), or the words."""
+        maps = self.word_maps if self.word_maps is not None else self.maps.numpy()
+        labels = self.labels.word_text if self.word_maps is not None else self.labels.shown
+        return (maps if head is None else maps[head]), labels
+
+
+def with_words(attention: AttentionMap) -> AttentionMap:
+    """`attention` with its word maps."""
+    attention.word_maps = word_map(attention.maps.numpy(), attention.labels.words)  # (H, W, W)
+    return attention
 
 
 def attention_maps(
-    model: LoadedModel, text: Text | Texts, layers: Sequence[int], bos: bool | None = None
+    model: LoadedModel, text: Text | Texts, layers: Sequence[int], bos: bool | None = None, words: bool = False
 ) -> tuple[dict[int, AttentionMap], list[str]]:
     """Full attention maps of `layers` for one text (its first window when it is longer than the context), from
-    one forward pass: layer -> AttentionMap, and notes. Only the text's first window is tokenized."""
+    one forward pass: layer -> AttentionMap (with its word maps when `words`), and notes. Only the text's first
+    window is tokenized."""
     for layer in layers:
         check_layer(layer, model.n_layer)
     windows = WindowStream(model, [text] if isinstance(text, Text) else text, bos)
@@ -50,13 +78,15 @@ def attention_maps(
         keep_layers=layers,
         keep_window=0,
     )
-    labels = token_labels(model.tokenizer, first[0].ids)
-    return {layer: AttentionMap(layer, captured.maps[layer], labels, 0) for layer in layers}, notes
+    labels = label_window(model.tokenizer, first[0].ids)
+    kept = {layer: AttentionMap(layer, captured.maps[layer], labels, 0) for layer in layers}
+    return {layer: with_words(attention) if words else attention for layer, attention in kept.items()}, notes
 
 
 @dataclass
 class ShowResult(Result):
-    """`attnscope show`: one layer's maps (every head, or `head` alone) for the text at `index`."""
+    """`attnscope show`: one layer's maps (every head, or `head` alone) for the text at `index`, token by token or
+    (`attention.view` "words") word by word."""
 
     model: dict[str, Any]
     attention: AttentionMap
@@ -68,12 +98,13 @@ class ShowResult(Result):
 
 @dataclass(frozen=True)
 class Show:
-    """The maps of layer `layer` (one head with `head`) of the `index`-th text."""
+    """The maps of layer `layer` (one head with `head`) of the `index`-th text; with `words`, also word by word."""
 
     layer: int
     head: int | None = None
     index: int = 0
     bos: bool | None = None
+    words: bool = False
 
     def run(self, model: LoadedModel, texts: Texts | Sequence[Text], progress: Any = None) -> ShowResult:
         text = check_index(self.index, texts)
@@ -83,5 +114,7 @@ class Show:
         maps, notes = attention_maps(model, text, [self.layer], self.bos)
         attention = maps[self.layer]
         check_finite(model, "attention", attention.maps[None], [self.layer])
+        if self.words:
+            with_words(attention)
         attention.text_index = self.index
         return ShowResult(model.info(), attention, self.head, self.index, self.bos, notes)

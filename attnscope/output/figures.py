@@ -175,8 +175,9 @@ def attention_heatmap(attention: np.ndarray, tokens: Sequence[str], title: str, 
     return _save(figure, path)
 
 
-def layer_grid(maps: np.ndarray, tokens: Sequence[str], layer: int, path: Path) -> Path:
-    """All heads of one layer (maps (H, n, n)) side by side, labelled `L.H`."""
+def layer_grid(maps: np.ndarray, tokens: Sequence[str], layer: int, path: Path, subtitle: str = "") -> Path:
+    """All heads of one layer (maps (H, n, n)) side by side, labelled `L.H`; `subtitle`, a second line under the
+    title (what the labels mean)."""
     n_head = maps.shape[0]
     rows, columns = layer_grid_shape(n_head)
     figure, grid = plt.subplots(rows, columns, figsize=layer_grid_size(n_head, len(tokens)), squeeze=False)
@@ -187,8 +188,9 @@ def layer_grid(maps: np.ndarray, tokens: Sequence[str], layer: int, path: Path) 
             continue
         _attention_axes(axes, maps[index], tokens, fontsize)
         axes.set_title(f"{layer}.{index}", fontsize=9)
-    figure.suptitle(f"Layer {layer}: attention of every head")
-    figure.tight_layout(rect=(0, 0, 1, 0.97))
+    title = f"Layer {layer}: attention of every head"
+    figure.suptitle(f"{title}\n{subtitle}" if subtitle else title, fontsize=10 if subtitle else None)
+    figure.tight_layout(rect=(0, 0, 1, 0.95 if subtitle else 0.97))
     return _save(figure, path)
 
 

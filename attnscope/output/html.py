@@ -17,6 +17,7 @@ from typing import Any
 
 from attnscope import __version__
 from attnscope.output import figures
+from attnscope.pipeline.tokens import CONTINUED_LEGEND
 from attnscope.scores.catalog import ROLE, SCORE
 
 
@@ -144,8 +145,12 @@ def render(report: Any, heads_doc: dict, diversity_doc: dict | None) -> str:
             if attention is None:
                 continue
             title = f"Head {record.label} ({record.role.role}, {record.role.metric} {record.role.score:.2f})"
+            legend = f"\n{CONTINUED_LEGEND}" if attention.labels.continued else ""
             path = figures.attention_heatmap(
-                attention.maps[record.head].numpy(), attention.tokens, title, folder / f"attention_{record.label}.png"
+                attention.maps[record.head].numpy(),
+                attention.labels.shown,
+                title + legend,
+                folder / f"attention_{record.label}.png",
             )
             maps.append(f"<figure>{_image(path, title)}<figcaption>{html.escape(title)}</figcaption></figure>")
         if maps:

@@ -228,27 +228,19 @@ def _layer_head_grid(matrix: Any, title: str, scale: float = 1.0) -> str:
 
 
 def _attend(view: Any) -> str:
-    result = view.result
-    source = f"{result.tokens[result.from_position]!r}@{result.from_position}"
-    if result.to_weight is not None:
-        targets = ", ".join(str(position) for position in result.to_positions)
-        grid = _layer_head_grid(result.to_weight.tolist(), f"Attention from {source} to {result.to_token!r}@{targets}")
-    else:
-        grid = _layer_head_grid(result.rows.max(axis=-1).tolist(), f"Largest weight of each head from {source}")
-    by_label = {record["label"]: record for record in view.records()}
-    strongest = [by_label[f"{layer}.{head}"] for layer, head in result.strongest()]
-    k = result.settings["tokens"]
-    rows = []
-    for record in strongest:
-        tops = ", ".join(
-            f"{record[f'top{rank}_token']!r}@{record[f'top{rank}_position']}: {record[f'top{rank}_weight']:.2f}"
-            for rank in range(1, k + 1)
-            if f"top{rank}_token" in record
-        )
-        weight = [_cell(_number(record["to_weight"]))] if "to_weight" in record else []
-        rows.append([_cell(record["label"]), *weight, _cell(tops, "text-align:left")])
-    headers = ["head", *(["to target"] if result.to_weight is not None else []), f"top {k} tokens (position: weight)"]
-    return _fragment(_notes(view.notes), grid, _table(headers, rows, f"Strongest heads from {source}"))
+    shown = view.shown()  # the terminal's grid and table (views.AttendView.shown)
+    targeted = any(weight is not None for _, weight, _ in shown.rows)
+    rows = [
+        [
+            _cell(label),
+            *([_cell(_number(weight))] if targeted else []),
+            _cell(", ".join(f"{name}: {value:.2f}" for name, value in tops), "text-align:left"),
+        ]
+        for label, weight, tops in shown.rows
+    ]
+    headers = ["head", *(["to target"] if targeted else []), shown.header]
+    grid = _layer_head_grid(shown.grid.tolist(), shown.grid_title)
+    return _fragment(_notes(view.notes), grid, _table(headers, rows, shown.table_title))
 
 
 # --------------------------------------------------------------------------------------------------------- ablate

@@ -184,19 +184,18 @@ def layer_head_grid(matrix: Any, title: str, unit_range: bool = True) -> Group:
     return Group(Text(title, style="bold"), table)
 
 
-def attend_table(records: Sequence[dict], k: int, title: str) -> Table:
-    """The strongest heads: weight on the target (when there is one) and each head's top tokens."""
+def attend_table(
+    rows: Sequence[tuple[str, float | None, Sequence[tuple[str, float]]]], header: str, title: str
+) -> Table:
+    """The strongest heads, one row each: (head label, weight on the target or None, top keys as (name, weight)),
+    the names as tables show tokens and words (`do@2`, `##ct@3`, `doctor@2-4`)."""
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
     table.add_column("head", justify="right")
-    if records and "to_weight" in records[0]:
+    targeted = any(weight is not None for _, weight, _ in rows)
+    if targeted:
         table.add_column("to target", justify="right")
-    table.add_column(f"top {k} tokens (position: weight)")
-    for record in records:
-        tops = ", ".join(
-            f"{record[f'top{rank}_token']!r}@{record[f'top{rank}_position']}: {record[f'top{rank}_weight']:.2f}"
-            for rank in range(1, k + 1)
-            if f"top{rank}_token" in record
-        )
-        weight = [f"{record['to_weight']:.3f}"] if "to_weight" in record else []
-        table.add_row(record["label"], *weight, tops)
+    table.add_column(header)
+    for label, weight, tops in rows:
+        shown = ", ".join(f"{name}: {value:.2f}" for name, value in tops)
+        table.add_row(label, *([f"{weight:.3f}"] if targeted else []), shown)
     return table

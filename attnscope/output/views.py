@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from attnscope.analyses.random_mha import RandomMhaResult
 from attnscope.analyses.report import ReportResult
 from attnscope.output.documents import document, to_csv, to_json
 from attnscope.output.files import write_atomic
+from attnscope.pipeline.tokens import CONTINUED_LEGEND
 
 
 class View:
@@ -120,8 +122,7 @@ class HeadsView(View):
         for layer, head in result.plotted:
             attention = result.attention[layer]
             title = f"Head {layer}.{head}: {result.model['name']} (text {attention.text_index})"
-            path = stage / f"attention_{layer}.{head}.png"
-            written.append(figures.attention_heatmap(attention.maps[head].numpy(), attention.tokens, title, path))
+            written.append(map_picture(attention, head, title, stage / f"attention_{layer}.{head}.png"))
         return written
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
@@ -138,39 +139,87 @@ class HeadsView(View):
 # ---------------------------------------------------------------------------------------------------------- show
 
 
+def words_field(labels: Any) -> list[dict]:
+    """The words of a window for the JSON: each word's text as shown and its token positions."""
+    return [{"text": text, "positions": list(word)} for text, word in zip(labels.word_text, labels.words, strict=True)]
+
+
+WORDS_LEGEND = "words: mean of token rows, sum of columns"
+
+
+def map_legend(attention: Any) -> str:
+    """What a map picture's labels need said: how words are made (words view), or what `##` marks (tokens view,
+    when some word has several tokens); empty when nothing needs saying."""
+    if attention.view == "words":
+        return WORDS_LEGEND
+    return CONTINUED_LEGEND if attention.labels.continued else ""
+
+
+def map_picture(attention: Any, head: int | None, title: str, path: Path) -> Path:
+    """One head's map (`head`), or every head of the layer (None), in the map's view, with its legend."""
+    from attnscope.output import figures
+
+    maps, labels = attention.shown(head)
+    legend = map_legend(attention)
+    if head is None:
+        return figures.layer_grid(maps, labels, attention.layer, path, subtitle=legend)
+    return figures.attention_heatmap(maps, labels, f"{title}\n{legend}" if legend else title, path)
+
+
 class ShowView(View):
     command = "show"
     names_files = True
 
     def document(self) -> dict:
+        """The window's tokens (exact text, and labels as pictures show them), the view, and the maps: `maps` token
+        by token always, and in the words view `words` (each word's token positions) and `word_maps`."""
         result, attention = self.result, self.result.attention
-        maps = attention.maps if result.head is None else attention.maps[result.head : result.head + 1]
+        chosen = slice(None) if result.head is None else slice(result.head, result.head + 1)
         heads = list(range(attention.maps.shape[0])) if result.head is None else [result.head]
+        words = {}
+        if attention.view == "words":
+            words = {"words": words_field(attention.labels), "word_maps": attention.word_maps[chosen].tolist()}
         return document(
             "show",
             result.model,
-            {"index": result.index, "tokens": attention.tokens, "n_tokens": len(attention.tokens)},
-            {"layer": attention.layer, "head": result.head, "index": result.index, "bos": result.bos},
+            {
+                "index": result.index,
+                "tokens": attention.tokens,
+                "n_tokens": len(attention.tokens),
+                "labels": attention.labels.shown,
+            },
+            {
+                "layer": attention.layer,
+                "head": result.head,
+                "index": result.index,
+                "bos": result.bos,
+                "words": attention.view == "words",
+            },
             result.notes,
+            view=attention.view,
             heads=heads,
-            maps=maps.tolist(),
+            maps=attention.maps[chosen].tolist(),
+            **words,
         )
 
     def records(self) -> list[dict]:
-        """One row per (head, query, key) the query sees (a decoder's keys after the query are left out)."""
+        """One row per (head, query, key) the query sees (a decoder's keys after the query are left out): tokens, or
+        in the words view words (query and key are word indices, `query_word`/`key_word` their text)."""
         result, attention = self.result, self.result.attention
         heads = range(attention.maps.shape[0]) if result.head is None else [result.head]
-        n = len(attention.tokens)
         causal = result.model["kind"] == "decoder"
+        maps, labels = attention.shown()
+        kind = "word" if attention.view == "words" else "token"
+        n = len(labels)
         return [
             {
                 "layer": attention.layer,
                 "head": head,
                 "query": i,
                 "key": j,
-                "query_token": attention.tokens[i],
-                "key_token": attention.tokens[j],
-                "weight": float(attention.maps[head, i, j]),
+                f"query_{kind}": labels[i] if kind == "word" else attention.tokens[i],
+                f"key_{kind}": labels[j] if kind == "word" else attention.tokens[j],
+                "weight": float(maps[head, i, j]),
             }
             for head in heads
             for i in range(n)
@@ -178,16 +227,13 @@ class ShowView(View):
         ]
 
     def files(self, stage: Path) -> list[Path]:
-        """attention_L<layer>.png (every head of the layer) or attention_<L.H>.png (one head, larger)."""
-        from attnscope.output import figures
-
+        """attention_L<layer>.png (every head of the layer) or attention_<L.H>.png (one head, larger); by word in
+        the words view."""
         result, attention = self.result, self.result.attention
         if result.head is None:
-            path = stage / f"attention_L{attention.layer}.png"
-            return [figures.layer_grid(attention.maps.numpy(), attention.tokens, attention.layer, path)]
+            return [map_picture(attention, None, "", stage / f"attention_L{attention.layer}.png")]
         title = f"Head {attention.layer}.{result.head}: {result.model['name']}"
-        path = stage / f"attention_{attention.layer}.{result.head}.png"
-        return [figures.attention_heatmap(attention.maps[result.head].numpy(), attention.tokens, title, path)]
+        return [map_picture(attention, result.head, title, stage / f"attention_{attention.layer}.{result.head}.png")]
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
         return _picture_paths(written)
@@ -325,7 +371,8 @@ class RandomMhaView(View):
 
 def attend_records(result: AttendResult) -> list[dict]:
     """One flat record per head, layer.head order: the weight on the target (when one was given) and the head's
-    top tokens (position, token, weight)."""
+    top keys: tokens (position, exact token text, weight), or in the words view words (word index, word text,
+    weight)."""
     n_layer, n_head = result.rows.shape[:2]
     records = []
     for layer in range(n_layer):
@@ -333,9 +380,13 @@ def attend_records(result: AttendResult) -> list[dict]:
             record: dict[str, Any] = {"layer": layer, "head": head, "label": f"{layer}.{head}"}
             if result.to_weight is not None:
                 record["to_weight"] = float(result.to_weight[layer, head])
-            for rank, (position, weight) in enumerate(result.top_keys(layer, head), start=1):
-                record[f"top{rank}_position"] = position
-                record[f"top{rank}_token"] = result.tokens[position]
+            for rank, (key, weight) in enumerate(result.top_keys(layer, head), start=1):
+                if result.view == "words":
+                    record[f"top{rank}_word"] = key
+                    record[f"top{rank}_text"] = result.labels.word_text[key]
+                else:
+                    record[f"top{rank}_position"] = key
+                    record[f"top{rank}_token"] = result.tokens[key]
                 record[f"top{rank}_weight"] = weight
             records.append(record)
     return records
@@ -345,20 +396,44 @@ class AttendView(View):
     command = "attend"
 
     def document(self) -> dict:
-        """The query token, the target, one record per head, the strongest heads and the full attention row of
-        every head (`rows[layer][head][key]`)."""
+        """The query word, the target, one record per head, the strongest heads and the full attention row of
+        every head (`rows[layer][head][key]`, over tokens); in the words view also `words` (each word's token
+        positions) and `word_rows[layer][head][word]`."""
         result = self.result
+        source = {
+            "token": "".join(result.tokens[p] for p in result.from_positions),
+            "position": result.from_position,
+            "positions": result.from_positions,
+            "word": result.labels.text(result.from_positions),
+        }
+        target = None
+        if result.to_token is not None:
+            target = {
+                "token": result.to_token,
+                "positions": result.to_positions,
+                "words": [list(span) for span in result.to_words],
+            }
+        words = {}
+        if result.view == "words":
+            words = {"words": words_field(result.labels), "word_rows": result.word_rows.tolist()}
         return document(
             "attend",
             result.model,
-            {"tokens": result.tokens, "n_tokens": len(result.tokens), "bos": result.bos},
+            {
+                "tokens": result.tokens,
+                "n_tokens": len(result.tokens),
+                "bos": result.bos,
+                "labels": result.labels.shown,
+            },
             result.settings,
             result.notes,
-            **{"from": {"token": result.tokens[result.from_position], "position": result.from_position}},
-            to=None if result.to_token is None else {"token": result.to_token, "positions": result.to_positions},
+            **{"from": source},
+            to=target,
+            view=result.view,
             heads=attend_records(result),
             strongest=[f"{layer}.{head}" for layer, head in result.strongest()],
             rows=result.rows.tolist(),
+            **words,
         )
 
     def records(self) -> list[dict]:
@@ -366,46 +441,77 @@ class AttendView(View):
 
     def files(self, stage: Path) -> list[Path]:
         """attend.json, attend.csv and attend.png: a layer × head heatmap of the weight on the target, or, without
-        one, of each head's largest weight with the token it falls on written in the cell."""
+        one, of each head's largest weight with the token (or word) it falls on written in the cell."""
         from attnscope.output import figures
 
         result = self.result
-        source = result.tokens[result.from_position]
-        name = result.model["name"]
+        source, name = result.from_name, result.model["name"]
+        skipped = ", first key left out" if result.settings.get("skip_first") else ""
         if result.to_weight is not None:
             matrix, cells = result.to_weight, None
-            title = f"Attention from {source!r}@{result.from_position} to {result.to_token!r}: {name}"
+            targets = ", ".join(result.labels.describe(span) for span in result.to_words)
+            title = f"Attention from {source} to {targets}: {name}"
         else:
             n_layer, n_head = result.rows.shape[:2]
-            matrix = result.rows.max(axis=-1)
+            matrix = result.strength()
             cells = [
                 [
-                    f"{result.tokens[result.top_keys(layer, head, 1)[0][0]][:8]}\n{matrix[layer, head]:.2f}"
+                    f"{result.key_text(result.top_keys(layer, head, 1)[0][0])[:8]}\n{matrix[layer, head]:.2f}"
                     for head in range(n_head)
                 ]
                 for layer in range(n_layer)
             ]
-            title = f"Where {source!r}@{result.from_position} looks (top token per head): {name}"
+            kind = "word" if result.view == "words" else "token"
+            title = f"Where {source} looks (top {kind} per head{skipped}): {name}"
+            if result.view == "tokens" and result.labels.continued:
+                title += f"\n{CONTINUED_LEGEND}"
         return [
             *super().files(stage),
             figures.score_heatmap(matrix, title, stage / "attend.png", 0.0, 1.0, cell_text=cells),
         ]
 
+    def shown(self) -> AttendShown:
+        """What the terminal and a notebook show, one computation for both."""
+        result = self.result
+        source = result.from_name
+        if result.to_weight is not None:
+            targets = ", ".join(result.labels.describe(span) for span in result.to_words)
+            grid, grid_title = result.to_weight, f"Attention from {source} to {targets}"
+        else:
+            skipped = " (the first key left out)" if result.settings.get("skip_first") else ""
+            grid, grid_title = result.strength(), f"Largest weight of each head from {source}{skipped}"
+        rows = [
+            (
+                f"{layer}.{head}",
+                None if result.to_weight is None else float(result.to_weight[layer, head]),
+                [(result.key_name(key), weight) for key, weight in result.top_keys(layer, head)],
+            )
+            for layer, head in result.strongest()
+        ]
+        kind = "word" if result.view == "words" else "token"
+        header = f"top {result.settings['tokens']} {kind}s ({kind}@position: weight)"
+        return AttendShown(grid, grid_title, rows, header, f"Strongest heads from {source}")
+
     def terminal(self, written: Sequence[Path]) -> list[Any]:
         from attnscope.output import terminal
 
-        result = self.result
-        source = f"{result.tokens[result.from_position]!r}@{result.from_position}"
-        if result.to_weight is not None:
-            targets = ", ".join(str(p) for p in result.to_positions)
-            grid = terminal.layer_head_grid(
-                result.to_weight, f"Attention from {source} to {result.to_token!r}@{targets}"
-            )
-        else:
-            grid = terminal.layer_head_grid(result.rows.max(axis=-1), f"Largest weight of each head from {source}")
-        by_label = {record["label"]: record for record in self.records()}
-        strongest = [by_label[f"{layer}.{head}"] for layer, head in result.strongest()]
-        return [grid, terminal.attend_table(strongest, result.settings["tokens"], f"Strongest heads from {source}")]
+        shown = self.shown()
+        return [
+            terminal.layer_head_grid(shown.grid, shown.grid_title),
+            terminal.attend_table(shown.rows, shown.header, shown.table_title),
+        ]
+
+
+@dataclass
+class AttendShown:
+    """attend's face for people: a layer × head grid and the strongest heads, each with (head label, weight on the
+    target or None, top keys as (name, weight))."""
+
+    grid: Any
+    grid_title: str
+    rows: list[tuple[str, float | None, list[tuple[str, float]]]]
+    header: str
+    table_title: str
 
 
 # -------------------------------------------------------------------------------------------------------- ablate

@@ -4,6 +4,7 @@ runs and processes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -184,25 +185,34 @@ class DiversityStatistics(Reducer):
 
 
 class QueryRowReducer(Reducer):
-    """Keeps row `position` of window 0's attention, every layer: rows[layer] is (H, n_keys) float32 on the host.
-    In a causal model the keys after the query weigh exactly 0 (the capture leaves masked keys a weight of at most
-    1.6e-38, see capture.LOGIT_FLOOR)."""
+    """Keeps rows `positions` of window 0's attention, every layer: rows[layer] is (H, P, n_keys) float32 on the
+    host, one row per position asked for, in that order. In a causal model the keys after a query weigh exactly 0
+    (the capture leaves masked keys a weight of at most 1.6e-38, see capture.LOGIT_FLOOR)."""
 
     wants_blocks = True
 
-    def __init__(self, kind: Kind, position: int):
+    def __init__(self, kind: Kind, positions: Sequence[int]):
         self.kind = kind
-        self.position = position
-        self.rows: dict[int, Any] = {}
+        self.positions = list(positions)
+        self.parts: dict[int, dict[int, Any]] = {}  # layer -> index of the position -> (H, n_keys)
 
     def add_block(self, layer: int, block: AttentionBlock) -> None:
         first, last = int(block.positions[0]), int(block.positions[-1])
-        if not first <= self.position <= last:
-            return
-        r = self.position - first
-        row = block.exp_logits[0, :, r] / block.normalizer[0, :, r, None]  # (H, k)
-        full = row.new_zeros(row.shape[0], block.n_keys)  # (H, n_keys): keys the block did not reach weigh 0
-        full[:, : row.shape[1]] = row
-        if self.kind.causal:
-            full[:, self.position + 1 :] = 0
-        self.rows[layer] = full.cpu()
+        for index, position in enumerate(self.positions):
+            if not first <= position <= last:
+                continue
+            r = position - first
+            row = block.exp_logits[0, :, r] / block.normalizer[0, :, r, None]  # (H, k)
+            full = row.new_zeros(row.shape[0], block.n_keys)  # (H, n_keys): keys the block did not reach weigh 0
+            full[:, : row.shape[1]] = row
+            if self.kind.causal:
+                full[:, position + 1 :] = 0
+            self.parts.setdefault(layer, {})[index] = full.cpu()
+
+    @property
+    def rows(self) -> dict[int, Any]:
+        """layer -> (H, P, n_keys): the rows of `positions`, in their order."""
+        return {
+            layer: torch.stack([parts[index] for index in range(len(self.positions))], dim=1)
+            for layer, parts in self.parts.items()
+        }

@@ -35,8 +35,10 @@ def test_cli_json_and_csv(cli, tiny, tiny_model_dir):
     assert code == 0, err
     doc = json.loads(out)
     assert doc["command"] == "attend" and doc["schema_version"] == 1
-    assert doc["from"] == {"token": " she", "position": 5}
-    assert doc["to"] == {"token": "doctor", "positions": [2]}  # occurrences after " she" are out of its sight
+    assert doc["from"] == {"token": " she", "position": 5, "positions": [5], "word": "she"}
+    # occurrences after " she" are out of its sight
+    assert doc["to"] == {"token": "doctor", "positions": [2], "words": [[2]]}
+    assert doc["view"] == "tokens" and "words" not in doc and "word_rows" not in doc
     expected = _reference_rows(tiny, SENTENCE)[:, :, 5]  # (L, H, n)
     np.testing.assert_allclose(np.array(doc["rows"]), expected, atol=1e-5)
     assert np.all(np.array(doc["rows"])[..., 6:] == 0)  # causal: nothing after the query
@@ -121,6 +123,6 @@ def test_top_counts_heads_and_tokens_counts_keys(cli, model, model_dir, top, tok
         assert [record[f"top{k}_position"] for k in range(1, tokens + 1)] == best
     code, table, _ = cli("attend", CAT, "--from", "sat", "-m", model_dir, "--top", top, "--tokens", tokens)
     assert code == 0
-    # a row: the head's label, then its first top token in quotes (a long row wraps onto lines of its own)
-    listed = re.findall(r"^\s*(\d+\.\d+)\s+'", table.split("Strongest heads")[1], re.MULTILINE)
+    # a row: the head's label, then its first top token as `label@position` (a long row wraps onto lines of its own)
+    listed = re.findall(r"^\s*(\d+\.\d+)\s+\S+@\d+:", table.split("Strongest heads")[1], re.MULTILINE)
     assert listed == doc["strongest"]

@@ -5,10 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnscope.analyses.attend import Attend, match_token
+from attnscope.analyses.attend import Attend, find_word, parse_occurrence
 from attnscope.errors import AttnscopeError
 from attnscope.pipeline.inputs import Text
-from attnscope.pipeline.tokens import batches, pad_id, tokenize
+from attnscope.pipeline.tokens import (
+    BYTE_LEVEL,
+    SENTENCEPIECE,
+    WORDPIECE,
+    Labels,
+    batches,
+    label_pieces,
+    pad_id,
+    tokenize,
+)
 from tests.support import reference_maps
 
 SENTENCE = "The doctor said that she would help the doctor."
@@ -24,21 +33,53 @@ def _reference_rows(loaded, text):
     return np.stack([maps[layer][0].double().numpy() for layer in range(loaded.n_layer)])
 
 
-def test_match_token_exact_then_case_insensitive_then_clear_error():
-    labels = ["<bos>", "The", " doctor", " said", " the", " Doctor", " doctor"]
-    assert match_token(labels, "doctor", 0, "from") == (2, [2, 6])
-    assert match_token(labels, "doctor", 1, "from") == (6, [2, 6])
-    assert match_token(labels, "the", 0, "to") == (4, [4])  # exact match wins over "The"
-    assert match_token(labels, "THE", 0, "to") == (1, [1, 4])  # no exact match: case ignored
-    assert match_token(labels, "<bos>", 0, "to") == (0, [0])
-    assert match_token(["[CLS]", "the", "doctor", "[SEP]"], "[SEP]", 0, "to") == (3, [3])
-    assert match_token(["▁the", "▁doctor"], "doctor", 0, "to") == (1, [1])  # SentencePiece's space marker
-    missing = r"^from token 'nurse' is not a token of the text; its tokens are .*2:'doctor'"
-    with pytest.raises(AttnscopeError, match=missing):
-        match_token(labels, "nurse", 0, "from")
-    too_few = r"^from occurrence 2: 'doctor' occurs 2 time\(s\) \(positions \[2, 6\]\)$"
-    with pytest.raises(AttnscopeError, match=too_few):
-        match_token(labels, "doctor", 2, "from")
+def _labels(pieces, style, special=()):
+    """Labels of hand-written vocabulary pieces; `special`: positions of special tokens, shown as their piece."""
+    marks = [piece if i in special else None for i, piece in enumerate(pieces)]
+    shown, words, word_text = label_pieces(pieces, marks, style)
+    return Labels(list(pieces), shown, words, word_text)
+
+
+def test_find_word_matches_words_exactly_then_ignoring_case_then_single_tokens():
+    labels = _labels(["<bos>", "The", "Ġdo", "ct", "or", "Ġsaid", "Ġthe", "ĠDo", "ct", "or", "Ġdo"], BYTE_LEVEL, {0})
+    assert labels.word_text == ["<bos>", "The", "doctor", "said", "the", "Doctor", "do"]
+    assert find_word(labels, "doctor") == [range(2, 5)]  # exact: "Doctor" is left out
+    assert find_word(labels, "DOCTOR") == [range(2, 5), range(7, 10)]  # no exact match: case ignored
+    assert find_word(labels, "the") == [range(6, 7)]  # exact match wins over "The"
+    assert find_word(labels, " do ") == [range(10, 11)]  # the word "do", not the first piece of "doctor"
+    assert find_word(labels, "<bos>") == [range(0, 1)]
+    assert find_word(labels, "ct") == [range(3, 4), range(8, 9)]  # no word: single tokens, by their text
+    assert find_word(labels, "##or") == [range(4, 5), range(9, 10)]  # or as tables show them
+    assert find_word(labels, "nurse") == []
+    wordpiece = _labels(["[CLS]", "the", "doc", "##tor", "[SEP]"], WORDPIECE, {0, 4})
+    assert find_word(wordpiece, "doctor") == [range(2, 4)] and find_word(wordpiece, "[SEP]") == [range(4, 5)]
+    sentencepiece = _labels(["<s>", "▁the", "▁doc", "tor"], SENTENCEPIECE, {0})
+    assert find_word(sentencepiece, "doctor") == [range(2, 4)]
+
+
+@pytest.mark.parametrize(
+    "spec, parsed",
+    [
+        ("doctor", ("doctor", None)),
+        ("doctor@1", ("doctor", 1)),
+        ("doctor@12", ("doctor", 12)),
+        ("@property", ("@property", None)),
+        ("a@b", ("a@b", None)),
+        ("user@2@0", ("user@2", 0)),
+        ("@3", ("@3", None)),  # nothing before the @: the word "@3"
+    ],
+)
+def test_word_at_k_names_an_occurrence(spec, parsed):
+    assert parse_occurrence(spec) == parsed
+
+
+def test_word_at_k_and_the_index_setting_are_one_occurrence():
+    assert (Attend("she@1").from_token, Attend("she@1").from_index) == ("she", 1)
+    assert Attend("she", "doctor@0").to_index == 0 and Attend("she", "doctor@0").to_token == "doctor"
+    assert Attend("she@1", from_index=1).from_index == 1  # the same occurrence twice is no conflict
+    assert Attend("she").from_index == 0 and Attend("she", "doctor").to_index is None
+    with pytest.raises(AttnscopeError, match=r"^from word 'she@1' names occurrence 1, and from occurrence is 0"):
+        Attend("she@1", from_index=0)
 
 
 def test_the_sentence_tokenizes_as_the_tests_expect(model):
@@ -100,7 +141,7 @@ def test_attend_sees_later_tokens_in_an_encoder(tiny_bert):
     assert (result.to_weight > 0).all()
     every = Attend("cat", "the").run(tiny_bert, [Text("The cat sat on the mat.", "t")])
     assert every.to_positions == [1, 5]  # both occurrences, the later one included
-    with pytest.raises(AttnscopeError, match="is not a token"):
+    with pytest.raises(AttnscopeError, match="is not in the text"):
         Attend("cat", "dog").run(tiny_bert, [Text("The cat sat.", "t")])
 
 
@@ -109,7 +150,7 @@ def test_attend_sees_later_tokens_in_an_encoder(tiny_bert):
     [
         (
             {"from_token": "she", "to_index": 0},
-            r"to occurrence 0 picks one occurrence of the to token: give the to token too \(--to\)",
+            r"to occurrence 0 picks one occurrence of the to word: give the to word too \(--to\)",
         ),
         ({"from_token": "she", "tokens": 0}, "tokens 0: must be at least 1"),
         ({"from_token": "she", "top": 0}, "top 0: must be at least 1"),

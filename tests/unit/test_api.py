@@ -17,6 +17,7 @@ from attnscope.analyses.heads import HeadRecord, Heads, HeadsResult
 from attnscope.errors import AttnscopeError
 from attnscope.output.notebook import html
 from attnscope.output.views import view_of
+from attnscope.pipeline.tokens import Labels
 from attnscope.scores import catalog
 from attnscope.scores.kinds import DECODER
 from attnscope.scores.roles import Role, parse_thresholds
@@ -234,11 +235,13 @@ def test_attend_html_escapes_its_tokens_and_shades_its_grid():
     rows[0, 1] = [0.25, 0.25, 0.25, 0.25]
     model = {"name": HOSTILE, "kind": "decoder", "n_layer": 1, "n_head": 2}
     settings = {"from_index": 0, "to_index": None, "tokens": 2, "top": 2, "index": 0}
-    result = AttendResult(model, settings, tokens, "a", 3, rows, "<script>", [1], rows[..., [1]].sum(-1))
+    shown = ["<bos>", "<script>", "&", "a"]
+    labels = Labels(tokens, shown, [range(k, k + 1) for k in range(4)], shown)
+    result = AttendResult(model, settings, labels, "a", [3], rows, "<script>", [range(1, 2)], rows[..., [1]].sum(-1))
     fragment = html(view_of(result))
     parsed = _parse(fragment)
     assert "<script" not in fragment.lower()
-    assert "Attention from 'a'@3 to '<script>'@1" in parsed.text
-    assert "'<script>'@1: 1.00, '<bos>'@0: 0.00" in parsed.text
+    assert "Attention from a@3 to <script>@1" in parsed.text
+    assert "<script>@1: 1.00, <bos>@0: 0.00" in parsed.text
     assert "background:rgba(0,114,178,1.00);color:#fff" in fragment  # the full weight, dark with white text
     assert "background:rgba(0,114,178,0.25)" in fragment
