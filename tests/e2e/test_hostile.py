@@ -191,6 +191,7 @@ def test_half_precision_that_overflows_is_told_to_use_float32():
         check_finite(model, "attention", [[0.5, 0.25], [float("inf"), 0.0]], range(2))
 
 
+@pytest.mark.slow
 def test_a_context_too_short_for_the_probe_skips_it_with_a_note(cli, tmp_path):
     folder = build_tiny_gpt2(tmp_path / "ctx6", n_positions=6)
     import json
@@ -210,6 +211,7 @@ def test_a_context_too_short_for_the_probe_skips_it_with_a_note(cli, tmp_path):
     assert "probe period shortened to 4 tokens to fit the context of 9 tokens" in document["notes"]
 
 
+@pytest.mark.slow
 def test_a_csv_with_no_rows_still_has_its_header(cli, tmp_path):
     """A layer of one head has no pair to compare: the CSV is its header line, which CSV readers accept."""
     import csv
