@@ -17,6 +17,7 @@ from typing import Any
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline.inputs import Text, Texts, as_texts
+from attnscope.scores.catalog import counted
 from attnscope.scores.kinds import Kind
 
 
@@ -200,12 +201,14 @@ class WindowStream:
         notes = []
         if self.split_texts:
             notes.append(
-                f"{self.split_texts} text(s) longer than the model's context ({self.n_ctx} tokens) were split into "
-                f"windows; {self.n_windows} windows in all"
+                f"{counted(self.split_texts, 'text')} longer than the model's context ({self.n_ctx} tokens) "
+                f"{'was' if self.split_texts == 1 else 'were'} split into windows; {counted(self.n_windows, 'window')} "
+                "in all"
             )
         if self.rough_cuts:
             notes.append(
-                f"{self.rough_cuts} long stretch(es) of text with no space between words were tokenized in pieces "
+                f"{counted(self.rough_cuts, 'long stretch', 'long stretches')} of text with no space between words "
+                f"{'was' if self.rough_cuts == 1 else 'were'} tokenized in pieces "
                 f"of {CHUNK_CHARS if self.exact_cuts else WHOLE_TEXT_CHARS:,} characters; a token at each cut may "
                 "differ from the text tokenized whole"
             )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -269,3 +270,14 @@ def test_on_a_real_terminal_the_status_line_is_drawn_and_cleared(tiny_model_dir)
     assert done.returncode == 0 and json.loads(done.stdout)
     drawn = seen.decode()
     assert f"loading {tiny_model_dir} …" in drawn and drawn.rstrip("\r\n").endswith("\x1b[2K")
+
+
+def test_notes_count_in_words(cli, short_context_model_dir, tmp_path):
+    """One text split: "1 text ... was split", and the windows counted; the files written counted too."""
+    long_text = " ".join([CAT] * 3)  # about 36 tokens: 3 windows of a 16-token context
+    code, _, err = cli("heads", long_text, "-m", short_context_model_dir, "--no-probe", "--out", tmp_path, "--json")
+    assert code == 0
+    split = next(line for line in err.splitlines() if "split into windows" in line)
+    assert split.startswith("note: 1 text longer than the model's context (16 tokens) was split into windows; ")
+    assert split.endswith(" windows in all") and "(s)" not in err
+    assert re.search(r"note: wrote \d+ files to ", err)
