@@ -607,20 +607,20 @@ class InfoView(View):
             heads += f" (sharing {counted(facts['n_kv_head'], 'key/value head')})"
         formula = facts["attention_params_formula"]
         if facts["attention_params"] == formula:
-            attention = f"{facts['attention_params']:,} per layer: W_Q, W_K, W_V, W_O (and biases)"
+            attention = f"{facts['attention_params']:,} (W_Q, W_K, W_V, W_O and any biases)"
         else:  # what W_Q, W_K, W_V, W_O leave out: QK-norms, sinks
-            attention = f"{facts['attention_params']:,} per layer ({formula:,} in W_Q, W_K, W_V, W_O and biases)"
+            attention = f"{facts['attention_params']:,} (W_Q, W_K, W_V, W_O and any biases: {formula:,})"
         rows = [
             ("model", facts["name"]),
             ("family", f"{facts['family']} ({facts['model_type']}), {facts['kind']}"),
             ("layers", str(facts["n_layer"])),
             ("heads per layer", heads),
             ("width (d_model)", str(facts["d_model"])),
-            ("width per head (d_head)", str(facts["d_head"])),
+            ("head width (d_head)", str(facts["d_head"])),
             ("context", counted(facts["n_ctx"], "token")),
             ("vocabulary", counted(facts["vocab_size"], "token")),
             ("parameters", f"{facts['n_params']:,} (without the language-model head)"),
-            ("attention parameters", attention),
+            ("attention per layer", attention),
             ("device", facts["device"]),
             ("dtype", facts["dtype"]),
         ]
