@@ -251,4 +251,4 @@ def test_info_view_says_what_it_counts():
     text = " ".join(render(*view_of(InfoResult(facts)).terminal([]), width=120).split())
     assert "4 (sharing 1 key/value head)" in text
     assert "1 token" in text and "1 tokens" not in text
-    assert "attention per layer 100 (W_Q, W_K, W_V, W_O and any biases: 90)" in text
+    assert "100 (W_Q, W_K, W_V, W_O and any biases: 90)" in text
