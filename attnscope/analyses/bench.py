@@ -482,7 +482,7 @@ def micro_benchmark(
     named in a note."""
     for count in heads:
         if d_model % count:
-            raise AttnscopeError(f"{count} head{'s do' if count != 1 else ' does'} not divide d_model {d_model}")
+            raise AttnscopeError(f"{count} heads do not divide d_model {d_model}")  # never 1 head
     device = torch.device(device)
     rows, notes = [], []
     shapes = [(batch, seq) for batch in batches for seq in seqs]
@@ -588,6 +588,7 @@ class Bench:
     methods: tuple[str, ...] = METHODS
     micro: bool = True
     sample_rows: int = DEFAULT_SAMPLE_ROWS  # of `diversity-sampled`
+    loads_its_model = True  # a class attribute, not a setting: the CLI hands it no model, and a status line instead
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.methods) - set(ALL_METHODS))
@@ -598,8 +599,6 @@ class Bench:
         check_settings(self.seq_lens, self.batch_sizes, self.repeats, self.warmup)
         resolve_dtype(self.dtype)
         resolve_device(self.device)  # --device cuda on a machine without CUDA stops here, before any model
-
-    loads_its_model = True  # the CLI hands it no model, and a status line to say what it does
 
     def run(
         self,
