@@ -461,11 +461,15 @@ def info(
     device_map: str | None = None,
 ) -> InfoResult:
     """The model's shape: layers, heads, d_model, d_head, context, attention parameters, device, dtype
-    (`attnscope info`)."""
+    (`attnscope info`). A model given by name is not loaded: its config.json alone is read, as the CLI does."""
     from attnscope.analyses.info import Info
 
+    if isinstance(model, (str, os.PathLike)):
+        if device_map is not None:
+            raise AttnscopeError("info reads the config only: device_map is not for info")
+        return Info(os.fspath(model), device or "auto", dtype or "auto", revision).run()
     loaded = _model(model, device=device, dtype=dtype, revision=revision, device_map=device_map)
-    return Info().run(loaded)
+    return Info(loaded.name).run(loaded)
 
 
 def random_mha(

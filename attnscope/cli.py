@@ -265,7 +265,8 @@ MODEL = _group(
                 "--model",
                 "-m",
                 metavar="NAME|PATH",
-                help="'demo' (bundled), a Hugging Face id, or a directory saved with save_pretrained.",
+                help="'demo': the small GPT-2 bundled with attnscope (no download, works offline); or a Hugging "
+                "Face id (fetched once into the Hugging Face cache); or a directory saved with save_pretrained.",
             ),
         ],
         "gpt2",
@@ -462,13 +463,49 @@ def _console(stderr: bool = False):
     return Console(stderr=stderr, highlight=False)
 
 
+def _on_terminal(quiet: bool) -> bool:
+    """Whether to draw progress and status lines: stderr (where they go) is a terminal, no --quiet, and this is
+    rank 0 under torchrun."""
+    return not quiet and sys.stderr.isatty() and _is_main()
+
+
+class _Status:
+    """One line on stderr saying what is being done while nothing else shows (`loading demo …`), replaced by the
+    next and cleared at the end; drawn only on a terminal (see `_on_terminal`). A context manager."""
+
+    def __init__(self, quiet: bool):
+        self.shown = _on_terminal(quiet)
+        self.drawn = False
+
+    def __call__(self, text: str) -> None:
+        if self.shown:
+            import shutil
+
+            width = shutil.get_terminal_size().columns - 1  # a line that wrapped could not be cleared
+            text = text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+            sys.stderr.write(f"\r\x1b[2K{text}")
+            sys.stderr.flush()
+            self.drawn = True
+
+    def __enter__(self) -> _Status:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.drawn:
+            sys.stderr.write("\r\x1b[2K")
+            sys.stderr.flush()
+            self.drawn = False
+
+
 class _ProgressBar:
-    """A rich progress bar on stderr (texts read, tokens/s, ETA), shown only when stdout is a terminal and not
-    --quiet; rank 0 only under torchrun. Use as a context manager; `callback` is None when hidden. The bar and its
-    ETA follow the share of the input read (bytes of a file, texts of a list), which streams in as it runs."""
+    """A rich progress bar on stderr, drawn only on a terminal (see `_on_terminal`): the share of the input read
+    (bytes of a file, texts of a list), which streams in as it runs, with the time left at this pace; the texts
+    read so far (taken from the input, their windows forwarded or about to be); the tokens forwarded per second
+    (the windows' tokens, special tokens included, padding not). Use as a context manager; `callback` is None when
+    hidden."""
 
     def __init__(self, quiet: bool, label: str):
-        self.shown = not quiet and sys.stdout.isatty() and _is_main()
+        self.shown = _on_terminal(quiet)
         self.label = label
         self.callback = self._update if self.shown else None
 
@@ -479,6 +516,7 @@ class _ProgressBar:
             self.bar = Progress(
                 TextColumn(self.label),
                 BarColumn(),
+                TextColumn("{task.fields[share]}"),
                 TextColumn("{task.fields[texts]}"),
                 TextColumn("{task.fields[rate]}"),
                 TimeRemainingColumn(),
@@ -487,17 +525,19 @@ class _ProgressBar:
                 auto_refresh=False,  # a refresh thread competing with torch's threads made runs several times slower
             )
             self.bar.__enter__()
-            self.task = self.bar.add_task(self.label, total=None, texts="", rate="")
+            self.task = self.bar.add_task(self.label, total=None, share="", texts="", rate="")
             self.started = self.refreshed = time.perf_counter()
         return self
 
     def _update(self, texts: int, tokens: int, share: float) -> None:
+        """`texts` read from the input so far, `tokens` forwarded so far, `share` of the input read (0 to 1)."""
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         self.bar.update(
             self.task,
             completed=share,
             total=1.0,
-            texts=f"{texts:,} text{'s' if texts != 1 else ''} read",
+            share=f"{share:.0%} of the input",
+            texts=f"{catalog.counted(texts, 'text')} read",
             rate=f"{tokens / elapsed:,.0f} tokens/s",
         )
         now = time.perf_counter()
@@ -515,8 +555,11 @@ def _is_main() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def _load(model: Model, lm_head: bool = False):
-    """Load the model as the Python API does (under torchrun: join the process group, take this rank's GPU)."""
+def _load(model: Model, lm_head: bool = False, status: Callable[[str], None] | None = None):
+    """Load the model as the Python API does, saying so on `status` (under torchrun: join the process group, take
+    this rank's GPU)."""
+    if status is not None:
+        status(f"loading {model.name} …")
     from attnscope import api
 
     return api.load(
@@ -535,9 +578,14 @@ def _run(
     one), the analysis, and the shared ending. Each step can fail only with one line, before the next begins."""
     gathered = texts.gather() if texts is not None else None
     folder = output.folder(default_out)
-    loaded = _load(model, lm_head=getattr(analysis, "needs_lm_head", False)) if model is not None else None
-    with _ProgressBar(output.quiet, type(analysis).__name__.lower()) as bar:
-        result = analysis.run(loaded, gathered, bar.callback)
+    own_model = getattr(analysis, "loads_its_model", False)  # bench loads (or builds) its own, and says what it does
+    with _Status(output.quiet) as status:
+        loaded = None if model is None else _load(model, getattr(analysis, "needs_lm_head", False), status)
+        if own_model:
+            result = analysis.run(None, gathered, status=status)
+    if not own_model:
+        with _ProgressBar(output.quiet, type(analysis).__name__.lower()) as bar:
+            result = analysis.run(loaded, gathered, bar.callback)
     if _is_main():
         _emit(result, output, folder)
 
@@ -554,7 +602,7 @@ def _emit(result: Any, output: Output, folder: Path | None) -> None:
     written = write_all(folder, view.files) if folder is not None else []
     shown_as_paths = view.names_files and not (output.json or output.csv)  # the paths themselves go to stdout
     if written and not output.quiet and not shown_as_paths:
-        _note(f"wrote {len(written)} file{'s' if len(written) != 1 else ''} to {folder}")
+        _note(f"wrote {catalog.counted(len(written), 'file')} to {folder}")
     try:
         if output.json:
             sys.stdout.write(to_json(view.document()))
@@ -968,13 +1016,17 @@ def bench(
 @app.command()
 @_options(model=MODEL, output=OUTPUT)
 def info(model, output) -> None:
-    """The model's shape: layers, heads, d_model, d_head, context, attention parameters, device and dtype.
+    """The model's shape: layers, heads, d_model, d_head, context, parameters, device and dtype.
+
+    Reads the model's config.json only: no weights are loaded or downloaded.
 
     Example: attnscope info --model gpt2-medium
     """
     from attnscope.analyses.info import Info
 
-    _run(Info(), output, model=model)
+    if model.device_map is not None:
+        raise AttnscopeError("info reads the config only: --device-map is not for info")
+    _run(Info(model.name, model.device, model.dtype, model.revision), output)
 
 
 # ------------------------------------------------------------------------------------------ error boundary

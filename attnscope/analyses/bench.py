@@ -386,25 +386,34 @@ def run_bench(
     methods: Sequence[str] = METHODS,
     seed: int = 0,
     sample_rows: int = DEFAULT_SAMPLE_ROWS,
+    status: Callable[[str], None] | None = None,
 ) -> list[Measurement]:
     """Every method at every (batch, seq) on `lm_model` (a decoder with its LM head, eval mode), on the same random
-    token ids."""
+    token ids; `status` is told which shape is being timed."""
     generator = torch.Generator().manual_seed(seed)
     results = []
-    for batch_size in batches:
-        for seq in seqs:
-            ids = torch.randint(0, lm_model.config.vocab_size, (batch_size, seq), generator=generator).to(device)
-            runs = _methods(lm_model, ids, device, sample_rows)
-            measured = measure({method: runs[method] for method in methods}, device, warmup, repeats, sample_s=SAMPLE_S)
-            for method, (times, peaks) in measured.items():
-                results.append(Measurement(method, batch_size, seq, times, peaks))
+    shapes = [(batch_size, seq) for batch_size in batches for seq in seqs]
+    for done, (batch_size, seq) in enumerate(shapes):
+        if status is not None:
+            status(f"timing {', '.join(methods)} at {batch_size} × {seq} ({done + 1} of {len(shapes)}) …")
+        ids = torch.randint(0, lm_model.config.vocab_size, (batch_size, seq), generator=generator).to(device)
+        runs = _methods(lm_model, ids, device, sample_rows)
+        measured = measure({method: runs[method] for method in methods}, device, warmup, repeats, sample_s=SAMPLE_S)
+        for method, (times, peaks) in measured.items():
+            results.append(Measurement(method, batch_size, seq, times, peaks))
     lm_model.set_attn_implementation("eager")
     return results
 
 
 def records(measurements: Sequence[Measurement]) -> list[dict]:
-    """One record per measurement, with ratios to the floor of the same (batch, seq) and, on attnscope's records,
-    its speed-up over each baseline: the baseline's median time / attnscope's (2.0: attnscope takes half the time)."""
+    """One record per measurement, with ratios to the other methods of the same (batch, seq):
+
+    - `time_vs_floor`, `time_vs_tutorial`, `time_vs_cache`: this method's median time / that method's (below 1:
+      faster than it), on every record where that method was timed;
+    - `memory_vs_floor`: this method's peak memory / the floor's;
+    - `speedup_vs_tutorial`, `speedup_vs_cache` (attnscope's records only): the baseline's median time /
+      attnscope's (2.0: attnscope takes half the time), the inverse of attnscope's `time_vs_*`;
+    - `runs`: the timed runs behind the median (`spread` of a single run is 0, and means nothing)."""
     by_config = {(m.method, m.batch, m.seq): m for m in measurements}
     out = []
     for m in measurements:
@@ -413,6 +422,7 @@ def records(measurements: Sequence[Measurement]) -> list[dict]:
             "method": m.method,
             "batch": m.batch,
             "seq": m.seq,
+            "runs": len(m.times),
             "median_s": m.median,
             "min_s": min(m.times),
             "max_s": max(m.times),
@@ -422,6 +432,9 @@ def records(measurements: Sequence[Measurement]) -> list[dict]:
             "peak_mb": m.peak_bytes / 2**20,
             "memory_vs_floor": m.peak_bytes / floor.peak_bytes if floor and floor.peak_bytes > 0 else None,
         }
+        for baseline in BASELINES:
+            other = by_config.get((baseline, m.batch, m.seq))
+            record[f"time_vs_{baseline}"] = m.median / other.median if other else None
         for baseline in BASELINES:
             other = by_config.get((baseline, m.batch, m.seq))
             record[f"speedup_vs_{baseline}"] = other.median / m.median if m.method == "attnscope" and other else None
@@ -439,51 +452,105 @@ def random_model(config: Any, device: torch.device, dtype: Any) -> Any:
     return model.to(device=device, dtype=None if dtype == "auto" else dtype).eval()
 
 
-def micro_benchmark(
-    d_model: int = 512, heads: Sequence[int] = (1, 4, 8, 16), seq: int = 256, repeats: int = 3, device: Any = "cpu"
-) -> list[dict]:
-    """The tutorials' micro-benchmark: the from-scratch attention (numpy loop over heads, numpy batched, torch)
-    against torch's scaled_dot_product_attention, one sequence of `seq` tokens, the same d_model for every head
-    count. Times are medians in milliseconds."""
-    from attnscope.scores.reference import multi_head_attention, numpy_mha_batched, numpy_mha_loop, split_heads
+MICRO_D_MODEL = 512  # the tutorials' width
+MICRO_HEADS = (1, 4, 8, 16)
+MICRO_METHODS = ("numpy_loop", "numpy_batched", "torch_scratch", "torch_sdpa")
 
-    device = torch.device(device)
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(seq, d_model, generator=generator)
-    w = torch.randn(d_model, 3 * d_model, generator=generator) / d_model**0.5
-    b = torch.zeros(3 * d_model)
-    x_np, w_np, b_np = x.numpy(), w.numpy(), b.numpy()
-    xd, wd, bd = x.to(device), w.to(device), b.to(device)
-    rows = []
+
+def micro_bytes(batch: int, seq: int, heads: int) -> int:
+    """About what the from-scratch torch attention holds at its peak: the scores, the masked scores, the weights
+    and a copy of them, each (B, H, n, n) float32. The numpy ways hold the same for one sequence at a time."""
+    return 4 * 4 * batch * heads * seq * seq
+
+
+def micro_benchmark(
+    d_model: int = MICRO_D_MODEL,
+    heads: Sequence[int] = MICRO_HEADS,
+    seqs: Sequence[int] = (256,),
+    batches: Sequence[int] = (1,),
+    repeats: int = 3,
+    device: Any = "cpu",
+    warmup: int = 1,
+    status: Callable[[str], None] | None = None,
+) -> tuple[list[dict], list[str]]:
+    """The tutorials' micro-benchmark: from-scratch multi-head attention (numpy, one head at a time; numpy, all
+    heads at once; torch) against torch's scaled_dot_product_attention, on random inputs of `batch` sequences of
+    `seq` tokens of width `d_model`, for every head count, batch size and sequence length. The numpy ways take one
+    sequence at a time, as the tutorials do (a batch is a loop over its sequences); torch takes the batch at once.
+    Times are medians of `repeats` runs after `warmup`, in milliseconds per call (one call: the whole batch).
+
+    Returns the rows and notes: a shape whose attention would not fit in the memory available is skipped, and
+    named in a note."""
     for count in heads:
         if d_model % count:
-            raise AttnscopeError(f"{count} heads do not divide d_model {d_model}")
+            raise AttnscopeError(f"{count} heads do not divide d_model {d_model}")  # never 1 head
+    device = torch.device(device)
+    rows, notes = [], []
+    shapes = [(batch, seq) for batch in batches for seq in seqs]
+    for done, (batch, seq) in enumerate(shapes):
+        # torch holds the whole batch's attention on `device`, numpy one sequence's on the host
+        needs = {device: micro_bytes(batch, seq, max(heads)), torch.device("cpu"): micro_bytes(1, seq, max(heads))}
+        short = [(where, need, available_bytes(where)) for where, need in needs.items()]
+        short = [(where, need, free) for where, need, free in short if free is not None and need > free]
+        if short:
+            where, need, free = short[0]
+            notes.append(
+                f"micro-benchmark skipped at {batch} × {seq}: its attention would take about {need / 2**30:,.1f} GiB "
+                f"on {where.type}, more than the {free / 2**30:,.1f} GiB available"
+            )
+            continue
+        if status is not None:
+            status(f"micro-benchmark at {batch} × {seq} ({done + 1} of {len(shapes)}) …")
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(batch, seq, d_model, generator=generator)  # (B, n, d)
+        w = torch.randn(d_model, 3 * d_model, generator=generator) / d_model**0.5  # (d, 3d)
+        b = torch.zeros(3 * d_model)  # (3d,)
+        x_np, w_np, b_np = x.numpy(), w.numpy(), b.numpy()
+        xd, wd, bd = x.to(device), w.to(device), b.to(device)
+        for count in heads:
+            runs = _micro_runs(count, d_model, (x_np, w_np, b_np), (xd, wd, bd))
+            host = {name: run for name, run in runs.items() if name.startswith("numpy")}
+            on_device = {name: run for name, run in runs.items() if name.startswith("torch")}
+            with torch.inference_mode():
+                measured = measure(host, torch.device("cpu"), warmup, repeats, memory=False)
+                measured |= measure(on_device, device, warmup, repeats, memory=False)
+            row = {"batch": batch, "seq": seq, "heads": count, "d_head": d_model // count}
+            rows.append(row | {f"{name}_ms": stats_module.median(measured[name][0]) * 1000 for name in MICRO_METHODS})
+    return rows, notes
 
-        def sdpa(calls=1, count=count):
-            for _ in range(calls):
-                q, k, v = (split_heads(part, count) for part in (xd[None] @ wd + bd).split(d_model, dim=-1))
-                torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-        runs = {  # each run measured in this iteration, so binding `count` by default is only for the linter
-            "numpy_loop": lambda calls=1, count=count: [numpy_mha_loop(x_np, w_np, b_np, count) for _ in range(calls)],
-            "numpy_batched": lambda calls=1, count=count: [
-                numpy_mha_batched(x_np, w_np, b_np, count) for _ in range(calls)
-            ],
-            "torch_scratch": lambda calls=1, count=count: [
-                multi_head_attention(xd[None], wd, bd, count) for _ in range(calls)
-            ],
-            "torch_sdpa": sdpa,
-        }
-        row = {"heads": count, "d_head": d_model // count}
-        host = {name: run for name, run in runs.items() if name.startswith("numpy")}
-        on_device = {name: run for name, run in runs.items() if name.startswith("torch")}
-        with torch.inference_mode():
-            measured = measure(host, torch.device("cpu"), 1, repeats, memory=False)
-            measured |= measure(on_device, device, 1, repeats, memory=False)
-        for name, (times, _) in measured.items():
-            row[f"{name}_ms"] = stats_module.median(times) * 1000
-        rows.append(row)
-    return rows
+def _micro_runs(count: int, d_model: int, host: tuple, on_device: tuple) -> dict[str, Callable[[int], Any]]:
+    """The four ways of `micro_benchmark` with `count` heads, each called with how many times to run."""
+    from attnscope.scores.reference import multi_head_attention, numpy_mha_batched, numpy_mha_loop, split_heads
+
+    x_np, w_np, b_np = host  # (B, n, d), (d, 3d), (3d,)
+    xd, wd, bd = on_device
+
+    def numpy_loop(calls: int = 1) -> None:
+        for _ in range(calls):
+            for sequence in x_np:  # (n, d)
+                numpy_mha_loop(sequence, w_np, b_np, count)
+
+    def numpy_batched(calls: int = 1) -> None:
+        for _ in range(calls):
+            for sequence in x_np:
+                numpy_mha_batched(sequence, w_np, b_np, count)
+
+    def torch_scratch(calls: int = 1) -> None:
+        for _ in range(calls):
+            multi_head_attention(xd, wd, bd, count)
+
+    def torch_sdpa(calls: int = 1) -> None:
+        for _ in range(calls):
+            q, k, v = (split_heads(part, count) for part in (xd @ wd + bd).split(d_model, dim=-1))  # (B, H, n, dh)
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    return {
+        "numpy_loop": numpy_loop,
+        "numpy_batched": numpy_batched,
+        "torch_scratch": torch_scratch,
+        "torch_sdpa": torch_sdpa,
+    }
 
 
 @dataclass
@@ -522,6 +589,7 @@ class Bench:
     methods: tuple[str, ...] = METHODS
     micro: bool = True
     sample_rows: int = DEFAULT_SAMPLE_ROWS  # of `diversity-sampled`
+    loads_its_model = True  # a class attribute, not a setting: the CLI hands it no model, and a status line instead
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.methods) - set(ALL_METHODS))
@@ -533,10 +601,17 @@ class Bench:
         resolve_dtype(self.dtype)
         resolve_device(self.device)  # --device cuda on a machine without CUDA stops here, before any model
 
-    def run(self, model: Any = None, texts: Any = None, progress: Any = None) -> BenchResult:
+    def run(
+        self,
+        model: Any = None,
+        texts: Any = None,
+        progress: Any = None,
+        status: Callable[[str], None] | None = None,
+    ) -> BenchResult:
+        """Load (or build) the model named in the settings and time it; `status` is told what is being done."""
         device = resolve_device(self.device)
         notes: list[str] = []
-        network, name = self._network(device, notes)
+        network, name = self._network(device, notes, status)
         measurements = run_bench(
             network,
             device,
@@ -546,6 +621,7 @@ class Bench:
             self.repeats,
             self.methods,
             sample_rows=self.sample_rows,
+            status=status,
         )
         machine = {
             "device": str(device),
@@ -561,6 +637,7 @@ class Bench:
             "warmup": self.warmup,
             "methods": list(self.methods),
             "sample_rows": self.sample_rows,
+            "micro_d_model": MICRO_D_MODEL,
             **machine,
         }
         config = network.config
@@ -573,10 +650,22 @@ class Bench:
             "d_model": config.hidden_size,
             "floor": fastest_attention(network.base_model),
         }
-        micro = micro_benchmark(device=device) if self.micro else []
+        micro: list[dict] = []
+        if self.micro:
+            micro, skipped = micro_benchmark(
+                seqs=self.seq_lens,
+                batches=self.batch_sizes,
+                repeats=self.repeats,
+                device=device,
+                warmup=self.warmup,
+                status=status,
+            )
+            notes.extend(skipped)
         return BenchResult(shape, settings, records(measurements), micro, notes)
 
-    def _network(self, device: torch.device, notes: list[str]) -> tuple[Any, str]:
+    def _network(
+        self, device: torch.device, notes: list[str], status: Callable[[str], None] | None = None
+    ) -> tuple[Any, str]:
         from transformers import GPT2Config
 
         config = load_config(self.model, self.revision)
@@ -589,7 +678,9 @@ class Bench:
         stored = getattr(torch, stored, None) if isinstance(stored, str) else stored
         element = (dtype if dtype != "auto" else stored if isinstance(stored, torch.dtype) else torch.float32).itemsize
         check_memory(config, self.seq_lens, self.batch_sizes, self.methods, device, element)
+        say = status or (lambda text: None)
         if not self.random_weights:
+            say(f"loading {self.model} …")
             try:
                 loaded = load_model(self.model, str(device), self.dtype, lm_head=True, revision=self.revision)
                 return loaded.lm_model, self.model
@@ -597,4 +688,5 @@ class Bench:
                 notes.append(f"weights unavailable ({error}); timing random weights instead")
         if not known:
             notes.append(f"config of '{self.model}' unavailable; using GPT-2 small's architecture")
+        say(f"building {self.model if known else 'GPT-2 small'} with random weights …")
         return random_model(config, device, dtype), f"{self.model} (random weights)"

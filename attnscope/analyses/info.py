@@ -1,4 +1,5 @@
-"""`attnscope info`: the model's shape and size, from the loaded model (see `LoadedModel.info`)."""
+"""`attnscope info`: the model's shape and size, from its config.json alone (see `loading.model_facts`), or from a
+model already loaded (`LoadedModel.info`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnscope.analyses.result import Result
-from attnscope.models.loading import LoadedModel
+from attnscope.models.loading import LoadedModel, model_facts
 
 
 @dataclass
@@ -17,5 +18,15 @@ class InfoResult(Result):
 
 @dataclass(frozen=True)
 class Info:
-    def run(self, model: LoadedModel, texts: Any = None, progress: Any = None) -> InfoResult:
-        return InfoResult(model.info())
+    """The facts of model `name` as `load_model(name, device, dtype, revision=revision)` would load it."""
+
+    name: str
+    device: str = "auto"
+    dtype: str = "auto"
+    revision: str | None = None
+
+    def run(self, model: LoadedModel | None = None, texts: Any = None, progress: Any = None) -> InfoResult:
+        """The facts of `model` when one is given (loaded already), else read from the config of `name`."""
+        if model is not None:
+            return InfoResult(model.info())
+        return InfoResult(model_facts(self.name, self.device, self.dtype, self.revision))

@@ -16,6 +16,7 @@ import torch
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.scores import pairs
+from attnscope.scores.catalog import counted
 from attnscope.scores.kinds import DECODER
 from attnscope.scores.reference import multi_head_attention
 
@@ -46,7 +47,8 @@ def check_settings(d_model: int, heads: Sequence[int], seq_len: int, batch: int,
     attention_bytes = batch * max(heads) * seq_len**2 * 4  # (B, H, n, n) float32 of the most heads
     if attention_bytes > MAX_ATTENTION_BYTES:
         raise AttnscopeError(
-            f"{max(heads)} heads at sequence length {seq_len}: the attention of {batch} sequences would take "
+            f"{max(heads)} heads at sequence length {seq_len}: the attention of {counted(batch, 'sequence')} "
+            "would take "
             f"{attention_bytes / 2**20:,.0f} MiB (at most {MAX_ATTENTION_BYTES // 2**20}); use fewer heads or tokens"
         )
 

@@ -10,10 +10,13 @@ W_V and W_O with their biases.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import AttnscopeError
-from attnscope.scores.kinds import DECODER, ENCODER, Kind
+from attnscope.scores.catalog import DECODER, ENCODER
+
+if TYPE_CHECKING:
+    from attnscope.scores.kinds import Kind
 
 CAUSAL_LM = "causal"  # next-token prediction: AutoModelForCausalLM
 MASKED_LM = "masked"  # masked-token prediction: AutoModelForMaskedLM
@@ -23,12 +26,20 @@ MASKED_LM = "masked"  # masked-token prediction: AutoModelForMaskedLM
 class Family:
     name: str
     model_types: tuple[str, ...]  # config.model_type values of this family
-    kind: Kind
+    kind_name: str  # catalog.DECODER or catalog.ENCODER: see `kind`
     layers: str
     attention: str
     output_projection: str
     attention_parameters: tuple[str, ...]
     lm_head: str  # CAUSAL_LM or MASKED_LM
+
+    @property
+    def kind(self) -> Kind:
+        """The kind of attention map (decoder or encoder). Looked up when asked: the kinds compute with torch, and
+        what needs only a model's config (`attnscope info`) runs without importing it."""
+        from attnscope.scores.kinds import KINDS
+
+        return KINDS[self.kind_name]
 
     def prepare(self, model: Any) -> None:
         """Name each attention module's layer (`layer_idx`), which the capture reads; most families set it."""
@@ -144,6 +155,6 @@ def family_of(config: Any) -> Family:
             else "it is not supported yet"
         )
         raise AttnscopeError(f"model type '{model_type}': {why}; attnscope reads {supported()}")
-    if getattr(config, "use_bidirectional_attention", False) and family.kind.causal:
+    if getattr(config, "use_bidirectional_attention", False) and family.kind_name == DECODER:
         raise AttnscopeError(f"model type '{model_type}' with bidirectional attention is not supported yet")
     return family

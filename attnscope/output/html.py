@@ -17,8 +17,8 @@ from typing import Any
 
 from attnscope import __version__
 from attnscope.output import figures
-from attnscope.pipeline.tokens import CONTINUED_LEGEND
-from attnscope.scores.catalog import ROLE, SCORE
+from attnscope.scores.catalog import ROLE, SCORE, counted
+from attnscope.scores.words import CONTINUED_LEGEND
 
 
 def _image(path: Path, alt: str) -> str:
@@ -82,8 +82,9 @@ def render(report: Any, heads_doc: dict, diversity_doc: dict | None) -> str:
     parts = [f"<h1>attnscope report: {html.escape(name)}</h1>"]
     inputs = heads_result.inputs
     parts.append(
-        f"<p>{inputs['n_texts']} text(s), {inputs['n_windows']} window(s), {inputs['n_tokens']} tokens, "
-        f"{inputs['scored_rows']} scored query rows; attnscope {html.escape(__version__)}.</p>"
+        f"<p>{counted(inputs['n_texts'], 'text')}, {counted(inputs['n_windows'], 'window')}, "
+        f"{counted(inputs['n_tokens'], 'token')}, {counted(inputs['scored_rows'], 'scored query row')}; "
+        f"attnscope {html.escape(__version__)}.</p>"
     )
     parts.extend(f'<p class="note">note: {html.escape(note)}</p>' for note in report.notes)
     facts = [(key, value) for key, value in model.items() if not isinstance(value, (dict, list))]
@@ -132,7 +133,8 @@ def render(report: Any, heads_doc: dict, diversity_doc: dict | None) -> str:
                 + _table(headers, pair_rows(diversity.ranked_pairs(True)))
                 + "<h3>Most distinct pairs</h3>"
                 + _table(headers, pair_rows(diversity.ranked_pairs(False)))
-                + f"<p>{len(diversity.groups)} group(s) of near-duplicate heads (JSD &lt; {diversity.redundant} bits): "
+                + f"<p>{counted(len(diversity.groups), 'group')} of near-duplicate heads "
+                + f"(JSD &lt; {diversity.redundant} bits): "
                 + html.escape("; ".join(", ".join(group) for group in diversity.groups) or "none")
                 + "</p>"
             )

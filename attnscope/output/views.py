@@ -13,22 +13,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attnscope.analyses.ablate import AblationResult
-from attnscope.analyses.attend import AttendResult
-from attnscope.analyses.bench import BenchResult
-from attnscope.analyses.diversity import DiversityResult
-from attnscope.analyses.heads import HeadRecord, HeadsResult
-from attnscope.analyses.info import InfoResult
-from attnscope.analyses.maps import ShowResult
-from attnscope.analyses.random_mha import RandomMhaResult
-from attnscope.analyses.report import ReportResult
 from attnscope.output.documents import document, to_csv, to_json
 from attnscope.output.files import write_atomic
-from attnscope.pipeline.tokens import CONTINUED_LEGEND
+from attnscope.scores.catalog import counted
+from attnscope.scores.words import CONTINUED_LEGEND
+
+if TYPE_CHECKING:  # the results' modules import torch; `attnscope info` shows its result without it
+    from attnscope.analyses.ablate import AblationResult
+    from attnscope.analyses.attend import AttendResult
+    from attnscope.analyses.diversity import DiversityResult
+    from attnscope.analyses.heads import HeadRecord, HeadsResult
 
 
 class View:
@@ -128,11 +126,13 @@ class HeadsView(View):
     def terminal(self, written: Sequence[Path]) -> list[Any]:
         from attnscope.output import terminal
 
-        result, model = self.result, self.result.model
-        title = f"Head roles: {model['name']}  ({result.inputs['n_texts']} texts, {result.inputs['n_tokens']} tokens)"
+        result, model, inputs = self.result, self.result.model, self.result.inputs
+        read = f"{counted(inputs['n_texts'], 'text')}, {counted(inputs['n_tokens'], 'token')}"
+        title = f"Head roles: {model['name']}  ({read})"
+        kind, thresholds = result.kind.name, result.settings.get("thresholds")
         return [
-            terminal.role_map(result.heads, model["n_layer"], model["n_head"], title, result.kind.name),
-            terminal.heads_table(result.selected, "Heads", result.kind.name, result.selection.get("sort")),
+            terminal.role_map(result.heads, model["n_layer"], model["n_head"], title, kind),
+            terminal.heads_table(result.selected, "Heads", kind, result.selection.get("sort"), thresholds),
         ]
 
 
@@ -360,7 +360,8 @@ class RandomMhaView(View):
 
         s = self.result.settings
         title = (
-            f"Random multi-head attention (d_model {s['d_model']}, {s['seq_len']} tokens, {s['trials']} trials): "
+            f"Random multi-head attention (d_model {s['d_model']}, {counted(s['seq_len'], 'token')}, "
+            f"{counted(s['trials'], 'trial')}): "
             "diversity by heads"
         )
         return [terminal.records_table(self.result.rows, title)]
@@ -682,11 +683,12 @@ class BenchView(View):
         from attnscope.output import terminal
 
         result, machine = self.result, self.result.settings
-        where = f"{machine['device_name']}, {machine['cpu_threads']} CPU threads, {machine['dtype']}"
+        where = f"{machine['device_name']}, {counted(machine['cpu_threads'], 'CPU thread')}, {machine['dtype']}"
         shown = [terminal.bench_table(result.rows, f"attnscope bench: {result.model['name']} on {where}")]
         if result.micro:
-            title = "From-scratch multi-head attention vs SDPA, ms per call (one 256-token sequence)"
-            shown.append(terminal.records_table(result.micro, title))
+            title = "Attention from scratch vs torch's SDPA"
+            d_model = machine.get("micro_d_model", 512)
+            shown.append(terminal.micro_table(result.micro, title, machine["repeats"], d_model))
         return shown
 
 
@@ -706,40 +708,45 @@ class InfoView(View):
         from attnscope.output import terminal
 
         facts = self.result.model
-        matches = "matches" if facts["attention_params"] == facts["attention_params_formula"] else "DIFFERS from"
+        heads = str(facts["n_head"])
+        if facts["n_kv_head"] != facts["n_head"]:  # grouped- or multi-query attention
+            heads += f" (sharing {counted(facts['n_kv_head'], 'key/value head')})"
+        formula = facts["attention_params_formula"]
+        if facts["attention_params"] == formula:
+            attention = f"{facts['attention_params']:,} (W_Q, W_K, W_V, W_O and any biases)"
+        else:  # what W_Q, W_K, W_V, W_O leave out: QK-norms, sinks
+            attention = f"{facts['attention_params']:,} (W_Q, W_K, W_V, W_O and any biases: {formula:,})"
         rows = [
             ("model", facts["name"]),
-            ("type", f"{facts['model_type']} ({facts['kind']})"),
+            ("family", f"{facts['family']} ({facts['model_type']}), {facts['kind']}"),
             ("layers", str(facts["n_layer"])),
-            ("heads per layer", str(facts["n_head"])),
-            ("d_model", str(facts["d_model"])),
-            ("d_head", str(facts["d_head"])),
-            ("context", f"{facts['n_ctx']} tokens"),
-            ("vocabulary", f"{facts['vocab_size']:,}"),
-            ("parameters", f"{facts['n_params']:,}"),
-            (
-                "attention block",
-                f"{facts['attention_params']:,} ({matches} 4·d² + 4·d = {facts['attention_params_formula']:,})",
-            ),
+            ("heads per layer", heads),
+            ("width (d_model)", str(facts["d_model"])),
+            ("head width (d_head)", str(facts["d_head"])),
+            ("context", counted(facts["n_ctx"], "token")),
+            ("vocabulary", counted(facts["vocab_size"], "token")),
+            ("parameters", f"{facts['n_params']:,} (without the language-model head)"),
+            ("attention per layer", attention),
             ("device", facts["device"]),
             ("dtype", facts["dtype"]),
         ]
         return [terminal.key_value_table(rows, "Model")]
 
 
-VIEWS: dict[type, type[View]] = {
-    HeadsResult: HeadsView,
-    ShowResult: ShowView,
-    DiversityResult: DiversityView,
-    RandomMhaResult: RandomMhaView,
-    AttendResult: AttendView,
-    AblationResult: AblateView,
-    ReportResult: ReportView,
-    BenchResult: BenchView,
-    InfoResult: InfoView,
+# By the result's class name, so that showing one result imports no other analysis (nor torch, for `info`).
+VIEWS: dict[str, type[View]] = {
+    "HeadsResult": HeadsView,
+    "ShowResult": ShowView,
+    "DiversityResult": DiversityView,
+    "RandomMhaResult": RandomMhaView,
+    "AttendResult": AttendView,
+    "AblationResult": AblateView,
+    "ReportResult": ReportView,
+    "BenchResult": BenchView,
+    "InfoResult": InfoView,
 }
 
 
 def view_of(result: Any) -> View:
     """The view of an analysis result."""
-    return VIEWS[type(result)](result)
+    return VIEWS[type(result).__name__](result)

@@ -491,7 +491,8 @@ def run(
                 if sorted(state.layers_seen) != list(range(n_layer)):
                     missed = sorted(set(range(n_layer)) - set(state.layers_seen))
                     raise AttnscopeError(
-                        f"the attention of layer(s) {missed} did not go through transformers' attention interface, "
+                        f"the attention of {'layer' if len(missed) == 1 else 'layers'} "
+                        f"{', '.join(map(str, missed))} did not go through transformers' attention interface, "
                         "so attnscope cannot see it; this model cannot be analysed exactly"
                     )
                 if keep_row is not None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from attnscope.errors import AttnscopeError
+from attnscope.scores.catalog import counted
 
 BLOCK_BYTES = 1 << 20  # bytes read, decoded and split at a time
 # A line of nothing but white space longer than this is not waited on to tell whether it is blank: it is text.
@@ -146,7 +147,7 @@ class OneText(Texts):
     def check(self) -> None:
         if next(self.pieces(), None) is None:
             count = len({piece.index for piece in self.texts.pieces()})
-            raise AttnscopeError(f"text index {self.index} is out of range ({count} text(s) given)")
+            raise AttnscopeError(f"text index {self.index} is out of range ({counted(count, 'text')} given)")
 
 
 def sample_texts() -> list[Text]:

@@ -18,6 +18,7 @@ from typing import Any
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline.inputs import Text, Texts, as_texts
+from attnscope.scores.catalog import counted
 from attnscope.scores.kinds import Kind
 
 
@@ -201,12 +202,14 @@ class WindowStream:
         notes = []
         if self.split_texts:
             notes.append(
-                f"{self.split_texts} text(s) longer than the model's context ({self.n_ctx} tokens) were split into "
-                f"windows; {self.n_windows} windows in all"
+                f"{counted(self.split_texts, 'text')} longer than the model's context ({self.n_ctx} tokens) "
+                f"{'was' if self.split_texts == 1 else 'were'} split into windows; {counted(self.n_windows, 'window')} "
+                "in all"
             )
         if self.rough_cuts:
             notes.append(
-                f"{self.rough_cuts} long stretch(es) of text with no space between words were tokenized in pieces "
+                f"{counted(self.rough_cuts, 'long stretch', 'long stretches')} of text with no space between words "
+                f"{'was' if self.rough_cuts == 1 else 'were'} tokenized in pieces "
                 f"of {CHUNK_CHARS if self.exact_cuts else WHOLE_TEXT_CHARS:,} characters; a token at each cut may "
                 "differ from the text tokenized whole"
             )
@@ -389,7 +392,6 @@ BYTE_LEVEL = "byte-level"  # GPT-2, Llama 3, Qwen, RoBERTa: a leading space is p
 SENTENCEPIECE = "sentencepiece"  # Llama 2, Gemma, Mistral: a leading space is written `▁`; bytes as `<0x0A>`
 WORDPIECE = "wordpiece"  # BERT: words split on spaces and punctuation; a piece continuing a word starts with `##`
 CONTINUED = "##"  # how a piece that continues the word before it is shown: WordPiece's own mark, known from BERT
-CONTINUED_LEGEND = "##: a piece that continues the word before it"  # said beside labels that use the mark
 SPACE = "␣"  # how a space is shown where it would be invisible (a token of spaces)
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte-fallback pieces
 

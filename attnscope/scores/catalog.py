@@ -322,3 +322,9 @@ def role_named(text: str) -> Role | None:
         if wanted in (_alias(role.name), _alias(role.short)):
             return role
     return None
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """`count` and its noun, singular or plural as English wants: counted(1, "text") is "1 text", counted(2,
+    "text") "2 texts", counted(1200, "window") "1,200 windows"; `plural` for a noun that does not take an s."""
+    return f"{count:,} {noun if count == 1 else plural or noun + 's'}"

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+CONTINUED_LEGEND = "##: a piece that continues the word before it"  # said beside labels that use the mark
+
 
 def _starts(words: Sequence[range], n: int) -> np.ndarray:
     """The first positions of `words`, checked to be consecutive spans covering 0..n-1 exactly once."""

@@ -163,5 +163,5 @@ def test_bad_settings_are_refused_on_construction(settings, message):
 
 
 def test_a_text_index_out_of_range_is_refused(model):
-    with pytest.raises(AttnscopeError, match=r"^text index 1 is out of range \(1 text\(s\) given\)$"):
+    with pytest.raises(AttnscopeError, match=r"^text index 1 is out of range \(1 text given\)$"):
         Attend("she", index=1).run(model, [Text(SENTENCE, "t")])

@@ -224,5 +224,5 @@ def test_a_layer_the_capture_misses_is_an_error_not_a_wrong_number(loaded, monke
     model = loaded("llama")
     attention = model.family.attention_modules(model.model)[1]
     monkeypatch.setattr(attention, "layer_idx", 0)  # layer 1's attention now reports as layer 0's: layer 1 unseen
-    with pytest.raises(AttnscopeError, match=r"layer\(s\) \[1\] did not go through"):
+    with pytest.raises(AttnscopeError, match=r"the attention of layer 1 did not go through"):
         analyze_heads(model, FAMILY_TEXTS[:1], probe=False)

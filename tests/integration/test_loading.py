@@ -294,19 +294,29 @@ def test_sharded_weights_are_cached_only_with_every_shard(offline_cache):
 @pytest.mark.slow
 def test_hub_out_of_reach_with_config_cached_fails_at_once(tmp_path, tiny_model_dir):
     """Config and tokenizer cached, weights not, HF_HUB_OFFLINE unset and no network: it used to retry for minutes
-    and end on pytorch_model.bin. Run as a process, since huggingface_hub reads its environment once, at import."""
+    and end on pytorch_model.bin. Run as a process, since huggingface_hub reads its environment once, at import.
+    `info`, which reads the config alone, has all it needs."""
     hub_cache(tmp_path / "hf-home", tiny_model_dir, TOKENIZER + ("config.json",))
     unset = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE")
     env = {key: value for key, value in os.environ.items() if key not in unset}
     env.update(HF_HOME=str(tmp_path / "hf-home"), HF_ENDPOINT="http://127.0.0.1:9")  # a closed port: refused at once
     start = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "attnscope", "info", "-m", "gpt2"], capture_output=True, text=True, env=env, timeout=60
+        [sys.executable, "-m", "attnscope", "heads", "Hello there", "-m", "gpt2"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
     assert time.monotonic() - start < 20  # no retries
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.splitlines() == [result.stderr.strip()]
     assert "not in the local Hugging Face cache" in result.stderr
+    result = subprocess.run(
+        [sys.executable, "-m", "attnscope", "info", "-m", "gpt2", "--json"], capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["model"]["n_params"] == load_model(str(tiny_model_dir), "cpu").info()["n_params"]
 
 
 # --------------------------------------------------------------------------------- revisions and device maps

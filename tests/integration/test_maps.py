@@ -69,7 +69,7 @@ def test_attention_maps_keeps_exactly_the_layers_asked_for(model):
     [
         ({"layer": 2}, r"^layer 2 is out of range \(this model has layers 0-1\)$"),
         ({"layer": 1, "head": 4}, r"^head '1.4': head 4 is out of range \(this model has heads 0-3\)$"),
-        ({"layer": 0, "index": 4}, r"^text index 4 is out of range \(4 text\(s\) given\)$"),
+        ({"layer": 0, "index": 4}, r"^text index 4 is out of range \(4 texts given\)$"),
     ],
 )
 def test_show_refuses_what_the_model_or_texts_lack(model, settings, message):

@@ -40,12 +40,18 @@ def test_records_ratios_are_the_ratios_of_the_medians():
     assert records["floor"]["time_vs_floor"] == pytest.approx(1.0)
     assert all(records[name]["speedup_vs_tutorial"] is None for name in ("floor", "tutorial", "cache"))
     assert all(records[name]["speedup_vs_cache"] is None for name in ("floor", "tutorial", "cache"))
+    for name in runs:  # every method's time against each baseline's, below 1 when faster
+        for baseline in ("tutorial", "cache"):
+            assert records[name][f"time_vs_{baseline}"] == pytest.approx(time[name] / time[baseline])
+        assert records[name]["runs"] == 3
+    assert ours["time_vs_tutorial"] == pytest.approx(1 / ours["speedup_vs_tutorial"])
 
 
 def test_records_without_a_floor_have_no_ratios_to_it():
     alone = bench.records([bench.Measurement("attnscope", 1, 8, [1.0], [0])])[0]
     assert alone["time_vs_floor"] is None and alone["memory_vs_floor"] is None
-    assert alone["speedup_vs_tutorial"] is None
+    assert alone["speedup_vs_tutorial"] is None and alone["time_vs_tutorial"] is None
+    assert alone["runs"] == 1 and alone["spread"] == 0.0  # one run: no spread to speak of (shown as '–')
 
 
 def test_measure_runs_round_robin(monkeypatch):
@@ -138,9 +144,35 @@ def test_numpy_attention_variants_agree_with_torch(causal):
         assert (np.triu(got_weights, k=1) == 0).all() == causal  # causal maps are lower triangular
 
 
-def test_micro_benchmark_rows():
-    rows_ = bench.micro_benchmark(d_model=32, heads=(1, 4), seq=16, repeats=1)
-    assert [row["heads"] for row in rows_] == [1, 4] and [row["d_head"] for row in rows_] == [32, 8]
-    expected = {"heads", "d_head", "numpy_loop_ms", "numpy_batched_ms", "torch_scratch_ms", "torch_sdpa_ms"}
-    assert all(set(row) == expected for row in rows_)
+def test_micro_benchmark_follows_the_sizes_it_is_given():
+    rows_, notes = bench.micro_benchmark(d_model=32, heads=(1, 4), seqs=(8, 16), batches=(1, 3), repeats=1)
+    assert notes == []
+    shapes = [(row["batch"], row["seq"], row["heads"], row["d_head"]) for row in rows_]
+    assert shapes == [(b, n, h, 32 // h) for b in (1, 3) for n in (8, 16) for h in (1, 4)]
+    expected = {"batch", "seq", "heads", "d_head", "numpy_loop_ms", "numpy_batched_ms", "torch_scratch_ms"}
+    assert all(set(row) == expected | {"torch_sdpa_ms"} for row in rows_)
     assert all(row[key] > 0 for row in rows_ for key in row if key.endswith("_ms"))
+
+
+def test_micro_benchmark_runs_every_sequence_of_a_batch(monkeypatch):
+    """numpy takes the sequences one at a time (as the tutorials do), torch the batch at once, at the given shape."""
+    from attnscope.scores import reference
+
+    seen = []
+    monkeypatch.setattr(reference, "numpy_mha_loop", lambda x, w, b, h: seen.append(("loop", x.shape, h)))
+    monkeypatch.setattr(reference, "numpy_mha_batched", lambda x, w, b, h: seen.append(("batched", x.shape, h)))
+    monkeypatch.setattr(reference, "multi_head_attention", lambda x, w, b, h: seen.append(("torch", x.shape, h)))
+    bench.micro_benchmark(d_model=8, heads=(2,), seqs=(5,), batches=(3,), repeats=1, warmup=0)
+    assert sorted(set(seen)) == [("batched", (5, 8), 2), ("loop", (5, 8), 2), ("torch", (3, 5, 8), 2)]
+    assert [name for name, *_ in seen].count("loop") == 3  # the batch's three sequences, one call
+
+
+def test_micro_benchmark_skips_a_shape_that_would_not_fit(monkeypatch):
+    monkeypatch.setattr(bench, "available_bytes", lambda device: 10 * 2**20)  # 10 MiB
+    rows_, notes = bench.micro_benchmark(d_model=16, heads=(2,), seqs=(8, 1024), batches=(1,), repeats=1)
+    assert [row["seq"] for row in rows_] == [8]
+    need = bench.micro_bytes(1, 1024, 2) / 2**30  # 4 arrays of 2 × 1024² float32: 32 MiB
+    assert notes == [
+        f"micro-benchmark skipped at 1 × 1024: its attention would take about {need:,.1f} GiB on cpu, more than "
+        "the 0.0 GiB available"
+    ]

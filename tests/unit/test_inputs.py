@@ -228,5 +228,5 @@ def test_one_text_of_a_stream_and_an_index_out_of_range(tmp_path):
     file.write_text("zero\n\none\n\ntwo", encoding="utf-8")
     texts = inputs.gather_texts(None, str(file))
     assert list(inputs.OneText(texts, 1)) == [inputs.Text("one", f"{file}#1")]
-    with pytest.raises(AttnscopeError, match=r"text index 3 is out of range \(3 text\(s\) given\)"):
+    with pytest.raises(AttnscopeError, match=r"text index 3 is out of range \(3 texts given\)"):
         inputs.OneText(texts, 3).check()
