@@ -5,7 +5,9 @@
     files(stage)     the files of `--out`, written into `stage` (see output.files.write_all); returns their paths
     terminal(paths)  rich renderables for the terminal (`paths`: the files just written, for commands that say where)
 
-`view_of(result)` picks the view. Views render what the analyses computed and compute nothing themselves.
+`view_of(result, pictures)` picks the view; `pictures` (output.files.Pictures: `--format`, `--dpi`) says how its
+pictures are written, each drawn by a function of output.figures that returns a Figure. Views render what the
+analyses computed and compute nothing themselves.
 """
 
 from __future__ import annotations
@@ -13,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from attnscope.analyses.ablate import AblationResult
 from attnscope.analyses.attend import AttendResult
@@ -26,7 +26,7 @@ from attnscope.analyses.maps import ShowResult
 from attnscope.analyses.random_mha import RandomMhaResult
 from attnscope.analyses.report import ReportResult
 from attnscope.output.documents import document, to_csv, to_json
-from attnscope.output.files import write_atomic
+from attnscope.output.files import Pictures, write_atomic
 
 
 class View:
@@ -36,8 +36,16 @@ class View:
     names_files = False  # True: the terminal face is the paths of the files written (commands whose output they are)
     columns: Sequence[str] = ()  # the CSV's header when there are no records (where records can be none)
 
-    def __init__(self, result: Any):
+    def __init__(self, result: Any, pictures: Pictures | None = None):
         self.result = result
+        self.pictures = pictures or Pictures()
+
+    def picture(self, figure: Any, stage: Path, stem: str) -> Path:
+        """Write `figure` into `stage` as `stem` in the chosen format (`role_map` -> role_map.png)."""
+        from attnscope.output import figures
+
+        path = stage / self.pictures.file_name(stem)
+        return figures.save(figure, path, self.pictures.format, self.pictures.dpi)
 
     @property
     def notes(self) -> list[str]:
@@ -106,22 +114,21 @@ class HeadsView(View):
         return head_records(self.result.selected, self.result.model)
 
     def files(self, stage: Path) -> list[Path]:
-        """heads.json and heads.csv (every head, whatever the selection), role_map.png, score_<name>.png and
-        attention_<L.H>.png for each plotted head."""
+        """heads.json and heads.csv (every head, whatever the selection), role_map, score_<name> and
+        attention_<L.H> for each plotted head (.png, .svg or .pdf)."""
         from attnscope.output import figures
 
         result = self.result
         written = [
             write_atomic(stage / "heads.json", to_json(heads_document(result, result.heads))),
             write_atomic(stage / "heads.csv", to_csv(head_records(result.heads, result.model))),
-            figures.heads_role_map(result, stage / "role_map.png"),
-            *figures.heads_score_heatmaps(result, stage).values(),
+            self.picture(figures.heads_role_map(result), stage, "role_map"),
         ]
+        for name in figures.drawn_scores(result):
+            written.append(self.picture(figures.heads_score_heatmap(result, name), stage, f"score_{name}"))
         for layer, head in result.plotted:
-            attention = result.attention[layer]
-            title = f"Head {layer}.{head}: {result.model['name']} (text {attention.text_index})"
-            path = stage / f"attention_{layer}.{head}.png"
-            written.append(figures.attention_heatmap(attention.maps[head].numpy(), attention.tokens, title, path))
+            figure = figures.head_attention(result.model, result.attention[layer], head)
+            written.append(self.picture(figure, stage, f"attention_{layer}.{head}"))
         return written
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
@@ -178,16 +185,12 @@ class ShowView(View):
         ]
 
     def files(self, stage: Path) -> list[Path]:
-        """attention_L<layer>.png (every head of the layer) or attention_<L.H>.png (one head, larger)."""
+        """attention_L<layer> (every head of the layer) or attention_<L.H> (one head, larger)."""
         from attnscope.output import figures
 
-        result, attention = self.result, self.result.attention
-        if result.head is None:
-            path = stage / f"attention_L{attention.layer}.png"
-            return [figures.layer_grid(attention.maps.numpy(), attention.tokens, attention.layer, path)]
-        title = f"Head {attention.layer}.{result.head}: {result.model['name']}"
-        path = stage / f"attention_{attention.layer}.{result.head}.png"
-        return [figures.attention_heatmap(attention.maps[result.head].numpy(), attention.tokens, title, path)]
+        result, layer = self.result, self.result.attention.layer
+        stem = f"attention_L{layer}" if result.head is None else f"attention_{layer}.{result.head}"
+        return [self.picture(figures.show_figure(result), stage, stem)]
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
         return _picture_paths(written)
@@ -233,39 +236,19 @@ class DiversityView(View):
         return self.result.pair_columns()
 
     def files(self, stage: Path) -> list[Path]:
-        """diversity.json, diversity_pairs.csv, js_matrix.png, cosine_matrix.png and, for all layers,
-        layer_diversity.png. Matrices of all heads are drawn in linkage order (similar heads together)."""
+        """diversity.json, diversity_pairs.csv, js_matrix, cosine_matrix and, for all layers, layer_diversity.
+        Matrices of all heads are drawn in linkage order (similar heads together) under the dendrogram."""
         from attnscope.output import figures
 
         result = self.result
-        order = result.order if result.layer is None else list(range(len(result.labels)))
-        labels = [result.labels[k] for k in order]
-        name = result.model["name"]
-        scope = "all heads" if result.layer is None else f"layer {result.layer}"
         written = [
             write_atomic(stage / "diversity.json", to_json(self.document())),
             write_atomic(stage / "diversity_pairs.csv", to_csv(self.records(), self.columns)),
-            figures.head_matrix(
-                result.js[np.ix_(order, order)],
-                labels,
-                f"JS divergence (bits), {scope}: {name}",
-                stage / "js_matrix.png",
-                0.0,
-                1.0,
-                "viridis_r",
-            ),
-            figures.head_matrix(
-                result.cosine[np.ix_(order, order)],
-                labels,
-                f"Cosine similarity, {scope}: {name}",
-                stage / "cosine_matrix.png",
-                0.0,
-                1.0,
-                "viridis",
-            ),
+            self.picture(figures.diversity_matrix(result, "js"), stage, "js_matrix"),
+            self.picture(figures.diversity_matrix(result, "cosine"), stage, "cosine_matrix"),
         ]
         if result.layer is None:
-            written.append(figures.diversity_per_layer(result, stage / "layer_diversity.png"))
+            written.append(self.picture(figures.diversity_per_layer(result), stage, "layer_diversity"))
         return written
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
@@ -299,14 +282,10 @@ class RandomMhaView(View):
         return self.result.rows
 
     def files(self, stage: Path) -> list[Path]:
-        """random_mha.json and random_mha.png (each measure against the number of heads)."""
+        """random_mha.json and random_mha (each measure against the number of heads)."""
         from attnscope.output import figures
 
-        rows, d_model = self.result.rows, self.result.settings["d_model"]
-        heads = [row["heads"] for row in rows]
-        series = {name: [row[name] for row in rows] for name in ("js", "js_distance", "cosine", "entropy_normalized")}
-        title = f"Random multi-head attention, d_model {d_model}"
-        plot = figures.line_plot(heads, series, "heads", "value", title, stage / "random_mha.png", log_x=True)
+        plot = self.picture(figures.random_mha_figure(self.result), stage, "random_mha")
         return [write_atomic(stage / "random_mha.json", to_json(self.document())), plot]
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
@@ -365,31 +344,11 @@ class AttendView(View):
         return attend_records(self.result)
 
     def files(self, stage: Path) -> list[Path]:
-        """attend.json, attend.csv and attend.png: a layer × head heatmap of the weight on the target, or, without
-        one, of each head's largest weight with the token it falls on written in the cell."""
+        """attend.json, attend.csv and attend: a layer × head heatmap of the weight on the target, or, without one,
+        of each head's largest weight with the token it falls on written in the cell."""
         from attnscope.output import figures
 
-        result = self.result
-        source = result.tokens[result.from_position]
-        name = result.model["name"]
-        if result.to_weight is not None:
-            matrix, cells = result.to_weight, None
-            title = f"Attention from {source!r}@{result.from_position} to {result.to_token!r}: {name}"
-        else:
-            n_layer, n_head = result.rows.shape[:2]
-            matrix = result.rows.max(axis=-1)
-            cells = [
-                [
-                    f"{result.tokens[result.top_keys(layer, head, 1)[0][0]][:8]}\n{matrix[layer, head]:.2f}"
-                    for head in range(n_head)
-                ]
-                for layer in range(n_layer)
-            ]
-            title = f"Where {source!r}@{result.from_position} looks (top token per head): {name}"
-        return [
-            *super().files(stage),
-            figures.score_heatmap(matrix, title, stage / "attend.png", 0.0, 1.0, cell_text=cells),
-        ]
+        return [*super().files(stage), self.picture(figures.attend_figure(self.result), stage, "attend")]
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
         from attnscope.output import terminal
@@ -453,32 +412,13 @@ class AblateView(View):
         return ablate_records(self.result)
 
     def files(self, stage: Path) -> list[Path]:
-        """ablate.json, ablate.csv, importance.png (layer × head) and, with pruning, prune.png (loss against heads
-        removed)."""
+        """ablate.json, ablate.csv, importance (layer × head) and, with pruning, prune (the loss increase against
+        heads removed)."""
         from attnscope.output import figures
 
-        result = self.result
-        name = result.model["name"]
-        unit = "loss increase, nats" if result.method == "loss" else "|dL/d gate|"
-        written = [
-            *super().files(stage),
-            figures.score_heatmap(
-                result.importance, f"Head importance ({unit}): {name}", stage / "importance.png", None, None
-            ),
-        ]
-        if result.prune:
-            removed = [0] + [step["removed"] for step in result.prune]
-            losses = [result.baseline_loss] + [step["loss"] for step in result.prune]
-            written.append(
-                figures.line_plot(
-                    removed,
-                    {"loss": losses},
-                    "heads removed (least important first)",
-                    "loss (nats/token)",
-                    f"Pruning heads: {name}",
-                    stage / "prune.png",
-                )
-            )
+        written = [*super().files(stage), self.picture(figures.ablate_importance(self.result), stage, "importance")]
+        if self.result.prune:
+            written.append(self.picture(figures.prune_curve(self.result), stage, "prune"))
         return written
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
@@ -550,26 +490,11 @@ class BenchView(View):
         return self.result.rows
 
     def files(self, stage: Path) -> list[Path]:
-        """bench.json and tokens_per_s.png: tokens per second against sequence length, one line per method and
-        batch size: a colour per method, a line style per batch size."""
+        """bench.json and tokens_per_s: tokens per second against sequence length, one line per method and batch
+        size: a colour per method, a line style per batch size."""
         from attnscope.output import figures
 
-        rows, machine = self.result.rows, self.result.settings
-        seqs = sorted({row["seq"] for row in rows})
-        colours = {method: f"C{index}" for index, method in enumerate(dict.fromkeys(row["method"] for row in rows))}
-        dashes = ("-", "--", ":", "-.")
-        batches = sorted({row["batch"] for row in rows})
-        line_styles = {batch: dashes[index % len(dashes)] for index, batch in enumerate(batches)}
-        series, styles = {}, {}
-        for row in rows:
-            label = f"{row['method']}, batch {row['batch']}"
-            series.setdefault(label, {})[row["seq"]] = row["tokens_per_s"]
-            styles[label] = {"color": colours[row["method"]], "linestyle": line_styles[row["batch"]]}
-        lines = {label: [values.get(seq) for seq in seqs] for label, values in series.items()}
-        where = machine["device_name"] if machine["device"] != "cpu" else f"CPU, {machine['cpu_threads']} threads"
-        title, path = f"{self.result.model['name']} on {where}", stage / "tokens_per_s.png"
-        labels = ("sequence length (tokens)", "tokens per second")
-        plot = figures.line_plot(seqs, lines, *labels, title, path, log_x=True, styles=styles)
+        plot = self.picture(figures.bench_figure(self.result), stage, "tokens_per_s")
         return [write_atomic(stage / "bench.json", to_json(self.document())), plot]
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
@@ -634,6 +559,7 @@ VIEWS: dict[type, type[View]] = {
 }
 
 
-def view_of(result: Any) -> View:
-    """The view of an analysis result."""
-    return VIEWS[type(result)](result)
+def view_of(result: Any, pictures: Pictures | None = None) -> View:
+    """The view of an analysis result; `pictures`: how its files' pictures are written (default PNG at
+    output.files.DPI)."""
+    return VIEWS[type(result)](result, pictures)
