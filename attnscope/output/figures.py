@@ -41,6 +41,7 @@ HIDDEN_COLOUR = "#bdbdbd"  # a key the query cannot see: neutral grey, unlike an
 HIDDEN_LABEL = "grey: key hidden from the query (mask)"
 MISSING_COLOUR = "#e0e0e0"  # a cell with no value (NaN)
 ATTENTION_LABEL = "attention weight (fraction of the row's attention)"
+FRACTION_LABEL = "fraction of the row's attention"
 SUBTITLE_COLOUR = "#444444"
 
 
@@ -297,7 +298,7 @@ def role_map(roles: Sequence[Sequence[str]], scores: Sequence[Sequence[str]], ti
     axes = _place_axes(figure, GRID_MARGINS)
     colours = ListedColormap([ROLE_COLOURS[role] for role in ROLE_NAMES])
     axes.imshow(codes, cmap=colours, vmin=-0.5, vmax=len(ROLE_NAMES) - 0.5, aspect="auto", interpolation="none")
-    fontsize = 7 if n_head <= 12 else 5
+    fontsize = 6.5 if n_head <= 12 else 5  # `Hnorm 0.72` fits a 0.6 in cell
     if n_head <= 24 and n_layer <= 26:  # beyond, a cell is too small for its three lines
         for layer in range(n_layer):
             for head in range(n_head):
@@ -624,8 +625,9 @@ def line_plot(
         axes.set_ylim(bottom=lowest * 1.1)
     else:
         axes.set_ylim(bottom=0.0)
-    if y_top is not None:
-        axes.set_ylim(top=y_top)
+    if y_top is None:  # some room above the highest point, or above 0 when every value is below it
+        y_top = highest * 1.08 if highest > 0 else (-0.1 * lowest if lowest < 0 else 1.0)
+    axes.set_ylim(top=y_top)
     if highest >= 10_000:
         axes.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     axes.set_xlabel(xlabel, fontsize=LABEL_SIZE)
@@ -653,16 +655,14 @@ def score_matrix(heads: Sequence, name: str, n_layer: int, n_head: int) -> np.nd
 
 
 def score_colour_label(score: Score) -> str:
-    """A score's colour bar label: what its numbers are, in their unit."""
+    """A score's colour bar label: its unit (the title names the score)."""
     if score.name == "entropy_normalized":
-        return "entropy / ln(keys the row sees): 1 = uniform"
+        return "entropy / ln(keys seen): 1 = uniform"
     if score.unit == NATS:
-        return f"{score.label} (nats)"
+        return "nats"
     if score.unit == SIGNED:
-        return f"{score.label}: 0 = uniform, 1 = all in the window"
-    if score.unit == FRACTION:
-        return ATTENTION_LABEL.replace("attention weight", score.label)
-    return score.label
+        return "lift: 0 = uniform, 1 = all in the window"
+    return FRACTION_LABEL
 
 
 def heads_role_map(result: Any) -> Figure:
@@ -733,7 +733,7 @@ def diversity_matrix(result: Any, name: str) -> Figure:
     matrix = getattr(result, name)[np.ix_(order, order)]
     scope = "all heads" if clustered else f"the heads of layer {result.layer}"
     what = {
-        "js": ("Jensen–Shannon divergence between", "JS divergence (bits): 0 = same rows, 1 = disjoint", "viridis_r"),
+        "js": ("Jensen–Shannon divergence between", "JS divergence (bits): 0 same, 1 disjoint", "viridis_r"),
         "cosine": ("Cosine similarity between", "cosine similarity of the attention rows", "viridis"),
     }[name]
     title = f"{what[0]} {scope}" + (", in clustered order" if clustered else "")
@@ -774,8 +774,7 @@ def attend_figure(result: Any) -> Figure:
     subtitle = describe_input(result.model, n_tokens=len(result.tokens))
     if result.to_weight is not None:
         title = f"Attention from {source} to {result.to_token!r}"
-        label = ATTENTION_LABEL.replace("attention weight", f"weight on {result.to_token!r}")
-        return score_heatmap(result.to_weight, title, label, subtitle)
+        return score_heatmap(result.to_weight, title, FRACTION_LABEL, subtitle)
     n_layer, n_head = result.rows.shape[:2]
     matrix = result.rows.max(axis=-1)
     cells = [
@@ -785,19 +784,18 @@ def attend_figure(result: Any) -> Figure:
         ]
         for layer in range(n_layer)
     ]
-    title = f"Where {source} looks: each head's strongest key"
-    label = ATTENTION_LABEL.replace("attention weight", "largest weight")
-    return score_heatmap(matrix, title, label, subtitle, cell_text=cells)
+    title = f"Where {source} looks: each head's strongest key and its weight"
+    return score_heatmap(matrix, title, FRACTION_LABEL, subtitle, cell_text=cells)
 
 
 def ablate_importance(result: Any) -> Figure:
     """An AblationResult's importance per head: the loss change (signed, centred at 0) or |dL/d gate| (from 0)."""
     subtitle = describe_input(result.model, result.inputs)
     if result.method == "loss":
-        label = "loss change when the head is removed (nats/token)"
+        label = "loss change (nats/token)"
         title = "Head importance: loss change when each head is removed"
         return score_heatmap(result.importance, title, label, subtitle, vmin=None, vmax=None, signed=True)
-    label = "|dL/d gate| (nats/token per unit gate)"
+    label = "|dL/d gate| (nats/token per unit)"
     title = "Head importance: gradient of the loss by each head's gate"
     return score_heatmap(result.importance, title, label, subtitle, vmin=0.0, vmax=None)
 
