@@ -238,7 +238,9 @@ def hidden_keys(maps: np.ndarray, causal: bool) -> np.ndarray:
     return hidden
 
 
-def describe_input(model: dict, inputs: dict | None = None, text_index: int | None = None, n_tokens=None) -> str:
+def describe_input(
+    model: dict, inputs: dict | None = None, text_index: int | None = None, n_tokens: int | None = None
+) -> str:
     """The subtitle of a figure: the model and what it read (`demo, 9 texts, 1,234 tokens`, `demo, text 0, 16
     tokens`)."""
     parts = [str(model.get("name", ""))]
