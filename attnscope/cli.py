@@ -34,6 +34,7 @@ except ImportError:  # older typer runs on click itself
 
 from attnscope import __version__
 from attnscope.errors import AttnscopeError
+from attnscope.output.files import DPI, DPI_RANGE, PICTURE_FORMATS, Pictures
 from attnscope.scores import catalog
 
 app = typer.Typer(
@@ -201,12 +202,14 @@ class Model:
 
 @dataclass(frozen=True)
 class Output:
-    """Where a command's result goes: --json, --csv, --out and --quiet."""
+    """Where a command's result goes: --json, --csv, --out and --quiet; and, for a command that draws, how its
+    pictures are written (--format, --dpi)."""
 
     json: bool = False
     csv: bool = False
     out: Path | None = None
     quiet: bool = False
+    pictures: Pictures = Pictures()
 
     def __post_init__(self) -> None:
         if self.json and self.csv:
@@ -403,8 +406,7 @@ ROLES = _group(  # the settings of `heads` that decide scores and roles, shared 
         0,
     ),
 )
-OUTPUT = _group(
-    Output,
+OUTPUT_OPTIONS = dict(
     json=(
         Annotated[bool, typer.Option("--json", help="Print JSON (schema_version 1) to stdout instead of tables.")],
         False,
@@ -431,6 +433,37 @@ OUTPUT = _group(
             ),
         ],
         False,
+    ),
+)
+OUTPUT = _group(Output, **OUTPUT_OPTIONS)
+
+
+def _drawing_output(format: str, dpi: int, **options: Any) -> Output:
+    return Output(**options, pictures=Pictures(format, dpi))
+
+
+DRAWING_OUTPUT = _group(  # the output options of a command that draws pictures: OUTPUT's, --format and --dpi
+    _drawing_output,
+    **OUTPUT_OPTIONS,
+    format=(
+        Annotated[
+            Literal[PICTURE_FORMATS],
+            typer.Option("--format", help="File format of the pictures of --out (svg and pdf: vector, for print)."),
+        ],
+        "png",
+    ),
+    dpi=(
+        Annotated[
+            int,
+            typer.Option(
+                "--dpi",
+                min=DPI_RANGE[0],
+                max=DPI_RANGE[1],
+                metavar="N",
+                help="Dots per inch of PNG pictures: pixels = the figure's inches × N (300 for print).",
+            ),
+        ],
+        DPI,
     ),
 )
 IndexOpt = Annotated[int, typer.Option("--index", min=0, metavar="I", help="Which input text (0-based).")]
@@ -596,7 +629,7 @@ def _emit(result: Any, output: Output, folder: Path | None) -> None:
     from attnscope.output.files import write_all
     from attnscope.output.views import view_of
 
-    view = view_of(result)
+    view = view_of(result, output.pictures)
     for message in view.notes:
         _note(message)
     written = write_all(folder, view.files) if folder is not None else []
@@ -639,7 +672,7 @@ def _main(
 
 
 @app.command()
-@_options(texts=TEXTS, model=MODEL, batching=BATCHING, roles=ROLES, output=OUTPUT)
+@_options(texts=TEXTS, model=MODEL, batching=BATCHING, roles=ROLES, output=DRAWING_OUTPUT)
 def heads(
     texts,
     model,
@@ -687,7 +720,7 @@ def heads(
 
 
 @app.command()
-@_options(texts=TEXTS, model=MODEL, output=OUTPUT)
+@_options(texts=TEXTS, model=MODEL, output=DRAWING_OUTPUT)
 def show(
     texts,
     model,
@@ -711,7 +744,7 @@ def show(
 
 
 @app.command()
-@_options(texts=TEXTS, model=MODEL, batching=BATCHING, output=OUTPUT)
+@_options(texts=TEXTS, model=MODEL, batching=BATCHING, output=DRAWING_OUTPUT)
 def diversity(
     texts,
     model,
@@ -779,7 +812,7 @@ def diversity(
 
 
 @app.command("random-mha")
-@_options(output=OUTPUT)
+@_options(output=DRAWING_OUTPUT)
 def random_mha(
     output,
     d_model: Annotated[int, typer.Option("--d-model", min=1, max=D_MODEL_MAX, metavar="D", help="Model width.")] = 64,
@@ -813,7 +846,7 @@ def random_mha(
 
 
 @app.command()
-@_options(texts=TEXTS, model=MODEL, output=OUTPUT)
+@_options(texts=TEXTS, model=MODEL, output=DRAWING_OUTPUT)
 def attend(
     texts,
     model,
@@ -870,7 +903,7 @@ def attend(
 
 
 @app.command()
-@_options(texts=TEXTS, model=MODEL, batching=BATCHING, output=OUTPUT)
+@_options(texts=TEXTS, model=MODEL, batching=BATCHING, output=DRAWING_OUTPUT)
 def ablate(
     texts,
     model,
@@ -927,7 +960,7 @@ def report(
 
 
 @app.command()
-@_options(model=MODEL, output=OUTPUT)
+@_options(model=MODEL, output=DRAWING_OUTPUT)
 def bench(
     model,
     output,

@@ -27,12 +27,11 @@ from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.reducers import QueryRowReducer
 from attnscope.pipeline.tokens import Labels, Window, WindowStream, batches, label_window, vocabulary_style
-from attnscope.scores.words import to_words
+from attnscope.scores.words import TOKENS, WORDS, to_words
 
 DEFAULT_TOKENS = 3  # top keys listed per head
 DEFAULT_TOP = 10  # strongest heads listed
 LISTED = 80  # tokens (or words) an error lists
-TOKENS, WORDS = "tokens", "words"  # the two views: keys ranked as tokens, or as words
 
 
 def parse_occurrence(spec: str) -> tuple[str, int | None]:

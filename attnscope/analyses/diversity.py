@@ -52,6 +52,7 @@ class DiversityResult(Result):
     notes: list[str] = field(default_factory=list)
     js_se: Any = None
     js_distance_se: Any = None
+    linkage: Any = None  # scipy's linkage matrix (K-1, 4) of the average linkage behind `order` and `clusters`
 
     @property
     def redundant(self) -> float:
@@ -294,6 +295,7 @@ class Diversity:
             notes=notes,
             js_se=matrices.get("js_se"),
             js_distance_se=matrices.get("js_distance_se"),
+            linkage=linkage.merges,
         )
 
 

@@ -16,9 +16,7 @@ from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.tokens import Labels, WindowStream, batches, label_window, pad_id
-from attnscope.scores.words import word_map
-
-TOKENS, WORDS = "tokens", "words"  # the two views of a map: token by token, or word by word
+from attnscope.scores.words import TOKENS, WORDS, word_map
 
 
 @dataclass

@@ -6,6 +6,7 @@ view (`output.views`, the same view `--json`, `--csv` and `--out` use), so a not
     result.to_json()       the same as text, byte for byte what --json prints
     result.to_dataframe()  the records as a pandas DataFrame (pandas is optional: pip install pandas)
     result.save(out)       the files of --out (JSON, CSV, pictures) written into the folder `out`; returns their paths
+    result.plot()          the pictures of --out as matplotlib Figures, by file stem
     result                 in a notebook: its tables as HTML (`_repr_html_`, from `output.notebook`)
 
 The renderers are imported when a face is first asked for (the one place an analysis reaches up to the output
@@ -56,18 +57,23 @@ class Result:
         records = view.records()
         return pandas.DataFrame(records) if records else pandas.DataFrame(columns=list(view.columns))
 
-    def save(self, out: str | os.PathLike) -> list[Path]:
+    def save(self, out: str | os.PathLike, format: str = "png", dpi: int | None = None) -> list[Path]:
         """Write the files `--out` writes (JSON, CSV, pictures) into the folder `out`, made if needed, all at once
-        (nothing half-written on an error); returns their paths."""
-        from attnscope.output.files import prepare_out_dir, write_all
+        (nothing half-written on an error); returns their paths. `format` (png, svg or pdf) and `dpi` are the
+        pictures' (--format, --dpi; dpi None: output.files.DPI)."""
+        from attnscope.output.files import DPI, Pictures, prepare_out_dir, write_all
+        from attnscope.output.views import view_of
 
-        return write_all(prepare_out_dir(out), self._view().files)
+        view = view_of(self, Pictures(format, DPI if dpi is None else dpi))
+        return write_all(prepare_out_dir(out), view.files)
+
+    def plot(self) -> dict[str, Any]:
+        """The pictures `save` writes, as matplotlib Figures by file stem (`role_map`, `score_previous_token`, ...;
+        {} for a result that draws none), to show in a notebook or to change before saving (`figure.savefig`)."""
+        return self._view().figures()
 
     def _repr_html_(self) -> str:
         """What a notebook shows: the result's tables as one self-contained HTML fragment (see output.notebook)."""
         from attnscope.output.notebook import html
 
         return html(self._view())
-
-    # .plot(...), returning matplotlib Figures, comes with the figures refactor (output.figures drawing Figures
-    # before writing them): it will delegate to the view like the faces above.

@@ -1,50 +1,100 @@
-"""Pictures (matplotlib, Agg backend): they render what the library computed and compute nothing themselves.
+"""Pictures (matplotlib): they render what the library computed and compute nothing themselves.
 
-Every figure has a fixed size in inches at DPI dots per inch (no tight bounding box), so a PNG's pixel size is
-known in advance: `figure_size(...)` × DPI.
+Every drawing function builds and returns a `matplotlib.figure.Figure` (not registered with pyplot: nothing global
+changes, a notebook shows it, and it is freed like any object); `save(figure, path, format, dpi)` writes one, and
+`render` gives its bytes. Every figure has a fixed size in inches, its axes placed at fixed margins (no tight bounding
+box), so a PNG's pixel size is known in advance: the figure's inches × dpi, rounded. SVG and PDF are byte-identical
+for the same figure (no date, fixed ids).
+
+Conventions, the same in every figure: a title in words and a subtitle saying the model and the input; a colour bar
+with its unit on every heatmap; sequential colours from 0 for values that cannot be negative, a diverging map
+centred at 0 for those that can; keys a query cannot see (a causal or sliding-window mask) drawn in grey, apart
+from zero attention; token labels thinned to a readable pitch on long texts, the first and last always kept; value
+axes from 0.
 """
 
 from __future__ import annotations
 
 import io
+import math
+import textwrap
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
+import numpy as np
+from matplotlib.colors import ListedColormap, Normalize
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import StrMethodFormatter
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.colors import ListedColormap  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+from attnscope.output.files import DPI, PICTURE_FORMATS, write_atomic
+from attnscope.scores.catalog import FRACTION, NATS, ROLE, ROLE_NAMES, ROLES, SCORE, SIGNED, Score
+from attnscope.scores.words import CONTINUED_LEGEND, WORDS
 
-from attnscope.output.files import write_atomic  # noqa: E402
-from attnscope.scores.catalog import FRACTION, ROLE, ROLE_NAMES, ROLES, Score  # noqa: E402
-
-DPI = 100
 ROLE_COLOURS = {role.name: role.colour for role in ROLES}  # the catalog's palette, shared with the terminal
+ATTENTION_CMAP = "Blues"
+SEQUENTIAL_CMAP = "viridis"
+DIVERGING_CMAP = "RdBu_r"  # blue below 0, red above: ColorBrewer's colour-blind-safe diverging scheme
+HIDDEN_COLOUR = "#bdbdbd"  # a key the query cannot see: neutral grey, unlike any colour of the maps
+HIDDEN_LABEL = "grey: key hidden from the query (mask)"
+MISSING_COLOUR = "#e0e0e0"  # a cell with no value (NaN)
+ATTENTION_LABEL = "attention weight (fraction of the row's attention)"
+FRACTION_LABEL = "fraction of the row's attention"
+SUBTITLE_COLOUR = "#444444"
 
 
-def score_limits(score: Score) -> tuple[float | None, float | None]:
-    """The colour range a score is drawn on: [0, 1] for a fraction, the data's own range otherwise."""
-    return (0.0, 1.0) if score.unit == FRACTION else (None, None)
+# ------------------------------------------------------------------------------------------------------- writing
 
 
-def _save(figure, path: Path) -> Path:
+def render(figure: Figure, format: str = "png", dpi: int = DPI) -> bytes:
+    """The bytes of `figure` as PNG (`dpi` dots per inch), SVG or PDF; the same figure gives the same bytes (SVG
+    and PDF carry no date, and SVG's ids come from a fixed salt)."""
+    if format not in PICTURE_FORMATS:
+        raise ValueError(f"format {format!r}: use one of {', '.join(PICTURE_FORMATS)}")
+    metadata = {"png": {}, "svg": {"Date": None}, "pdf": {"CreationDate": None, "ModDate": None}}[format]
     buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        # A token the font cannot draw (日, 🙂) shows as a box; matplotlib would also warn once per glyph and
-        # figure, a screenful of stderr that tells the user nothing the picture does not.
-        warnings.filterwarnings("ignore", message="Glyph .* missing from", category=UserWarning)
-        figure.savefig(buffer, format="png", dpi=DPI)
-    plt.close(figure)
-    return write_atomic(path, buffer.getvalue())
+    inches = figure.get_size_inches()
+    if format == "png":
+        # Agg truncates inches × dpi to whole pixels, and 4.35 × 100 is 434.99999999999994 in floating point: a
+        # quarter pixel more makes the PNG exactly round(inches × dpi) pixels, as documented.
+        figure.set_size_inches([(round(side * dpi) + 0.25) / dpi for side in inches])
+    try:
+        with warnings.catch_warnings(), matplotlib.rc_context({"svg.hashsalt": "attnscope"}):
+            # A token the font cannot draw (日, 🙂) shows as a box; matplotlib would also warn once per glyph and
+            # figure, a screenful of stderr that tells the user nothing the picture does not.
+            warnings.filterwarnings("ignore", message="Glyph .* missing from", category=UserWarning)
+            figure.savefig(buffer, format=format, dpi=dpi, metadata=metadata)
+    finally:
+        figure.set_size_inches(inches)
+    return buffer.getvalue()
 
 
-# Margins in inches around the axes of each kind of figure: (left, right, top, bottom).
-GRID_MARGINS = (0.9, 2.2, 0.6, 0.7)  # the right margin holds the role legend or the colour bar
-ATTENTION_MARGINS = (1.4, 1.3, 0.5, 1.5)  # token labels on the left and bottom, colour bar on the right
+def save(figure: Figure, path: Path | str, format: str | None = None, dpi: int = DPI) -> Path:
+    """Write `figure` to `path` (atomically) as `format`, by default the one its suffix names (.png, .svg, .pdf);
+    returns the path."""
+    path = Path(path)
+    suffix = path.suffix.lstrip(".").lower()
+    format = format or suffix
+    if suffix != format:
+        raise ValueError(f"{path.name}: a {format} file must end in .{format}")
+    return write_atomic(path, render(figure, format, dpi))
+
+
+# -------------------------------------------------------------------------------------------- shared pieces
+# Sizes and margins are in inches; a figure's axes are placed at fixed margins, so nothing depends on how matplotlib
+# measures text, and long labels never fall off the picture.
+
+TITLE_SIZE = 11.0  # points
+SUBTITLE_SIZE = 9.0
+LABEL_SIZE = 9.0  # axis labels, colour bar labels
+TITLE_SPACE = 0.8  # inches at the top for a title and its subtitle
+
+
+def _figure(size: tuple[float, float]) -> Figure:
+    return Figure(figsize=size, dpi=100)  # the dpi shown in a notebook; files take theirs from `save`
 
 
 def _with_margins(size: tuple[float, float], margins: tuple[float, float, float, float]) -> tuple[float, float]:
@@ -52,30 +102,303 @@ def _with_margins(size: tuple[float, float], margins: tuple[float, float, float,
     return (size[0] + left + right, size[1] + top + bottom)
 
 
-def _place_axes(figure, margins: tuple[float, float, float, float]):
-    """Axes filling the figure less fixed margins in inches, so long labels never fall off the picture."""
+def _place_axes(figure: Figure, margins: tuple[float, float, float, float]):
+    """Axes filling the figure less fixed margins (left, right, top, bottom) in inches."""
     width, height = figure.get_size_inches()
     left, right, top, bottom = margins
     return figure.add_axes((left / width, bottom / height, 1 - (left + right) / width, 1 - (top + bottom) / height))
 
 
-def _fit_title(figure, axes, title: str) -> None:
-    """Title centred on the figure (not the axes, which sit off-centre beside the legend) in a font small enough,
-    down to 6 pt, to fit the figure's width: a character of DejaVu Sans is about 0.6 of the font size wide."""
-    width_points = figure.get_size_inches()[0] * 72 * 0.95
-    longest = max(len(line) for line in title.splitlines())
-    figure.suptitle(title, fontsize=max(6.0, min(12.0, width_points / (0.6 * longest))))
+def _fitting(text: str, size: float, width_inches: float) -> float:
+    """The font size, at most `size` and at least 6 pt, at which `text` fits `width_inches` (a DejaVu Sans
+    character is about 0.6 of the font size wide)."""
+    longest = max(len(line) for line in text.splitlines()) if text else 1
+    return max(6.0, min(size, width_inches * 72 * 0.95 / (0.6 * longest)))
+
+
+def _titles(figure: Figure, title: str, subtitle: str = "") -> None:
+    """The title, centred on the figure, and under it the subtitle (the model and the input), smaller and grey."""
+    width, height = figure.get_size_inches()
+    figure.text(0.5, 1 - 0.12 / height, title, ha="center", va="top", fontsize=_fitting(title, TITLE_SIZE, width))
+    if subtitle:
+        figure.text(
+            0.5,
+            1 - 0.38 / height,
+            subtitle,
+            ha="center",
+            va="top",
+            fontsize=_fitting(subtitle, SUBTITLE_SIZE, width),
+            color=SUBTITLE_COLOUR,
+        )
+
+
+def _wrapped(text: str, length_inches: float, fontsize: float) -> str:
+    """`text` broken into lines that fit `length_inches` at `fontsize`."""
+    return "\n".join(textwrap.wrap(text, max(8, int(length_inches * 72 / (0.6 * fontsize)))))
+
+
+def _colour_bar(figure: Figure, axes, image, label: str, width: float = 0.18, pad: float = 0.15):
+    """A colour bar as tall as `axes`, `width` inches wide, `pad` inches to its right, with `label` (its unit),
+    broken into lines as long as the bar (in a smaller font when that makes more than three)."""
+    box = axes.get_position()
+    figure_width, figure_height = figure.get_size_inches()
+    bar = figure.add_axes((box.x1 + pad / figure_width, box.y0, width / figure_width, box.height))
+    colour_bar = figure.colorbar(image, cax=bar)
+    length = box.height * figure_height
+    fontsize = LABEL_SIZE if len(_wrapped(label, length, LABEL_SIZE).splitlines()) <= 3 else 7.0
+    colour_bar.set_label(_wrapped(label, length, fontsize), fontsize=fontsize)
+    colour_bar.ax.tick_params(labelsize=8)
+    return colour_bar
+
+
+def _ink(rgba: Sequence[float]) -> str:
+    """Black or white, whichever reads on a cell of colour `rgba` (WCAG 2 relative luminance, as Role.ink)."""
+    linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgba[:3]]
+    luminance = 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+    return "black" if luminance > 0.179 else "white"
+
+
+def _nice_step(at_least: float) -> int:
+    """The smallest of 1, 2, 5, 10, 20, 50, ... that is at least `at_least`."""
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * 10**exponent >= at_least:
+                return mantissa * 10**exponent
+        exponent += 1
+
+
+def thinned_ticks(n: int, fit: int) -> list[int]:
+    """Positions 0..n-1 to label when only `fit` labels fit: all of them when they fit, otherwise every k-th (k one
+    of 1, 2, 5, 10, 20, 50, ...) from 0, and the last; at most `fit` (at least 2) labels."""
+    fit = max(2, fit)
+    if n <= fit:
+        return list(range(n))
+    step = _nice_step((n - 1) / (fit - 1))
+    ticks = list(range(0, n - 1, step))  # at most fit - 1 of them
+    if len(ticks) > 1 and (n - 1) - ticks[-1] < step / 2:
+        ticks.pop()  # too close to the last to be read apart from it
+    return ticks + [n - 1]
+
+
+def labels_that_fit(length_inches: float, fontsize: float) -> int:
+    """How many labels of `fontsize` points fit side by side along `length_inches` (a line and a quarter each)."""
+    return int(length_inches * 72 / (1.25 * fontsize))
+
+
+TOKEN_CHARACTERS = 14  # a longer token label is cut, with an ellipsis
+
+
+def _token_label(token: str) -> str:
+    return token if len(token) <= TOKEN_CHARACTERS else token[: TOKEN_CHARACTERS - 1] + "…"
+
+
+def _token_ticks(
+    axes, tokens: Sequence[str], side: float, fontsize: float, x: bool = True, y: bool = True
+) -> tuple[bool, float]:
+    """Label the token axes of a map `side` inches square: every token when they fit at `fontsize`, else every k-th
+    with its position (`40 river`), the first and last kept. Returns whether they were thinned, and how many inches
+    the longest label takes."""
+    n = len(tokens)
+    ticks = thinned_ticks(n, labels_that_fit(side, fontsize))
+    thinned = len(ticks) < n
+    labels = [f"{i} {_token_label(tokens[i])}" if thinned else _token_label(tokens[i]) for i in ticks]
+    axes.set_xticks(ticks)
+    axes.set_yticks(ticks)
+    axes.set_xticklabels(labels if x else [], rotation=90, fontsize=fontsize)
+    axes.set_yticklabels(labels if y else [], fontsize=fontsize)
+    axes.tick_params(length=2 if thinned else 0)
+    return thinned, max(len(label) for label in labels) * 0.6 * fontsize / 72
+
+
+def _hidden_legend(figure: Figure) -> None:
+    """The note that grey cells are keys the query cannot see, at the figure's bottom right."""
+    swatch = Patch(facecolor=HIDDEN_COLOUR, edgecolor="#888888", linewidth=0.5, label=HIDDEN_LABEL)
+    figure.legend(
+        handles=[swatch], loc="lower right", bbox_to_anchor=(0.99, 0.01), fontsize=8, frameon=False, handlelength=1.2
+    )
+
+
+def _masked(values: np.ndarray, hidden: np.ndarray | None) -> np.ma.MaskedArray:
+    """`values` with `hidden` cells (and NaN) masked, so that they take the colour map's 'bad' colour."""
+    mask = ~np.isfinite(values) if hidden is None else (hidden | ~np.isfinite(values))
+    return np.ma.masked_array(values, mask=mask)
+
+
+def hidden_keys(maps: np.ndarray, causal: bool) -> np.ndarray:
+    """(n, n) bool of one layer's maps (H, n, n): the keys a query cannot see, drawn apart from zero attention.
+
+    Those after the query in a causal model, and those every head of the layer gives exactly 0: a mask's -inf is
+    the same for all heads (a sliding window, Mistral's or Gemma's local layers), while a key a head merely ignores
+    keeps a weight above 0 in float32 unless its logit is some 100 below the row's largest, in every head at once.
+    """
+    n = maps.shape[-1]
+    hidden = (np.asarray(maps) == 0).all(axis=0)  # (n, n)
+    if causal:
+        hidden |= np.triu(np.ones((n, n), dtype=bool), k=1)
+    return hidden
+
+
+def describe_input(
+    model: dict, inputs: dict | None = None, text_index: int | None = None, n_tokens: int | None = None
+) -> str:
+    """The subtitle of a figure: the model and what it read (`demo, 9 texts, 1,234 tokens`, `demo, text 0, 16
+    tokens`)."""
+    parts = [str(model.get("name", ""))]
+    if text_index is not None:
+        parts.append(f"text {text_index}")
+    elif inputs and "n_texts" in inputs:
+        parts.append(f"{inputs['n_texts']:,} text{'s' if inputs['n_texts'] != 1 else ''}")
+    tokens = n_tokens if n_tokens is not None else (inputs or {}).get("n_tokens")
+    if tokens is not None:
+        parts.append(f"{tokens:,} token{'s' if tokens != 1 else ''}")
+    return ", ".join(part for part in parts if part)
+
+
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+# ------------------------------------------------------------------------------------------- layer × head grids
+
+GRID_MARGINS = (0.9, 2.2, TITLE_SPACE, 0.7)  # the right margin holds the role legend or the colour bar
+
+
+GRID_MAX = (12.0, 12.0)  # inches of a layer × head grid at most: a large model's cells shrink instead
+
+
+def grid_cell(n_layer: int, n_head: int) -> tuple[float, float]:
+    """Inches of a cell of a layer × head grid: 0.6 wide and 0.44 high, smaller when the grid would pass GRID_MAX
+    (GPT-2 small's 12 × 12 keeps them; GPT-2 XL's 48 layers × 25 heads get 0.48 × 0.25)."""
+    return min(0.6, GRID_MAX[0] / n_head), min(0.44, GRID_MAX[1] / n_layer)
 
 
 def grid_size(n_layer: int, n_head: int) -> tuple[float, float]:
     """Inches of a layer × head figure (role map, score heatmaps)."""
-    return _with_margins((0.6 * n_head, 0.45 * n_layer + 0.3), GRID_MARGINS)
+    width, height = grid_cell(n_layer, n_head)
+    return _with_margins((width * n_head, height * n_layer + 0.3), GRID_MARGINS)
+
+
+def _grid_axes(figure: Figure, axes, n_layer: int, n_head: int) -> None:
+    """Ticks and titles of a layer × head grid: every layer and head labelled while they fit, else every k-th."""
+    width, height = axes.get_position().width, axes.get_position().height
+    inches = figure.get_size_inches()
+    heads = thinned_ticks(n_head, labels_that_fit(width * inches[0], 7))
+    layers = thinned_ticks(n_layer, labels_that_fit(height * inches[1], 7))
+    axes.set_xticks(heads)
+    axes.set_yticks(layers)
+    axes.tick_params(labelsize=7)
+    axes.set_xlabel("head", fontsize=LABEL_SIZE)
+    axes.set_ylabel("layer", fontsize=LABEL_SIZE)
+
+
+def role_map(roles: Sequence[Sequence[str]], scores: Sequence[Sequence[str]], title: str, subtitle: str = "") -> Figure:
+    """One coloured cell per head (rows = layers, columns = heads), labelled `L.H`, role and `scores` (the deciding
+    score, as text); the legend lists the roles drawn, in the catalog's order."""
+    n_layer, n_head = len(roles), len(roles[0])
+    codes = np.array([[ROLE_NAMES.index(role) for role in row] for row in roles])  # (L, H)
+    figure = _figure(grid_size(n_layer, n_head))
+    axes = _place_axes(figure, GRID_MARGINS)
+    colours = ListedColormap([ROLE_COLOURS[role] for role in ROLE_NAMES])
+    axes.imshow(codes, cmap=colours, vmin=-0.5, vmax=len(ROLE_NAMES) - 0.5, aspect="auto", interpolation="none")
+    fontsize = 6.5 if n_head <= 12 else 5  # `Hnorm 0.72` fits a 0.6 in cell
+    if n_head <= 24 and n_layer <= 26:  # beyond, a cell is too small for its three lines
+        for layer in range(n_layer):
+            for head in range(n_head):
+                role = roles[layer][head]
+                text = f"{layer}.{head}\n{ROLE[role].short}\n{scores[layer][head]}"
+                axes.text(head, layer, text, ha="center", va="center", fontsize=fontsize, color=ROLE[role].ink)
+    _grid_axes(figure, axes, n_layer, n_head)
+    _titles(figure, title, subtitle)
+    present = {role for row in roles for role in row}
+    handles = [Patch(color=ROLE_COLOURS[role], label=role) for role in ROLE_NAMES if role in present]
+    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+    return figure
+
+
+def _norm(values: np.ndarray, vmin: float | None, vmax: float | None, signed: bool) -> Normalize:
+    """Sequential: from `vmin` (default 0, or below when a value is) to `vmax` (default the largest value);
+    signed: symmetric about 0, to the largest magnitude (at least `vmax` when given)."""
+    finite = values[np.isfinite(values)]
+    largest = float(np.abs(finite).max()) if finite.size else 1.0
+    if signed:
+        limit = max(largest, vmax or 0.0) or 1.0
+        return Normalize(-limit, limit)
+    low = min(0.0, float(finite.min())) if vmin is None and finite.size else (vmin or 0.0)
+    high = (float(finite.max()) if finite.size else 1.0) if vmax is None else vmax
+    return Normalize(low, high if high > low else low + 1.0)
+
+
+def score_heatmap(
+    matrix: np.ndarray,
+    title: str,
+    colour_label: str,
+    subtitle: str = "",
+    vmin: float | None = 0.0,
+    vmax: float | None = 1.0,
+    signed: bool = False,
+    cell_text: Sequence[Sequence[str]] | None = None,
+) -> Figure:
+    """A layer × head heatmap of one value with a colour bar labelled `colour_label` (its unit); values (or
+    `cell_text`) written in the cells when they fit. Sequential colours from `vmin` to `vmax` (None: from 0, to the
+    largest value), or, `signed`, a diverging map centred at 0 whose limits are ± the largest magnitude (at least
+    `vmax`). Cells without a value (NaN) are light grey."""
+    n_layer, n_head = matrix.shape
+    figure = _figure(grid_size(n_layer, n_head))
+    axes = _place_axes(figure, GRID_MARGINS)
+    norm = _norm(matrix, vmin, vmax, signed)
+    cmap = matplotlib.colormaps[DIVERGING_CMAP if signed else SEQUENTIAL_CMAP].with_extremes(bad=MISSING_COLOUR)
+    image = axes.imshow(_masked(matrix, None), cmap=cmap, norm=norm, aspect="auto", interpolation="none")
+    _colour_bar(figure, axes, image, colour_label)
+    if n_layer <= 16 and n_head <= 16:
+        for layer in range(n_layer):
+            for head in range(n_head):
+                value = matrix[layer, head]
+                missing = not np.isfinite(value)
+                text = ("n/a" if missing else f"{value:.2f}") if cell_text is None else cell_text[layer][head]
+                colour = "black" if missing else _ink(cmap(norm(value)))
+                axes.text(head, layer, text, ha="center", va="center", fontsize=7, color=colour)
+    _grid_axes(figure, axes, n_layer, n_head)
+    _titles(figure, title, subtitle)
+    return figure
+
+
+# ---------------------------------------------------------------------------------------------- attention maps
+
+ATTENTION_MARGINS = (1.5, 1.4, TITLE_SPACE, 1.7)  # token labels left and bottom, colour bar right, note below
+ATTENTION_FONT = 8.0  # points, token labels of one head's map
+ATTENTION_MAX = 9.0  # inches: a longer text thins its labels rather than the picture growing further
+
+
+def attention_side(n_tokens: int) -> float:
+    """Inches of the square of one head's map: 0.16 in per token (each labelled at 8 pt) from 4 in to 9 in."""
+    return min(max(4.0, 0.16 * n_tokens), ATTENTION_MAX)
 
 
 def attention_size(n_tokens: int) -> tuple[float, float]:
-    """Inches of one head's attention heatmap: grows with the tokens so labels stay readable, within limits."""
-    side = min(max(4.0, 0.22 * n_tokens), 22.0)
+    """Inches of one head's attention figure."""
+    side = attention_side(n_tokens)
     return _with_margins((side, side), ATTENTION_MARGINS)
+
+
+def attention_heatmap(
+    attention: np.ndarray, tokens: Sequence[str], title: str, subtitle: str = "", hidden: np.ndarray | None = None
+) -> Figure:
+    """One head's attention map (n, n): rows = queries, columns = keys, labelled with the tokens (thinned on a long
+    text); `hidden` (n, n) bool marks the keys a query cannot see, drawn grey."""
+    figure = _figure(attention_size(len(tokens)))
+    axes = _place_axes(figure, ATTENTION_MARGINS)
+    cmap = matplotlib.colormaps[ATTENTION_CMAP].with_extremes(bad=HIDDEN_COLOUR)
+    image = axes.imshow(_masked(attention, hidden), cmap=cmap, vmin=0.0, vmax=1.0, interpolation="none")
+    thinned, _ = _token_ticks(axes, tokens, attention_side(len(tokens)), ATTENTION_FONT)
+    _colour_bar(figure, axes, image, ATTENTION_LABEL)
+    where = "position and token" if thinned else "token"
+    axes.set_xlabel(f"key: attended to ({where})", fontsize=LABEL_SIZE)
+    axes.set_ylabel(f"query: attending ({where})", fontsize=LABEL_SIZE)
+    if hidden is not None and hidden.any():
+        _hidden_legend(figure)
+    _titles(figure, title, subtitle)
+    return figure
 
 
 def layer_grid_shape(n_head: int) -> tuple[int, int]:
@@ -83,144 +406,130 @@ def layer_grid_shape(n_head: int) -> tuple[int, int]:
     return int(np.ceil(n_head / columns)), columns
 
 
+GRID_FONT = 6.0  # points, token labels of a layer's grid
+GRID_LABEL_SPACE = 1.1  # inches left of and below the panels: token labels and the axis title
+GRID_GAP = (0.2, 0.36)  # inches between panels: across, and down (each panel's title)
+GRID_RIGHT = 1.3  # the colour bar and its label
+GRID_BOTTOM = GRID_LABEL_SPACE + 0.26  # and the note on grey cells
+
+
+def layer_grid_panel(n_tokens: int) -> float:
+    """Inches of each head's square in a layer's grid: 0.6 + 0.1 per token, from 2.5 to 5."""
+    return min(max(2.5, 0.6 + 0.1 * n_tokens), 5.0)
+
+
 def layer_grid_size(n_head: int, n_tokens: int) -> tuple[float, float]:
     rows, columns = layer_grid_shape(n_head)
-    panel = min(max(2.5, 0.6 + 0.12 * n_tokens), 8.0)
-    return (columns * panel + 0.5, rows * panel + 0.6)
+    panel = layer_grid_panel(n_tokens)
+    width = GRID_LABEL_SPACE + columns * panel + (columns - 1) * GRID_GAP[0] + GRID_RIGHT
+    height = TITLE_SPACE + GRID_GAP[1] + rows * panel + (rows - 1) * GRID_GAP[1] + GRID_BOTTOM
+    return (width, height)
 
 
-def role_map(
-    roles: Sequence[Sequence[str]],
-    scores: Sequence[Sequence[str]],
-    model_name: str,
-    path: Path,
-    legend: Sequence[str],
-) -> Path:
-    """One coloured cell per head (rows = layers, columns = heads), labelled `L.H`, role and `scores` (the deciding
-    score, as text); the legend lists `legend` (the roles this kind of model can be given: catalog.roles_for)."""
-    n_layer, n_head = len(roles), len(roles[0])
-    codes = np.array([[ROLE_NAMES.index(role) for role in row] for row in roles])  # (L, H)
-    figure = plt.figure(figsize=grid_size(n_layer, n_head))
-    axes = _place_axes(figure, GRID_MARGINS)
-    colours = ListedColormap([ROLE_COLOURS[role] for role in ROLE_NAMES])
-    axes.imshow(codes, cmap=colours, vmin=-0.5, vmax=len(ROLE_NAMES) - 0.5, aspect="auto")
-    fontsize = 7 if n_head <= 12 else 5
-    for layer in range(n_layer):
-        for head in range(n_head):
-            role = roles[layer][head]
-            colour = ROLE[role].ink
-            text = f"{layer}.{head}\n{ROLE[role].short}\n{scores[layer][head]}"
-            axes.text(head, layer, text, ha="center", va="center", fontsize=fontsize, color=colour)
-    axes.set_xticks(range(n_head))
-    axes.set_yticks(range(n_layer))
-    axes.set_xlabel("head")
-    axes.set_ylabel("layer")
-    _fit_title(figure, axes, f"Head roles: {model_name}")
-    handles = [Patch(color=ROLE_COLOURS[role], label=role) for role in legend]
-    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    return _save(figure, path)
-
-
-def score_heatmap(
-    matrix: np.ndarray,
+def layer_grid(
+    maps: np.ndarray,
+    tokens: Sequence[str],
     title: str,
-    path: Path,
-    vmin: float | None = 0.0,
-    vmax: float | None = 1.0,
-    cell_text: Sequence[Sequence[str]] | None = None,
-) -> Path:
-    """A layer × head heatmap of one score with a colour bar; values (or `cell_text`) written in the cells when they
-    fit."""
-    n_layer, n_head = matrix.shape
-    figure = plt.figure(figsize=grid_size(n_layer, n_head))
-    axes = _place_axes(figure, GRID_MARGINS)
-    image = axes.imshow(matrix, cmap="viridis", vmin=vmin, vmax=vmax, aspect="auto")
-    figure.colorbar(image, ax=axes, fraction=0.08, pad=0.03)
-    if n_layer <= 16 and n_head <= 16:
-        middle = (np.nanmin(matrix) + np.nanmax(matrix)) / 2 if vmin is None else (vmin + vmax) / 2
-        for layer in range(n_layer):
-            for head in range(n_head):
-                value = matrix[layer, head]
-                colour = "black" if value > middle else "white"
-                text = f"{value:.2f}" if cell_text is None else cell_text[layer][head]
-                axes.text(head, layer, text, ha="center", va="center", fontsize=7, color=colour)
-    axes.set_xticks(range(n_head))
-    axes.set_yticks(range(n_layer))
-    axes.set_xlabel("head")
-    axes.set_ylabel("layer")
-    _fit_title(figure, axes, title)
-    return _save(figure, path)
-
-
-def _attention_axes(axes, attention: np.ndarray, tokens: Sequence[str], fontsize: float) -> object:
-    image = axes.imshow(attention, cmap="Blues", vmin=0.0, vmax=1.0)
-    ticks = range(len(tokens))
-    axes.set_xticks(ticks)
-    axes.set_yticks(ticks)
-    axes.set_xticklabels(tokens, rotation=90, fontsize=fontsize)
-    axes.set_yticklabels(tokens, fontsize=fontsize)
-    return image
-
-
-def attention_heatmap(attention: np.ndarray, tokens: Sequence[str], title: str, path: Path) -> Path:
-    """One head's attention map: rows = queries, columns = keys, labelled with the tokens."""
-    figure = plt.figure(figsize=attention_size(len(tokens)))
-    axes = _place_axes(figure, ATTENTION_MARGINS)
-    fontsize = 9 if len(tokens) <= 40 else max(3.0, 9 - len(tokens) / 20)
-    image = _attention_axes(axes, attention, tokens, fontsize)
-    figure.colorbar(image, ax=axes, fraction=0.05, pad=0.03)
-    axes.set_xlabel("key (attended to)")
-    axes.set_ylabel("query (attending)")
-    axes.set_title(title)
-    return _save(figure, path)
-
-
-def layer_grid(maps: np.ndarray, tokens: Sequence[str], layer: int, path: Path, subtitle: str = "") -> Path:
-    """All heads of one layer (maps (H, n, n)) side by side, labelled `L.H`; `subtitle`, a second line under the
-    title (what the labels mean)."""
-    n_head = maps.shape[0]
+    subtitle: str = "",
+    panel_titles: Sequence[str] | None = None,
+    hidden: np.ndarray | None = None,
+) -> Figure:
+    """Every head of one layer (maps (H, n, n)) side by side on one colour scale, with one colour bar: tokens label
+    the first column (queries) and the lowest panel of each column (keys); `hidden` (n, n) bool marks the keys a
+    query cannot see, drawn grey."""
+    n_head, n = maps.shape[0], len(tokens)
     rows, columns = layer_grid_shape(n_head)
-    figure, grid = plt.subplots(rows, columns, figsize=layer_grid_size(n_head, len(tokens)), squeeze=False)
-    fontsize = 6 if len(tokens) <= 30 else max(2.0, 6 - len(tokens) / 20)
-    for index, axes in enumerate(grid.flat):
-        if index >= n_head:
-            axes.axis("off")
-            continue
-        _attention_axes(axes, maps[index], tokens, fontsize)
-        axes.set_title(f"{layer}.{index}", fontsize=9)
-    title = f"Layer {layer}: attention of every head"
-    figure.suptitle(f"{title}\n{subtitle}" if subtitle else title, fontsize=10 if subtitle else None)
-    figure.tight_layout(rect=(0, 0, 1, 0.95 if subtitle else 0.97))
-    return _save(figure, path)
+    panel = layer_grid_panel(n)
+    figure = _figure(layer_grid_size(n_head, n))
+    width, height = figure.get_size_inches()
+    cmap = matplotlib.colormaps[ATTENTION_CMAP].with_extremes(bad=HIDDEN_COLOUR)
+    image, thinned, label_inches, panels = None, False, 0.0, []
+    for index in range(n_head):
+        row, column = divmod(index, columns)
+        left = GRID_LABEL_SPACE + column * (panel + GRID_GAP[0])
+        bottom = height - TITLE_SPACE - GRID_GAP[1] - (row + 1) * panel - row * GRID_GAP[1]
+        axes = figure.add_axes((left / width, bottom / height, panel / width, panel / height))
+        image = axes.imshow(_masked(maps[index], hidden), cmap=cmap, vmin=0.0, vmax=1.0, interpolation="none")
+        lowest = index + columns >= n_head  # nothing below it in its column
+        thinned, label_inches = _token_ticks(axes, tokens, panel, GRID_FONT, x=lowest, y=column == 0)
+        axes.set_title(panel_titles[index] if panel_titles else f"head {index}", fontsize=9, pad=3)
+        panels.append(axes)
+    right_column = panels[min(columns, n_head) - 1]
+    top, low = panels[0].get_position(), panels[-1].get_position()
+    bar = figure.add_axes((right_column.get_position().x1 + 0.15 / width, low.y0, 0.18 / width, top.y1 - low.y0))
+    colour_bar = figure.colorbar(image, cax=bar)
+    colour_bar.set_label(ATTENTION_LABEL, fontsize=LABEL_SIZE)
+    colour_bar.ax.tick_params(labelsize=8)
+    where = "position and token" if thinned else "token"
+    away = label_inches + 0.12  # inches from the panels to the axis titles: past the token labels
+    figure.text(
+        (GRID_LABEL_SPACE + (columns * panel + (columns - 1) * GRID_GAP[0]) / 2) / width,
+        max(0.05, low.y0 * height - away) / height,
+        f"key: attended to ({where})",
+        ha="center",
+        va="top",
+        fontsize=LABEL_SIZE,
+    )
+    figure.text(
+        max(0.05, GRID_LABEL_SPACE - away) / width,
+        (low.y0 + top.y1) / 2,
+        f"query: attending ({where})",
+        ha="right",
+        va="center",
+        rotation=90,
+        fontsize=LABEL_SIZE,
+    )
+    if hidden is not None and hidden.any():
+        _hidden_legend(figure)
+    _titles(figure, title, subtitle)
+    return figure
 
 
-MATRIX_MARGINS = (1.0, 1.4, 0.6, 1.0)  # the right margin holds the colour bar
+# ------------------------------------------------------------------------------------------ heads × heads matrix
+
+MATRIX_MARGINS = (1.0, 1.5, TITLE_SPACE, 1.0)  # the right margin holds the colour bar and its label
+DENDROGRAM_HEIGHT = 1.0  # inches above the matrix, when it is drawn in clustered order
+DENDROGRAM_GAP = 0.16  # inches between the dendrogram and the matrix
 LABEL_PITCH = 0.1  # inches per head that give each head its own 5.4 pt label
 MATRIX_MAX = 40.0  # inches: beyond 400 heads, labels skip heads rather than the picture growing further
 
 
 def matrix_side(n: int) -> float:
-    """Inches of the square of a heads × heads matrix: 0.45 in per head up to 16 heads, then 16 in, or LABEL_PITCH
-    per head when that is more (GPT-2 small's 144 heads: 16 in; GPT-2 medium's 384: 38.4 in), at most MATRIX_MAX."""
-    return max(3.0, min(0.45 * n, 16.0), min(LABEL_PITCH * n, MATRIX_MAX))
+    """Inches of the square of a heads × heads matrix: 0.44 in per head up to 16 in, or LABEL_PITCH per head when
+    that is more (GPT-2 small's 144 heads: 16 in; GPT-2 medium's 384: 38.4 in), at most MATRIX_MAX."""
+    return max(3.0, min(0.44 * n, 16.0), min(LABEL_PITCH * n, MATRIX_MAX))
 
 
-def _colour_bar(figure, axes, image, width: float = 0.2, pad: float = 0.15) -> None:
-    """A colour bar exactly as tall as `axes`, `width` inches wide, `pad` inches to its right."""
-    box = axes.get_position()
-    figure_width = figure.get_size_inches()[0]
-    figure.colorbar(image, cax=figure.add_axes((box.x1 + pad / figure_width, box.y0, width / figure_width, box.height)))
+def matrix_margins(clustered: bool) -> tuple[float, float, float, float]:
+    left, right, top, bottom = MATRIX_MARGINS
+    return (left, right, top + (DENDROGRAM_HEIGHT + DENDROGRAM_GAP if clustered else 0.0), bottom)
 
 
 def head_matrix(
-    matrix: np.ndarray, labels: Sequence[str], title: str, path: Path, vmin: float, vmax: float, cmap: str
-) -> Path:
-    """A heads × heads matrix (cosine or JS) with `L.H` labels, a colour bar, values written in when it is small."""
+    matrix: np.ndarray,
+    labels: Sequence[str],
+    title: str,
+    colour_label: str,
+    subtitle: str = "",
+    vmin: float = 0.0,
+    vmax: float = 1.0,
+    cmap: str = SEQUENTIAL_CMAP,
+    linkage: np.ndarray | None = None,
+    cut: float | None = None,
+    linkage_label: str = "",
+) -> Figure:
+    """A heads × heads matrix (cosine or JS) with `L.H` labels, a colour bar labelled `colour_label`, values written
+    in when it is small. With `linkage` (scipy's linkage matrix; `matrix` and `labels` in its leaf order), the
+    dendrogram above it, its height axis titled `linkage_label`, with a dashed line at `cut` (where clusters are
+    cut)."""
     n, side = len(labels), matrix_side(len(labels))
-    figure = plt.figure(figsize=_with_margins((side, side), MATRIX_MARGINS))
-    axes = _place_axes(figure, MATRIX_MARGINS)  # a square the size of the matrix: imshow fills it exactly
-    image = axes.imshow(matrix, cmap=cmap, vmin=vmin, vmax=vmax)
-    _colour_bar(figure, axes, image)
+    clustered = linkage is not None and len(linkage) > 0
+    margins = matrix_margins(clustered)
+    figure = _figure(_with_margins((side, side), margins))
+    axes = _place_axes(figure, margins)  # a square the size of the matrix: imshow fills it exactly
+    colours = matplotlib.colormaps[cmap]
+    image = axes.imshow(matrix, cmap=colours, vmin=vmin, vmax=vmax, interpolation="none")
+    _colour_bar(figure, axes, image, colour_label)
     fitting = 0.75 * side * 72 / n  # points: the largest font whose labels do not overlap
     fontsize = max(5.0, min(8.0, fitting))
     step = int(np.ceil(fontsize / fitting))  # 1 up to MATRIX_MAX / LABEL_PITCH heads
@@ -228,17 +537,59 @@ def head_matrix(
     axes.set_yticks(range(0, n, step))
     axes.set_xticklabels(labels[::step], rotation=90, fontsize=fontsize)
     axes.set_yticklabels(labels[::step], fontsize=fontsize)
+    axes.set_xlabel("head (layer.head)", fontsize=LABEL_SIZE)
+    axes.set_ylabel("head (layer.head)", fontsize=LABEL_SIZE)
     if n <= 16:
-        middle = (vmin + vmax) / 2
+        norm = Normalize(vmin, vmax)
         for i in range(n):
             for j in range(n):
-                colour = "white" if (matrix[i, j] > middle) == (cmap.endswith("_r")) else "black"
+                colour = _ink(colours(norm(matrix[i, j])))
                 axes.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=6, color=colour)
-    axes.set_title(title)
-    return _save(figure, path)
+    if clustered:
+        _dendrogram(figure, axes, linkage, n, cut, linkage_label)
+    _titles(figure, title, subtitle)
+    return figure
 
 
-LINE_SIZE = (7.0, 4.0)
+def _dendrogram(figure: Figure, matrix_axes, linkage: np.ndarray, n: int, cut: float | None, label: str) -> None:
+    """scipy's dendrogram of `linkage` over the columns of `matrix_axes` (its leaves in the matrix's order)."""
+    from scipy.cluster.hierarchy import dendrogram
+
+    box = matrix_axes.get_position()
+    height = figure.get_size_inches()[1]
+    axes = figure.add_axes((box.x0, box.y1 + 0.1 / height, box.width, (DENDROGRAM_HEIGHT - 0.05) / height))
+    dendrogram(linkage, ax=axes, no_labels=True, color_threshold=0, above_threshold_color="#555555", orientation="top")
+    axes.set_xlim(0, 10 * n)  # scipy puts leaf k at 10k + 5: the matrix's column k
+    axes.set_ylim(0, max(float(np.max(linkage[:, 2])), cut or 0.0) * 1.05 or 1.0)
+    axes.set_xticks([])
+    axes.tick_params(labelsize=7)
+    axes.set_ylabel(label, fontsize=7)
+    for side in ("top", "right", "bottom"):
+        axes.spines[side].set_visible(False)
+    if cut is not None:
+        axes.axhline(cut, color="#D55E00", linestyle="--", linewidth=0.8)
+        axes.text(10 * n, cut, f"clusters below {cut:g} ", color="#D55E00", fontsize=7, va="bottom", ha="right")
+    axes.set_gid("dendrogram")
+
+
+# ------------------------------------------------------------------------------------------------- line plots
+
+LINE_SIZE = (7.0, 4.2)
+LINE_MARGINS = (0.9, 0.3, TITLE_SPACE, 0.65)
+LEGEND_FONT = 8.0
+
+
+def legend_width(names: Sequence[str]) -> float:
+    """Inches to the right of a line plot's axes for its legend (none for a single line): the handle and the
+    longest name, rounded up to a tenth of an inch."""
+    if len(names) < 2:
+        return 0.0
+    return math.ceil(10 * (0.95 + max(len(name) for name in names) * 0.6 * LEGEND_FONT / 72)) / 10
+
+
+def line_size(names: Sequence[str]) -> tuple[float, float]:
+    """Inches of a line plot of the series `names`."""
+    return (LINE_SIZE[0] + legend_width(names), LINE_SIZE[1])
 
 
 def line_plot(
@@ -247,49 +598,79 @@ def line_plot(
     xlabel: str,
     ylabel: str,
     title: str,
-    path: Path,
+    subtitle: str = "",
     log_x: bool = False,
     styles: dict[str, dict] | None = None,
-) -> Path:
+    y_top: float | None = None,
+) -> Figure:
     """One or more lines over the same x, with markers; None values are left out. `styles` gives a line's matplotlib
-    keywords (color, linestyle) by series name; lines without one take the next colour of the cycle."""
-    figure, axes = plt.subplots(figsize=LINE_SIZE)
+    keywords (color, linestyle) by series name; lines without one take the next colour of the cycle. The y axis
+    starts at 0 (below it, with a line at 0, when a value is negative) and ends at `y_top` when given. The legend
+    (of two lines or more) sits to the right of the axes, where it hides no line."""
+    extra = legend_width(list(series))
+    figure = _figure(line_size(list(series)))
+    axes = _place_axes(figure, (LINE_MARGINS[0], LINE_MARGINS[1] + extra, *LINE_MARGINS[2:]))
+    lowest, highest = 0.0, 0.0
     for name, values in series.items():
         points = [(a, b) for a, b in zip(x, values, strict=True) if b is not None]
         if points:
             style = (styles or {}).get(name, {})
             axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name, **style)
+            lowest = min(lowest, *(p[1] for p in points))
+            highest = max(highest, *(p[1] for p in points))
     if log_x:
         axes.set_xscale("log", base=2)
     axes.set_xticks(list(x))
-    axes.set_xticklabels([str(v) for v in x])
-    axes.set_xlabel(xlabel)
-    axes.set_ylabel(ylabel)
-    axes.set_title(title)
+    axes.set_xticklabels([f"{v:,}" if isinstance(v, int) else str(v) for v in x])
+    axes.minorticks_off()
+    if lowest < 0:
+        axes.axhline(0.0, color="#888888", linewidth=0.8)
+        axes.set_ylim(bottom=lowest * 1.1)
+    else:
+        axes.set_ylim(bottom=0.0)
+    if y_top is None:  # some room above the highest point, or above 0 when every value is below it
+        y_top = highest * 1.08 if highest > 0 else (-0.1 * lowest if lowest < 0 else 1.0)
+    axes.set_ylim(top=y_top)
+    if highest >= 10_000:
+        axes.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    axes.set_xlabel(xlabel, fontsize=LABEL_SIZE)
+    axes.set_ylabel(ylabel, fontsize=LABEL_SIZE)
+    axes.tick_params(labelsize=8)
     axes.grid(alpha=0.3)
     if len(series) > 1:
-        axes.legend()
-    figure.tight_layout()
-    return _save(figure, path)
+        axes.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=LEGEND_FONT, frameon=False, handlelength=3.5)
+    _titles(figure, title, subtitle)
+    return figure
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Figures of a heads result, shared by `heads --out` and the report page.
+# Figures of a result: what `--out` writes, the report page shows and a result's plot gives. Each takes an analysis
+# result (duck-typed: no import of the analyses) and returns a Figure.
 
 
 def score_matrix(heads: Sequence, name: str, n_layer: int, n_head: int) -> np.ndarray:
     """(n_layer, n_head) of one score of every head record."""
     matrix = np.full((n_layer, n_head), np.nan)
     for record in heads:
-        matrix[record.layer, record.head] = record.scores[name]
+        value = record.scores[name]
+        matrix[record.layer, record.head] = np.nan if value is None else value
     return matrix
 
 
-def heads_role_map(result, path: Path) -> Path:
+def score_colour_label(score: Score) -> str:
+    """A score's colour bar label: its unit (the title names the score)."""
+    if score.name == "entropy_normalized":
+        return "entropy / ln(keys seen): 1 = uniform"
+    if score.unit == NATS:
+        return "nats"
+    if score.unit == SIGNED:
+        return "lift: 0 = uniform, 1 = all in the window"
+    return FRACTION_LABEL
+
+
+def heads_role_map(result: Any) -> Figure:
     """The layer × head map of roles of a HeadsResult, each cell labelled with the score that decided its role
     (named in a mixed head's cell, where it is only the closest to its threshold)."""
-    from attnscope.scores.catalog import SCORE, roles_for
-
     n_layer, n_head = result.model["n_layer"], result.model["n_head"]
     roles = [[""] * n_head for _ in range(n_layer)]
     deciding = [[""] * n_head for _ in range(n_layer)]
@@ -298,34 +679,200 @@ def heads_role_map(result, path: Path) -> Path:
         roles[record.layer][record.head] = role.role
         named = f"{SCORE[role.metric].short} " if role.role == "mixed" else ""
         deciding[record.layer][record.head] = f"{named}{role.score:.2f}"
-    legend = [role.name for role in roles_for(result.kind.name)]
-    return role_map(roles, deciding, result.model["name"], path, legend)
+    return role_map(roles, deciding, "Head roles", describe_input(result.model, result.inputs))
 
 
-def heads_score_heatmaps(result, folder: Path, title: str = "{label} per head: {model}") -> dict[str, Path]:
-    """score name -> score_<name>.png, one layer × head heatmap per score the run measured."""
-    from attnscope.scores.catalog import SCORE
-
-    n_layer, n_head = result.model["n_layer"], result.model["n_head"]
-    written = {}
-    for name in result.measured:
-        score = SCORE[name]
-        if not score.per_head:
-            continue
-        matrix = score_matrix(result.heads, name, n_layer, n_head)
-        heading = title.format(label=score.label, name=name, model=result.model["name"])
-        written[name] = score_heatmap(matrix, heading, folder / f"score_{name}.png", *score_limits(score))
-    return written
+def drawn_scores(result: Any) -> list[str]:
+    """The scores of a HeadsResult that have a heatmap: those measured that differ between heads."""
+    return [name for name in result.measured if SCORE[name].per_head]
 
 
-def diversity_per_layer(result, path: Path) -> Path:
-    """The mean pairwise JSD of every layer's heads, a line over the layers (a DiversityResult of all layers)."""
+def heads_score_heatmap(result: Any, name: str) -> Figure:
+    """One score of every head of a HeadsResult, layer × head: fractions on [0, 1], entropy from 0, a signed
+    score (local_lift) on a diverging map centred at 0."""
+    score = SCORE[name]
+    matrix = score_matrix(result.heads, name, result.model["n_layer"], result.model["n_head"])
+    if score.unit == SIGNED:
+        limits = {"vmin": None, "vmax": 1.0, "signed": True}  # a lift is at most 1
+    elif score.unit == FRACTION:
+        limits = {"vmin": 0.0, "vmax": 1.0}
+    else:
+        limits = {"vmin": 0.0, "vmax": None}
+    title = f"{_capital(score.label)} per head"
+    return score_heatmap(
+        matrix, title, score_colour_label(score), describe_input(result.model, result.inputs), **limits
+    )
+
+
+def _map_view(model: dict, attention: Any) -> tuple[np.ndarray, list[str], np.ndarray, str]:
+    """An AttentionMap (a layer's maps of one text) as drawn: the maps of its view (H, K, K: tokens, or words),
+    their labels as tables show them, the keys no query sees, and the subtitle (the input; what `##` means where
+    a label uses it; that the view is by word)."""
+    maps, labels = attention.shown()  # (H, K, K)
+    maps = np.asarray(maps, dtype=np.float32)
+    hidden = hidden_keys(maps, model.get("kind") == "decoder")
+    subtitle = describe_input(model, text_index=attention.text_index, n_tokens=len(attention.tokens))
+    if attention.view == WORDS:
+        subtitle += f", by word ({len(labels)}): to a word, the sum over its tokens; from a word, their mean"
+    elif attention.labels.continued:
+        subtitle += f"; {CONTINUED_LEGEND}"
+    return maps, labels, hidden, subtitle
+
+
+def head_attention(model: dict, attention: Any, head: int, title: str | None = None) -> Figure:
+    """One head's map from an AttentionMap, in its view (tokens or words)."""
+    maps, labels, hidden, subtitle = _map_view(model, attention)
+    title = title or f"Attention of head {attention.layer}.{head}"
+    return attention_heatmap(maps[head], labels, title, subtitle, hidden)
+
+
+def show_figure(result: Any) -> Figure:
+    """A ShowResult: every head of the layer in a grid, or its one head, larger."""
+    attention = result.attention
+    if result.head is not None:
+        return head_attention(result.model, attention, result.head)
+    maps, labels, hidden, subtitle = _map_view(result.model, attention)
+    heads = [f"head {attention.layer}.{head}" for head in range(maps.shape[0])]
+    return layer_grid(maps, labels, f"Attention of every head of layer {attention.layer}", subtitle, heads, hidden)
+
+
+def diversity_matrix(result: Any, name: str) -> Figure:
+    """The `js` or `cosine` matrix of a DiversityResult: for all layers, in clustered order under the dendrogram of
+    the average linkage of JS; for one layer, in head order."""
+    clustered = result.layer is None
+    order = result.order if clustered else list(range(len(result.labels)))
+    labels = [result.labels[k] for k in order]
+    matrix = getattr(result, name)[np.ix_(order, order)]
+    scope = "all heads" if clustered else f"the heads of layer {result.layer}"
+    what = {
+        "js": ("Jensen–Shannon divergence between", "JS divergence (bits): 0 same, 1 disjoint", "viridis_r"),
+        "cosine": ("Cosine similarity between", "cosine similarity of the attention rows", "viridis"),
+    }[name]
+    title = f"{what[0]} {scope}" + (", in clustered order" if clustered else "")
+    linkage = getattr(result, "linkage", None) if clustered else None
+    return head_matrix(
+        matrix,
+        labels,
+        title,
+        what[1],
+        describe_input(result.model, result.inputs),
+        0.0,
+        1.0,
+        what[2],
+        linkage=linkage,
+        cut=result.cluster_at if linkage is not None else None,
+        linkage_label="JSD (bits),\naverage linkage",
+    )
+
+
+def diversity_per_layer(result: Any) -> Figure:
+    """The mean pairwise JSD of every layer's heads, a line over the layers (a DiversityResult of all layers), on
+    an axis from 0."""
     layers = sorted(result.layer_scores)
     return line_plot(
         layers,
         {"mean pairwise JSD": [result.layer_scores[layer] for layer in layers]},
         "layer",
-        "mean JS divergence between heads (bits)",
-        f"Head diversity per layer: {result.model['name']}",
-        path,
+        "mean JS divergence between the layer's heads (bits)",
+        "Head diversity per layer",
+        describe_input(result.model, result.inputs),
     )
+
+
+def attend_figure(result: Any) -> Figure:
+    """An AttendResult, layer × head: the weight on the target or, without one, each head's largest weight with
+    the token it falls on written in the cell."""
+    source = result.from_name  # as tables name it: she@5, doctor@2-4
+    subtitle = describe_input(result.model, n_tokens=len(result.tokens))
+    if result.to_weight is not None:
+        targets = ", ".join(result.labels.describe(span) for span in result.to_words)
+        return score_heatmap(result.to_weight, f"Attention from {source} to {targets}", FRACTION_LABEL, subtitle)
+    n_layer, n_head = result.rows.shape[:2]
+    matrix = result.strength()
+    cells = [
+        [
+            f"{result.key_text(result.top_keys(layer, head, 1)[0][0])[:8]}\n{matrix[layer, head]:.2f}"
+            for head in range(n_head)
+        ]
+        for layer in range(n_layer)
+    ]
+    kind = "word" if result.view == WORDS else "token"
+    skipped = ", the first left out" if result.settings.get("skip_first") else ""
+    if result.view != WORDS and result.labels.continued:
+        subtitle += f"; {CONTINUED_LEGEND}"
+    title = f"Where {source} looks: each head's strongest {kind}{skipped} and its weight"
+    return score_heatmap(matrix, title, FRACTION_LABEL, subtitle, cell_text=cells)
+
+
+def ablate_importance(result: Any) -> Figure:
+    """An AblationResult's importance per head: the loss change (signed, centred at 0) or |dL/d gate| (from 0)."""
+    subtitle = describe_input(result.model, result.inputs)
+    if result.method == "loss":
+        label = "loss change (nats/token)"
+        title = "Head importance: loss change when each head is removed"
+        return score_heatmap(result.importance, title, label, subtitle, vmin=None, vmax=None, signed=True)
+    label = "|dL/d gate| (nats/token per unit)"
+    title = "Head importance: gradient of the loss by each head's gate"
+    return score_heatmap(result.importance, title, label, subtitle, vmin=0.0, vmax=None)
+
+
+def prune_curve(result: Any) -> Figure:
+    """An AblationResult's pruning: the loss increase over the full model as the least important heads go."""
+    removed = [0] + [step["removed"] for step in result.prune]
+    increase = [0.0] + [step["loss"] - result.baseline_loss for step in result.prune]
+    subtitle = f"{describe_input(result.model, result.inputs)}; full model {result.baseline_loss:.3f} nats/token"
+    return line_plot(
+        removed,
+        {"loss increase": increase},
+        "heads removed (least important first)",
+        "loss increase over the full model (nats/token)",
+        "Loss as heads are pruned",
+        subtitle,
+    )
+
+
+RANDOM_MHA_SERIES = {  # a row's key -> its line's name
+    "js": "JS divergence between heads (bits)",
+    "js_distance": "JS distance between heads (√bits)",
+    "cosine": "cosine similarity between heads",
+    "entropy_normalized": "normalised entropy of the rows",
+}
+
+
+def random_mha_figure(result: Any) -> Figure:
+    """A RandomMhaResult: each measure (all in [0, 1]) against the number of heads."""
+    rows, settings = result.rows, result.settings
+    heads = [row["heads"] for row in rows]
+    series = {label: [row[key] for row in rows] for key, label in RANDOM_MHA_SERIES.items()}
+    subtitle = (
+        f"random weights and inputs: d_model {settings['d_model']}, {settings['seq_len']} tokens, "
+        f"{settings['trials']} trials"
+    )
+    title = "Diversity of an untrained attention layer's heads, by their number"
+    return line_plot(
+        heads, series, "heads (d_head = d_model / heads)", "mean (0 to 1)", title, subtitle, log_x=True, y_top=1.0
+    )
+
+
+def bench_figure(result: Any) -> Figure:
+    """A BenchResult: tokens per second against sequence length, one line per method and batch size (a colour
+    per method, a line style per batch size), on an axis from 0."""
+    rows, machine = result.rows, result.settings
+    seqs = sorted({row["seq"] for row in rows})
+    colours = {method: f"C{index}" for index, method in enumerate(dict.fromkeys(row["method"] for row in rows))}
+    dashes = ("-", "--", ":", "-.")
+    batches = sorted({row["batch"] for row in rows})
+    line_styles = {batch: dashes[index % len(dashes)] for index, batch in enumerate(batches)}
+    series, styles = {}, {}
+    for row in rows:
+        label = f"{row['method']}, batch {row['batch']}"
+        series.setdefault(label, {})[row["seq"]] = row["tokens_per_s"]
+        styles[label] = {"color": colours[row["method"]], "linestyle": line_styles[row["batch"]]}
+    lines = {label: [values.get(seq) for seq in seqs] for label, values in series.items()}
+    threads = machine["cpu_threads"]
+    where = (
+        machine["device_name"] if machine["device"] != "cpu" else f"CPU, {threads} thread{'s' if threads != 1 else ''}"
+    )
+    subtitle = f"{result.model['name']} on {where}, {machine.get('dtype', '')}".rstrip(", ")
+    labels = ("sequence length (tokens)", "tokens per second")
+    return line_plot(seqs, lines, *labels, "Analysis speed by sequence length", subtitle, log_x=True, styles=styles)

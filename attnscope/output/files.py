@@ -6,9 +6,37 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from attnscope.errors import AttnscopeError
+
+# How pictures are written (`--format`, `--dpi`). Here, not in output.figures, so that the CLI can declare the
+# options without importing matplotlib.
+PICTURE_FORMATS = ("png", "svg", "pdf")
+# 150 dots per inch: sharp on a high-density screen and in a draft print, at 2.25 times the pixels of 100 dpi
+# (which print showed blocky); a journal's 300 is --dpi 300, or --format pdf/svg, which do not depend on it.
+DPI = 150
+DPI_RANGE = (50, 1200)
+
+
+@dataclass(frozen=True)
+class Pictures:
+    """How `--out` writes a command's pictures: the file format (`png`, or the vector `svg` and `pdf`) and the
+    dots per inch of a PNG (a figure's pixels are its size in inches times `dpi`)."""
+
+    format: str = "png"
+    dpi: int = DPI
+
+    def __post_init__(self) -> None:
+        if self.format not in PICTURE_FORMATS:
+            raise AttnscopeError(f"picture format {self.format!r}: use one of {', '.join(PICTURE_FORMATS)}")
+        if not DPI_RANGE[0] <= self.dpi <= DPI_RANGE[1]:
+            raise AttnscopeError(f"dpi {self.dpi}: must be from {DPI_RANGE[0]} to {DPI_RANGE[1]}")
+
+    def file_name(self, stem: str) -> str:
+        """`stem` with this format's suffix: attention_0.1 -> attention_0.1.svg."""
+        return f"{stem}.{self.format}"
 
 
 def _missing_folders(folder: Path) -> list[Path]:

@@ -10,19 +10,18 @@ from __future__ import annotations
 import base64
 import html
 import json
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from attnscope import __version__
 from attnscope.output import figures
 from attnscope.scores.catalog import ROLE, SCORE, counted
-from attnscope.scores.words import CONTINUED_LEGEND
+
+REPORT_DPI = 100  # the page shows pictures at most 1,100 px wide; more dots would only make it heavier
 
 
-def _image(path: Path, alt: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode("ascii")
+def _image(figure: Any, alt: str) -> str:
+    data = base64.b64encode(figures.render(figure, "png", REPORT_DPI)).decode("ascii")
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
@@ -90,76 +89,68 @@ def render(report: Any, heads_doc: dict, diversity_doc: dict | None) -> str:
     facts = [(key, value) for key, value in model.items() if not isinstance(value, (dict, list))]
     parts.append("<h2>Model</h2>" + _table(("what", "value"), facts))
 
-    with tempfile.TemporaryDirectory(prefix="attnscope-report-") as temp:
-        folder = Path(temp)
-        role_map = figures.heads_role_map(heads_result, folder / "role_map.png")
-        counts: dict[str, int] = {}
-        for record in heads_result.heads:
-            counts[record.role.role] = counts.get(record.role.role, 0) + 1
-        parts.append('<h2 id="role-map">Role map</h2>' + _image(role_map, "role map"))
-        parts.append(_table(("role", "heads"), sorted(counts.items(), key=lambda item: (-item[1], item[0]))))
+    role_map = figures.heads_role_map(heads_result)
+    counts: dict[str, int] = {}
+    for record in heads_result.heads:
+        counts[record.role.role] = counts.get(record.role.role, 0) + 1
+    parts.append('<h2 id="role-map">Role map</h2>' + _image(role_map, "role map"))
+    parts.append(_table(("role", "heads"), sorted(counts.items(), key=lambda item: (-item[1], item[0]))))
 
-        rows = []
-        for role, records in report.top_per_role.items():
-            metric = ROLE[role].score
-            rows.extend(
-                (role, metric, record.label, _number(record.scores[metric]), record.role.role) for record in records
-            )
-        parts.append(
-            "<h2>Top heads per role</h2><p>The heads with the highest score of each role's rule, whatever role they "
-            "were given.</p>" + _table(("role", "score", "head", "value", "assigned role"), rows)
+    rows = []
+    for role, records in report.top_per_role.items():
+        metric = ROLE[role].score
+        rows.extend(
+            (role, metric, record.label, _number(record.scores[metric]), record.role.role) for record in records
         )
+    parts.append(
+        "<h2>Top heads per role</h2><p>The heads with the highest score of each role's rule, whatever role they "
+        "were given.</p>" + _table(("role", "score", "head", "value", "assigned role"), rows)
+    )
 
-        heatmaps = figures.heads_score_heatmaps(heads_result, folder, "{label}: {model}")
-        images = [
-            f"<figure>{_image(path, score)}<figcaption>{html.escape(SCORE[score].label)} "
-            f"(<code>{html.escape(score)}</code>)</figcaption></figure>"
-            for score, path in heatmaps.items()
-        ]
-        parts.append('<h2>Scores per head</h2><div class="grid">' + "".join(images) + "</div>")
+    images = [
+        f"<figure>{_image(figures.heads_score_heatmap(heads_result, score), score)}<figcaption>"
+        f"{html.escape(SCORE[score].label)} (<code>{html.escape(score)}</code>)</figcaption></figure>"
+        for score in figures.drawn_scores(heads_result)
+    ]
+    parts.append('<h2>Scores per head</h2><div class="grid">' + "".join(images) + "</div>")
 
-        if diversity is not None:
-            plot = figures.diversity_per_layer(diversity, folder / "layer_diversity.png")
+    if diversity is not None:
+        plot = figures.diversity_per_layer(diversity)
 
-            def pair_rows(pairs):
-                return [(f"{p['a']} ~ {p['b']}", _number(p["js"]), _number(p["cosine"])) for p in pairs]
+        def pair_rows(pairs):
+            return [(f"{p['a']} ~ {p['b']}", _number(p["js"]), _number(p["cosine"])) for p in pairs]
 
-            headers = ("heads", "JSD bits", "cosine")
-            parts.append(
-                "<h2>Diversity</h2><p>Jensen–Shannon divergence (bits) between the attention rows of every pair of "
-                "heads, averaged over the scored rows; 0 = identical heads, 1 = disjoint.</p>"
-                + _image(plot, "diversity per layer")
-                + "<h3>Most redundant pairs</h3>"
-                + _table(headers, pair_rows(diversity.ranked_pairs(True)))
-                + "<h3>Most distinct pairs</h3>"
-                + _table(headers, pair_rows(diversity.ranked_pairs(False)))
-                + f"<p>{counted(len(diversity.groups), 'group')} of near-duplicate heads "
-                + f"(JSD &lt; {diversity.redundant} bits): "
-                + html.escape("; ".join(", ".join(group) for group in diversity.groups) or "none")
-                + "</p>"
-            )
-        else:
-            parts.append("<h2>Diversity</h2><p>Not computed (the diversity pass was off).</p>")
+        headers = ("heads", "JSD bits", "cosine")
+        parts.append(
+            "<h2>Diversity</h2><p>Jensen–Shannon divergence (bits) between the attention rows of every pair of "
+            "heads, averaged over the scored rows; 0 = identical heads, 1 = disjoint.</p>"
+            + _image(plot, "diversity per layer")
+            + "<h3>Most redundant pairs</h3>"
+            + _table(headers, pair_rows(diversity.ranked_pairs(True)))
+            + "<h3>Most distinct pairs</h3>"
+            + _table(headers, pair_rows(diversity.ranked_pairs(False)))
+            + f"<p>{counted(len(diversity.groups), 'group')} of near-duplicate heads "
+            + f"(JSD &lt; {diversity.redundant} bits): "
+            + html.escape("; ".join(", ".join(group) for group in diversity.groups) or "none")
+            + "</p>"
+        )
+    else:
+        parts.append("<h2>Diversity</h2><p>Not computed (the diversity pass was off).</p>")
 
-        maps = []
-        for record in report.characteristic:
-            attention = heads_result.attention.get(record.layer)
-            if attention is None:
-                continue
-            title = f"Head {record.label} ({record.role.role}, {record.role.metric} {record.role.score:.2f})"
-            legend = f"\n{CONTINUED_LEGEND}" if attention.labels.continued else ""
-            path = figures.attention_heatmap(
-                attention.maps[record.head].numpy(),
-                attention.labels.shown,
-                title + legend,
-                folder / f"attention_{record.label}.png",
-            )
-            maps.append(f"<figure>{_image(path, title)}<figcaption>{html.escape(title)}</figcaption></figure>")
-        if maps:
-            parts.append(
-                "<h2>Attention of the most characteristic heads</h2><p>For each role, the head that fills it best, on "
-                'the first text.</p><div class="grid">' + "".join(maps) + "</div>"
-            )
+    maps = []
+    for record in report.characteristic:
+        attention = heads_result.attention.get(record.layer)
+        if attention is None:
+            continue
+        about = f"{record.label} ({record.role.role}, {record.role.metric} {record.role.score:.2f})"
+        title = f"Head {about}"
+        figure = figures.head_attention(heads_result.model, attention, record.head, f"Attention of head {about}")
+        maps.append(f"<figure>{_image(figure, title)}<figcaption>{html.escape(title)}</figcaption></figure>")
+    if maps:
+        parts.append(
+            "<h2>Attention of the most characteristic heads</h2><p>For each role, the head that fills it best, on "
+            'the first text.</p><div class="grid">' + "".join(maps) + "</div>"
+        )
 
     columns = ["head", "role", "by", *heads_result.heads[0].scores]
     head_rows = [

@@ -5,7 +5,9 @@
     files(stage)     the files of `--out`, written into `stage` (see output.files.write_all); returns their paths
     terminal(paths)  rich renderables for the terminal (`paths`: the files just written, for commands that say where)
 
-`view_of(result)` picks the view. Views render what the analyses computed and compute nothing themselves.
+`view_of(result, pictures)` picks the view; `pictures` (output.files.Pictures: `--format`, `--dpi`) says how its
+pictures are written, each drawn by a function of output.figures that returns a Figure. Views render what the
+analyses computed and compute nothing themselves.
 """
 
 from __future__ import annotations
@@ -15,12 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from attnscope.output.documents import document, to_csv, to_json
-from attnscope.output.files import write_atomic
+from attnscope.output.files import Pictures, write_atomic
 from attnscope.scores.catalog import counted
-from attnscope.scores.words import CONTINUED_LEGEND
 
 if TYPE_CHECKING:  # the results' modules import torch; `attnscope info` shows its result without it
     from attnscope.analyses.ablate import AblationResult
@@ -36,8 +35,16 @@ class View:
     names_files = False  # True: the terminal face is the paths of the files written (commands whose output they are)
     columns: Sequence[str] = ()  # the CSV's header when there are no records (where records can be none)
 
-    def __init__(self, result: Any):
+    def __init__(self, result: Any, pictures: Pictures | None = None):
         self.result = result
+        self.pictures = pictures or Pictures()
+
+    def picture(self, figure: Any, stage: Path, stem: str) -> Path:
+        """Write `figure` into `stage` as `stem` in the chosen format (`role_map` -> role_map.png)."""
+        from attnscope.output import figures
+
+        path = stage / self.pictures.file_name(stem)
+        return figures.save(figure, path, self.pictures.format, self.pictures.dpi)
 
     @property
     def notes(self) -> list[str]:
@@ -49,11 +56,21 @@ class View:
     def records(self) -> list[dict]:
         raise NotImplementedError
 
-    def files(self, stage: Path) -> list[Path]:
+    def data_files(self, stage: Path) -> list[Path]:
+        """The files of --out that are not pictures: the JSON document and the CSV rows."""
         return [
             write_atomic(stage / f"{self.command}.json", to_json(self.document())),
             write_atomic(stage / f"{self.command}.csv", to_csv(self.records(), self.columns)),
         ]
+
+    def figures(self) -> dict[str, Any]:
+        """The pictures of --out, file stem -> matplotlib Figure (what `Result.plot()` returns); none by default."""
+        return {}
+
+    def files(self, stage: Path) -> list[Path]:
+        """Every file of --out written into `stage`: the data files, then each figure in the chosen format."""
+        figures = self.figures()
+        return [*self.data_files(stage), *(self.picture(figure, stage, stem) for stem, figure in figures.items())]
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
         raise NotImplementedError
@@ -105,23 +122,25 @@ class HeadsView(View):
     def records(self) -> list[dict]:
         return head_records(self.result.selected, self.result.model)
 
-    def files(self, stage: Path) -> list[Path]:
-        """heads.json and heads.csv (every head, whatever the selection), role_map.png, score_<name>.png and
-        attention_<L.H>.png for each plotted head."""
+    def data_files(self, stage: Path) -> list[Path]:
+        """heads.json and heads.csv: every head, whatever the selection."""
+        result = self.result
+        return [
+            write_atomic(stage / "heads.json", to_json(heads_document(result, result.heads))),
+            write_atomic(stage / "heads.csv", to_csv(head_records(result.heads, result.model))),
+        ]
+
+    def figures(self) -> dict[str, Any]:
+        """role_map, score_<name> per score measured, and attention_<L.H> for each plotted head."""
         from attnscope.output import figures
 
         result = self.result
-        written = [
-            write_atomic(stage / "heads.json", to_json(heads_document(result, result.heads))),
-            write_atomic(stage / "heads.csv", to_csv(head_records(result.heads, result.model))),
-            figures.heads_role_map(result, stage / "role_map.png"),
-            *figures.heads_score_heatmaps(result, stage).values(),
-        ]
+        drawn = {"role_map": figures.heads_role_map(result)}
+        for name in figures.drawn_scores(result):
+            drawn[f"score_{name}"] = figures.heads_score_heatmap(result, name)
         for layer, head in result.plotted:
-            attention = result.attention[layer]
-            title = f"Head {layer}.{head}: {result.model['name']} (text {attention.text_index})"
-            written.append(map_picture(attention, head, title, stage / f"attention_{layer}.{head}.png"))
-        return written
+            drawn[f"attention_{layer}.{head}"] = figures.head_attention(result.model, result.attention[layer], head)
+        return drawn
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
         from attnscope.output import terminal
@@ -142,28 +161,6 @@ class HeadsView(View):
 def words_field(labels: Any) -> list[dict]:
     """The words of a window for the JSON: each word's text as shown and its token positions."""
     return [{"text": text, "positions": list(word)} for text, word in zip(labels.word_text, labels.words, strict=True)]
-
-
-WORDS_LEGEND = "words: mean of token rows, sum of columns"
-
-
-def map_legend(attention: Any) -> str:
-    """What a map picture's labels need said: how words are made (words view), or what `##` marks (tokens view,
-    when some word has several tokens); empty when nothing needs saying."""
-    if attention.view == "words":
-        return WORDS_LEGEND
-    return CONTINUED_LEGEND if attention.labels.continued else ""
-
-
-def map_picture(attention: Any, head: int | None, title: str, path: Path) -> Path:
-    """One head's map (`head`), or every head of the layer (None), in the map's view, with its legend."""
-    from attnscope.output import figures
-
-    maps, labels = attention.shown(head)
-    legend = map_legend(attention)
-    if head is None:
-        return figures.layer_grid(maps, labels, attention.layer, path, subtitle=legend)
-    return figures.attention_heatmap(maps, labels, f"{title}\n{legend}" if legend else title, path)
 
 
 class ShowView(View):
@@ -226,14 +223,16 @@ class ShowView(View):
             for j in range(i + 1 if causal else n)
         ]
 
-    def files(self, stage: Path) -> list[Path]:
-        """attention_L<layer>.png (every head of the layer) or attention_<L.H>.png (one head, larger); by word in
-        the words view."""
-        result, attention = self.result, self.result.attention
-        if result.head is None:
-            return [map_picture(attention, None, "", stage / f"attention_L{attention.layer}.png")]
-        title = f"Head {attention.layer}.{result.head}: {result.model['name']}"
-        return [map_picture(attention, result.head, title, stage / f"attention_{attention.layer}.{result.head}.png")]
+    def data_files(self, stage: Path) -> list[Path]:
+        return []  # the picture is show's output (--json and --csv print the maps)
+
+    def figures(self) -> dict[str, Any]:
+        """attention_L<layer> (every head of the layer) or attention_<L.H> (one head, larger)."""
+        from attnscope.output import figures
+
+        result, layer = self.result, self.result.attention.layer
+        stem = f"attention_L{layer}" if result.head is None else f"attention_{layer}.{result.head}"
+        return {stem: figures.show_figure(result)}
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
         return _picture_paths(written)
@@ -278,41 +277,25 @@ class DiversityView(View):
     def columns(self) -> list[str]:
         return self.result.pair_columns()
 
-    def files(self, stage: Path) -> list[Path]:
-        """diversity.json, diversity_pairs.csv, js_matrix.png, cosine_matrix.png and, for all layers,
-        layer_diversity.png. Matrices of all heads are drawn in linkage order (similar heads together)."""
+    def data_files(self, stage: Path) -> list[Path]:
+        return [
+            write_atomic(stage / "diversity.json", to_json(self.document())),
+            write_atomic(stage / "diversity_pairs.csv", to_csv(self.records(), self.columns)),
+        ]
+
+    def figures(self) -> dict[str, Any]:
+        """js_matrix and cosine_matrix (all heads: clustered, under the dendrogram) and, for all layers,
+        layer_diversity."""
         from attnscope.output import figures
 
         result = self.result
-        order = result.order if result.layer is None else list(range(len(result.labels)))
-        labels = [result.labels[k] for k in order]
-        name = result.model["name"]
-        scope = "all heads" if result.layer is None else f"layer {result.layer}"
-        written = [
-            write_atomic(stage / "diversity.json", to_json(self.document())),
-            write_atomic(stage / "diversity_pairs.csv", to_csv(self.records(), self.columns)),
-            figures.head_matrix(
-                result.js[np.ix_(order, order)],
-                labels,
-                f"JS divergence (bits), {scope}: {name}",
-                stage / "js_matrix.png",
-                0.0,
-                1.0,
-                "viridis_r",
-            ),
-            figures.head_matrix(
-                result.cosine[np.ix_(order, order)],
-                labels,
-                f"Cosine similarity, {scope}: {name}",
-                stage / "cosine_matrix.png",
-                0.0,
-                1.0,
-                "viridis",
-            ),
-        ]
+        drawn = {
+            "js_matrix": figures.diversity_matrix(result, "js"),
+            "cosine_matrix": figures.diversity_matrix(result, "cosine"),
+        }
         if result.layer is None:
-            written.append(figures.diversity_per_layer(result, stage / "layer_diversity.png"))
-        return written
+            drawn["layer_diversity"] = figures.diversity_per_layer(result)
+        return drawn
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
         from attnscope.output import terminal
@@ -344,16 +327,14 @@ class RandomMhaView(View):
     def records(self) -> list[dict]:
         return self.result.rows
 
-    def files(self, stage: Path) -> list[Path]:
-        """random_mha.json and random_mha.png (each measure against the number of heads)."""
+    def data_files(self, stage: Path) -> list[Path]:
+        return [write_atomic(stage / "random_mha.json", to_json(self.document()))]
+
+    def figures(self) -> dict[str, Any]:
+        """random_mha: each measure against the number of heads."""
         from attnscope.output import figures
 
-        rows, d_model = self.result.rows, self.result.settings["d_model"]
-        heads = [row["heads"] for row in rows]
-        series = {name: [row[name] for row in rows] for name in ("js", "js_distance", "cosine", "entropy_normalized")}
-        title = f"Random multi-head attention, d_model {d_model}"
-        plot = figures.line_plot(heads, series, "heads", "value", title, stage / "random_mha.png", log_x=True)
-        return [write_atomic(stage / "random_mha.json", to_json(self.document())), plot]
+        return {"random_mha": figures.random_mha_figure(self.result)}
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
         from attnscope.output import terminal
@@ -440,36 +421,12 @@ class AttendView(View):
     def records(self) -> list[dict]:
         return attend_records(self.result)
 
-    def files(self, stage: Path) -> list[Path]:
-        """attend.json, attend.csv and attend.png: a layer × head heatmap of the weight on the target, or, without
-        one, of each head's largest weight with the token (or word) it falls on written in the cell."""
+    def figures(self) -> dict[str, Any]:
+        """attend: a layer × head heatmap of the weight on the target, or, without one, of each head's largest
+        weight with the token (or word) it falls on written in the cell."""
         from attnscope.output import figures
 
-        result = self.result
-        source, name = result.from_name, result.model["name"]
-        skipped = ", first key left out" if result.settings.get("skip_first") else ""
-        if result.to_weight is not None:
-            matrix, cells = result.to_weight, None
-            targets = ", ".join(result.labels.describe(span) for span in result.to_words)
-            title = f"Attention from {source} to {targets}: {name}"
-        else:
-            n_layer, n_head = result.rows.shape[:2]
-            matrix = result.strength()
-            cells = [
-                [
-                    f"{result.key_text(result.top_keys(layer, head, 1)[0][0])[:8]}\n{matrix[layer, head]:.2f}"
-                    for head in range(n_head)
-                ]
-                for layer in range(n_layer)
-            ]
-            kind = "word" if result.view == "words" else "token"
-            title = f"Where {source} looks (top {kind} per head{skipped}): {name}"
-            if result.view == "tokens" and result.labels.continued:
-                title += f"\n{CONTINUED_LEGEND}"
-        return [
-            *super().files(stage),
-            figures.score_heatmap(matrix, title, stage / "attend.png", 0.0, 1.0, cell_text=cells),
-        ]
+        return {"attend": figures.attend_figure(self.result)}
 
     def shown(self) -> AttendShown:
         """What the terminal and a notebook show, one computation for both."""
@@ -559,34 +516,14 @@ class AblateView(View):
     def records(self) -> list[dict]:
         return ablate_records(self.result)
 
-    def files(self, stage: Path) -> list[Path]:
-        """ablate.json, ablate.csv, importance.png (layer × head) and, with pruning, prune.png (loss against heads
-        removed)."""
+    def figures(self) -> dict[str, Any]:
+        """importance (layer × head) and, with pruning, prune (the loss against the heads removed)."""
         from attnscope.output import figures
 
-        result = self.result
-        name = result.model["name"]
-        unit = "loss increase, nats" if result.method == "loss" else "|dL/d gate|"
-        written = [
-            *super().files(stage),
-            figures.score_heatmap(
-                result.importance, f"Head importance ({unit}): {name}", stage / "importance.png", None, None
-            ),
-        ]
-        if result.prune:
-            removed = [0] + [step["removed"] for step in result.prune]
-            losses = [result.baseline_loss] + [step["loss"] for step in result.prune]
-            written.append(
-                figures.line_plot(
-                    removed,
-                    {"loss": losses},
-                    "heads removed (least important first)",
-                    "loss (nats/token)",
-                    f"Pruning heads: {name}",
-                    stage / "prune.png",
-                )
-            )
-        return written
+        drawn = {"importance": figures.ablate_importance(self.result)}
+        if self.result.prune:
+            drawn["prune"] = figures.prune_curve(self.result)
+        return drawn
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
         from attnscope.output import terminal
@@ -656,28 +593,15 @@ class BenchView(View):
     def records(self) -> list[dict]:
         return self.result.rows
 
-    def files(self, stage: Path) -> list[Path]:
-        """bench.json and tokens_per_s.png: tokens per second against sequence length, one line per method and
-        batch size: a colour per method, a line style per batch size."""
+    def data_files(self, stage: Path) -> list[Path]:
+        return [write_atomic(stage / "bench.json", to_json(self.document()))]
+
+    def figures(self) -> dict[str, Any]:
+        """tokens_per_s: tokens per second against sequence length, one line per method and batch size: a colour
+        per method, a line style per batch size."""
         from attnscope.output import figures
 
-        rows, machine = self.result.rows, self.result.settings
-        seqs = sorted({row["seq"] for row in rows})
-        colours = {method: f"C{index}" for index, method in enumerate(dict.fromkeys(row["method"] for row in rows))}
-        dashes = ("-", "--", ":", "-.")
-        batches = sorted({row["batch"] for row in rows})
-        line_styles = {batch: dashes[index % len(dashes)] for index, batch in enumerate(batches)}
-        series, styles = {}, {}
-        for row in rows:
-            label = f"{row['method']}, batch {row['batch']}"
-            series.setdefault(label, {})[row["seq"]] = row["tokens_per_s"]
-            styles[label] = {"color": colours[row["method"]], "linestyle": line_styles[row["batch"]]}
-        lines = {label: [values.get(seq) for seq in seqs] for label, values in series.items()}
-        where = machine["device_name"] if machine["device"] != "cpu" else f"CPU, {machine['cpu_threads']} threads"
-        title, path = f"{self.result.model['name']} on {where}", stage / "tokens_per_s.png"
-        labels = ("sequence length (tokens)", "tokens per second")
-        plot = figures.line_plot(seqs, lines, *labels, title, path, log_x=True, styles=styles)
-        return [write_atomic(stage / "bench.json", to_json(self.document())), plot]
+        return {"tokens_per_s": figures.bench_figure(self.result)}
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
         from attnscope.output import terminal
@@ -747,6 +671,7 @@ VIEWS: dict[str, type[View]] = {
 }
 
 
-def view_of(result: Any) -> View:
-    """The view of an analysis result."""
-    return VIEWS[type(result).__name__](result)
+def view_of(result: Any, pictures: Pictures | None = None) -> View:
+    """The view of an analysis result; `pictures`: how its files' pictures are written (default PNG at
+    output.files.DPI)."""
+    return VIEWS[type(result).__name__](result, pictures)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+TOKENS, WORDS = "tokens", "words"  # the two views of attention: token by token, or word by word
 CONTINUED_LEGEND = "##: a piece that continues the word before it"  # said beside labels that use the mark
 
 

@@ -183,11 +183,11 @@ def test_out_writes_tables_and_pictures(cli, model_dir, kind, tmp_path):
     assert json.loads((out_dir / "heads.json").read_text()) == json.loads(out)
     assert len(list(csv.DictReader((out_dir / "heads.csv").open()))) == 8
     assert f"note: wrote {5 + len(measured)} files to {out_dir}" in err.splitlines()  # without -q
-    # sizes in pixels, at 100 dpi: grid = 0.6 in per head + 3.1 in margins, 0.45 in per layer + 1.6 in;
-    # attention = max(4, 0.22 in per token) + 2.7 in wide, + 2.0 in high
-    assert png_size(out_dir / "role_map.png") == (550, 250)
-    assert png_size(out_dir / "score_entropy.png") == (550, 250)
-    assert png_size(out_dir / "attention_1.2.png") == (670, 600)
+    # sizes in pixels, at 150 dpi: grid = 0.6 in per head + 3.1 in margins, 0.44 in per layer + 0.3 in + 1.5 in;
+    # attention = max(4, 0.16 in per token) + 2.9 in wide, + 2.5 in high
+    assert png_size(out_dir / "role_map.png") == (825, 402)
+    assert png_size(out_dir / "score_entropy.png") == (825, 402)
+    assert png_size(out_dir / "attention_1.2.png") == (1035, 975)
     assert oct((out_dir / "heads.json").stat().st_mode & 0o777) != oct(0o600)  # not mkstemp's private mode
 
 
@@ -265,11 +265,12 @@ def test_show_layer_grid_and_single_head(cli, model_dir, tmp_path):
     code, out, err = cli("show", CAT, "--layer", "1", "-m", model_dir, "--out", tmp_path)
     assert code == 0, err
     assert out == f"{tmp_path / 'attention_L1.png'}\n"  # the path of the picture, and nothing else
-    # 2 × 2 panels of min(max(2.5, 0.6 + 0.12 × 12 or 13 tokens), 8) = 2.5 in, + 0.5 in and 0.6 in, at 100 dpi
-    assert png_size(tmp_path / "attention_L1.png") == (550, 560)
+    # 2 × 2 panels of min(max(2.5, 0.6 + 0.1 × 12 or 13 tokens), 5) = 2.5 in, + 0.2 in between, + 1.1 in and 1.3 in
+    # of margins across; + 0.36 in between, + 0.8 + 0.36 in and 1.36 in down; at 150 dpi
+    assert png_size(tmp_path / "attention_L1.png") == (1140, 1182)
     code, out, _ = cli("show", CAT, "--layer", "1", "--head", "3", "-m", model_dir, "--out", tmp_path)
     assert code == 0 and out == f"{tmp_path / 'attention_1.3.png'}\n"
-    assert png_size(tmp_path / "attention_1.3.png") == (670, 600)
+    assert png_size(tmp_path / "attention_1.3.png") == (1035, 975)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["attention_1.3.png", "attention_L1.png"]
 
 

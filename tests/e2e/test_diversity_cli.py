@@ -127,9 +127,10 @@ def test_diversity_all_writes_matrices_and_plot(cli, model_dir, tmp_path):
     for row in rows:  # the CSV is the JSON's matrices, pair by pair
         a, b = doc["labels"].index(row["a"]), doc["labels"].index(row["b"])
         assert float(row["js"]) == pytest.approx(js[a, b], abs=1e-12)
-    # 8 heads: max(3, 0.45 × 8) = 3.6 in square + 2.4 in and 1.6 in of margins, at 100 dpi
-    assert png_size(tmp_path / "js_matrix.png") == (600, 520)
-    assert png_size(tmp_path / "layer_diversity.png") == (700, 400)
+    # 8 heads: max(3, 0.44 × 8) = 3.52 in square + 2.5 in of margins across, + 1.8 in and 1.16 in of the
+    # dendrogram down; the line plot 7 × 4.2 in; at 150 dpi
+    assert png_size(tmp_path / "js_matrix.png") == (903, 972)
+    assert png_size(tmp_path / "layer_diversity.png") == (1050, 630)
     assert (tmp_path / "diversity_pairs.csv").read_text() == out
 
 

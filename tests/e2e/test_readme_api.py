@@ -27,7 +27,7 @@ def test_the_readmes_python_example_runs(tmp_path, monkeypatch):
     blocks = re.findall(r"```python\n(.*?)```", _section("Python API"), flags=re.DOTALL)
     assert len(blocks) == 1
     code = blocks[0]
-    for name in ("load(", "heads(", "to_records()", "_repr_html_()", "diversity(", "attend("):
+    for name in ("load(", "heads(", "to_records()", "_repr_html_()", "diversity(", "attend(", "plot()"):
         assert name in code, name
     monkeypatch.chdir(tmp_path)  # whatever it might write lands here
     printed = io.StringIO()
@@ -38,4 +38,5 @@ def test_the_readmes_python_example_runs(tmp_path, monkeypatch):
     # comment in the example says
     assert lines[0].startswith("0.2 previous-token ")
     assert "first: 0.2 previous-token" in code
-    assert list(tmp_path.iterdir()) == []  # the example writes nothing
+    assert [path.name for path in tmp_path.iterdir()] == ["role_map.svg"]  # the one figure it saves
+    assert (tmp_path / "role_map.svg").read_text(encoding="utf-8").lstrip().startswith("<?xml")

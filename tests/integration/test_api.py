@@ -218,3 +218,18 @@ def test_bench_times_the_model_named_with_the_settings_given(tiny_model_dir, tin
     ]
     with pytest.raises(AttnscopeError, match="bench loads the model itself"):
         attnscope.bench(tiny)
+
+
+@pytest.mark.slow
+def test_plot_gives_the_figures_that_save_writes(tiny, tmp_path):
+    """`plot()` is `save`'s pictures as Figures, by file stem: the same names, and each Figure draws that file."""
+    from matplotlib.figure import Figure
+
+    result = attnscope.heads(tiny, CAT, plot=["1.2"])
+    figures = result.plot()
+    assert all(isinstance(figure, Figure) for figure in figures.values())
+    assert {"role_map", "score_previous_token", "attention_1.2"} <= set(figures)
+    written = result.save(tmp_path, format="svg", dpi=72)
+    pictures = {path.stem for path in written if path.suffix == ".svg"}
+    assert pictures == set(figures)
+    assert attnscope.info(tiny).plot() == {}  # info draws nothing

@@ -35,7 +35,7 @@ FUNCTIONS = {
     "bench": api.bench,
 }
 RENAMED = {"text": "texts", "name": "model", "with_diversity": "diversity"}
-OUTPUT_OPTIONS = {"json", "csv", "out", "quiet"}
+OUTPUT_OPTIONS = {"json", "csv", "out", "quiet", "format", "dpi"}  # Result.save takes format and dpi
 LEFT_OUT = {("bench", "device_map")}  # bench times a model on one device: its command refuses --device-map
 # Python's spelling of a default the CLI writes as option text, or leaves to a fixed choice of None
 SAME_DEFAULT = {

@@ -1,42 +1,386 @@
-"""Figures (output.figures) whose size and labels are known in advance."""
+"""Figures (output.figures): the properties a reader relies on, checked on the returned Figures, not on pixels.
+
+Each drawing function returns a matplotlib Figure; the tests read its parts (images and their norms, colour bars,
+tick labels, legends, axis limits) against values worked out by hand or by scipy.
+"""
 
 from __future__ import annotations
+
+import xml.etree.ElementTree as ElementTree
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from tests.support import png_size
+from attnscope.scores.catalog import ROLE_NAMES, ROLES, SCORE, SCORE_NAMES
 
 LABELS = [f"{layer}.{head}" for layer in range(12) for head in range(12)]  # GPT-2 small's 144 heads
-# 0.1 in per head, 16 in (up from 0.45 in per head up to 16 heads) + 2.4 in and 1.6 in of margins, at 100 dpi
-PIXELS = (1840, 1760)
+MODEL = {"name": "tiny", "kind": "decoder", "n_layer": 2, "n_head": 4}
+INPUTS = {"n_texts": 3, "n_tokens": 42}
+UNIT_WORDS = ("fraction of the row's attention", "nats", "bits", "cosine similarity", "uniform", "|dL/d gate|")
 
 
-def test_matrix_of_many_heads_gives_each_head_its_label(tmp_path, monkeypatch):
-    """The figure as drawn, before it is rendered (rendering 144 × 144 cells takes seconds: see the slow test)."""
+def _figures():
     from attnscope.output import figures
 
-    drawn = {}
+    return figures
 
-    def keep(figure, path):
-        axes = figure.axes[0]
-        drawn["x"] = [label.get_text() for label in axes.get_xticklabels()]
-        drawn["y"] = [label.get_text() for label in axes.get_yticklabels()]
-        drawn["pixels"] = tuple(round(inches * figures.DPI) for inches in figure.get_size_inches())
-        figures.plt.close(figure)
-        return path
 
-    monkeypatch.setattr(figures, "_save", keep)
+def _colour_bar_labels(figure) -> list[str]:
+    """The labels of the colour bars of `figure`'s images; an image without a bar of its own must be on the scale
+    of one that has (the panels of a layer grid)."""
+    images = [image for axes in figure.axes for image in axes.images]
+    with_bar = [image for image in images if image.colorbar is not None]
+    scales = {(image.cmap.name, image.norm.vmin, image.norm.vmax) for image in with_bar}
+    for image in images:
+        assert (image.cmap.name, image.norm.vmin, image.norm.vmax) in scales
+    return [image.colorbar.ax.get_ylabel().replace("\n", " ") for image in with_bar]
+
+
+def _head_record(layer, head, role, **scores):
+    from attnscope.analyses.heads import HeadRecord
+    from attnscope.scores.roles import Role
+
+    values = {name: scores.get(name) for name in SCORE_NAMES}
+    return HeadRecord(layer, head, values, Role(role, "previous_token", 0.6))
+
+
+def _heads_result(roles, scores):
+    """A HeadsResult-like object: `roles` [layer][head], every score of `scores` (name -> (L, H) array)."""
+    heads = [
+        _head_record(layer, head, role, **{name: float(value[layer, head]) for name, value in scores.items()})
+        for layer, row in enumerate(roles)
+        for head, role in enumerate(row)
+    ]
+    model = {**MODEL, "n_layer": len(roles), "n_head": len(roles[0])}
+    return SimpleNamespace(model=model, inputs=INPUTS, heads=heads, measured=tuple(scores))
+
+
+# --------------------------------------------------------------------------------------------- writing a figure
+
+
+def _small_figure():
+    figures = _figures()
+    matrix = np.arange(8, dtype=float).reshape(2, 4) / 8
+    return figures.score_heatmap(matrix, "Some score per head", figures.ATTENTION_LABEL, "tiny, 3 texts")
+
+
+@pytest.mark.parametrize("format", ["svg", "pdf", pytest.param("png", marks=pytest.mark.slow)])
+def test_the_same_figure_gives_the_same_bytes(format):
+    """Built twice, a figure renders to identical bytes: no date in SVG or PDF, SVG ids from a fixed salt."""
+    figures = _figures()
+    first, second = figures.render(_small_figure(), format), figures.render(_small_figure(), format)
+    assert first == second
+
+
+def test_vector_files_are_written_and_parse(tmp_path):
+    figures = _figures()
+    svg = figures.save(_small_figure(), tmp_path / "score.svg")
+    root = ElementTree.fromstring(svg.read_bytes())  # SVG is XML
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    assert "Some score per head" in svg.read_text() or root.find(".//{http://www.w3.org/2000/svg}path") is not None
+    pdf = figures.save(_small_figure(), tmp_path / "score.pdf")
+    data = pdf.read_bytes()
+    assert data.startswith(b"%PDF-") and data.rstrip().endswith(b"%%EOF")
+    assert b"CreationDate" not in data  # nothing that changes from run to run
+
+
+@pytest.mark.parametrize(
+    "dpi", [50, pytest.param(150, marks=pytest.mark.slow), pytest.param(300, marks=pytest.mark.slow)]
+)
+def test_a_png_is_its_inches_times_its_dpi(tmp_path, dpi):
+    import struct
+
+    figures = _figures()
+    figure = _small_figure()
+    # 2 layers × 4 heads: 4 × 0.6 in + 0.9 in and 2.2 in of margins; 2 × 0.44 + 0.3 in + 0.8 in and 0.7 in
+    assert tuple(figure.get_size_inches()) == pytest.approx((5.5, 2.68))
+    data = figures.save(figure, tmp_path / "score.png", dpi=dpi).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", data[16:24]) == (round(5.5 * dpi), round(2.68 * dpi))
+    assert tuple(figure.get_size_inches()) == pytest.approx((5.5, 2.68))  # rendering left the figure as it was
+
+
+def test_a_file_name_and_its_format_must_agree(tmp_path):
+    figures = _figures()
+    with pytest.raises(ValueError, match="must end in .pdf"):
+        figures.save(_small_figure(), tmp_path / "score.png", "pdf")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_pictures_settings_are_checked():
+    from attnscope.errors import AttnscopeError
+    from attnscope.output.files import DPI_RANGE, Pictures
+
+    assert Pictures("svg").file_name("attention_0.1") == "attention_0.1.svg"  # the stem keeps its dot
+    with pytest.raises(AttnscopeError, match="jpg"):
+        Pictures("jpg")
+    with pytest.raises(AttnscopeError, match="dpi"):
+        Pictures("png", DPI_RANGE[1] + 1)
+
+
+# ----------------------------------------------------------------------------------------------- colour scales
+
+
+def test_a_signed_score_is_drawn_on_a_diverging_map_centred_at_zero():
+    figures = _figures()
+    lift = np.array([[-0.3, 0.2, 0.9, 0.0], [-0.1, 0.5, 0.4, 0.1]])  # (L, H)
+    result = _heads_result([["local"] * 4, ["mixed"] * 4], {"local_lift": lift, "local": (lift + 1) / 2})
+    figure = figures.heads_score_heatmap(result, "local_lift")
+    image = figure.axes[0].images[0]
+    assert image.norm(0.0) == pytest.approx(0.5)  # 0 in the middle of the map
+    assert image.norm.vmin == pytest.approx(-image.norm.vmax) and image.norm.vmax >= 0.9
+    assert image.cmap.name.startswith(figures.DIVERGING_CMAP)
+    # a fraction stays on a sequential map from 0 to 1
+    image = figures.heads_score_heatmap(result, "local").axes[0].images[0]
+    assert (image.norm.vmin, image.norm.vmax) == (0.0, 1.0) and image.cmap.name.startswith(figures.SEQUENTIAL_CMAP)
+
+
+def test_ablation_importance_is_centred_at_zero_for_the_loss_and_from_zero_for_the_gradient():
+    figures = _figures()
+    importance = np.array([[0.5, -0.2, 0.1, 0.0], [0.05, 0.3, -0.4, 0.2]])
+    loss = SimpleNamespace(model=MODEL, inputs=INPUTS, importance=importance, method="loss")
+    norm = figures.ablate_importance(loss).axes[0].images[0].norm
+    assert norm(0.0) == pytest.approx(0.5) and (norm.vmin, norm.vmax) == pytest.approx((-0.5, 0.5))
+    gradient = SimpleNamespace(model=MODEL, inputs=INPUTS, importance=np.abs(importance), method="gradient")
+    norm = figures.ablate_importance(gradient).axes[0].images[0].norm
+    assert (norm.vmin, norm.vmax) == pytest.approx((0.0, 0.5))
+
+
+def test_every_colour_bar_has_a_label_with_a_unit():
+    figures = _figures()
+    rng = np.random.default_rng(0)
+    scores = {name: rng.random((2, 4)) for name in SCORE_NAMES if SCORE[name].per_head}
+    heads = _heads_result([["mixed"] * 4] * 2, scores)
+    maps = rng.random((4, 6, 6)).astype(np.float32)
+    js = np.abs(rng.random((4, 4)))
+    drawn = [figures.heads_score_heatmap(heads, name) for name in figures.drawn_scores(heads)]
+    drawn += [
+        figures.attention_heatmap(maps[0], list("abcdef"), "one head"),
+        figures.layer_grid(maps, list("abcdef"), "a layer"),
+        figures.head_matrix(js, ["0.0", "0.1", "0.2", "0.3"], "JS", "JS divergence (bits)"),
+        figures.ablate_importance(SimpleNamespace(model=MODEL, inputs=INPUTS, importance=js[:2], method="loss")),
+        figures.ablate_importance(SimpleNamespace(model=MODEL, inputs=INPUTS, importance=js[:2], method="gradient")),
+    ]
+    for figure in drawn:
+        labels = _colour_bar_labels(figure)
+        assert labels
+        for label in labels:
+            assert any(word in label for word in UNIT_WORDS), label
+    # the layer grid: one colour bar for every panel (one scale), and axis titles
+    grid = drawn[-4]
+    assert len(_colour_bar_labels(grid)) == 1
+    texts = [text.get_text() for text in grid.texts]
+    assert any(text.startswith("key") for text in texts) and any(text.startswith("query") for text in texts)
+
+
+# ------------------------------------------------------------------------------------------------ masked keys
+
+
+def test_hidden_keys_are_the_causal_triangle_and_what_every_head_gives_zero():
+    figures = _figures()
+    n = 5
+    maps = np.tril(np.full((2, n, n), 0.2, dtype=np.float32))  # (H, n, n)
+    maps[:, 4, 0] = 0.0  # a sliding window hides key 0 from query 4, in every head
+    maps[1, 3, 1] = 0.0  # one head ignores key 1 of query 3: attention, not a mask
+    hidden = figures.hidden_keys(maps, causal=True)
+    expected = np.triu(np.ones((n, n), dtype=bool), k=1)
+    expected[4, 0] = True
+    assert (hidden == expected).all()
+    assert not figures.hidden_keys(np.full((2, n, n), 0.2), causal=False).any()  # an encoder sees every key
+
+
+def test_masked_cells_are_drawn_apart_from_zero_attention():
+    figures = _figures()
+    n = 6
+    attention = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]  # uniform over the keys each row sees
+    hidden = np.triu(np.ones((n, n), dtype=bool), k=1)
+    figure = figures.attention_heatmap(attention, list("abcdef"), "head", hidden=hidden)
+    image = figure.axes[0].images[0]
+    assert (np.ma.getmaskarray(image.get_array()) == hidden).all()
+    hidden_colour = np.array(image.cmap.get_bad())
+    zero_colour = np.array(image.cmap(image.norm(0.0)))
+    assert np.abs(hidden_colour - zero_colour)[:3].max() > 0.1  # visibly different, not a shade off
+    assert hidden_colour[3] == 1.0  # opaque: the same on any background
+    legend = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
+    assert legend == [figures.HIDDEN_LABEL]
+    # without hidden keys (an encoder), no note
+    assert figures.attention_heatmap(attention, list("abcdef"), "head").legends == []
+
+
+# ------------------------------------------------------------------------------------------------- tick labels
+
+
+@pytest.mark.parametrize("n, fit", [(300, 64), (300, 48), (101, 10), (12, 64), (2, 2), (1000, 7)])
+def test_thinned_ticks_keep_the_first_and_last_and_fit(n, fit):
+    ticks = _figures().thinned_ticks(n, fit)
+    assert len(ticks) <= fit and ticks[0] == 0 and ticks[-1] == n - 1
+    assert ticks == sorted(set(ticks))
+    if n <= fit:
+        assert ticks == list(range(n))
+    else:
+        steps = {b - a for a, b in zip(ticks[:-1], ticks[1:-1], strict=False)}  # all but the step to the last
+        assert len(steps) <= 1  # evenly spaced
+        step = steps.pop() if steps else ticks[-1]
+        assert str(step)[0] in "125" and set(str(step)[1:]) <= {"0"}  # 1, 2, 5, 10, 20, 50, ...
+        assert ticks[-1] - ticks[-2] >= step / 2  # the last is not crowded by the one before
+
+
+def test_token_labels_at_300_tokens_are_thinned_to_a_readable_pitch():
+    figures = _figures()
+    n = 300
+    tokens = [f" word{k}" for k in range(n)]
+    attention = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
+    axes = figures.attention_heatmap(attention, tokens, "head").axes[0]
+    labels = [label.get_text() for label in axes.get_xticklabels()]
+    # 9 in square at 8 pt, a line and a quarter per label: 9 × 72 / 10 = 64 labels at most
+    assert len(labels) <= 64 and labels == [label.get_text() for label in axes.get_yticklabels()]
+    assert labels[0] == "0  word0" and labels[-1] == "299  word299"  # the position, then the token
+    assert len(labels) >= 30  # thinned, not emptied
+    # the layer grid's panels: 5 in at 6 pt → 48 labels at most; keys on the bottom row, queries on the left column
+    grid = figures.layer_grid(np.stack([attention] * 4), tokens, "layer")
+    panels = [axes for axes in grid.axes if axes.images and axes.get_label() != "<colorbar>"][:4]
+    x = [[label.get_text() for label in axes.get_xticklabels()] for axes in panels]
+    y = [[label.get_text() for label in axes.get_yticklabels()] for axes in panels]
+    assert 0 < len(x[2]) <= 48 and x[0] == x[1] == ["" for _ in x[0]] and x[2] == x[3]
+    assert 0 < len(y[0]) <= 48 and y[1] == y[3] == ["" for _ in y[1]] and y[0] == y[2]
+
+
+def test_every_token_is_labelled_when_they_fit():
+    figures = _figures()
+    tokens = [f"t{k}" for k in range(20)]
+    axes = figures.attention_heatmap(np.eye(20), tokens, "head").axes[0]
+    assert [label.get_text() for label in axes.get_xticklabels()] == tokens
+
+
+# --------------------------------------------------------------------------------------------------- role map
+
+
+def test_the_role_legend_lists_only_the_roles_drawn_in_catalog_order():
+    figures = _figures()
+    roles = [["mixed", "induction", "previous-token"], ["induction", "mixed", "mixed"]]
+    scores = [["0.1"] * 3] * 2
+    legend = figures.role_map(roles, scores, "Head roles").axes[0].get_legend()
+    drawn = [text.get_text() for text in legend.get_texts()]
+    assert drawn == [name for name in ROLE_NAMES if name in {"mixed", "induction", "previous-token"}]
+    assert drawn == ["previous-token", "induction", "mixed"]
+    colours = {role.name: role.colour.lower() for role in ROLES}
+    import matplotlib.colors
+
+    for handle, name in zip(legend.legend_handles, drawn, strict=True):
+        assert matplotlib.colors.to_hex(handle.get_facecolor()) == colours[name]
+
+
+# ------------------------------------------------------------------------------------------------- line plots
+
+
+def test_value_axes_start_at_zero():
+    figures = _figures()
+    diversity = SimpleNamespace(model=MODEL, inputs=INPUTS, layer_scores={0: 0.512, 1: 0.500, 2: 0.506})
+    random_mha = SimpleNamespace(
+        settings={"d_model": 64, "seq_len": 32, "trials": 2},
+        rows=[
+            {"heads": 1, "js": None, "js_distance": None, "cosine": None, "entropy_normalized": 0.85},
+            {"heads": 2, "js": 0.24, "js_distance": 0.48, "cosine": 0.56, "entropy_normalized": 0.84},
+        ],
+    )
+    ablation = SimpleNamespace(
+        model=MODEL, inputs=INPUTS, baseline_loss=3.2, prune=[{"removed": 1, "loss": 3.25}, {"removed": 2, "loss": 3.4}]
+    )
+    rows = [
+        {"method": method, "batch": 1, "seq": seq, "tokens_per_s": 1000.0 + seq}
+        for method in ("floor", "attnscope")
+        for seq in (128, 512)
+    ]
+    bench = SimpleNamespace(
+        rows=rows, model={"name": "tiny"}, settings={"device": "cpu", "device_name": "cpu", "cpu_threads": 1}
+    )
+    for figure in (
+        figures.diversity_per_layer(diversity),
+        figures.random_mha_figure(random_mha),
+        figures.prune_curve(ablation),
+        figures.bench_figure(bench),
+    ):
+        assert figure.axes[0].get_ylim()[0] == 0.0
+    axes = figures.prune_curve(ablation).axes[0]
+    assert [line.get_ydata().tolist() for line in axes.lines] == [pytest.approx([0.0, 0.05, 0.2])]  # the increase
+    # a negative value takes the axis below 0, with a line at 0
+    better = SimpleNamespace(model=MODEL, inputs=INPUTS, baseline_loss=3.2, prune=[{"removed": 1, "loss": 3.1}])
+    axes = figures.prune_curve(better).axes[0]
+    assert axes.get_ylim()[0] < -0.09 and any(list(line.get_ydata()) == [0.0, 0.0] for line in axes.lines)
+
+
+# --------------------------------------------------------------------------------------------- head matrices
+
+
+def _clustered_diversity(n: int = 6, seed: int = 0):
+    from attnscope.scores import groups
+
+    rng = np.random.default_rng(seed)
+    points = rng.random((n, 3))
+    js = np.sqrt(((points[:, None] - points[None]) ** 2).sum(-1))
+    js /= js.max()
+    linkage = groups.average_linkage(js)
+    labels = [f"{k // 3}.{k % 3}" for k in range(n)]
+    return SimpleNamespace(
+        model=MODEL, inputs=INPUTS, layer=None, labels=labels, js=js, cosine=1 - js, order=linkage.order,
+        linkage=linkage.merges, cluster_at=0.3,
+    )  # fmt: skip
+
+
+def test_the_clustered_matrix_has_its_dendrogram_in_the_matrix_order():
+    from scipy.cluster.hierarchy import dendrogram
+
+    figures = _figures()
+    result = _clustered_diversity()
+    for name in ("js", "cosine"):
+        figure = figures.diversity_matrix(result, name)
+        tree = [axes for axes in figure.axes if axes.get_gid() == "dendrogram"]
+        assert len(tree) == 1
+        matrix_axes = figure.axes[0]
+        # the tree's leaves over the matrix's columns, in the same order
+        assert dendrogram(result.linkage, no_plot=True)["leaves"] == result.order
+        assert [label.get_text() for label in matrix_axes.get_xticklabels()] == [result.labels[k] for k in result.order]
+        assert tree[0].get_xlim() == (0, 10 * len(result.labels))
+        box, top = matrix_axes.get_position(), tree[0].get_position()
+        assert (top.x0, top.x1) == pytest.approx((box.x0, box.x1)) and top.y0 > box.y1
+        assert "clustered" in " ".join(text.get_text() for text in figure.texts)
+        expected = result.js if name == "js" else result.cosine
+        drawn = matrix_axes.images[0].get_array()
+        assert np.allclose(drawn, expected[np.ix_(result.order, result.order)])
+    # one layer: head order, no dendrogram
+    one_layer = SimpleNamespace(**{**vars(result), "layer": 1})
+    figure = figures.diversity_matrix(one_layer, "js")
+    assert not [axes for axes in figure.axes if axes.get_gid() == "dendrogram"]
+    assert "clustered" not in " ".join(text.get_text() for text in figure.texts)
+
+
+def test_matrix_of_many_heads_gives_each_head_its_label():
+    """The figure as drawn, before it is rendered (rendering 144 × 144 cells takes seconds: see the slow test)."""
+    figures = _figures()
     matrix = np.random.default_rng(0).random((144, 144))
-    figures.head_matrix(matrix, LABELS, "JS", tmp_path / "m.png", 0.0, 1.0, "viridis_r")
-    assert drawn["x"] == LABELS and drawn["y"] == LABELS  # every head labelled, none skipped
-    assert drawn["pixels"] == PIXELS
+    figure = figures.head_matrix(matrix, LABELS, "JS", "JS divergence (bits)")
+    axes = figure.axes[0]
+    assert [label.get_text() for label in axes.get_xticklabels()] == LABELS  # every head labelled, none skipped
+    assert [label.get_text() for label in axes.get_yticklabels()] == LABELS
+    # 0.1 in per head: 16 in, + 2.5 in and 1.8 in of margins
+    assert tuple(figure.get_size_inches()) == pytest.approx((18.5, 17.8))
 
 
 @pytest.mark.slow
 def test_matrix_of_many_heads_renders_at_its_known_size(tmp_path):
-    from attnscope.output import figures
+    from tests.support import png_size
 
+    figures = _figures()
     matrix = np.random.default_rng(0).random((144, 144))
-    figures.head_matrix(matrix, LABELS, "JS", tmp_path / "m.png", 0.0, 1.0, "viridis_r")
-    assert png_size(tmp_path / "m.png") == PIXELS
+    figure = figures.head_matrix(matrix, LABELS, "JS", "JS divergence (bits)")
+    assert png_size(figures.save(figure, tmp_path / "m.png", dpi=100)) == (1850, 1780)
+
+
+def test_titles_say_what_in_words_and_the_model_and_input():
+    figures = _figures()
+    result = _heads_result([["mixed"] * 4] * 2, {"previous_token": np.zeros((2, 4))})
+    texts = [text.get_text() for text in figures.heads_score_heatmap(result, "previous_token").texts]
+    assert texts == ["Previous-token attention per head", "tiny, 3 texts, 42 tokens"]
+    assert figures.describe_input({"name": "demo"}, {"n_texts": 1, "n_tokens": 1}) == "demo, 1 text, 1 token"
+    assert figures.describe_input({"name": "demo"}, text_index=2, n_tokens=1234) == "demo, text 2, 1,234 tokens"
