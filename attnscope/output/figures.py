@@ -382,17 +382,23 @@ def attention_size(n_tokens: int) -> tuple[float, float]:
 
 
 def attention_heatmap(
-    attention: np.ndarray, tokens: Sequence[str], title: str, subtitle: str = "", hidden: np.ndarray | None = None
+    attention: np.ndarray,
+    tokens: Sequence[str],
+    title: str,
+    subtitle: str = "",
+    hidden: np.ndarray | None = None,
+    unit: str = "token",
 ) -> Figure:
     """One head's attention map (n, n): rows = queries, columns = keys, labelled with the tokens (thinned on a long
-    text); `hidden` (n, n) bool marks the keys a query cannot see, drawn grey."""
+    text), or with the words of a word map (`unit` "word"); `hidden` (n, n) bool marks the keys a query cannot
+    see, drawn grey."""
     figure = _figure(attention_size(len(tokens)))
     axes = _place_axes(figure, ATTENTION_MARGINS)
     cmap = matplotlib.colormaps[ATTENTION_CMAP].with_extremes(bad=HIDDEN_COLOUR)
     image = axes.imshow(_masked(attention, hidden), cmap=cmap, vmin=0.0, vmax=1.0, interpolation="none")
     thinned, _ = _token_ticks(axes, tokens, attention_side(len(tokens)), ATTENTION_FONT)
     _colour_bar(figure, axes, image, ATTENTION_LABEL)
-    where = "position and token" if thinned else "token"
+    where = f"position and {unit}" if thinned else unit
     axes.set_xlabel(f"key: attended to ({where})", fontsize=LABEL_SIZE)
     axes.set_ylabel(f"query: attending ({where})", fontsize=LABEL_SIZE)
     if hidden is not None and hidden.any():
@@ -433,6 +439,7 @@ def layer_grid(
     subtitle: str = "",
     panel_titles: Sequence[str] | None = None,
     hidden: np.ndarray | None = None,
+    unit: str = "token",
 ) -> Figure:
     """Every head of one layer (maps (H, n, n)) side by side on one colour scale, with one colour bar: tokens label
     the first column (queries) and the lowest panel of each column (keys); `hidden` (n, n) bool marks the keys a
@@ -460,7 +467,7 @@ def layer_grid(
     colour_bar = figure.colorbar(image, cax=bar)
     colour_bar.set_label(ATTENTION_LABEL, fontsize=LABEL_SIZE)
     colour_bar.ax.tick_params(labelsize=8)
-    where = "position and token" if thinned else "token"
+    where = f"position and {unit}" if thinned else unit
     away = label_inches + 0.12  # inches from the panels to the axis titles: past the token labels
     figure.text(
         (GRID_LABEL_SPACE + (columns * panel + (columns - 1) * GRID_GAP[0]) / 2) / width,
@@ -707,7 +714,7 @@ def heads_score_heatmap(result: Any, name: str) -> Figure:
 def _map_view(model: dict, attention: Any) -> tuple[np.ndarray, list[str], np.ndarray, str]:
     """An AttentionMap (a layer's maps of one text) as drawn: the maps of its view (H, K, K: tokens, or words),
     their labels as tables show them, the keys no query sees, and the subtitle (the input; what `##` means where
-    a label uses it; that the view is by word)."""
+    a label uses it; that the view is by word). The view's unit ("token" or "word") is `_unit(attention)`."""
     maps, labels = attention.shown()  # (H, K, K)
     maps = np.asarray(maps, dtype=np.float32)
     hidden = hidden_keys(maps, model.get("kind") == "decoder")
@@ -723,7 +730,7 @@ def head_attention(model: dict, attention: Any, head: int, title: str | None = N
     """One head's map from an AttentionMap, in its view (tokens or words)."""
     maps, labels, hidden, subtitle = _map_view(model, attention)
     title = title or f"Attention of head {attention.layer}.{head}"
-    return attention_heatmap(maps[head], labels, title, subtitle, hidden)
+    return attention_heatmap(maps[head], labels, title, subtitle, hidden, _unit(attention))
 
 
 def show_figure(result: Any) -> Figure:
@@ -733,7 +740,12 @@ def show_figure(result: Any) -> Figure:
         return head_attention(result.model, attention, result.head)
     maps, labels, hidden, subtitle = _map_view(result.model, attention)
     heads = [f"head {attention.layer}.{head}" for head in range(maps.shape[0])]
-    return layer_grid(maps, labels, f"Attention of every head of layer {attention.layer}", subtitle, heads, hidden)
+    title = f"Attention of every head of layer {attention.layer}"
+    return layer_grid(maps, labels, title, subtitle, heads, hidden, _unit(attention))
+
+
+def _unit(attention: Any) -> str:
+    return "word" if attention.view == WORDS else "token"
 
 
 def diversity_matrix(result: Any, name: str) -> Figure:
