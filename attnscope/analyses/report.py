@@ -89,7 +89,7 @@ def plan_maps(
     def total(limit: int, kept: int) -> int:
         return n_heads * sum(map_cells(min(n, limit), causal) for n in texts[:kept] + extra)
 
-    kept = len(texts)
+    kept, floor = len(texts), min(floor, cap)
     for limit in range(cap, floor - 1, -1):
         if total(limit, kept) <= budget:
             return limit, kept
@@ -155,6 +155,7 @@ def shown_texts(
     bos: bool | None,
     probe: Window | None,
     max_texts: int = MAX_TEXTS,
+    max_tokens: int = MAX_TOKENS,
     budget: int = MAP_CELLS,
 ) -> tuple[list[ShownText], list[str]]:
     """The texts the page draws every head on (see the module docstring) with their maps, and notes saying what
@@ -170,7 +171,7 @@ def shown_texts(
             firsts.append(window)
     names = [stream.sources[window.text_index] for window in firsts]
     lengths = [len(window.ids) for window in firsts] + ([len(probe.ids)] if probe is not None else [])
-    cap, kept = plan_maps(lengths, model.n_layer * model.n_head, model.kind.causal, probe is not None, budget)
+    cap, kept = plan_maps(lengths, model.n_layer * model.n_head, model.kind.causal, probe is not None, budget, max_tokens)
     notes = []
     if more:
         notes.append(f"the page draws maps of the first {max_texts} texts only")

@@ -117,8 +117,9 @@
   function Heatmap(m, labels, px, options) {
     options = options || {};
     var n = labels.length;
-    var cell = Math.max(1, Math.min(options.maxCell || 22, Math.floor(px / n)));
-    var size = n * cell;
+    // a map with labels has whole-pixel cells (its labels line up); a small one without fills `px` exactly
+    var cell = options.labels === false ? px / n : Math.max(1, Math.min(options.maxCell || 22, Math.floor(px / n)));
+    var size = Math.round(n * cell);
     var base = document.createElement("canvas");
     base.width = n; base.height = n;
     var context = base.getContext("2d"), image = context.createImageData(n, n);
@@ -130,7 +131,7 @@
     context.putImageData(image, 0, 0);
     var canvas = el("canvas", { width: size, height: size });
     var draw = canvas.getContext("2d");
-    var showLabels = options.labels !== false && cell >= 9;
+    var showLabels = options.labels !== false && cell >= 8;
     var node = el("div", { cls: "asv-heat" });
     var rows = [], cols = [];
     if (showLabels) {
@@ -555,8 +556,10 @@
     });
     var measure = "js";
     var cell = Math.max(2, Math.min(30, Math.floor(600 / K))), strip = 8, tree = 90, size = K * cell;
+    var lab = cell >= 12 ? 38 : 0;  // room for the heads' labels, when the cells are large enough to name
+    var x0 = lab + strip, y0 = tree + strip;
     var wrap = el("div", { cls: "asv-matrix" });
-    var canvas = el("canvas", { width: size + strip, height: size + strip + tree });
+    var canvas = el("canvas", { width: x0 + size, height: y0 + size + lab });
     var tip = el("div", { cls: "asv-tip", style: "display:none" });
     var readoutM = el("div", { cls: "asv-readout asv-matrix-readout", text: "Hover a cell to name the two heads; click it to compare them." });
     var key = el("div", { cls: "asv-key" });
@@ -571,20 +574,26 @@
         var i = V.order[p];
         var r = records[labels[i]], colour = r && roles[r.role] ? roles[r.role].colour : "#ccc";
         draw.fillStyle = colour;
-        draw.fillRect(0, tree + strip + p * cell, strip - 1, cell);
-        draw.fillRect(strip + p * cell, tree, cell, strip - 1);
+        draw.fillRect(lab, y0 + p * cell, strip - 1, cell);
+        draw.fillRect(x0 + p * cell, tree, cell, strip - 1);
         for (var q = 0; q < K; q++) {
           var v = values[i * K + V.order[q]];
           var t = measure === "js" ? 1 - v / top : v;
           draw.fillStyle = css(ramp(BLUES, t));
-          draw.fillRect(strip + q * cell, tree + strip + p * cell, cell, cell);
+          draw.fillRect(x0 + q * cell, y0 + p * cell, cell, cell);
+        }
+        if (lab) {
+          draw.fillStyle = "#333"; draw.font = "11px sans-serif"; draw.textAlign = "right"; draw.textBaseline = "middle";
+          draw.fillText(labels[i], lab - 3, y0 + p * cell + cell / 2);
+          draw.save(); draw.translate(x0 + p * cell + cell / 2, y0 + size + 3); draw.rotate(-Math.PI / 2);
+          draw.fillText(labels[i], 0, 0); draw.restore();
         }
       }
       // the dendrogram: leaves at the bottom, a merge at the height of its average distance
       var xs = {}, ys = {}, highest = 0;
       V.linkage.forEach(function (m) { highest = Math.max(highest, m[2]); });
       highest = highest || 1;
-      V.order.forEach(function (leaf, position) { xs[leaf] = strip + position * cell + cell / 2; ys[leaf] = tree - 1; });
+      V.order.forEach(function (leaf, position) { xs[leaf] = x0 + position * cell + cell / 2; ys[leaf] = tree - 1; });
       draw.strokeStyle = "#555"; draw.lineWidth = 1;
       V.linkage.forEach(function (m, k) {
         var y = 4 + (tree - 6) * (1 - m[2] / highest), id = K + k;
@@ -595,8 +604,8 @@
       });
       if (hover) {
         draw.strokeStyle = "#e69f00"; draw.lineWidth = 2;
-        draw.strokeRect(strip, tree + strip + hover[0] * cell, size, cell);
-        draw.strokeRect(strip + hover[1] * cell, tree + strip, cell, size);
+        draw.strokeRect(x0, y0 + hover[0] * cell, size, cell);
+        draw.strokeRect(x0 + hover[1] * cell, y0, cell, size);
       }
       clear(key).appendChild(document.createTextNode(measure === "js" ?
         "dark = similar: JS divergence 0 (dark) … " + fixed(top, 3) + " bits (white), the largest between two heads" :
@@ -605,7 +614,7 @@
     }
     function at(event) {
       var box = canvas.getBoundingClientRect();
-      var x = event.clientX - box.left - strip, y = event.clientY - box.top - tree - strip;
+      var x = event.clientX - box.left - x0, y = event.clientY - box.top - y0;
       var q = Math.floor(x / cell), p = Math.floor(y / cell);
       return p >= 0 && q >= 0 && p < K && q < K ? [p, q] : null;
     }
