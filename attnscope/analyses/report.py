@@ -171,7 +171,9 @@ def shown_texts(
             firsts.append(window)
     names = [stream.sources[window.text_index] for window in firsts]
     lengths = [len(window.ids) for window in firsts] + ([len(probe.ids)] if probe is not None else [])
-    cap, kept = plan_maps(lengths, model.n_layer * model.n_head, model.kind.causal, probe is not None, budget, max_tokens)
+    cap, kept = plan_maps(
+        lengths, model.n_layer * model.n_head, model.kind.causal, probe is not None, budget, max_tokens
+    )
     notes = []
     if more:
         notes.append(f"the page draws maps of the first {max_texts} texts only")

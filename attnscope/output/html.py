@@ -157,9 +157,8 @@ def _top_heads(report: Any) -> str:
 def _every_head(report: Any) -> str:
     heads = report.heads
     columns = table_columns(heads.kind.name)
-    header = (
-        "<th>head</th><th>role</th><th title='the score that decided the role'>by</th>"
-        + "".join(f'<th title="{_text(f"{s.label}: {s.description}")}">{_text(s.short)}</th>' for s in columns)
+    header = "<th>head</th><th>role</th><th title='the score that decided the role'>by</th>" + "".join(
+        f'<th title="{_text(f"{s.label}: {s.description}")}">{_text(s.short)}</th>' for s in columns
     )
     rows = []
     for record in heads.heads:
@@ -171,7 +170,7 @@ def _every_head(report: Any) -> str:
             f"</td><td>{_text(SCORE[record.role.metric].short)} {record.role.score:.2f}</td>{cells}</tr>"
         )
     return (
-        '<p>Click a column to sort, a row to show the head; hover a column name for its definition.</p><div '
+        "<p>Click a column to sort, a row to show the head; hover a column name for its definition.</p><div "
         f'class="wide"><table class="sortable pick"><thead><tr>{header}</tr></thead><tbody>{"".join(rows)}'
         "</tbody></table></div>"
     )
@@ -218,7 +217,9 @@ def _ablation(report: Any) -> str:
     ablation = report.ablation
     if ablation is None:
         return ""
-    top = [(f"{layer}.{head}", _number(float(ablation.importance[layer, head]), 4)) for layer, head in ablation.ranked()]
+    top = [
+        (f"{layer}.{head}", _number(float(ablation.importance[layer, head]), 4)) for layer, head in ablation.ranked()
+    ]
     return (
         '<section id="ablation"><h2>Ablation</h2>'
         f"<p>The loss with each head's output removed, minus the loss of the whole model "
@@ -226,9 +227,7 @@ def _ablation(report: Any) -> str:
         "tokens): positive (blue) = the model needs the head, negative (vermillion) = it does better without it. "
         "The colour scale is centred at 0. Click a head to show it.</p>"
         '<div data-viewer="ablation"><p class="fallback">The grid needs the page\'s script.</p></div>'
-        "<h3>Most important heads</h3>"
-        + _table(("head", "loss increase (nats)"), top[:10], "pick")
-        + "</section>"
+        "<h3>Most important heads</h3>" + _table(("head", "loss increase (nats)"), top[:10], "pick") + "</section>"
     )
 
 
@@ -315,7 +314,7 @@ def render(report: Any, heads_doc: dict, diversity_doc: dict | None, ablation_do
         '<p class="colour-by"></p>'
         f"{_role_map(report)}"
         '<h3>One head per role</h3><p class="small">The head that fills each role best, on the text that shows '
-        'the role: the probe\'s repeated tokens for copying heads, the longest text for the others.</p>'
+        "the role: the probe's repeated tokens for copying heads, the longest text for the others.</p>"
         '<div data-viewer="gallery"></div></div>'
         '<div class="asv-panel" data-viewer="head"><p class="fallback">The maps need the page\'s script; the '
         "tables below read without it.</p></div></div></section>"

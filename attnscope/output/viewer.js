@@ -1,5 +1,5 @@
 /* attnscope's attention viewer: the report page and `show` in a notebook. No library, no network, no eval.
-   It reads the JSON of the <script class="asv-data"> inside its root (the element this script sits in) and draws
+   It reads the JSON data element (class asv-data) inside its root (the element this script sits in) and draws
    into the elements of that root marked data-viewer="head" | "gallery" | "matrix" | "compare" | "ablation".
    The data's encodings are described in attnscope/output/viewer.py. */
 (function () {
