@@ -203,11 +203,15 @@ def shown_texts(
 def example_texts(shown: Sequence[ShownText]) -> dict[str, int]:
     """role -> the text (an index into `shown`) a head of that role is first shown on: an induction or
     duplicate-token head on the probe (or, without it, on the input text that repeats itself most), any other on
-    the longest input text (prose, when there is some)."""
+    the input text with the most words of letters (prose rather than code or numbers)."""
     inputs = [k for k, text in enumerate(shown) if text.kind == TEXT]
     if not inputs:
         return {}
-    longest = max(inputs, key=lambda k: (len(shown[k].ids), -k))
+
+    def words(k: int) -> int:
+        return sum(word.isalpha() for word in shown[k].labels.word_text)
+
+    longest = max(inputs, key=lambda k: (words(k), len(shown[k].ids), -k))
     probe = next((k for k, text in enumerate(shown) if text.kind == PROBE), None)
     repeating = max(inputs, key=lambda k: (shown[k].repeated_share(), -k)) if probe is None else probe
     return {role.name: repeating if role.name in COPYING_ROLES else longest for role in ROLES}

@@ -208,8 +208,10 @@ def _diversity(report: Any) -> str:
         f'<div><h3>Most distinct pairs</h3><div class="wide"><table class="pick">{head}<tbody>'
         f"{pair_rows(diversity.ranked_pairs(False))}</tbody></table></div></div>"
         f"<div><h3>Per layer</h3>{layers}</div></div>"
-        f"<p>Near-duplicate groups (JSD &lt; {diversity.redundant:g} bits): {_text(groups)}.<br>"
-        f"Clusters (average linkage below {diversity.cluster_at:g} bits): {_text(clusters)}.</p></section>"
+        f"<details><summary>{len(diversity.groups)} group(s) of near-duplicate heads (JSD &lt; "
+        f"{diversity.redundant:g} bits, joined through close pairs)</summary><p>{_text(groups)}</p></details>"
+        f"<details><summary>{len(diversity.clusters)} cluster(s) (average linkage below {diversity.cluster_at:g} "
+        f"bits)</summary><p>{_text(clusters)}</p></details></section>"
     )
 
 

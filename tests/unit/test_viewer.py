@@ -99,17 +99,23 @@ def test_the_plan_leaves_out_the_last_texts_when_even_the_smallest_cap_is_too_mu
     assert plan_maps(lengths[:4], n_heads=1, causal=False, budget=2 * one + 1) == (16, 2)
 
 
-def _shown(kind, ids, name="t"):
-    labels = Labels([str(i) for i in ids], [str(i) for i in ids], [range(k, k + 1) for k in range(len(ids))], [])
-    return ShownText(name, kind, 0 if kind == TEXT else None, tuple(ids), labels, None, len(ids))
+def _shown(kind, ids, words):
+    """A text of one token per word, `words` its words."""
+    labels = Labels([str(i) for i in ids], [str(i) for i in ids], [range(k, k + 1) for k in range(len(ids))], words)
+    return ShownText("t", kind, 0 if kind == TEXT else None, tuple(ids), labels, None, len(ids))
 
 
-def test_copying_heads_are_shown_on_the_probe_and_the_others_on_the_longest_text():
-    shown = [_shown(TEXT, [0, 1, 2]), _shown(TEXT, [0, 5, 6, 7, 8]), _shown(TEXT, [0, 1, 1]), _shown(PROBE, [0, 3, 4])]
+def test_copying_heads_are_shown_on_the_probe_and_the_others_on_prose():
+    shown = [
+        _shown(TEXT, [0, 1, 2], ["<bos>", "a", "cat"]),
+        _shown(TEXT, [0, 5, 6, 7, 8, 9], ["<bos>", "the", "dog", "sat", "down", "."]),  # the most words of letters
+        _shown(TEXT, [0, 1, 1, 2, 3, 4, 10], ["<bos>", "a", "a", "(", "1", ")", "=", "x"]),  # longer, but code
+        _shown(PROBE, [0, 3, 4], ["<bos>", "sun", "moon"]),
+    ]
     examples = example_texts(shown)
     assert examples["induction"] == examples["duplicate-token"] == 3
     assert examples["previous-token"] == examples["first-token"] == examples["mixed"] == 1
     without_probe = example_texts(shown[:3])
-    assert without_probe["induction"] == 2  # the text that repeats itself most (one token of two)
+    assert without_probe["induction"] == 2  # the text that repeats itself most (one token of six)
     assert without_probe["broad"] == 1
     assert example_texts([]) == {}
