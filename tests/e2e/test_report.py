@@ -301,3 +301,58 @@ def test_no_console_error_no_request_and_the_ablation_grid(browser_page, demo_pa
     assert page.locator('[data-viewer="head"]').get_attribute("data-head") == strongest["label"]
     assert seen["console"] == []
     assert seen["requests"] == [demo_page.as_uri()]  # the page itself, nothing else
+
+
+@pytest.mark.slow
+def test_the_same_viewer_in_a_notebook(tiny, tmp_path):
+    """Two `show` results in one notebook page: each draws its own heads from its own data (no shared id), hovering
+    a token in one leaves the other alone, and nothing is fetched."""
+    import attnscope
+
+    sync_playwright = _playwright()
+    every_head = attnscope.show(tiny, CAT, layer=1)._repr_html_()
+    one_head = attnscope.show(tiny, "Hello world, hello again", layer=0, head=2, words=True)._repr_html_()
+    notebook = tmp_path / "notebook.html"
+    notebook.write_text(f"<!DOCTYPE html><html><body>{every_head}<p>between</p>{one_head}</body></html>", "utf-8")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=BROWSER, args=BROWSER_ARGS)
+        page = browser.new_page()
+        errors, requests = [], []
+        page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.on("request", lambda request: requests.append(request.url))
+        page.goto(notebook.as_uri())
+        page.wait_for_selector(".asv-fragment[data-ready=yes] >> nth=1", timeout=20_000)
+        panels = page.locator('[data-viewer="head"]')
+        assert [panels.nth(k).get_attribute("data-head") for k in range(2)] == ["1.0", "0.2"]
+        assert page.locator(".asv-fallback").first.is_hidden()  # the static tables give way to the viewer
+        assert panels.nth(0).locator(".asv-heads button").count() == 4  # every head of the layer
+        panels.nth(0).locator(".asv-heads button >> nth=3").click()
+        assert panels.nth(0).get_attribute("data-head") == "1.3"
+        second = panels.nth(1)
+        assert second.locator(".asv-toggle button.on").first.inner_text() == "words"  # show(words=True)
+        second.locator('.asv-strip span[data-i="2"]').hover()
+        assert second.locator(".asv-view .asv-heat").get_attribute("data-row") == "2"
+        assert panels.nth(0).locator(".asv-view .asv-heat").get_attribute("data-row") == ""
+        assert errors == [] and requests == [notebook.as_uri()]
+        browser.close()
+
+
+@pytest.mark.slow
+def test_a_gpt2_small_sized_page_is_within_five_megabytes(tmp_path):
+    """144 heads (GPT-2 small's shape, random weights, the real tokenizer) on the bundled samples: the quantised
+    maps are as large whatever the weights, so random weights give the real size."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+
+    from attnscope.cli import run
+    from tests.support import TOKENIZER_DIR
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config()).save_pretrained(tmp_path / "model")
+    GPT2TokenizerFast.from_pretrained(TOKENIZER_DIR).save_pretrained(tmp_path / "model")
+    assert run(["report", "-m", str(tmp_path / "model"), "--out", str(tmp_path / "page"), "-q"]) == 0
+    page = tmp_path / "page" / "report.html"
+    data = _embedded(page.read_text(encoding="utf-8"))
+    assert len(data["viewer"]["texts"]) == 7 and not any(text["n"] < text["length"] for text in data["viewer"]["texts"])
+    assert page.stat().st_size <= 5_000_000
