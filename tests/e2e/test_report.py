@@ -193,21 +193,32 @@ def test_the_demo_models_page_is_small(demo_page):
 
 
 @pytest.fixture(scope="module")
-def browser_page(demo_page):
-    """The demo page opened from file:// in headless chromium, with every console message, page error and request
-    recorded."""
+def browser():
+    """Headless chromium driven by playwright, one for the module (playwright's sync API runs one at a time)."""
     sync_playwright = _playwright()
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=BROWSER, args=BROWSER_ARGS)
-        page = browser.new_page(viewport={"width": 1300, "height": 1000})
-        seen = {"console": [], "requests": []}
-        page.on("console", lambda message: seen["console"].append(f"{message.type}: {message.text}"))
-        page.on("pageerror", lambda error: seen["console"].append(f"pageerror: {error}"))
-        page.on("request", lambda request: seen["requests"].append(request.url))
-        page.goto(demo_page.as_uri())
-        page.wait_for_selector("body[data-ready=yes]", timeout=20_000)
-        yield page, seen
-        browser.close()
+        launched = playwright.chromium.launch(executable_path=BROWSER, args=BROWSER_ARGS)
+        yield launched
+        launched.close()
+
+
+def _open(browser, path):
+    """A new tab on `path` (file://), with every console message, page error and request recorded."""
+    page = browser.new_page(viewport={"width": 1300, "height": 1000})
+    seen = {"console": [], "requests": []}
+    page.on("console", lambda message: seen["console"].append(f"{message.type}: {message.text}"))
+    page.on("pageerror", lambda error: seen["console"].append(f"pageerror: {error}"))
+    page.on("request", lambda request: seen["requests"].append(request.url))
+    page.goto(path.as_uri())
+    return page, seen
+
+
+@pytest.fixture(scope="module")
+def browser_page(browser, demo_page):
+    """The demo page opened from file:// in headless chromium."""
+    page, seen = _open(browser, demo_page)
+    page.wait_for_selector("body[data-ready=yes]", timeout=20_000)
+    return page, seen
 
 
 def _painted(page, selector: str) -> int:
@@ -304,38 +315,30 @@ def test_no_console_error_no_request_and_the_ablation_grid(browser_page, demo_pa
 
 
 @pytest.mark.slow
-def test_the_same_viewer_in_a_notebook(tiny, tmp_path):
+def test_the_same_viewer_in_a_notebook(browser, tiny, tmp_path):
     """Two `show` results in one notebook page: each draws its own heads from its own data (no shared id), hovering
     a token in one leaves the other alone, and nothing is fetched."""
     import attnscope
 
-    sync_playwright = _playwright()
     every_head = attnscope.show(tiny, CAT, layer=1)._repr_html_()
     one_head = attnscope.show(tiny, "Hello world, hello again", layer=0, head=2, words=True)._repr_html_()
     notebook = tmp_path / "notebook.html"
     notebook.write_text(f"<!DOCTYPE html><html><body>{every_head}<p>between</p>{one_head}</body></html>", "utf-8")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=BROWSER, args=BROWSER_ARGS)
-        page = browser.new_page()
-        errors, requests = [], []
-        page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
-        page.on("pageerror", lambda error: errors.append(str(error)))
-        page.on("request", lambda request: requests.append(request.url))
-        page.goto(notebook.as_uri())
-        page.wait_for_selector(".asv-fragment[data-ready=yes] >> nth=1", timeout=20_000)
-        panels = page.locator('[data-viewer="head"]')
-        assert [panels.nth(k).get_attribute("data-head") for k in range(2)] == ["1.0", "0.2"]
-        assert page.locator(".asv-fallback").first.is_hidden()  # the static tables give way to the viewer
-        assert panels.nth(0).locator(".asv-heads button").count() == 4  # every head of the layer
-        panels.nth(0).locator(".asv-heads button >> nth=3").click()
-        assert panels.nth(0).get_attribute("data-head") == "1.3"
-        second = panels.nth(1)
-        assert second.locator(".asv-toggle button.on").first.inner_text() == "words"  # show(words=True)
-        second.locator('.asv-strip span[data-i="2"]').hover()
-        assert second.locator(".asv-view .asv-heat").get_attribute("data-row") == "2"
-        assert panels.nth(0).locator(".asv-view .asv-heat").get_attribute("data-row") == ""
-        assert errors == [] and requests == [notebook.as_uri()]
-        browser.close()
+    page, seen = _open(browser, notebook)
+    page.wait_for_selector(".asv-fragment[data-ready=yes] >> nth=1", timeout=20_000)
+    panels = page.locator('[data-viewer="head"]')
+    assert [panels.nth(k).get_attribute("data-head") for k in range(2)] == ["1.0", "0.2"]
+    assert page.locator(".asv-fallback").first.is_hidden()  # the static tables give way to the viewer
+    assert panels.nth(0).locator(".asv-heads button").count() == 4  # every head of the layer
+    panels.nth(0).locator(".asv-heads button >> nth=3").click()
+    assert panels.nth(0).get_attribute("data-head") == "1.3"
+    second = panels.nth(1)
+    assert second.locator(".asv-toggle button.on").first.inner_text() == "words"  # show(words=True)
+    second.locator('.asv-strip span[data-i="2"]').hover()
+    assert second.locator(".asv-view .asv-heat").get_attribute("data-row") == "2"
+    assert panels.nth(0).locator(".asv-view .asv-heat").get_attribute("data-row") == ""
+    assert seen["console"] == [] and seen["requests"] == [notebook.as_uri()]
+    page.close()
 
 
 @pytest.mark.slow
