@@ -157,9 +157,9 @@ def shown_texts(
     max_texts: int = MAX_TEXTS,
     max_tokens: int = MAX_TOKENS,
     budget: int = MAP_CELLS,
-) -> tuple[list[ShownText], list[str]]:
-    """The texts the page draws every head on (see the module docstring) with their maps, and notes saying what
-    was cut or left out."""
+) -> tuple[list[ShownText], list[str], int]:
+    """The texts the page draws every head on (see the module docstring) with their maps, notes saying what was cut
+    or left out, and the token cap they were cut to."""
     stream = WindowStream(model, texts, bos)
     firsts: list[Window] = []
     more = False  # texts past the first max_texts
@@ -197,7 +197,7 @@ def shown_texts(
             f"the page draws at most {cap} tokens of a text: {len(cut_texts)} text(s) are cut there "
             f"({', '.join(text.name for text in cut_texts)}); the scores use every token"
         )
-    return shown, notes
+    return shown, notes, cap
 
 
 def example_texts(shown: Sequence[ShownText]) -> dict[str, int]:
@@ -229,6 +229,7 @@ class ReportResult(Result):
     linkage: Any = None  # scipy's average-linkage matrix (K-1, 4) of the diversity's JS divergence (the dendrogram)
     ablation: AblationResult | None = None  # with `ablate`
     map_notes: list[str] = field(default_factory=list)  # what the page's maps leave out
+    token_cap: int = MAX_TOKENS  # the texts drawn were cut to this many tokens at most
 
     @property
     def model(self) -> dict[str, Any]:
@@ -259,7 +260,7 @@ class Report:
         if "probe" in heads.inputs:
             summary = heads.inputs["probe"]
             probe = probe_windows(model.tokenizer, summary["period"], model.n_ctx, summary["seed"], count=1)[0]
-        shown, map_notes = shown_texts(model, texts, self.heads.bos, probe)
+        shown, map_notes, cap = shown_texts(model, texts, self.heads.bos, probe)
         diversity = linkage = None
         if self.diversity:
             settings = Diversity(None, self.heads.bos, self.heads.batch_size, self.heads.max_tokens, top=PAIRS)
@@ -278,4 +279,5 @@ class Report:
             linkage,
             ablation,
             map_notes,
+            cap,
         )

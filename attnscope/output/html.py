@@ -39,6 +39,12 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], css: str = "",
     return f'<div class="wide"><table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
+def _facts(rows: Sequence[tuple[str, str]]) -> str:
+    """A two-column table of what and value, with no header."""
+    body = "".join(f"<tr><td>{_text(what)}</td><td>{_text(value)}</td></tr>" for what, value in rows)
+    return f'<div class="wide"><table class="facts"><tbody>{body}</tbody></table></div>'
+
+
 def model_facts(model: dict[str, Any]) -> list[tuple[str, str]]:
     """The model's facts in words, as `attnscope info` shows them."""
     matches = "matches" if model["attention_params"] == model["attention_params_formula"] else "differs from"
@@ -171,7 +177,7 @@ def _every_head(report: Any) -> str:
         )
     return (
         "<p>Click a column to sort, a row to show the head; hover a column name for its definition.</p><div "
-        f'class="wide"><table class="sortable pick"><thead><tr>{header}</tr></thead><tbody>{"".join(rows)}'
+        f'class="wide tall"><table class="sortable pick"><thead><tr>{header}</tr></thead><tbody>{"".join(rows)}'
         "</tbody></table></div>"
     )
 
@@ -255,12 +261,11 @@ def _inputs(report: Any) -> str:
         f"{f'<li>… and {more:,} more</li>' if more > 0 else ''}</ul></details>"
         "<h3>Texts the maps are drawn on</h3>"
         f"<p>Every head's attention is drawn on the first {len([t for t in report.texts if t.kind == 'text'])} "
-        f"input text(s), cut to at most {max((len(t.ids) for t in report.texts), default=0)} tokens, and, for a "
-        "decoder, on the probe's first repeated sequence. The maps are stored with one byte per weight (see the "
+        f"input text(s), each cut to at most {report.token_cap} tokens, and, for a decoder with the probe on, on "
+        "the probe's first repeated sequence. The maps are stored with one byte per weight (see the "
         "README's report section); the scores and roles use every token of every text.</p>"
         f"{f'<ul class=notes>{map_notes}</ul>' if map_notes else ''}{shown}"
-        f"<h3>Model</h3>{_table(('', ''), model_facts(report.model), 'facts')}"
-        f"<h3>Settings</h3>{_table(('', ''), settings_rows(report), 'facts')}"
+        f"<h3>Model</h3>{_facts(model_facts(report.model))}<h3>Settings</h3>{_facts(settings_rows(report))}"
         f"{f'<h3>Notes</h3><ul class=notes>{notes}</ul>' if notes else ''}</section>"
     )
 
@@ -316,7 +321,7 @@ def render(report: Any, heads_doc: dict, diversity_doc: dict | None, ablation_do
         '<p class="colour-by"></p>'
         f"{_role_map(report)}"
         '<h3>One head per role</h3><p class="small">The head that fills each role best, on the text that shows '
-        "the role: the probe's repeated tokens for copying heads, the longest text for the others.</p>"
+        "the role: the probe's repeated tokens for copying heads, prose for the others.</p>"
         '<div data-viewer="gallery"></div></div>'
         '<div class="asv-panel" data-viewer="head"><p class="fallback">The maps need the page\'s script; the '
         "tables below read without it.</p></div></div></section>"

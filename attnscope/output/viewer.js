@@ -663,7 +663,7 @@
     if (!holder) { return; }
     var at = [indexOfLabel(a), indexOfLabel(b)];
     if (!at[0] || !at[1]) { return; }
-    var t = currentText(), names = V.texts[t].labels, hover = null, maps = [];
+    var t = currentText(), names = V.texts[t].labels, maps = [];
     var close = el("button", { cls: "asv-close", type: "button", text: "×", title: "close" });
     close.addEventListener("click", function () { clear(holder); });
     var box = el("div", { cls: "asv-compare", "data-pair": a + " " + b }, [close,
@@ -675,7 +675,6 @@
     [a, b].forEach(function (text, k) {
       var r = records[text];
       var map = Heatmap(matrix(t, at[k][0], at[k][1], "tokens"), names, 380, { onHover: function (h) {
-        hover = h;
         maps.forEach(function (other) { other.highlight(h ? h.query : null, h ? h.key : null); });
         line.textContent = h && h.query !== undefined ? "query “" + names[h.query] + "”@" + h.query + (h.key !== undefined ?
           " → “" + names[h.key] + "”@" + h.key + ": " + text + " " + fixed(matrix(t, at[k][0], at[k][1], "tokens")[h.query * names.length + h.key], 3) : "") :
@@ -692,7 +691,6 @@
     box.appendChild(scaleKey());
     clear(holder).appendChild(box);
     holder.scrollIntoView({ block: "nearest" });
-    return hover;
   }
 
   // ------------------------------------------------------------------------------------------------ ablation
@@ -764,7 +762,6 @@
   var first = V.characteristic.length ? indexOfLabel(V.characteristic[0]) : null;
   state.li = first ? first[0] : 0;
   state.hi = first ? first[1] : 0;
-  if (V.mode === "show" && V.selected !== undefined) { state.hi = V.selected; }
   if (V.texts.length && panel) {
     root.querySelectorAll("table.rolemap td.cell").forEach(function (cell) { cell.classList.toggle("sel", cell.dataset.head === label(state.li, state.hi)); });
     renderHead();

@@ -92,7 +92,7 @@ def test_every_head_is_drawn_on_each_text_and_the_probe(reports, model, kind):
 def test_long_texts_are_cut_and_an_encoders_keep_their_sep(model, kind):
     from attnscope.analyses import report as report_module
 
-    shown, notes = report_module.shown_texts(model, TEXTS[:2], None, None, max_tokens=6)
+    shown, notes, cap = report_module.shown_texts(model, TEXTS[:2], None, None, max_tokens=6)
     full = tokenize(model, TEXTS[:2]).windows
     for text, window in zip(shown, full, strict=True):
         assert len(text.ids) == 6 and text.length == len(window.ids) and text.cut
@@ -101,13 +101,13 @@ def test_long_texts_are_cut_and_an_encoders_keep_their_sep(model, kind):
         else:
             assert text.ids == window.ids[:6]
         np.testing.assert_allclose(text.maps, _reference_all_layers(model, text.ids), atol=1e-5)
-    assert any("at most 6 tokens" in note for note in notes)
+    assert any("at most 6 tokens" in note for note in notes) and cap == 6
 
 
 def test_only_the_first_texts_are_drawn(tiny):
     from attnscope.analyses import report as report_module
 
-    shown, notes = report_module.shown_texts(tiny, TEXTS, None, None, max_texts=2)
+    shown, notes, _ = report_module.shown_texts(tiny, TEXTS, None, None, max_texts=2)
     assert [text.name for text in shown] == ["a", "b"]
     assert notes == ["the page draws maps of the first 2 texts only"]
 
