@@ -411,6 +411,7 @@ def report(
     texts: TextsGiven = None,
     *,
     diversity: bool = True,
+    ablate: bool = False,
     window: int = 3,
     thresholds: Mapping[str, float] | Sequence[str] | None = None,
     probe: bool = True,
@@ -430,6 +431,8 @@ def report(
     the role map, the heads and the diversity.
 
     diversity   include the diversity of all heads: one more pass (--diversity/--no-diversity)
+    ablate      also the loss with each head removed, as `ablate` (--ablate); a model already loaded must have been
+                loaded with `load(..., lm_head=True)`
     window, thresholds, probe, probe_len, probe_seed: as for `heads`
     """
     from attnscope.analyses.heads import Heads
@@ -445,7 +448,7 @@ def report(
         probe_len=probe_len,
         probe_seed=probe_seed,
     )
-    analysis = Report(settings, diversity)
+    analysis = Report(settings, diversity, ablate)
     return _run(
         analysis, model, texts, file, progress, device=device, dtype=dtype, revision=revision, device_map=device_map
     )

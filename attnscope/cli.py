@@ -944,11 +944,18 @@ def report(
     with_diversity: Annotated[
         bool, typer.Option("--diversity/--no-diversity", help="Include the diversity of all heads (one more pass).")
     ] = True,
+    ablate: Annotated[
+        bool,
+        typer.Option(
+            "--ablate", help="Also remove each head in turn and measure the loss (as `ablate`; one pass per head)."
+        ),
+    ] = False,
 ) -> None:
-    """Write one self-contained HTML page (no network needed to read it): roles, scores, diversity, maps.
+    """Write one self-contained HTML page to explore every head, offline: roles, maps, diversity, ablation.
 
-    The page is report.html in --out (default: attnscope-report/), and its path is printed; with --json or --csv
-    the numbers are printed instead, and the page is written only with --out.
+    Click a head to see its attention on each text, hover a token to see where it looks; the page needs no network
+    and no other file. It is report.html in --out (default: attnscope-report/), and its path is printed; with
+    --json or --csv the numbers are printed instead, and the page is written only with --out.
 
     Example: attnscope report --model demo --out report/
     """
@@ -956,7 +963,7 @@ def report(
     from attnscope.analyses.report import Report
 
     settings = Heads(**roles, bos=texts.bos, **batching)
-    _run(Report(settings, with_diversity), output, texts, model, default_out=Path("attnscope-report"))
+    _run(Report(settings, with_diversity, ablate), output, texts, model, default_out=Path("attnscope-report"))
 
 
 @app.command()

@@ -27,6 +27,7 @@ from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.reducers import QueryRowReducer
 from attnscope.pipeline.tokens import Labels, Window, WindowStream, batches, label_window, vocabulary_style
+from attnscope.scores.catalog import counted
 from attnscope.scores.words import TOKENS, WORDS, to_words
 
 DEFAULT_TOKENS = 3  # top keys listed per head
@@ -324,7 +325,8 @@ class Attend:
                 f"from word {self.from_token!r} is not in the text; {where} {listing(first_labels, self.view)}"
             )
         raise AttnscopeError(
-            f"from occurrence {self.from_index}: {self.from_token!r} occurs {len(seen)} time(s) ({_where(seen)})"
+            f"from occurrence {self.from_index}: {self.from_token!r} occurs {counted(len(seen), 'time')} "
+            f"({_where(seen)})"
         )
 
     def _targets(self, found: _Found, causal: bool) -> list[range]:
@@ -353,7 +355,8 @@ class Attend:
                 names = ", ".join(labels.describe(span) for span in chosen)
                 where = f"up to the end of {window} ({names} in it)" if found.more_windows else f"({names})"
                 raise AttnscopeError(
-                    f"to occurrence {self.to_index}: {self.to_token!r} occurs {before + len(chosen)} time(s) {where}"
+                    f"to occurrence {self.to_index}: {self.to_token!r} occurs "
+                    f"{counted(before + len(chosen), 'time')} {where}"
                 )
             chosen = [chosen[k]]
         if causal:  # a later occurrence is out of the query's sight

@@ -1,5 +1,17 @@
-"""`attnscope report`: the heads analysis, the maps of the head that fills each role best, and the diversity of all
-heads, for one page (rendered by `output.html`)."""
+"""`attnscope report`: the heads analysis, every head's attention on a few short texts, the diversity of all heads
+and, when asked, the ablation, for one page (rendered by `output.html`).
+
+Which maps the page holds (every head of every layer on each text shown, one byte per cell once encoded):
+
+- texts: the first MAX_TEXTS input texts, each its first window cut to at most MAX_TOKENS tokens, and, for a decoder
+  with the probe on, the probe's first repeated sequence (BOS, T random tokens, the same T again);
+- a decoder's map stores its lower triangle (n(n+1)/2 cells), an encoder's the whole square (n² cells);
+- all of it within MAP_CELLS cells for all heads together: when the texts would need more, the token cap is lowered
+  (down to MIN_TOKENS), then input texts are left out from the last one (the first text and the probe stay).
+
+Each text runs through the model alone, its maps kept for every layer (L · H · n² float32 at most, one text at a
+time), so memory stays bounded whatever the corpus.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +19,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnscope.analyses.common import Progress, check_index
+import numpy as np
+
+from attnscope.analyses.ablate import Ablate, AblationResult
+from attnscope.analyses.common import Progress, check_finite
 from attnscope.analyses.diversity import Diversity, DiversityResult
 from attnscope.analyses.heads import HeadRecord, Heads, HeadsResult
-from attnscope.analyses.maps import attention_maps
 from attnscope.analyses.result import Result
 from attnscope.models.loading import LoadedModel
+from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text, Texts
-from attnscope.scores.catalog import ROLES
+from attnscope.pipeline.tokens import Labels, Window, WindowStream, batches, label_window, pad_id, probe_windows
+from attnscope.scores import groups
+from attnscope.scores.catalog import ROLES, counted
 
 TOP_PER_ROLE = 3
 MAX_MAPS = 8
 PAIRS = 5  # most redundant and most distinct pairs listed
+MAX_TEXTS = 8  # input texts the page draws maps of (the first ones)
+MAX_TOKENS = 128  # tokens of a text drawn at most (its first window, cut)
+MIN_TOKENS = 16  # the token cap is never lowered below this to fit MAP_CELLS
+MAP_CELLS = 3 * 2**20  # map cells the page holds at most, all heads and texts together (one byte each)
+COPYING_ROLES = ("induction", "duplicate-token")  # shown on a text that repeats itself
+PROBE, TEXT = "probe", "text"
 
 
 def characteristic_heads(heads: Sequence[HeadRecord]) -> list[HeadRecord]:
@@ -42,13 +65,171 @@ def top_heads_per_role(heads: Sequence[HeadRecord], k: int = TOP_PER_ROLE) -> di
     return table
 
 
+def map_cells(n: int, causal: bool) -> int:
+    """Cells a map of n tokens stores: a causal map's lower triangle, an encoder's whole square."""
+    return n * (n + 1) // 2 if causal else n * n
+
+
+def plan_maps(
+    lengths: Sequence[int],
+    n_heads: int,
+    causal: bool,
+    probe: bool = False,
+    budget: int = MAP_CELLS,
+    cap: int = MAX_TOKENS,
+    floor: int = MIN_TOKENS,
+) -> tuple[int, int]:
+    """(token cap, number of input texts kept) so that every head's maps of the texts fit `budget` cells.
+    `lengths`: the windows' lengths, the input texts' in order, then the probe's when `probe`. The cap is the
+    largest from `cap` down to `floor` that fits; when even `floor` does not, input texts are left out from the
+    last one, keeping the first (and the probe)."""
+    texts = list(lengths[:-1] if probe else lengths)
+    extra = [lengths[-1]] if probe else []
+
+    def total(limit: int, kept: int) -> int:
+        return n_heads * sum(map_cells(min(n, limit), causal) for n in texts[:kept] + extra)
+
+    kept, floor = len(texts), min(floor, cap)
+    for limit in range(cap, floor - 1, -1):
+        if total(limit, kept) <= budget:
+            return limit, kept
+    while kept > 1 and total(floor, kept) > budget:
+        kept -= 1
+    return floor, kept
+
+
+@dataclass
+class ShownText:
+    """One text the page draws every head on: its window `ids` (cut to the cap), their labels, and the maps of
+    every layer, (L, H, n, n) float32 numpy. `length`: the window's tokens before the cut; `text_index`: which
+    input text (None for the probe)."""
+
+    name: str
+    kind: str  # TEXT or PROBE
+    text_index: int | None
+    ids: tuple[int, ...]
+    labels: Labels
+    maps: Any
+    length: int
+
+    @property
+    def cut(self) -> bool:
+        return len(self.ids) < self.length
+
+    def repeated_share(self) -> float:
+        """The share of its tokens that already occurred earlier in the window (a text that repeats itself)."""
+        seen: set[int] = set()
+        repeats = 0
+        for token in self.ids[1:]:
+            repeats += token in seen
+            seen.add(token)
+        return repeats / max(len(self.ids) - 1, 1)
+
+
+def _cut(window: Window, limit: int, prefix: int, suffix: int) -> Window:
+    """The window's first tokens, at most `limit` in all; an encoder's closing [SEP] (`suffix`) stays last."""
+    if len(window.ids) <= limit:
+        return window
+    body = window.ids[prefix : len(window.ids) - suffix][: limit - prefix - suffix]
+    return Window(window.text_index, window.ids[:prefix] + body + window.ids[len(window.ids) - suffix :], window.start)
+
+
+def _all_layer_maps(model: LoadedModel, window: Window) -> Any:
+    """(L, H, n, n) float32 numpy: every layer's attention of one window, from one forward pass."""
+    layers = range(model.n_layer)
+    captured = capture.run(
+        model.model,
+        batches([window], 1, model.device, pad_id(model.tokenizer)),
+        None,
+        keep_layers=layers,
+        keep_window=0,
+    )
+    maps = np.stack([captured.maps[layer].numpy() for layer in layers])  # (L, H, n, n)
+    check_finite(model, "attention", maps, list(layers))
+    return maps
+
+
+def shown_texts(
+    model: LoadedModel,
+    texts: Texts | Sequence[Text],
+    bos: bool | None,
+    probe: Window | None,
+    max_texts: int = MAX_TEXTS,
+    max_tokens: int = MAX_TOKENS,
+    budget: int = MAP_CELLS,
+) -> tuple[list[ShownText], list[str], int]:
+    """The texts the page draws every head on (see the module docstring) with their maps, notes saying what was cut
+    or left out, and the token cap they were cut to."""
+    stream = WindowStream(model, texts, bos)
+    firsts: list[Window] = []
+    more = False  # texts past the first max_texts
+    for window in stream:
+        if window.text_index >= max_texts:
+            more = True
+            break
+        if not firsts or firsts[-1].text_index != window.text_index:
+            firsts.append(window)
+    names = [stream.sources[window.text_index] for window in firsts]
+    lengths = [len(window.ids) for window in firsts] + ([len(probe.ids)] if probe is not None else [])
+    cap, kept = plan_maps(
+        lengths, model.n_layer * model.n_head, model.kind.causal, probe is not None, budget, max_tokens
+    )
+    notes = []
+    if more:
+        notes.append(f"the page draws maps of the first {max_texts} texts only")
+    if kept < len(firsts):
+        notes.append(f"the page draws maps of the first {kept} texts only, to stay within {budget:,} map cells")
+    chosen: list[tuple[str, str, int | None, Window]] = [
+        (name, TEXT, window.text_index, window) for name, window in zip(names[:kept], firsts[:kept], strict=True)
+    ]
+    if probe is not None:
+        period = (len(probe.ids) - (1 if model.tokenizer.bos_token_id is not None else 0)) // 2
+        chosen.append((f"probe: {period} random tokens, repeated", PROBE, None, probe))
+    prefix, suffix = len(stream.prefix), len(stream.suffix)
+    shown = []
+    for name, kind, index, window in chosen:
+        cut = _cut(window, cap, 0 if kind == PROBE else prefix, 0 if kind == PROBE else suffix)
+        labels = label_window(model.tokenizer, cut.ids)
+        shown.append(ShownText(name, kind, index, cut.ids, labels, _all_layer_maps(model, cut), len(window.ids)))
+    cut_texts = [text for text in shown if text.cut]
+    if cut_texts:
+        notes.append(
+            f"the page draws at most {cap} tokens of a text: {counted(len(cut_texts), 'text')} cut there "
+            f"({', '.join(text.name for text in cut_texts)}); the scores use every token"
+        )
+    return shown, notes, cap
+
+
+def example_texts(shown: Sequence[ShownText]) -> dict[str, int]:
+    """role -> the text (an index into `shown`) a head of that role is first shown on: an induction or
+    duplicate-token head on the probe (or, without it, on the input text that repeats itself most), any other on
+    the input text with the most words of letters (prose rather than code or numbers)."""
+    inputs = [k for k, text in enumerate(shown) if text.kind == TEXT]
+    if not inputs:
+        return {}
+
+    def words(k: int) -> int:
+        return sum(word.isalpha() for word in shown[k].labels.word_text)
+
+    longest = max(inputs, key=lambda k: (words(k), len(shown[k].ids), -k))
+    probe = next((k for k, text in enumerate(shown) if text.kind == PROBE), None)
+    repeating = max(inputs, key=lambda k: (shown[k].repeated_share(), -k)) if probe is None else probe
+    return {role.name: repeating if role.name in COPYING_ROLES else longest for role in ROLES}
+
+
 @dataclass
 class ReportResult(Result):
-    heads: HeadsResult  # its `attention` holds the maps of the characteristic heads' layers, first text
+    heads: HeadsResult
     diversity: DiversityResult | None  # None with the diversity pass off
     characteristic: list[HeadRecord]
     top_per_role: dict[str, list[HeadRecord]]
     notes: list[str] = field(default_factory=list)
+    texts: list[ShownText] = field(default_factory=list)  # every head's maps on these, for the page
+    examples: dict[str, int] = field(default_factory=dict)  # role -> the text (index into `texts`) shown first
+    linkage: Any = None  # scipy's average-linkage matrix (K-1, 4) of the diversity's JS divergence (the dendrogram)
+    ablation: AblationResult | None = None  # with `ablate`
+    map_notes: list[str] = field(default_factory=list)  # what the page's maps leave out
+    token_cap: int = MAX_TOKENS  # the texts drawn were cut to this many tokens at most
 
     @property
     def model(self) -> dict[str, Any]:
@@ -57,19 +238,46 @@ class ReportResult(Result):
 
 @dataclass(frozen=True)
 class Report:
-    """Everything the report page shows: `heads` (its settings: window, thresholds, probe, batching) and, with
-    `diversity`, one more pass for the diversity of all heads."""
+    """Everything the report page shows: `heads` (its settings: window, thresholds, probe, batching), every head's
+    maps on the first texts (and the probe), with `diversity` one more pass for the diversity of all heads, with
+    `ablate` the loss ablation of every head (the model needs its language-model head)."""
 
     heads: Heads = field(default_factory=Heads)
     diversity: bool = True
+    ablate: bool = False
+
+    @property
+    def needs_lm_head(self) -> bool:
+        return self.ablate
 
     def run(self, model: LoadedModel, texts: Texts | Sequence[Text], progress: Progress | None = None) -> ReportResult:
+        ablation_settings = None
+        if self.ablate:  # checked before any pass
+            settings = self.heads
+            ablation_settings = Ablate("loss", 0, settings.bos, settings.batch_size, settings.max_tokens)
         heads = self.heads.run(model, texts, progress)
-        characteristic = characteristic_heads(heads.heads)
-        layers = sorted({record.layer for record in characteristic})
-        heads.attention, _ = attention_maps(model, check_index(0, texts), layers, self.heads.bos)
-        diversity = None
+        probe = None
+        if "probe" in heads.inputs:
+            summary = heads.inputs["probe"]
+            probe = probe_windows(model.tokenizer, summary["period"], model.n_ctx, summary["seed"], count=1)[0]
+        shown, map_notes, cap = shown_texts(model, texts, self.heads.bos, probe)
+        diversity = linkage = None
         if self.diversity:
             settings = Diversity(None, self.heads.bos, self.heads.batch_size, self.heads.max_tokens, top=PAIRS)
             diversity = settings.run(model, texts, progress)
-        return ReportResult(heads, diversity, characteristic, top_heads_per_role(heads.heads), list(heads.notes))
+            linkage = groups.average_linkage(diversity.js).merges
+        ablation = ablation_settings.run(model, texts, progress) if ablation_settings is not None else None
+        notes = list(heads.notes) + ([] if ablation is None else [n for n in ablation.notes if n not in heads.notes])
+        return ReportResult(
+            heads,
+            diversity,
+            characteristic_heads(heads.heads),
+            top_heads_per_role(heads.heads),
+            notes,
+            shown,
+            example_texts(shown),
+            linkage,
+            ablation,
+            map_notes,
+            cap,
+        )

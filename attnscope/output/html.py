@@ -1,175 +1,356 @@
-"""`attnscope report`: one self-contained HTML page of everything attnscope found about a model's heads.
+"""`attnscope report`: one self-contained HTML page to explore a model's heads, offline.
 
-Rendering only (the analysis is done by `analyses.report`): the pictures are drawn by `figures` and embedded as PNG
-data, the numbers are embedded as JSON (`<script type="application/json" id="attnscope-data">`), the styles and
-the one small script (sortable head table) are inline. Nothing is fetched, so the page reads the same offline.
+Rendering only (the analysis is done by `analyses.report`). The page is static HTML (the role map, the tables, the
+inputs, the glossary: readable without scripts) plus one inline script, `output/viewer.js`, that draws every map in
+the browser from the data embedded as JSON (`<script type="application/json" id="attnscope-data">`: the `heads`
+document of `--json`, the `diversity` document without its matrices, the `ablation` document, and the viewer's
+data: every head's maps on the texts shown, quantised, and the diversity matrices, see `output.viewer`). No picture,
+font, style sheet or script is fetched, and nothing is evaluated: the page reads the same from `file://` with no
+network.
 """
 
 from __future__ import annotations
 
-import base64
-import html
-import json
+import html as escaping
 from collections.abc import Sequence
 from typing import Any
 
 from attnscope import __version__
-from attnscope.output import figures
-from attnscope.scores.catalog import ROLE, SCORE, counted
-
-REPORT_DPI = 100  # the page shows pictures at most 1,100 px wide; more dots would only make it heavier
+from attnscope.output import viewer
+from attnscope.scores.catalog import ROLE, ROLES, SCORE, counted, table_columns
 
 
-def _image(figure: Any, alt: str) -> str:
-    data = base64.b64encode(figures.render(figure, "png", REPORT_DPI)).decode("ascii")
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+def _text(value: Any) -> str:
+    return escaping.escape(str(value), quote=True)
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], css: str = "") -> str:
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>" for row in rows)
+def _number(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], css: str = "", titles: Sequence[str] = ()) -> str:
+    """A table of plain cells (escaped); `titles`: a tooltip per header."""
+    tips = list(titles) + [""] * (len(headers) - len(titles))
+    head = "".join(
+        f"<th{f' title={chr(34)}{_text(tip)}{chr(34)}' if tip else ''}>{_text(h)}</th>"
+        for h, tip in zip(headers, tips, strict=True)
+    )
+    body = "".join("<tr>" + "".join(f"<td>{_text(cell)}</td>" for cell in row) + "</tr>" for row in rows)
     return f'<div class="wide"><table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
-def _number(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
+def _facts(rows: Sequence[tuple[str, str]]) -> str:
+    """A two-column table of what and value, with no header."""
+    body = "".join(f"<tr><td>{_text(what)}</td><td>{_text(value)}</td></tr>" for what, value in rows)
+    return f'<div class="wide"><table class="facts"><tbody>{body}</tbody></table></div>'
 
 
-STYLE = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1100px;
-       padding: 0 1em; color: #222; }
-h1 { font-size: 1.6em; } h2 { margin-top: 2em; border-bottom: 1px solid #ddd; }
-table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
-th, td { border: 1px solid #ddd; padding: 0.2em 0.6em; text-align: right; }
-th { background: #f4f4f4; } table.sortable th { cursor: pointer; }
-td:first-child, th:first-child { text-align: left; }
-img { max-width: 100%; height: auto; }
-.grid { display: flex; flex-wrap: wrap; gap: 1em; } .grid figure { margin: 0; flex: 1 1 300px; }
-.note { color: #8a5a00; } .wide { overflow-x: auto; }
-"""
-
-SCRIPT = """
-document.querySelectorAll("table.sortable").forEach(function (table) {
-  table.querySelectorAll("th").forEach(function (header, column) {
-    header.addEventListener("click", function () {
-      var body = table.tBodies[0];
-      var rows = Array.prototype.slice.call(body.rows);
-      var descending = header.dataset.order !== "desc";
-      header.dataset.order = descending ? "desc" : "asc";
-      rows.sort(function (a, b) {
-        var x = a.cells[column].textContent, y = b.cells[column].textContent;
-        var nx = parseFloat(x), ny = parseFloat(y);
-        var order = isNaN(nx) || isNaN(ny) ? x.localeCompare(y) : nx - ny;
-        return descending ? -order : order;
-      });
-      rows.forEach(function (row) { body.appendChild(row); });
-    });
-  });
-});
-document.body.dataset.ready = "yes";
-"""
-
-
-def render(report: Any, heads_doc: dict, diversity_doc: dict | None) -> str:
-    """The report page of a ReportResult: its heads analysis (with the full maps of the characteristic heads'
-    layers in `heads.attention`) and, optionally, its diversity of all heads; `heads_doc` and `diversity_doc` are
-    the JSON documents embedded in the page."""
-    heads_result, diversity = report.heads, report.diversity
-    model = heads_result.model
-    name = model["name"]
-
-    parts = [f"<h1>attnscope report: {html.escape(name)}</h1>"]
-    inputs = heads_result.inputs
-    parts.append(
-        f"<p>{counted(inputs['n_texts'], 'text')}, {counted(inputs['n_windows'], 'window')}, "
-        f"{counted(inputs['n_tokens'], 'token')}, {counted(inputs['scored_rows'], 'scored query row')}; "
-        f"attnscope {html.escape(__version__)}.</p>"
-    )
-    parts.extend(f'<p class="note">note: {html.escape(note)}</p>' for note in report.notes)
-    facts = [(key, value) for key, value in model.items() if not isinstance(value, (dict, list))]
-    parts.append("<h2>Model</h2>" + _table(("what", "value"), facts))
-
-    role_map = figures.heads_role_map(heads_result)
-    counts: dict[str, int] = {}
-    for record in heads_result.heads:
-        counts[record.role.role] = counts.get(record.role.role, 0) + 1
-    parts.append('<h2 id="role-map">Role map</h2>' + _image(role_map, "role map"))
-    parts.append(_table(("role", "heads"), sorted(counts.items(), key=lambda item: (-item[1], item[0]))))
-
-    rows = []
-    for role, records in report.top_per_role.items():
-        metric = ROLE[role].score
-        rows.extend(
-            (role, metric, record.label, _number(record.scores[metric]), record.role.role) for record in records
-        )
-    parts.append(
-        "<h2>Top heads per role</h2><p>The heads with the highest score of each role's rule, whatever role they "
-        "were given.</p>" + _table(("role", "score", "head", "value", "assigned role"), rows)
-    )
-
-    images = [
-        f"<figure>{_image(figures.heads_score_heatmap(heads_result, score), score)}<figcaption>"
-        f"{html.escape(SCORE[score].label)} (<code>{html.escape(score)}</code>)</figcaption></figure>"
-        for score in figures.drawn_scores(heads_result)
+def model_facts(model: dict[str, Any]) -> list[tuple[str, str]]:
+    """The model's facts in words, as `attnscope info` shows them."""
+    matches = "matches" if model["attention_params"] == model["attention_params_formula"] else "differs from"
+    facts = [
+        ("model", model["name"]),
+        ("family", f"{model['family']} ({model['model_type']}, {model['kind']})"),
+        ("layers", str(model["n_layer"])),
+        ("heads per layer", str(model["n_head"])),
     ]
-    parts.append('<h2>Scores per head</h2><div class="grid">' + "".join(images) + "</div>")
+    if model.get("n_kv_head", model["n_head"]) != model["n_head"]:
+        facts.append(("key/value heads per layer", str(model["n_kv_head"])))
+    facts += [
+        ("model width (d_model)", str(model["d_model"])),
+        ("head width (d_head)", str(model["d_head"])),
+        ("context", f"{model['n_ctx']:,} tokens"),
+        ("vocabulary", f"{model['vocab_size']:,} tokens"),
+        ("parameters", f"{model['n_params']:,}"),
+        (
+            "attention parameters per layer",
+            f"{model['attention_params']:,} ({matches} the formula's {model['attention_params_formula']:,})",
+        ),
+        ("device", model["device"]),
+        ("number format", model["dtype"]),
+    ]
+    return facts
 
-    if diversity is not None:
-        plot = figures.diversity_per_layer(diversity)
 
-        def pair_rows(pairs):
-            return [(f"{p['a']} ~ {p['b']}", _number(p["js"]), _number(p["cosine"])) for p in pairs]
-
-        headers = ("heads", "JSD bits", "cosine")
-        parts.append(
-            "<h2>Diversity</h2><p>Jensen–Shannon divergence (bits) between the attention rows of every pair of "
-            "heads, averaged over the scored rows; 0 = identical heads, 1 = disjoint.</p>"
-            + _image(plot, "diversity per layer")
-            + "<h3>Most redundant pairs</h3>"
-            + _table(headers, pair_rows(diversity.ranked_pairs(True)))
-            + "<h3>Most distinct pairs</h3>"
-            + _table(headers, pair_rows(diversity.ranked_pairs(False)))
-            + f"<p>{counted(len(diversity.groups), 'group')} of near-duplicate heads "
-            + f"(JSD &lt; {diversity.redundant} bits): "
-            + html.escape("; ".join(", ".join(group) for group in diversity.groups) or "none")
-            + "</p>"
+def settings_rows(report: Any) -> list[tuple[str, str]]:
+    """The settings the numbers depend on, in words."""
+    heads = report.heads
+    settings, inputs = heads.settings, heads.inputs
+    rows = [
+        ("special tokens", "added (BOS, or [CLS] … [SEP])" if inputs.get("bos") else "none added"),
+        ("local window", f"the token and the {settings['window']} before it"),
+    ]
+    rows += [
+        (f"threshold: {role}", f"{SCORE[ROLE[role].score].label} ≥ {value:g}")
+        for role, value in settings["thresholds"].items()
+    ]
+    probe = inputs.get("probe")
+    if probe is not None:
+        rows.append(
+            (
+                "repeated-token probe",
+                f"{probe['sequences']} sequences of {probe['period']} random tokens, each repeated once (seed "
+                f"{probe['seed']})",
+            )
         )
     else:
-        parts.append("<h2>Diversity</h2><p>Not computed (the diversity pass was off).</p>")
-
-    maps = []
-    for record in report.characteristic:
-        attention = heads_result.attention.get(record.layer)
-        if attention is None:
-            continue
-        about = f"{record.label} ({record.role.role}, {record.role.metric} {record.role.score:.2f})"
-        title = f"Head {about}"
-        figure = figures.head_attention(heads_result.model, attention, record.head, f"Attention of head {about}")
-        maps.append(f"<figure>{_image(figure, title)}<figcaption>{html.escape(title)}</figcaption></figure>")
-    if maps:
-        parts.append(
-            "<h2>Attention of the most characteristic heads</h2><p>For each role, the head that fills it best, on "
-            'the first text.</p><div class="grid">' + "".join(maps) + "</div>"
-        )
-
-    columns = ["head", "role", "by", *heads_result.heads[0].scores]
-    head_rows = [
-        (
-            record.label,
-            record.role.role,
-            f"{record.role.metric} {record.role.score:.2f}",
-            *(_number(value) for value in record.scores.values()),
-        )
-        for record in heads_result.heads
+        rows.append(("repeated-token probe", "off"))
+    rows += [
+        ("batch size", f"{settings['batch_size']} windows"),
+        ("tokens per batch", "no limit" if settings["max_tokens"] is None else f"at most {settings['max_tokens']:,}"),
     ]
-    parts.append("<h2>Every head</h2><p>Click a column to sort.</p>" + _table(columns, head_rows, "sortable"))
-    data = {"heads": heads_doc, "diversity": diversity_doc}
-    # "</" cannot end the script element early once escaped; the JSON stays valid
-    payload = json.dumps(data, ensure_ascii=False, sort_keys=False).replace("</", "<\\/")
+    if report.diversity is not None:
+        diversity = report.diversity.settings
+        rows += [
+            ("near-duplicate heads", f"JS divergence below {diversity['redundant']:g} bits"),
+            ("clusters", f"average linkage below {diversity['cluster_at']:g} bits"),
+        ]
+    if report.ablation is not None:
+        rows.append(("ablation", "each head's output removed in turn; the change in loss (nats per predicted token)"))
+    return rows
+
+
+def _role_map(report: Any) -> str:
+    """Layers as rows, heads as columns, each cell in its role's colour with the role's short label; clicking one
+    selects the head (the script), a tooltip names it without the script."""
+    model = report.model
+    records = {(record.layer, record.head): record for record in report.heads.heads}
+    header = "".join(f"<th>{head}</th>" for head in range(model["n_head"]))
+    rows = []
+    for layer in range(model["n_layer"]):
+        cells = []
+        for head in range(model["n_head"]):
+            record = records[(layer, head)]
+            role = ROLE[record.role.role]
+            tip = f"{record.label} {role.name}: {SCORE[record.role.metric].short} {record.role.score:.2f}"
+            cells.append(
+                f'<td class="cell" data-head="{record.label}" data-role="{_text(role.name)}" title="{_text(tip)}" '
+                f'style="background:{role.colour};color:{role.ink}">{_text(role.short)}</td>'
+            )
+        rows.append(f"<tr><th>{layer}</th>{''.join(cells)}</tr>")
+    present = {record.role.role for record in report.heads.heads}
+    legend = "".join(
+        f'<span class="chip" style="background:{role.colour};color:{role.ink}">{_text(role.short)}</span> '
+        f"{_text(role.name)}&ensp;"
+        for role in ROLES
+        if role.name in present
+    )
+    return (
+        '<div class="wide"><table class="rolemap"><thead><tr><th title="layer \\ head">L\\H</th>'
+        f"{header}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+        f'<p class="legend">{legend}</p>'
+    )
+
+
+def _top_heads(report: Any) -> str:
+    rows = []
+    for role, records in report.top_per_role.items():
+        score = SCORE[ROLE[role].score]
+        for rank, record in enumerate(records, start=1):
+            given = ROLE[record.role.role]
+            rows.append(
+                f'<tr data-head="{record.label}"><td>{_text(role) if rank == 1 else ""}</td><td>{record.label}</td>'
+                f"<td>{_number(record.scores[score.name])}</td>"
+                f'<td><span class="chip" style="background:{given.colour};color:{given.ink}">'
+                f"{_text(given.short)}</span></td></tr>"
+            )
+    return (
+        '<div class="wide"><table class="pick"><thead><tr><th>role</th><th>head</th><th>its score</th>'
+        f"<th>role given</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+    )
+
+
+def _every_head(report: Any) -> str:
+    heads = report.heads
+    columns = table_columns(heads.kind.name)
+    header = "<th>head</th><th>role</th><th title='the score that decided the role'>by</th>" + "".join(
+        f'<th title="{_text(f"{s.label}: {s.description}")}">{_text(s.short)}</th>' for s in columns
+    )
+    rows = []
+    for record in heads.heads:
+        role = ROLE[record.role.role]
+        cells = "".join(f"<td>{_number(record.scores[score.name])}</td>" for score in columns)
+        rows.append(
+            f'<tr data-head="{record.label}"><td>{record.label}</td>'
+            f'<td><span class="chip" style="background:{role.colour};color:{role.ink}">{_text(role.short)}</span>'
+            f"</td><td>{_text(SCORE[record.role.metric].short)} {record.role.score:.2f}</td>{cells}</tr>"
+        )
+    return (
+        "<p>Click a column to sort, a row to show the head; hover a column name for its definition.</p><div "
+        f'class="wide tall"><table class="sortable pick"><thead><tr>{header}</tr></thead><tbody>{"".join(rows)}'
+        "</tbody></table></div>"
+    )
+
+
+def _diversity(report: Any) -> str:
+    diversity = report.diversity
+    if diversity is None:
+        return '<section id="diversity"><h2>Diversity</h2><p>Not computed (the diversity pass was off).</p></section>'
+
+    def pair_rows(pairs: Sequence[dict]) -> str:
+        return "".join(
+            f'<tr data-pair="{p["a"]} {p["b"]}"><td>{p["a"]} ~ {p["b"]}</td><td>{_number(p["js"])}</td>'
+            f"<td>{_number(p['cosine'])}</td></tr>"
+            for p in pairs
+        )
+
+    head = "<thead><tr><th>heads</th><th>JSD (bits)</th><th>cosine</th></tr></thead>"
+    layers = _table(
+        ("layer", "mean JSD between its heads (bits)"),
+        [(layer, _number(score)) for layer, score in diversity.layer_scores.items()],
+    )
+    groups = "; ".join(", ".join(group) for group in diversity.groups) or "none"
+    clusters = "; ".join(", ".join(group) for group in diversity.clusters) or "none"
+    return (
+        '<section id="diversity"><h2>Diversity</h2><p>How differently the heads attend: the Jensen–Shannon divergence '
+        "between two heads' attention rows (bits; 0 = the same rows, 1 = disjoint), averaged over every scored row of "
+        "every text, and the cosine similarity of their maps. Heads are ordered by average-linkage clustering, with "
+        "its dendrogram; the strips beside the matrix give each head's role. Hover a cell to name the two heads, "
+        "click it to see their maps side by side.</p>"
+        '<div data-viewer="matrix"><p class="fallback">The matrix needs the page\'s script.</p></div>'
+        '<div data-viewer="compare"></div>'
+        f'<div class="columns"><div><h3>Most redundant pairs</h3><div class="wide"><table class="pick">{head}<tbody>'
+        f"{pair_rows(diversity.ranked_pairs(True))}</tbody></table></div></div>"
+        f'<div><h3>Most distinct pairs</h3><div class="wide"><table class="pick">{head}<tbody>'
+        f"{pair_rows(diversity.ranked_pairs(False))}</tbody></table></div></div>"
+        f"<div><h3>Per layer</h3>{layers}</div></div>"
+        f"<details><summary>{counted(len(diversity.groups), 'group')} of near-duplicate heads (JSD &lt; "
+        f"{diversity.redundant:g} bits, joined through close pairs)</summary><p>{_text(groups)}</p></details>"
+        f"<details><summary>{counted(len(diversity.clusters), 'cluster')} (average linkage below "
+        f"{diversity.cluster_at:g} bits)</summary><p>{_text(clusters)}</p></details></section>"
+    )
+
+
+def _ablation(report: Any) -> str:
+    ablation = report.ablation
+    if ablation is None:
+        return ""
+    top = [
+        (f"{layer}.{head}", _number(float(ablation.importance[layer, head]), 4)) for layer, head in ablation.ranked()
+    ]
+    return (
+        '<section id="ablation"><h2>Ablation</h2>'
+        f"<p>The loss with each head's output removed, minus the loss of the whole model "
+        f"({ablation.baseline_loss:.4f} nats per predicted token over {ablation.inputs['predicted_tokens']:,} "
+        "tokens): positive (blue) = the model needs the head, negative (vermillion) = it does better without it. "
+        "The colour scale is centred at 0. Click a head to show it.</p>"
+        '<div data-viewer="ablation"><p class="fallback">The grid needs the page\'s script.</p></div>'
+        "<h3>Most important heads</h3>" + _table(("head", "loss increase (nats)"), top[:10], "pick") + "</section>"
+    )
+
+
+def _inputs(report: Any) -> str:
+    heads = report.heads
+    inputs = heads.inputs
+    sources = inputs.get("sources", [])
+    listed = "".join(f"<li>{_text(source)}</li>" for source in sources)
+    more = inputs["n_texts"] - len(sources)
+    shown = "".join(
+        f"<details><summary>{_text(text.name)}: {len(text.ids)} tokens"
+        f"{f' (of {text.length}, cut)' if text.cut else ''}</summary><pre>"
+        f"{_text(''.join(text.labels.tokens))}</pre></details>"
+        for text in report.texts
+    )
+    notes = "".join(f"<li>{_text(note)}</li>" for note in report.notes)
+    map_notes = "".join(f"<li>{_text(note)}</li>" for note in report.map_notes)
+    return (
+        '<section id="inputs"><h2>Inputs</h2>'
+        f"<p>{counted(inputs['n_texts'], 'text')}, {counted(inputs['n_windows'], 'window')}, "
+        f"{counted(inputs['n_tokens'], 'token')}, {counted(inputs['scored_rows'], 'scored query row')}.</p>"
+        f"<details><summary>Sources ({inputs['n_texts']:,})</summary><ul>{listed}"
+        f"{f'<li>… and {more:,} more</li>' if more > 0 else ''}</ul></details>"
+        "<h3>Texts the maps are drawn on</h3>"
+        f"<p>Every head's attention is drawn on the first "
+        f"{counted(len([t for t in report.texts if t.kind == 'text']), 'input text')}, each cut to at most "
+        f"{report.token_cap} tokens, and, for a decoder with the probe on, on "
+        "the probe's first repeated sequence. The maps are stored with one byte per weight (see the "
+        "README's report section); the scores and roles use every token of every text.</p>"
+        f"{f'<ul class=notes>{map_notes}</ul>' if map_notes else ''}{shown}"
+        f"<h3>Model</h3>{_facts(model_facts(report.model))}<h3>Settings</h3>{_facts(settings_rows(report))}"
+        f"{f'<h3>Notes</h3><ul class=notes>{notes}</ul>' if notes else ''}</section>"
+    )
+
+
+def _glossary(report: Any) -> str:
+    thresholds = report.heads.settings["thresholds"]
+    roles = []
+    for role in ROLES:
+        if role.score is not None and role.name not in thresholds:
+            continue
+        rule = (
+            "no rule passes"
+            if role.score is None
+            else f"{SCORE[role.score].label} ({SCORE[role.score].short}) ≥ {thresholds[role.name]:g}"
+        )
+        roles.append(
+            f'<tr><td><span class="chip" style="background:{role.colour};color:{role.ink}">{_text(role.short)}'
+            f"</span> {_text(role.name)}</td><td>{_text(rule)}</td><td>{_text(role.description)}</td></tr>"
+        )
+    scores = "".join(
+        f"<tr><td>{_text(score.label)}</td><td><code>{_text(score.short)}</code></td><td>{_text(score.unit)}</td>"
+        f"<td>{_text(score.description)}</td></tr>"
+        for score in (SCORE[name] for name in report.heads.measured)
+    )
+    return (
+        '<section id="glossary"><h2>Roles and scores</h2><p>A head gets the first role whose rule it passes: the '
+        "patterns (previous-token, self, induction, …) first, highest score winning, the sinks only when no other "
+        "pattern passes, then local, then broad; mixed when none passes (its closest score is shown).</p>"
+        '<div class="wide"><table class="facts"><thead><tr><th>role</th><th>rule</th><th>what it means</th></tr>'
+        f"</thead><tbody>{''.join(roles)}</tbody></table></div>"
+        '<div class="wide"><table class="facts"><thead><tr><th>score</th><th>short</th><th>unit</th>'
+        f"<th>definition</th></tr></thead><tbody>{scores}</tbody></table></div></section>"
+    )
+
+
+def render(report: Any, heads_doc: dict, diversity_doc: dict | None, ablation_doc: dict | None = None) -> str:
+    """The report page of a ReportResult; `heads_doc`, `diversity_doc` and `ablation_doc` are the JSON documents
+    embedded in the page (the diversity's matrices travel encoded in the viewer's data instead)."""
+    heads = report.heads
+    model = heads.model
+    name = model["name"]
+    inputs = heads.inputs
+    sections = [("explore", "Heads"), ("top-heads", "Top heads per role")]
+    sections += [("diversity", "Diversity")] + ([("ablation", "Ablation")] if report.ablation is not None else [])
+    sections += [("every-head", "Every head"), ("inputs", "Inputs"), ("glossary", "Roles and scores")]
+    nav = " · ".join(f'<a href="#{anchor}">{title}</a>' for anchor, title in sections)
+    notes = "".join(f'<p class="note">note: {_text(note)}</p>' for note in report.notes)
+    explore = (
+        '<section id="explore"><h2>Heads</h2><p class="hint">Click a head (in the map, the examples or any table) to '
+        "see its attention on each text; ← → move between heads, ↑ ↓ between layers; hover a token to see where it "
+        "looks and what looks at it.</p>"
+        '<div class="explore" tabindex="0"><div class="overview">'
+        '<p class="colour-by"></p>'
+        f"{_role_map(report)}"
+        '<h3>One head per role</h3><p class="small">The head that fills each role best, on the text that shows '
+        "the role: the probe's repeated tokens for copying heads, prose for the others.</p>"
+        '<div data-viewer="gallery"></div></div>'
+        '<div class="asv-panel" data-viewer="head"><p class="fallback">The maps need the page\'s script; the '
+        "tables below read without it.</p></div></div></section>"
+    )
+    body = (
+        f"<header><h1>attnscope report: {_text(name)}</h1>"
+        f"<p>{counted(inputs['n_texts'], 'text')}, {counted(inputs['n_tokens'], 'token')}; "
+        f"{counted(model['n_layer'], 'layer')} × {counted(model['n_head'], 'head')}; attnscope "
+        f"{_text(__version__)}.</p><nav>{nav}</nav></header>"
+        + notes
+        + explore
+        + f'<section id="top-heads"><h2>Top heads per role</h2><p>The heads with the highest score of each role\'s '
+        f"rule, whatever role they were given.</p>{_top_heads(report)}</section>"
+        + _diversity(report)
+        + _ablation(report)
+        + f'<section id="every-head"><h2>Every head</h2>{_every_head(report)}</section>'
+        + _inputs(report)
+        + _glossary(report)
+    )
+    embedded = {"heads": heads_doc, "diversity": diversity_doc, "ablation": ablation_doc}
+    if diversity_doc is not None:
+        embedded["diversity"] = {key: value for key, value in diversity_doc.items() if key != "matrices"}
+    embedded["viewer"] = viewer.report_viewer(report)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>attnscope report: {html.escape(name)}</title><style>{STYLE}</style></head><body>"
-        + "".join(parts)
-        + f'<script type="application/json" id="attnscope-data">{payload}</script>'
-        + f"<script>{SCRIPT}</script></body></html>\n"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>attnscope report: {_text(name)}</title><style>{viewer.style()}</style></head>"
+        f'<body class="asv asv-page">{body}'
+        f'<script type="application/json" id="attnscope-data" class="asv-data">{viewer.script_json(embedded)}</script>'
+        f"<script>{viewer.code()}</script></body></html>\n"
     )

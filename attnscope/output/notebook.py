@@ -4,7 +4,9 @@
 as in the terminal and the pictures; a title; a legend of the roles present) and the table of heads; the other
 commands show the tables their terminal view shows, with layer × head grids shaded by value. Every fragment is
 self-contained: inline styles only, no script, no picture, nothing fetched; every text (tokens, model names,
-sources, notes) escaped. Renders only; computes nothing.
+sources, notes) escaped. Renders only; computes nothing. The one exception is `show`: the report page's viewer
+(`output.viewer`: one inline script, its data as JSON, nothing fetched) for that layer's heads, over the static
+tables, which stay for a notebook that runs no script.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from attnscope.output.views import view_of
 from attnscope.scores.catalog import ROLE, ROLES, SCORE, table_columns
 
 MAX_MAP_TOKENS = 32  # a `show` map lists at most this many tokens (its picture, `save`, shows them all)
+VIEWER_TOKENS = 256  # and its interactive viewer draws at most this many (one byte per weight in the page)
 BOX = "font-family:system-ui,sans-serif;font-size:0.85em;margin:0.3em 0"
 TABLE = "border-collapse:collapse;margin:0.2em 0 0.8em 0"
 CELL = "border:1px solid #ddd;padding:0.1em 0.45em;text-align:right;white-space:nowrap"
@@ -159,6 +162,16 @@ def _heads(view: Any) -> str:
 
 
 def _show(view: Any) -> str:
+    """The interactive viewer of the report page for this layer's heads and this text (`output.viewer`; its first
+    VIEWER_TOKENS tokens), over a static fallback of tables (its first MAX_MAP_TOKENS tokens) that a notebook which
+    runs no script shows instead."""
+    from attnscope.output import viewer
+
+    data, _ = viewer.show_viewer(view.result, VIEWER_TOKENS)
+    return _fragment(viewer.fragment(data, _show_tables(view)))
+
+
+def _show_tables(view: Any) -> str:
     result, attention = view.result, view.result.attention
     heads = range(attention.maps.shape[0]) if result.head is None else [result.head]
     tokens = attention.tokens[:MAX_MAP_TOKENS]
@@ -174,7 +187,7 @@ def _show(view: Any) -> str:
         matrix = [[None if causal and j > i else weights[i][j] for j in range(n)] for i in range(n)]
         title = f"Head {attention.layer}.{head}: {result.model['name']} (rows: queries, columns: keys)"
         parts.append(_grid(matrix, labels, [str(j) for j in range(n)], title, "query"))
-    return _fragment(_notes(notes), *parts)
+    return _notes(notes) + "".join(parts)
 
 
 # ------------------------------------------------------------------------------------------------------ diversity

@@ -551,17 +551,19 @@ class ReportView(View):
     names_files = True
 
     def document(self) -> dict:
-        """The `heads` and `diversity` documents of `--json` (every head), side by side."""
+        """The `heads` and `diversity` documents of `--json` (every head), side by side, and with `--ablate` the
+        `ablate` document (loss method) as `ablation`."""
         result = self.result
         heads = result.heads
         return document(
             "report",
             heads.model,
             heads.inputs,
-            {"diversity": result.diversity is not None},
+            {"diversity": result.diversity is not None, "ablate": result.ablation is not None},
             result.notes,
             heads=heads_document(heads, heads.heads),
             diversity=None if result.diversity is None else diversity_document(result.diversity),
+            ablation=None if result.ablation is None else AblateView(result.ablation).document(),
         )
 
     def records(self) -> list[dict]:
@@ -572,7 +574,8 @@ class ReportView(View):
         from attnscope.output import html
 
         doc = self.document()
-        return [write_atomic(stage / "report.html", html.render(self.result, doc["heads"], doc["diversity"]))]
+        page = html.render(self.result, doc["heads"], doc["diversity"], doc["ablation"])
+        return [write_atomic(stage / "report.html", page)]
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
         return _picture_paths(written)

@@ -95,11 +95,11 @@ CASES = {
     "attend to a later token": (["attend", DOCTOR_TWICE, *D, "--from", "she", "--to", "would"], "comes after from"),
     "attend occurrence": (
         ["attend", DOCTOR_TWICE, *D, "--from", "doctor", "--from-index", "5"],
-        "from occurrence 5: 'doctor' occurs 2 time(s) (doctor@2, doctor@9)",
+        "from occurrence 5: 'doctor' occurs 2 times (doctor@2, doctor@9)",
     ),
     "attend to occurrence": (
         ["attend", DOCTOR_TWICE, *D, "--from", "she", "--to", "doctor", "--to-index", "4"],
-        "to occurrence 4: 'doctor' occurs 2 time(s)",
+        "to occurrence 4: 'doctor' occurs 2 times",
     ),
     "attend to-index without to": (["attend", CAT, *D, "--from", "cat", "--to-index", "0"], "give the to word"),
     "attend top 0": (["attend", CAT, *D, "--from", "cat", "--top", "0"], "Invalid value for '--top'"),

@@ -3,15 +3,14 @@ page is one self-contained file, the same on every run, and works in a real head
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
 
-from attnscope.output.figures import ROLE_COLOURS
 from tests.support import CAT
 
 BROWSER = shutil.which("chromium")
@@ -21,7 +20,7 @@ SETTINGS = ["--window", "1", "--threshold", "broad=0.4", "--probe-len", "8", "--
 
 
 def _embedded(text: str) -> dict:
-    found = re.search(r'<script type="application/json" id="attnscope-data">(.*?)</script>', text, re.S)
+    found = re.search(r'<script type="application/json" id="attnscope-data"[^>]*>(.*?)</script>', text, re.S)
     return json.loads(found.group(1).replace("<\\/", "</"))
 
 
@@ -38,7 +37,8 @@ def _roles(doc):
 def test_report_json_is_heads_and_diversity_and_writes_no_page(cli, model_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     doc = _json(cli, "report", CAT, "-m", model_dir)
-    assert doc["command"] == "report" and doc["settings"] == {"diversity": True}
+    assert doc["command"] == "report" and doc["settings"] == {"diversity": True, "ablate": False}
+    assert doc["ablation"] is None
     assert doc["heads"]["command"] == "heads" and doc["diversity"]["command"] == "diversity"
     heads = _json(cli, "heads", CAT, "-m", model_dir)
     assert doc["heads"]["heads"] == heads["heads"]
@@ -85,22 +85,67 @@ def page(tiny_model_dir, tmp_path_factory):
     return folder
 
 
+def _decoded_matrix(text: str, size: int) -> np.ndarray:
+    """A diversity matrix of the page: the pairs i < j as uint16, read back here (output/viewer.py's layout)."""
+    codes = np.frombuffer(base64.b64decode(text), dtype="<u2") / 65535
+    matrix = np.zeros((size, size))
+    matrix[np.triu_indices(size, k=1)] = codes
+    return matrix + matrix.T
+
+
+def _decoded_maps(entry: dict, n_layer: int, n_head: int, causal: bool) -> np.ndarray:
+    """(L, H, n, n) a text's maps read back (the keys after a causal query are NaN)."""
+    n = entry["n"]
+    codes = np.frombuffer(base64.b64decode(entry["maps"]), dtype=np.uint8)
+    cells = n * (n + 1) // 2 if causal else n * n
+    assert codes.size == n_layer * n_head * cells
+    maps = np.full((n_layer, n_head, n, n), np.nan)
+    rows, columns = np.tril_indices(n) if causal else np.indices((n, n)).reshape(2, -1)
+    scale = np.array(entry["scale"])[..., None]
+    maps[:, :, rows, columns] = scale * (codes.reshape(n_layer, n_head, cells) / 255) ** 2
+    return maps
+
+
 @pytest.mark.slow
 def test_page_is_self_contained_deterministic_and_carries_the_numbers(page, cli, tiny_model_dir):
     text = (page / "a" / "report.html").read_text(encoding="utf-8")
     assert (page / "b" / "report.html").read_text(encoding="utf-8") == text  # byte-identical
     assert sorted(p.name for p in (page / "a").iterdir()) == ["report.html"]
-    assert not re.search(r"(src|href)\s*=\s*[\"'](?!data:)", text)  # every resource is embedded
-    assert "http://" not in text and "https://" not in text
-    images = re.findall(r'src="data:image/png;base64,', text)
-    assert len(images) >= 1 + 10 + 1  # role map, score heatmaps, diversity plot, at least
+    assert not re.search(r"(src|href)\s*=\s*[\"'](?!#)", text)  # no resource at all: links only within the page
+    assert "http://" not in text and "https://" not in text and "data:image" not in text  # drawn, not pictures
+    assert len(re.findall(r"<script", text)) == 2  # the data, and the one script
+    assert "eval(" not in text and "new Function" not in text
     data = _embedded(text)
     heads = _json(cli, "heads", "-m", tiny_model_dir, *SETTINGS)  # the same texts (the samples), the same settings
     assert data["heads"]["heads"] == heads["heads"]
     diversity = _json(cli, "diversity", "-m", tiny_model_dir, "--layer", "all")
-    assert data["diversity"]["command"] == "diversity" and data["diversity"]["matrices"] == diversity["matrices"]
+    assert data["diversity"]["command"] == "diversity" and "matrices" not in data["diversity"]
+    assert data["diversity"]["order"] == diversity["order"]
+    viewer = data["viewer"]
+    for name in ("js", "cosine"):
+        expected = np.array(diversity["matrices"][name])
+        np.fill_diagonal(expected, 0.0)
+        assert np.abs(_decoded_matrix(viewer["matrices"][name], 8) - expected).max() <= 1 / 131070 + 1e-6
     for head in data["heads"]["heads"]:
-        assert f"<td>{head['label']}</td><td>{head['role']}</td>" in text  # the sortable table of every head
+        assert f'<tr data-head="{head["label"]}"><td>{head["label"]}</td>' in text  # the table of every head
+    # every head's maps of a text are `show`'s, read back within the square-root bound
+    names = [entry["name"] for entry in viewer["texts"]]
+    assert names[:6] == [
+        f"sample:0{k}_{name}.txt" for k, name in enumerate(("cat", "doctor", "fox", "prose", "repeat", "code"), start=1)
+    ] and names[6].startswith("probe: 8 random")
+    for index in (0, 3):
+        entry = viewer["texts"][index]
+        decoded = _decoded_maps(entry, 2, 4, causal=True)
+        for layer in range(2):
+            shown = np.array(_json(cli, "show", "-m", tiny_model_dir, "--layer", layer, "--index", index)["maps"])
+            assert (
+                entry["n"] == shown.shape[-1]
+                and entry["labels"]
+                == _json(cli, "show", "-m", tiny_model_dir, "--layer", layer, "--index", index)["input"]["labels"]
+            )
+            lower = np.tril(np.ones(shown.shape[-2:], dtype=bool))
+            assert np.isnan(decoded[layer][:, ~lower]).all()
+            assert np.abs(decoded[layer][:, lower] - shown[:, lower]).max() <= 2 * 0.5 / 255 + 1e-6
 
 
 @pytest.mark.slow
@@ -115,37 +160,202 @@ def test_encoder_page(cli, tiny_bert_dir, tmp_path):
     assert "next_token" in text and PROBE_NOTE in text
 
 
-def _run_browser(url, *args):
-    return subprocess.run(
-        [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0", *args, url],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+# --------------------------------------------------------------------------------------------- in a browser
+BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                "--disable-sync", "--no-first-run"]  # fmt: skip
+DEMO_BUDGET = 1_000_000  # bytes: the demo model's page, with the diversity and the ablation
 
 
-def _console_lines(stderr):
-    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
+def _playwright():
+    """Playwright's Python package, driving the system's chromium (never a browser of its own): skips, saying why,
+    where either is missing."""
+    if BROWSER is None:
+        pytest.skip("no chromium on this machine (Debian: apt-get install chromium; .ci/run installs it)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("the playwright package is not installed (pip install -e '.[test]')")
+    return sync_playwright
+
+
+@pytest.fixture(scope="module")
+def demo_page(tmp_path_factory):
+    from attnscope.cli import run
+
+    folder = tmp_path_factory.mktemp("demo-report")
+    assert run(["report", "-m", "demo", "--ablate", "--out", str(folder), "-q"]) == 0
+    return folder / "report.html"
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(BROWSER is None, reason="no headless browser (Debian: apt-get install chromium)")
-def test_page_in_headless_chromium(page, tmp_path):
-    broken = tmp_path / "broken.html"
-    broken.write_text("<html><body><script>notDefined();</script></body></html>")
-    assert _console_lines(_run_browser(broken.as_uri(), "--dump-dom").stderr)  # the check below can see an error
+def test_the_demo_models_page_is_small(demo_page):
+    assert demo_page.stat().st_size <= DEMO_BUDGET
 
-    url = (page / "a" / "report.html").as_uri()
-    dom = _run_browser(url, "--dump-dom")
-    assert _console_lines(dom.stderr) == []
-    assert 'data-ready="yes"' in dom.stdout  # the page's script ran to its end
 
-    shot = tmp_path / "shot.png"
-    _run_browser(url, f"--screenshot={shot}", "--window-size=1200,1600", "--hide-scrollbars")
-    import matplotlib.image
+@pytest.fixture(scope="module")
+def browser():
+    """Headless chromium driven by playwright, one for the module (playwright's sync API runs one at a time)."""
+    sync_playwright = _playwright()
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=BROWSER, args=BROWSER_ARGS)
+        yield launched
+        launched.close()
 
-    pixels = (matplotlib.image.imread(shot)[..., :3] * 255).round().astype(int)  # (height, width, 3)
-    data = _embedded((page / "a" / "report.html").read_text(encoding="utf-8"))
-    for role in {head["role"] for head in data["heads"]["heads"]}:  # every role on the map shows in its colour
-        colour = np.array([int(ROLE_COLOURS[role][k : k + 2], 16) for k in (1, 3, 5)])
-        assert (pixels == colour).all(-1).sum() > 2000, role
+
+def _open(browser, path):
+    """A new tab on `path` (file://), with every console message, page error and request recorded."""
+    page = browser.new_page(viewport={"width": 1300, "height": 1000})
+    seen = {"console": [], "requests": []}
+    page.on("console", lambda message: seen["console"].append(f"{message.type}: {message.text}"))
+    page.on("pageerror", lambda error: seen["console"].append(f"pageerror: {error}"))
+    page.on("request", lambda request: seen["requests"].append(request.url))
+    page.goto(path.as_uri())
+    return page, seen
+
+
+@pytest.fixture(scope="module")
+def browser_page(browser, demo_page):
+    """The demo page opened from file:// in headless chromium."""
+    page, seen = _open(browser, demo_page)
+    page.wait_for_selector("body[data-ready=yes]", timeout=20_000)
+    return page, seen
+
+
+def _painted(page, selector: str) -> int:
+    """How many pixels of the canvas `selector` are not white: 0 for a map that was never drawn."""
+    return page.eval_on_selector(
+        selector,
+        """canvas => { const d = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+            let k = 0; for (let i = 0; i < d.length; i += 4) { if (d[i] + d[i + 1] + d[i + 2] < 740) { k++; } }
+            return k; }""",
+    )
+
+
+@pytest.mark.slow
+def test_clicking_a_head_shows_its_map_and_the_arrows_move(browser_page):
+    page, _ = browser_page
+    data = _embedded(page.content())
+    induction = next(h for h in data["heads"]["heads"] if h["role"] == "induction")["label"]
+    page.click(f'table.rolemap td[data-head="{induction}"]')
+    panel = page.locator('[data-viewer="head"]')
+    assert panel.get_attribute("data-head") == induction
+    assert f"Head {induction}" in panel.locator(".asv-title").first.inner_text()
+    assert "induction" in panel.locator(".asv-reason").inner_text()
+    probe = len(data["viewer"]["texts"]) - 1  # an induction head is shown on the probe first
+    assert panel.get_attribute("data-text") == str(probe)
+    assert _painted(page, '[data-viewer="head"] .asv-view .asv-heat canvas') > 1000
+    page.keyboard.press("ArrowRight")
+    layer, head = (int(part) for part in induction.split("."))
+    right = f"{layer}.{head + 1}" if head + 1 < 4 else f"{(layer + 1) % 2}.0"
+    assert panel.get_attribute("data-head") == right
+    page.keyboard.press("ArrowUp")
+    assert panel.get_attribute("data-head") == f"0.{right.split('.')[1]}"
+    assert page.locator(f'table.rolemap td.sel[data-head="0.{right.split(".")[1]}"]').count() == 1
+    page.click('tr[data-head="0.2"]')  # a row of a table shows that head too
+    assert panel.get_attribute("data-head") == "0.2"
+
+
+@pytest.mark.slow
+def test_hovering_a_token_highlights_its_row_and_what_it_looks_at(browser_page):
+    page, _ = browser_page
+    page.click('table.rolemap td[data-head="0.2"]')  # the previous-token head
+    page.hover('[data-viewer="head"] .asv-strip span[data-i="5"]')
+    heat = page.locator('[data-viewer="head"] .asv-view .asv-heat').first
+    assert heat.get_attribute("data-row") == "5"
+    strip = page.locator('[data-viewer="head"] .asv-strip span')
+    assert "q" in strip.nth(5).get_attribute("class")
+    weights = [float(strip.nth(k).get_attribute("data-weight") or "nan") for k in range(6)]
+    assert weights[4] == max(weights)  # a previous-token head looks at the token before
+    assert "looks most at" in page.locator('[data-viewer="head"] .asv-readout').inner_text()
+    page.click('[data-viewer="head"] .asv-toggle button[data-value="layer"]')  # every head of the layer
+    page.hover('[data-viewer="head"] .asv-strip span[data-i="3"]')
+    rows = page.locator('[data-viewer="head"] .asv-view .asv-heat')
+    assert rows.count() == 4 and all(rows.nth(k).get_attribute("data-row") == "3" for k in range(4))
+    page.click('[data-viewer="head"] .asv-toggle button[data-value="lines"]')
+    page.hover('[data-viewer="head"] .asv-lines .side.left span >> nth=3')
+    assert page.locator('[data-viewer="head"] .asv-lines').get_attribute("data-row") == "3"
+    assert _painted(page, '[data-viewer="head"] .asv-lines canvas') > 50
+    page.click('[data-viewer="head"] .asv-toggle button[data-value="head"]')
+    page.click('[data-viewer="head"] .asv-toggle button[data-value="map"]')
+
+
+@pytest.mark.slow
+def test_a_matrix_cell_names_two_heads_and_compares_them(browser_page):
+    page, _ = browser_page
+    matrix = page.locator('[data-viewer="matrix"] canvas')
+    matrix.scroll_into_view_if_needed()
+    box = matrix.bounding_box()
+    page.mouse.move(box["x"] + box["width"] - 5, box["y"] + box["height"] - 45)  # a cell near the bottom right
+    named = page.locator(".asv-matrix-readout").inner_text()
+    assert re.search(r"\d\.\d .*~ \d\.\d .*JSD [\d.]+ bits, cosine [\d.]+", named)
+    page.mouse.click(box["x"] + box["width"] - 5, box["y"] + box["height"] - 45)
+    compare = page.locator(".asv-compare")
+    pair = compare.get_attribute("data-pair").split()
+    assert len(pair) == 2 and all(label in named for label in pair)
+    assert compare.locator(".asv-card").count() == 2
+    for k in range(2):
+        assert _painted(page, f".asv-compare .asv-card >> nth={k} >> canvas") > 500
+
+
+@pytest.mark.slow
+def test_no_console_error_no_request_and_the_ablation_grid(browser_page, demo_page):
+    page, seen = browser_page
+    cells = page.locator("table.asv-ablation td[data-head]")
+    assert cells.count() == 8
+    data = _embedded(page.content())
+    strongest = max(data["ablation"]["heads"], key=lambda h: h["importance"])
+    colour = page.locator(f'table.asv-ablation td[data-head="{strongest["label"]}"]').evaluate(
+        "cell => getComputedStyle(cell).backgroundColor"
+    )
+    assert colour == "rgb(0, 114, 178)"  # the largest importance in the full blue of the diverging scale
+    page.click(f'table.asv-ablation td[data-head="{strongest["label"]}"]')
+    assert page.locator('[data-viewer="head"]').get_attribute("data-head") == strongest["label"]
+    assert seen["console"] == []
+    assert seen["requests"] == [demo_page.as_uri()]  # the page itself, nothing else
+
+
+@pytest.mark.slow
+def test_the_same_viewer_in_a_notebook(browser, tiny, tmp_path):
+    """Two `show` results in one notebook page: each draws its own heads from its own data (no shared id), hovering
+    a token in one leaves the other alone, and nothing is fetched."""
+    import attnscope
+
+    every_head = attnscope.show(tiny, CAT, layer=1)._repr_html_()
+    one_head = attnscope.show(tiny, "Hello world, hello again", layer=0, head=2, words=True)._repr_html_()
+    notebook = tmp_path / "notebook.html"
+    notebook.write_text(f"<!DOCTYPE html><html><body>{every_head}<p>between</p>{one_head}</body></html>", "utf-8")
+    page, seen = _open(browser, notebook)
+    page.wait_for_selector(".asv-fragment[data-ready=yes] >> nth=1", timeout=20_000)
+    panels = page.locator('[data-viewer="head"]')
+    assert [panels.nth(k).get_attribute("data-head") for k in range(2)] == ["1.0", "0.2"]
+    assert page.locator(".asv-fallback").first.is_hidden()  # the static tables give way to the viewer
+    assert panels.nth(0).locator(".asv-heads button").count() == 4  # every head of the layer
+    panels.nth(0).locator(".asv-heads button >> nth=3").click()
+    assert panels.nth(0).get_attribute("data-head") == "1.3"
+    second = panels.nth(1)
+    assert second.locator(".asv-toggle button.on").first.inner_text() == "words"  # show(words=True)
+    second.locator('.asv-strip span[data-i="2"]').hover()
+    assert second.locator(".asv-view .asv-heat").get_attribute("data-row") == "2"
+    assert panels.nth(0).locator(".asv-view .asv-heat").get_attribute("data-row") == ""
+    assert seen["console"] == [] and seen["requests"] == [notebook.as_uri()]
+    page.close()
+
+
+@pytest.mark.slow
+def test_a_gpt2_small_sized_page_is_within_five_megabytes(tmp_path):
+    """144 heads (GPT-2 small's shape, random weights, the real tokenizer) on the bundled samples: the quantised
+    maps are as large whatever the weights, so random weights give the real size."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+
+    from attnscope.cli import run
+    from tests.support import TOKENIZER_DIR
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config()).save_pretrained(tmp_path / "model")
+    GPT2TokenizerFast.from_pretrained(TOKENIZER_DIR).save_pretrained(tmp_path / "model")
+    assert run(["report", "-m", str(tmp_path / "model"), "--out", str(tmp_path / "page"), "-q"]) == 0
+    page = tmp_path / "page" / "report.html"
+    data = _embedded(page.read_text(encoding="utf-8"))
+    assert len(data["viewer"]["texts"]) == 7 and not any(text["n"] < text["length"] for text in data["viewer"]["texts"])
+    assert page.stat().st_size <= 5_000_000

@@ -88,7 +88,7 @@ def test_from_a_word_of_several_tokens_and_word_at_k(cli, demo):
         (["--from", "she", "--to", "nurse"], "its tokens are <bos>@0 The@1 do@2 ##ct@3 ##or@4 sa@5 ##id@6 that@7"),
         (["--from", "she", "--to", "nurse", "--words"], "its words are <bos>@0 The@1 doctor@2-4 said@5-6 that@7"),
         (["--from", "nurse"], "from word 'nurse' is not in the text; its tokens are <bos>@0 The@1 do@2 ##ct@3"),
-        (["--from", "doctor@2"], "from occurrence 2: 'doctor' occurs 1 time(s) (doctor@2-4)"),
+        (["--from", "doctor@2"], "from occurrence 2: 'doctor' occurs 1 time (doctor@2-4)"),
         (["--from", "she", "--to", "patient"], "to word 'patient' (patient@12-14) comes after from word 'she'"),
         (["--from", "she@1", "--from-index", "0"], "names occurrence 1, and from occurrence is 0: give one"),
     ],

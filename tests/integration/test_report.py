@@ -1,15 +1,16 @@
-"""`Report`: the heads analysis, the maps of the layers of each role's characteristic head, and the diversity of all
-heads, on both kinds of model."""
+"""`Report`: the heads analysis, every head's maps on the first texts and the probe, the diversity of all heads and
+the ablation, on both kinds of model."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from attnscope.analyses.ablate import Ablate
 from attnscope.analyses.diversity import analyze_diversity
 from attnscope.analyses.heads import Heads, analyze_heads
 from attnscope.analyses.report import Report
-from attnscope.pipeline.tokens import batches, pad_id, tokenize
+from attnscope.pipeline.tokens import Window, batches, label_window, pad_id, probe_windows, tokenize
 from attnscope.scores.catalog import DEFAULT_THRESHOLDS, ROLES
 from tests.support import TEXTS, reference_maps
 
@@ -59,26 +60,66 @@ def test_characteristic_heads_are_the_best_of_each_role(reports, kind):
         assert record.role.score == record.scores[DECIDING[record.role.role]]
 
 
-def test_maps_are_those_of_the_characteristic_heads_layers_for_the_first_text(reports, model, kind):
+def _reference_all_layers(model, ids):
+    """(L, H, n, n) from-scratch attention of one window of `ids`."""
+    batch = next(batches([Window(0, tuple(ids), 0)], 1, model.device, pad_id(model.tokenizer)))
+    reference = reference_maps(model, batch)
+    return np.stack([reference[layer][0].numpy() for layer in range(model.n_layer)])
+
+
+def test_every_head_is_drawn_on_each_text_and_the_probe(reports, model, kind):
+    """The maps are every layer's from-scratch attention of each text's first window (and, for a decoder, of the
+    probe's first sequence), labelled as `label_window` labels them."""
     report = reports[kind]
-    layers = {record.layer for record in report.characteristic}
-    assert set(report.heads.attention) == layers
-    window = tokenize(model, TEXTS[:1]).windows[0]
-    reference = reference_maps(model, next(batches([window], 1, model.device, pad_id(model.tokenizer))))
-    for layer in layers:
-        kept = report.heads.attention[layer]
-        assert kept.maps.shape == (model.n_head, len(window.ids), len(window.ids))
-        assert float((kept.maps - reference[layer][0]).abs().max()) < 1e-5
+    windows = tokenize(model, TEXTS).windows
+    texts = [text for text in report.texts if text.kind == "text"]
+    assert [text.name for text in texts] == [text.source for text in TEXTS]
+    assert [text.ids for text in texts] == [window.ids for window in windows]  # short: nothing cut
+    for text in report.texts:
+        assert text.maps.shape == (2, model.n_head, len(text.ids), len(text.ids))
+        np.testing.assert_allclose(text.maps, _reference_all_layers(model, text.ids), atol=1e-5)
+        assert text.labels == label_window(model.tokenizer, text.ids)
+    probes = [text for text in report.texts if text.kind == "probe"]
+    if kind == "decoder":
+        period = report.heads.inputs["probe"]["period"]
+        assert [text.ids for text in probes] == [probe_windows(model.tokenizer, period, model.n_ctx, 0)[0].ids]
+        assert report.examples["induction"] == len(report.texts) - 1  # the copying roles on the probe
+        assert report.examples["previous-token"] == 3  # the longest text (the fox's)
+    else:
+        assert probes == []
 
 
-def test_a_layer_with_no_characteristic_head_keeps_no_maps(model):
-    """One role given (broad, to the broadest head only): one layer of the two is drawn."""
+def test_long_texts_are_cut_and_an_encoders_keep_their_sep(model, kind):
+    from attnscope.analyses import report as report_module
+
+    shown, notes, cap = report_module.shown_texts(model, TEXTS[:2], None, None, max_tokens=6)
+    full = tokenize(model, TEXTS[:2]).windows
+    for text, window in zip(shown, full, strict=True):
+        assert len(text.ids) == 6 and text.length == len(window.ids) and text.cut
+        if kind == "encoder":  # [CLS] the first four text tokens [SEP]
+            assert text.ids == window.ids[:5] + window.ids[-1:]
+        else:
+            assert text.ids == window.ids[:6]
+        np.testing.assert_allclose(text.maps, _reference_all_layers(model, text.ids), atol=1e-5)
+    assert any("at most 6 tokens" in note for note in notes) and cap == 6
+
+
+def test_only_the_first_texts_are_drawn(tiny):
+    from attnscope.analyses import report as report_module
+
+    shown, notes, _ = report_module.shown_texts(tiny, TEXTS, None, None, max_texts=2)
+    assert [text.name for text in shown] == ["a", "b"]
+    assert notes == ["the page draws maps of the first 2 texts only"]
+
+
+def test_one_role_given_one_characteristic_head(model):
+    """One role given (broad, to the broadest head only): one characteristic head."""
     records = analyze_heads(model, TEXTS, probe=False).heads
     broadest = max(records, key=lambda record: record.scores["entropy_normalized"])
     thresholds = {**DEFAULT_THRESHOLDS, "broad": broadest.scores["entropy_normalized"] - 1e-9}
     report = Report(Heads(thresholds=thresholds, probe=False), diversity=False).run(model, TEXTS)
     assert [record.label for record in report.characteristic] == [broadest.label]
-    assert set(report.heads.attention) == {broadest.layer}
+    assert report.heads.attention == {}  # the page draws from `texts`: no layer kept twice
 
 
 def test_the_diversity_covers_every_head_of_the_model(reports, model, kind):
@@ -116,3 +157,29 @@ def test_without_diversity_no_second_pass_runs(tiny, monkeypatch):
     report = Report(Heads(probe=False), diversity=False).run(tiny, TEXTS[:2])
     assert report.diversity is None
     assert "induction" not in report.top_per_role  # the probe's roles are left out with the probe off
+    assert [text.kind for text in report.texts] == ["text", "text"]  # no probe drawn either
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(model_dirs):
+    from attnscope.models.loading import load_model
+
+    return load_model(str(model_dirs["decoder"]), "cpu", lm_head=True)
+
+
+def test_the_ablation_is_ablates_own(tiny_lm):
+    """`ablate` adds the loss ablation, the same as `Ablate` alone (loss method), and asks for the LM head."""
+    assert Report(ablate=True).needs_lm_head and not Report().needs_lm_head
+    report = Report(Heads(probe=False), diversity=False, ablate=True).run(tiny_lm, TEXTS[:2])
+    alone = Ablate("loss").run(tiny_lm, TEXTS[:2])
+    np.testing.assert_allclose(report.ablation.importance, alone.importance, atol=1e-12)
+    assert report.ablation.baseline_loss == pytest.approx(alone.baseline_loss)
+
+
+def test_the_dendrogram_is_scipys_average_linkage_of_the_js_divergence(reports, kind):
+    from scipy.cluster.hierarchy import linkage
+    from scipy.spatial.distance import squareform
+
+    report = reports[kind]
+    expected = linkage(squareform(report.diversity.js, checks=False), method="average", optimal_ordering=True)
+    np.testing.assert_allclose(report.linkage, expected, atol=1e-12)
