@@ -121,7 +121,7 @@ class Attend:
         windows = WindowStream(model, check_index(self.index, texts), self.bos)
         window, labels, position, notes = self._find_from_token(model, windows)
         reducer = QueryRowReducer(model.kind, position)
-        capture.run(model.model, batches([window], 1, model.device), reducer)
+        notes += capture.run(model.model, batches([window], 1, model.device), reducer, kernel=model.kernel).notes
         rows = np.stack([reducer.rows[layer].double().numpy() for layer in range(model.n_layer)])  # (L, H, n)
         check_finite(model, "attention", rows, range(model.n_layer))
         settings = {

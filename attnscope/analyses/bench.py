@@ -2,7 +2,10 @@
 
 Methods, on the same random token ids, batch shape and device:
 - `floor`: the base model with PyTorch SDPA attention and no attention returned: the cheapest forward there is.
-- `attnscope`: the full per-head analysis (every statistic of `attnscope heads`; the probe excluded).
+- `attnscope`: the full per-head analysis (every statistic of `attnscope heads`; the probe excluded), computed by
+  the kernel `kernel` chooses (auto: the fused Triton kernel on CUDA when Triton imports, else the block path).
+- `fused`, `blocks` (only when asked for): the same analysis with the fused kernel, or the block path, whatever
+  `kernel` says, to compare the two in one table (`fused` on the CPU runs Triton's interpreter: for testing only).
 - `tutorial`: the multi-head-attention tutorials' way: the LM-head model with eager attention and
   `output_attentions=True`, one text at a time, every map copied to numpy on the host and scored there.
 - `cache`: TransformerLens-style caching: one prompt at a time, every layer's attention pattern kept in a cache,
@@ -43,7 +46,8 @@ from attnscope.pipeline import capture
 
 METHODS = ("floor", "attnscope", "tutorial", "cache")  # the default set
 DIVERSITY_METHODS = ("diversity", "diversity-sampled")
-ALL_METHODS = METHODS + DIVERSITY_METHODS
+KERNEL_METHODS = ("fused", "blocks")  # the analysis with one kernel or the other
+ALL_METHODS = METHODS + KERNEL_METHODS + DIVERSITY_METHODS
 DEFAULT_SAMPLE_ROWS = 32  # rows per window of `diversity-sampled`
 # A timed sample lasts at least this long (calls of a short forward are repeated to fill it; see `measure`), and
 # makes at most MAX_CALLS calls.
@@ -225,10 +229,14 @@ def pattern_share(pattern: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
 
 
 def _methods(
-    lm_model: Any, ids: torch.Tensor, device: torch.device, sample_rows: int = DEFAULT_SAMPLE_ROWS
+    lm_model: Any,
+    ids: torch.Tensor,
+    device: torch.device,
+    sample_rows: int = DEFAULT_SAMPLE_ROWS,
+    kernel: str = "auto",
 ) -> dict[str, Callable[[int], Any]]:
     """Every method on `lm_model` (the model with its LM head; its base model is what attnscope analyses), each
-    called with how many times to run (`measure`)."""
+    called with how many times to run (`measure`); `attnscope` with the kernel of `kernel`."""
     from attnscope.pipeline.reducers import HeadStatistics
     from attnscope.pipeline.tokens import Batch
 
@@ -247,11 +255,11 @@ def _methods(
             for _ in range(calls):
                 model(input_ids=ids, attention_mask=mask, use_cache=False)  # no key/value cache: nothing is generated
 
-    def analysis(calls: int = 1) -> Any:
+    def analysis(calls: int = 1, kernel: str = kernel) -> Any:
         # `calls` batches analysed in one run, as `heads` runs a corpus batch after batch: what a run does once
         # (switching the model's attention, the means) is shared by its batches
         statistics = HeadStatistics(kind, n_layer, n_head, device)
-        capture.run(model, [batch] * calls, statistics)
+        capture.run(model, [batch] * calls, statistics, kernel=kernel)
         return statistics.means()
 
     def tutorial(calls: int = 1) -> list:
@@ -295,6 +303,8 @@ def _methods(
     return {
         "floor": floor,
         "attnscope": analysis,
+        "fused": lambda calls=1: analysis(calls, "fused"),
+        "blocks": lambda calls=1: analysis(calls, "blocks"),
         "tutorial": tutorial,
         "cache": cache,
         "diversity": lambda calls=1: diversity(0, calls),
@@ -385,15 +395,16 @@ def run_bench(
     methods: Sequence[str] = METHODS,
     seed: int = 0,
     sample_rows: int = DEFAULT_SAMPLE_ROWS,
+    kernel: str = "auto",
 ) -> list[Measurement]:
     """Every method at every (batch, seq) on `lm_model` (a decoder with its LM head, eval mode), on the same random
-    token ids."""
+    token ids; `attnscope` with the kernel of `kernel`."""
     generator = torch.Generator().manual_seed(seed)
     results = []
     for batch_size in batches:
         for seq in seqs:
             ids = torch.randint(0, lm_model.config.vocab_size, (batch_size, seq), generator=generator).to(device)
-            runs = _methods(lm_model, ids, device, sample_rows)
+            runs = _methods(lm_model, ids, device, sample_rows, kernel)
             measured = measure({method: runs[method] for method in methods}, device, warmup, repeats, sample_s=SAMPLE_S)
             for method, (times, peaks) in measured.items():
                 results.append(Measurement(method, batch_size, seq, times, peaks))
@@ -521,6 +532,7 @@ class Bench:
     methods: tuple[str, ...] = METHODS
     micro: bool = True
     sample_rows: int = DEFAULT_SAMPLE_ROWS  # of `diversity-sampled`
+    kernel: str = "auto"  # of the `attnscope` method: auto, fused or blocks (capture.resolve_kernel)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.methods) - set(ALL_METHODS))
@@ -530,7 +542,9 @@ class Bench:
             raise AttnscopeError(f"sample rows {self.sample_rows}: must be at least 2")
         check_settings(self.seq_lens, self.batch_sizes, self.repeats, self.warmup)
         resolve_dtype(self.dtype)
-        resolve_device(self.device)  # --device cuda on a machine without CUDA stops here, before any model
+        device = resolve_device(self.device)  # --device cuda on a machine without CUDA stops here, before any model
+        if self.kernel == "fused" or "fused" in self.methods:  # Triton missing: one line now, not after the warm-up
+            capture.resolve_kernel("fused", device)
 
     def run(self, model: Any = None, texts: Any = None, progress: Any = None) -> BenchResult:
         device = resolve_device(self.device)
@@ -545,6 +559,7 @@ class Bench:
             self.repeats,
             self.methods,
             sample_rows=self.sample_rows,
+            kernel=self.kernel,
         )
         machine = {
             "device": str(device),
@@ -560,6 +575,7 @@ class Bench:
             "warmup": self.warmup,
             "methods": list(self.methods),
             "sample_rows": self.sample_rows,
+            "kernel": capture.resolve_kernel(self.kernel, device),  # what computed the `attnscope` rows
             **machine,
         }
         config = network.config

@@ -48,7 +48,9 @@ def attention_maps(
         None,
         keep_layers=layers,
         keep_window=0,
+        kernel=model.kernel,
     )
+    notes += captured.notes
     labels = token_labels(model.tokenizer, first[0].ids)
     return {layer: AttentionMap(layer, captured.maps[layer], labels, 0) for layer in layers}, notes
 
