@@ -561,6 +561,12 @@ class Bench:
             sample_rows=self.sample_rows,
             kernel=self.kernel,
         )
+        kernel = capture.resolve_kernel(self.kernel, device)  # what computed the `attnscope` rows
+        if "fused" in self.methods or (kernel == "fused" and "attnscope" in self.methods):
+            from attnscope.pipeline import fused
+
+            if fused.interpreted():
+                notes.append(capture.INTERPRETER_NOTE)
         machine = {
             "device": str(device),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -575,7 +581,7 @@ class Bench:
             "warmup": self.warmup,
             "methods": list(self.methods),
             "sample_rows": self.sample_rows,
-            "kernel": capture.resolve_kernel(self.kernel, device),  # what computed the `attnscope` rows
+            "kernel": kernel,
             **machine,
         }
         config = network.config
