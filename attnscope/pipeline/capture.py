@@ -372,6 +372,9 @@ def _fused_layer(state: CaptureState, layer: int, query, key, value, attention_m
     if d_head > 256 or n != n_keys:
         state.note("heads wider than 256 or queries and keys of different lengths are not covered", layer)
         return None
+    if max(tensor.stride(0) for tensor in (query, key, value)) >= 2**31 or n * H * d_head >= 2**31:
+        state.note("a window too long for the kernel's 32-bit offsets within a window", layer)  # ~170k tokens
+        return None
     device = query.device
     lengths = state.lengths_on(device)  # (B,)
     window = kwargs.get("sliding_window")
