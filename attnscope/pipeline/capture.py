@@ -308,8 +308,9 @@ def _import_fused(device: torch.device) -> tuple[Any, str | None]:
         return None, f"Triton cannot be imported ({error}); install it with: pip install 'attnscope[gpu]'"
     if device.type == "cpu" and not fused.interpreted():
         return None, (
-            "on the CPU it runs under Triton's interpreter, which must be switched on (TRITON_INTERPRET=1) before "
-            "Triton is imported, and this process imported Triton without it"
+            "on the CPU it runs under Triton's interpreter, which must be switched on before Triton is imported, and "
+            "this process imported it without (transformers does, at its own import): set TRITON_INTERPRET=1 before "
+            "importing transformers"
         )
     return fused, None
 
@@ -331,14 +332,14 @@ def resolve_kernel(kernel: str, device: torch.device) -> str:
 
 
 def _mask_rule(attention_mask, lengths: torch.Tensor, causal: bool, window: int | None, n: int, n_keys: int):
-    """(limits (B,), left, right) such that row i of window b sees key j exactly when j < limits[b], j > i - left
+    """(limits (B,) int32, left, right) such that row i of window b sees key j exactly when j < limits[b], j > i - left
     and j < i + right, for every real row, as `attention_mask` (B or 1, 1, n, n_k) has it; None when no such rule
     is the mask (a pattern the fused kernel does not derive). transformers gives no mask where the layer's own
     pattern needs none: every key then, or the causal triangle."""
     from attnscope.pipeline.fused import UNBOUNDED
 
     if attention_mask is None:
-        return torch.full_like(lengths, n_keys), UNBOUNDED, 1 if causal else UNBOUNDED
+        return torch.full_like(lengths, n_keys, dtype=torch.int32), UNBOUNDED, 1 if causal else UNBOUNDED
     if attention_mask.dim() != 4 or attention_mask.shape[1] != 1 or tuple(attention_mask.shape[-2:]) != (n, n_keys):
         return None
     allowed = ~_is_masked(attention_mask[:, 0])  # (B or 1, n, n_k)
@@ -351,7 +352,7 @@ def _mask_rule(attention_mask, lengths: torch.Tensor, causal: bool, window: int 
         right = 1 if causal else left
         rule = (keys[None] < lengths[:, None, None]) & (keys > rows - left) & (keys < rows + right)  # (B, n, n_k)
         if not bool(((rule != allowed) & real).any()):
-            return lengths, left, right
+            return lengths.int(), left, right  # int32, as the kernel reads them
     return None
 
 
@@ -389,7 +390,8 @@ def _fused_layer(state: CaptureState, layer: int, query, key, value, attention_m
     limits, left, right = rule
     if device not in state._wanted:
         positions = torch.arange(n, device=device)  # (n,)
-        state._wanted[device] = reducer.keys_to_gather(positions, lengths) if reducer is not None else None
+        wanted = reducer.keys_to_gather(positions, lengths) if reducer is not None else None
+        state._wanted[device] = wanted.int() if wanted is not None else None  # int32, as the kernel reads them
     wanted = state._wanted[device]  # (n, m), (B, n, m) or None
     fused, _ = _import_fused(device)
     if fused.interpreted():
