@@ -37,9 +37,10 @@ import torch
 import triton
 import triton.language as tl
 
-# as in pipeline.capture (not imported from there: the capture imports this module)
-MASKED = -1e30  # a logit the row does not see: finite, so that 0 · logit stays 0
-LOGIT_FLOOR = -87.0  # shifted logits are floored here, as the block path's (exp(-87): the smallest normal float32)
+# as in pipeline.capture (not imported from there: the capture imports this module); constexpr, as a compiled
+# kernel reads globals only as such
+MASKED = tl.constexpr(-1e30)  # a logit the row does not see: finite, so that 0 · logit stays 0
+LOGIT_FLOOR = tl.constexpr(-87.0)  # shifted logits are floored here, as by the block path (exp(-87) ≈ 1.6e-38)
 UNBOUNDED = 2**30  # `left` or `right` of a layer without a window on that side
 INTERPRETER_BLOCK = 32  # rows and keys of a tile under the interpreter (see block_sizes)
 
@@ -100,11 +101,12 @@ def _attention_kernel(
         seen = (
             (keys[None, :] < limit) & (keys[None, :] > rows[:, None] - left) & (keys[None, :] < rows[:, None] + right)
         )
-        s = tl.where(seen, s, MASKED)
+        s = tl.where(seen, s, MASKED)  # the mask's last use: a key unseen weighs exp(MASKED - max) = 0 below
         new_max = tl.maximum(running_max, tl.max(s, 1))  # (BLOCK_M,)
         rescale = tl.exp(running_max - new_max)  # 0 while nothing was seen (m = MASKED), then <= 1
         shifted = s - new_max[:, None]
-        p = tl.where(seen, tl.exp(shifted), 0.0)  # (BLOCK_M, BLOCK_N)
+        # exp(0) = 1 for the unseen keys of a row that has seen none yet (its maximum still MASKED): those weigh 0
+        p = tl.where(new_max[:, None] > MASKED, tl.exp(shifted), 0.0)  # (BLOCK_M, BLOCK_N)
         weighted = rescale * (weighted + (running_max - new_max) * total) + tl.sum(p * shifted, 1)
         total = rescale * total + tl.sum(p, 1)
         v = tl.load(
@@ -198,14 +200,16 @@ class FusedRows:
     mass: torch.Tensor | None
 
 
-def block_sizes(d_head: int, interpret: bool) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_D, warps). On a GPU, flash attention's usual tiles (64 × 64, 32 keys at a time
-    from d_head 128 on, to keep the tiles in registers); not tuned on a GPU yet. Under the interpreter, 16 × 16:
-    tiny models then still span several tiles, so the tests cross tile edges."""
+def block_sizes(d_head: int, interpret: bool, half: bool = True) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_D, warps). On a GPU, 64 query rows by 64 keys with 8 warps, 32 keys from d_head 128
+    on or with float32 inputs (`half` false): compiled for sm_90 without a GPU (Triton's ahead-of-time path), those
+    fit the registers without spilling at d_head 64 (bfloat16: 217 registers) and spill a few dozen bytes at 128 (a
+    few hundred at 256), where 64 × 64 with 4 warps spilled more; never timed on a GPU. Under the interpreter,
+    INTERPRETER_BLOCK square tiles: a tiny model's window is one tile (the tests that cross tile edges shrink it)."""
     block_d = max(16, triton.next_power_of_2(d_head))
     if interpret:
         return INTERPRETER_BLOCK, INTERPRETER_BLOCK, block_d, 1
-    return 64, 64 if block_d <= 64 else 32, block_d, 4 if block_d <= 64 else 8
+    return 64, 64 if block_d <= 64 and half else 32, block_d, 8
 
 
 def fused_attention(
@@ -234,7 +238,7 @@ def fused_attention(
     H_kv, n_keys = key.shape[1], key.shape[2]
     device = query.device
     interpret = interpreted()
-    block_m, block_n, block_d, warps = block_sizes(d_head, interpret)
+    block_m, block_n, block_d, warps = block_sizes(d_head, interpret, query.dtype != torch.float32)
     output = torch.empty(B, n, H, d_head, dtype=value.dtype, device=device)  # (B, n, H, d_head)
     normalizer = torch.empty(B, H, n, device=device)  # (B, H, n) float32
     expected = torch.empty(B, H, n, device=device)
@@ -251,8 +255,10 @@ def fused_attention(
     wanted_strides = (0 if shared else wanted.stride(0), wanted.stride(1), wanted.stride(2))
     limits = limits.to(device=device, dtype=torch.int32)
     sink_logits = sinks.float().contiguous() if sinks is not None else normalizer  # never read without sinks
-    # fp32 inputs: full-precision products (Triton would use TF32 tensor cores otherwise, ~1e-3 off)
-    precision = "ieee" if query.dtype == torch.float32 else "tf32"
+    # float32 inputs: three TF32 products per product on tensor cores (each operand split in a high and a low TF32
+    # part), within ~2^-22 of float32's; plain TF32 would be ~1e-3 off, and FMA without tensor cores far slower. The
+    # interpreter multiplies in float32 whatever this says.
+    precision = "tf32x3" if query.dtype == torch.float32 else "tf32"
     grid = (triton.cdiv(n, block_m), B * H)
     arguments = (
         query, key, value, output, normalizer, expected,
