@@ -21,10 +21,11 @@ model's mask against this before it calls here. Grouped-query attention: query h
 where it lies, never a copy. Logits and every statistic are float32 whatever the input dtype (the matmuls take the
 input dtype and accumulate in float32, as tensor cores do); the output has the input's dtype.
 
-On a CUDA device the kernel is compiled by Triton; on the CPU it runs under Triton's interpreter (numpy, one
-program after another): exact, very slow, and how the tests check it without a GPU. The interpreter is chosen here
-by building the kernel as an `InterpretedFunction` for CPU tensors, so TRITON_INTERPRET need not be set, and a
-process may use both.
+On a CUDA device the kernel is compiled by Triton; under Triton's interpreter (TRITON_INTERPRET=1 when triton was
+imported: `interpreted()`) it runs on CPU tensors, with numpy, one program after another: exact, very slow, and how
+the tests check it without a GPU. Triton decides which when it is imported (it decorates its own functions, tl.sum
+and the like, then), so one process runs one or the other; the capture switches the interpreter on for the CPU when
+it can (pipeline.capture._import_fused).
 
 This module imports triton at its top: the capture imports it only when the fused kernel runs.
 """
