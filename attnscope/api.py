@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     Progress = Callable[[int, int, float], None] | None
 
 DEVICE_MAPS = ("auto", "balanced", "sequential")
+KERNELS = ("auto", "fused", "blocks")
 
 # The keywords several functions share, described once and appended to each function's docstring (`_keywords`).
 SHARED = {
@@ -63,6 +64,7 @@ SHARED = {
         dtype       auto (the checkpoint's own), float32, float16 or bfloat16, for a model given by name (--dtype)
         revision    a Hub branch, tag or commit, for a model given by name (--revision)
         device_map  auto, balanced or sequential: a model given by name spread over every device (--device-map)
+        kernel      auto, fused or blocks: what computes attention, for a model given by name (--kernel; see load)
     """,
     "progress": """
         progress    called after every batch with (texts read, tokens run, share of the input read from 0 to 1)
@@ -92,6 +94,7 @@ def load(
     revision: str | None = None,
     device_map: str | None = None,
     lm_head: bool = False,
+    kernel: str = "auto",
 ) -> LoadedModel:
     """Load a model for analysis: "demo" (bundled), a Hugging Face id ("gpt2"), or a folder saved with
     save_pretrained. Load once and pass the model to every function: a name is loaded again at every call.
@@ -103,6 +106,8 @@ def load(
                 needs accelerate)
     lm_head     load the language-model head too, which `ablate` needs; every other function takes such a model as
                 well (it analyses the base model)
+    kernel      what computes attention and its statistics when it is captured: auto (fused on a GPU when triton
+                imports, else blocks), fused (one Triton kernel) or blocks (--kernel)
 
     Under torchrun, a CUDA device becomes this process's own GPU and the process joins the group, as in the CLI.
     """
@@ -111,10 +116,17 @@ def load(
 
     if device_map is not None and device_map not in DEVICE_MAPS:
         raise AttnscopeError(f"device map '{device_map}': use one of {', '.join(DEVICE_MAPS)}")
+    if kernel not in KERNELS:
+        raise AttnscopeError(f"kernel '{kernel}': use one of {', '.join(KERNELS)}")
     place = distributed.world()
     if place.size > 1 and loading.resolve_device(device).type == "cuda":
         device = f"cuda:{place.local_rank}"
+    if kernel == "fused":  # one line now, before the weights, where it cannot run (triton missing, ...)
+        from attnscope.pipeline.capture import resolve_kernel
+
+        resolve_kernel(kernel, loading.resolve_device(device))
     loaded = loading.load_model(os.fspath(name), device, dtype, lm_head, revision, device_map)
+    loaded.kernel = kernel
     distributed.init(loaded.device)
     return loaded
 
@@ -213,6 +225,7 @@ def heads(
     dtype: str | None = None,
     revision: str | None = None,
     device_map: str | None = None,
+    kernel: str | None = None,
     progress: Progress = None,
 ) -> HeadsResult:
     """Score and classify every attention head (`attnscope heads`). A notebook shows the role map and the table.
@@ -246,7 +259,16 @@ def heads(
         top=top,
     )
     return _run(
-        analysis, model, texts, file, progress, device=device, dtype=dtype, revision=revision, device_map=device_map
+        analysis,
+        model,
+        texts,
+        file,
+        progress,
+        device=device,
+        dtype=dtype,
+        revision=revision,
+        device_map=device_map,
+        kernel=kernel,
     )
 
 
@@ -265,6 +287,7 @@ def show(
     dtype: str | None = None,
     revision: str | None = None,
     device_map: str | None = None,
+    kernel: str | None = None,
 ) -> ShowResult:
     """One layer's attention maps (or one head's) for one text (`attnscope show`). A notebook shows each map as a
     shaded table; `save(folder)` draws the picture.
@@ -278,7 +301,16 @@ def show(
 
     analysis = Show(layer, head, index, bos, words)
     return _run(
-        analysis, model, texts, file, None, device=device, dtype=dtype, revision=revision, device_map=device_map
+        analysis,
+        model,
+        texts,
+        file,
+        None,
+        device=device,
+        dtype=dtype,
+        revision=revision,
+        device_map=device_map,
+        kernel=kernel,
     )
 
 
@@ -301,6 +333,7 @@ def diversity(
     dtype: str | None = None,
     revision: str | None = None,
     device_map: str | None = None,
+    kernel: str | None = None,
     progress: Progress = None,
 ) -> DiversityResult:
     """How different the heads are: cosine and Jensen–Shannon between every pair (`attnscope diversity`).
@@ -327,7 +360,16 @@ def diversity(
         seed=seed,
     )
     return _run(
-        analysis, model, texts, file, progress, device=device, dtype=dtype, revision=revision, device_map=device_map
+        analysis,
+        model,
+        texts,
+        file,
+        progress,
+        device=device,
+        dtype=dtype,
+        revision=revision,
+        device_map=device_map,
+        kernel=kernel,
     )
 
 
@@ -351,6 +393,7 @@ def attend(
     dtype: str | None = None,
     revision: str | None = None,
     device_map: str | None = None,
+    kernel: str | None = None,
 ) -> AttendResult:
     """Where one token looks, in every layer and head (`attnscope attend`).
 
@@ -368,7 +411,16 @@ def attend(
 
     analysis = Attend(from_token, to_token, from_index, to_index, index, bos, tokens, top, words, skip_first)
     return _run(
-        analysis, model, texts, file, None, device=device, dtype=dtype, revision=revision, device_map=device_map
+        analysis,
+        model,
+        texts,
+        file,
+        None,
+        device=device,
+        dtype=dtype,
+        revision=revision,
+        device_map=device_map,
+        kernel=kernel,
     )
 
 
@@ -425,6 +477,7 @@ def report(
     dtype: str | None = None,
     revision: str | None = None,
     device_map: str | None = None,
+    kernel: str | None = None,
     progress: Progress = None,
 ) -> ReportResult:
     """Everything the report page shows (`attnscope report`): `save(folder)` writes report.html; a notebook shows
@@ -450,7 +503,16 @@ def report(
     )
     analysis = Report(settings, diversity, ablate)
     return _run(
-        analysis, model, texts, file, progress, device=device, dtype=dtype, revision=revision, device_map=device_map
+        analysis,
+        model,
+        texts,
+        file,
+        progress,
+        device=device,
+        dtype=dtype,
+        revision=revision,
+        device_map=device_map,
+        kernel=kernel,
     )
 
 
@@ -511,6 +573,7 @@ def bench(
     methods: Sequence[str] = ("floor", "attnscope", "tutorial", "cache"),
     micro: bool = True,
     sample_rows: int = 32,
+    kernel: str = "auto",
 ) -> BenchResult:
     """How fast is the analysis, against a plain SDPA forward and the usual notebook ways (`attnscope bench`)?
 
@@ -526,6 +589,7 @@ def bench(
     methods     which methods to time: floor, attnscope, tutorial, cache, diversity, diversity-sampled (--methods)
     micro       also the from-scratch attention micro-benchmark (--micro/--no-micro)
     sample_rows rows per window on which diversity-sampled estimates JS (--sample-rows)
+    kernel      what computes the attnscope method's attention: auto, fused or blocks (--kernel)
     """
     from attnscope.analyses.bench import Bench
 
@@ -545,5 +609,6 @@ def bench(
         methods,
         micro,
         sample_rows,
+        kernel,
     )
     return analysis.run()

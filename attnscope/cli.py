@@ -198,6 +198,14 @@ class Model:
     dtype: str
     revision: str | None = None
     device_map: str | None = None
+    kernel: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.kernel == "fused":  # one line now, before any model, where it cannot run (Triton missing, ...)
+            from attnscope.models.loading import resolve_device
+            from attnscope.pipeline.capture import resolve_kernel
+
+            resolve_kernel(self.kernel, resolve_device(self.device))
 
 
 @dataclass(frozen=True)
@@ -314,6 +322,19 @@ MODEL = _group(
             ),
         ],
         None,
+    ),
+    kernel=(
+        Annotated[
+            Literal["auto", "fused", "blocks"],
+            typer.Option(
+                "--kernel",
+                help="What computes attention and its statistics: fused (one Triton kernel on a GPU; needs pip install "
+                "'attnscope[gpu]'; on the CPU Triton's interpreter, very slow, for testing), blocks (PyTorch, blocks "
+                "of query rows), auto (fused on CUDA when Triton imports, else blocks). Maps, diversity and the probe "
+                "always use blocks.",
+            ),
+        ],
+        "auto",
     ),
 )
 BATCHING = _group(
@@ -596,7 +617,13 @@ def _load(model: Model, lm_head: bool = False, status: Callable[[str], None] | N
     from attnscope import api
 
     return api.load(
-        model.name, model.device, model.dtype, revision=model.revision, device_map=model.device_map, lm_head=lm_head
+        model.name,
+        model.device,
+        model.dtype,
+        revision=model.revision,
+        device_map=model.device_map,
+        lm_head=lm_head,
+        kernel=model.kernel,
     )
 
 
@@ -930,6 +957,7 @@ def ablate(
     """
     from attnscope.analyses.ablate import Ablate
 
+    _no_kernel("ablate", model)
     _run(Ablate(method, prune, texts.bos, **batching, top=top), output, texts, model)
 
 
@@ -1009,8 +1037,8 @@ def bench(
         typer.Option(
             "--methods",
             parser=_methods,
-            metavar="floor,attnscope,tutorial,cache,diversity,diversity-sampled",
-            help="Which methods to time.",
+            metavar="floor,attnscope,tutorial,cache,fused,blocks,diversity,diversity-sampled",
+            help="Which methods to time (fused, blocks: the analysis with that kernel, whatever --kernel says).",
         ),
     ] = "floor,attnscope,tutorial,cache",
     micro: Annotated[
@@ -1028,7 +1056,8 @@ def bench(
     ] = 32,
 ) -> None:
     """How fast is the analysis? Against a plain SDPA forward (the floor) and the usual notebook ways; with
-    --methods floor,diversity,diversity-sampled, `diversity --layer all` exact and with --sample-rows.
+    --methods floor,diversity,diversity-sampled, `diversity --layer all` exact and with --sample-rows; with
+    --methods floor,fused,blocks, the analysis with either kernel (on a GPU; the attnscope row uses --kernel's).
 
     Example: attnscope bench --device cpu --random-weights --seq-lens 128,512 --batch-sizes 1
     """
@@ -1049,6 +1078,7 @@ def bench(
         methods,
         micro,
         sample_rows,
+        model.kernel,
     )
     _run(analysis, output)
 
@@ -1066,7 +1096,16 @@ def info(model, output) -> None:
 
     if model.device_map is not None:
         raise AttnscopeError("info reads the config only: --device-map is not for info")
+    _no_kernel("info", model)
     _run(Info(model.name, model.device, model.dtype, model.revision), output)
+
+
+def _no_kernel(command: str, model: Model) -> None:
+    """--kernel chooses what computes attention for the commands that capture it; `command` captures none."""
+    if model.kernel != "auto":
+        raise AttnscopeError(
+            f"{command} captures no attention: --kernel is for heads, show, diversity, attend, report and bench"
+        )
 
 
 # ------------------------------------------------------------------------------------------ error boundary

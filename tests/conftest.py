@@ -22,6 +22,14 @@ os.environ.setdefault("ATTNSCOPE_REAL_HF_HOME", os.environ.get("HF_HOME", ""))
 OFFLINE_HF_HOME = tempfile.mkdtemp(prefix="attnscope-tests-hf-home-")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HOME"] = OFFLINE_HF_HOME
+# Without a GPU the fused kernel's tests run it under Triton's interpreter. Triton reads TRITON_INTERPRET once, when it
+# is imported (triton.language decorates its own functions, tl.sum and the like, as compiled or interpreted then),
+# and transformers imports it (through torch._dynamo) long before any kernel runs: so it is set here, before any test
+# module imports transformers. Not with a GPU, whose tests compile the kernel for it.
+import torch  # noqa: E402  (torch itself does not import triton)
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tests.support import BUILDERS, build_family_model, build_tiny_gpt2  # noqa: E402  (after the offline variables)
 

@@ -264,7 +264,7 @@ class Attend:
         labels, source = found.labels, list(found.source)
         targets = self._targets(found, model.kind.causal)
         reducer = QueryRowReducer(model.kind, source)
-        capture.run(model.model, batches([found.window], 1, model.device), reducer)
+        notes += capture.run(model.model, batches([found.window], 1, model.device), reducer, kernel=model.kernel).notes
         kept = reducer.rows
         token_rows = np.stack([kept[layer].double().numpy() for layer in range(model.n_layer)])  # (L, H, P, n)
         check_finite(model, "attention", token_rows, range(model.n_layer))

@@ -2,7 +2,10 @@
 
 Methods, on the same random token ids, batch shape and device:
 - `floor`: the base model with PyTorch SDPA attention and no attention returned: the cheapest forward there is.
-- `attnscope`: the full per-head analysis (every statistic of `attnscope heads`; the probe excluded).
+- `attnscope`: the full per-head analysis (every statistic of `attnscope heads`; the probe excluded), computed by
+  the kernel `kernel` chooses (auto: the fused Triton kernel on CUDA when Triton imports, else the block path).
+- `fused`, `blocks` (only when asked for): the same analysis with the fused kernel, or the block path, whatever
+  `kernel` says, to compare the two in one table (`fused` on the CPU runs Triton's interpreter: for testing only).
 - `tutorial`: the multi-head-attention tutorials' way: the LM-head model with eager attention and
   `output_attentions=True`, one text at a time, every map copied to numpy on the host and scored there.
 - `cache`: TransformerLens-style caching: one prompt at a time, every layer's attention pattern kept in a cache,
@@ -44,7 +47,8 @@ from attnscope.pipeline import capture
 
 METHODS = ("floor", "attnscope", "tutorial", "cache")  # the default set
 DIVERSITY_METHODS = ("diversity", "diversity-sampled")
-ALL_METHODS = METHODS + DIVERSITY_METHODS
+KERNEL_METHODS = ("fused", "blocks")  # the analysis with one kernel or the other
+ALL_METHODS = METHODS + KERNEL_METHODS + DIVERSITY_METHODS
 DEFAULT_SAMPLE_ROWS = 32  # rows per window of `diversity-sampled`
 # A timed sample lasts at least this long (calls of a short forward are repeated to fill it; see `measure`), and
 # makes at most MAX_CALLS calls.
@@ -226,10 +230,14 @@ def pattern_share(pattern: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
 
 
 def _methods(
-    lm_model: Any, ids: torch.Tensor, device: torch.device, sample_rows: int = DEFAULT_SAMPLE_ROWS
+    lm_model: Any,
+    ids: torch.Tensor,
+    device: torch.device,
+    sample_rows: int = DEFAULT_SAMPLE_ROWS,
+    kernel: str = "auto",
 ) -> dict[str, Callable[[int], Any]]:
     """Every method on `lm_model` (the model with its LM head; its base model is what attnscope analyses), each
-    called with how many times to run (`measure`)."""
+    called with how many times to run (`measure`); `attnscope` with the kernel of `kernel`."""
     from attnscope.pipeline.reducers import HeadStatistics
     from attnscope.pipeline.tokens import Batch
 
@@ -248,11 +256,11 @@ def _methods(
             for _ in range(calls):
                 model(input_ids=ids, attention_mask=mask, use_cache=False)  # no key/value cache: nothing is generated
 
-    def analysis(calls: int = 1) -> Any:
+    def analysis(calls: int = 1, kernel: str = kernel) -> Any:
         # `calls` batches analysed in one run, as `heads` runs a corpus batch after batch: what a run does once
         # (switching the model's attention, the means) is shared by its batches
         statistics = HeadStatistics(kind, n_layer, n_head, device)
-        capture.run(model, [batch] * calls, statistics)
+        capture.run(model, [batch] * calls, statistics, kernel=kernel)
         return statistics.means()
 
     def tutorial(calls: int = 1) -> list:
@@ -296,6 +304,8 @@ def _methods(
     return {
         "floor": floor,
         "attnscope": analysis,
+        "fused": lambda calls=1: analysis(calls, "fused"),
+        "blocks": lambda calls=1: analysis(calls, "blocks"),
         "tutorial": tutorial,
         "cache": cache,
         "diversity": lambda calls=1: diversity(0, calls),
@@ -387,9 +397,10 @@ def run_bench(
     seed: int = 0,
     sample_rows: int = DEFAULT_SAMPLE_ROWS,
     status: Callable[[str], None] | None = None,
+    kernel: str = "auto",
 ) -> list[Measurement]:
     """Every method at every (batch, seq) on `lm_model` (a decoder with its LM head, eval mode), on the same random
-    token ids; `status` is told which shape is being timed."""
+    token ids; `attnscope` with the kernel of `kernel`; `status` is told which shape is being timed."""
     generator = torch.Generator().manual_seed(seed)
     results = []
     shapes = [(batch_size, seq) for batch_size in batches for seq in seqs]
@@ -397,7 +408,7 @@ def run_bench(
         if status is not None:
             status(f"timing {', '.join(methods)} at {batch_size} × {seq} ({done + 1} of {len(shapes)}) …")
         ids = torch.randint(0, lm_model.config.vocab_size, (batch_size, seq), generator=generator).to(device)
-        runs = _methods(lm_model, ids, device, sample_rows)
+        runs = _methods(lm_model, ids, device, sample_rows, kernel)
         measured = measure({method: runs[method] for method in methods}, device, warmup, repeats, sample_s=SAMPLE_S)
         for method, (times, peaks) in measured.items():
             results.append(Measurement(method, batch_size, seq, times, peaks))
@@ -590,6 +601,7 @@ class Bench:
     micro: bool = True
     sample_rows: int = DEFAULT_SAMPLE_ROWS  # of `diversity-sampled`
     loads_its_model = True  # a class attribute, not a setting: the CLI hands it no model, and a status line instead
+    kernel: str = "auto"  # of the `attnscope` method: auto, fused or blocks (capture.resolve_kernel)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.methods) - set(ALL_METHODS))
@@ -599,7 +611,9 @@ class Bench:
             raise AttnscopeError(f"sample rows {self.sample_rows}: must be at least 2")
         check_settings(self.seq_lens, self.batch_sizes, self.repeats, self.warmup)
         resolve_dtype(self.dtype)
-        resolve_device(self.device)  # --device cuda on a machine without CUDA stops here, before any model
+        device = resolve_device(self.device)  # --device cuda on a machine without CUDA stops here, before any model
+        if self.kernel == "fused" or "fused" in self.methods:  # Triton missing: one line now, not after the warm-up
+            capture.resolve_kernel("fused", device)
 
     def run(
         self,
@@ -622,7 +636,14 @@ class Bench:
             self.methods,
             sample_rows=self.sample_rows,
             status=status,
+            kernel=self.kernel,
         )
+        kernel = capture.resolve_kernel(self.kernel, device)  # what computed the `attnscope` rows
+        if "fused" in self.methods or (kernel == "fused" and "attnscope" in self.methods):
+            from attnscope.pipeline import fused
+
+            if fused.interpreted():
+                notes.append(capture.INTERPRETER_NOTE)
         machine = {
             "device": str(device),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -638,6 +659,7 @@ class Bench:
             "methods": list(self.methods),
             "sample_rows": self.sample_rows,
             "micro_d_model": MICRO_D_MODEL,
+            "kernel": kernel,
             **machine,
         }
         config = network.config

@@ -4,7 +4,7 @@ summary every result carries."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
@@ -123,6 +123,7 @@ class Run:
 
     maps: dict[int, Any]
     first_window: Window | None
+    notes: list[str] = field(default_factory=list)  # the capture's, on its kernels
 
 
 def run_windows(
@@ -159,5 +160,6 @@ def run_windows(
         keep_layers=keep_layers,
         keep_window=0 if place.rank == 0 else None,
         on_batch=after_batch,
+        kernel=model.kernel,
     )
-    return Run(captured.maps, first[0] if first else None)
+    return Run(captured.maps, first[0] if first else None, captured.notes)

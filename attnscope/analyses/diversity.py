@@ -240,7 +240,7 @@ class Diversity:
             fits = layers_fit(len(layers), model.n_head)
         statistics = diversity_statistics(model.kind, layers, model.n_head, model.device, self.sample_rows, self.seed)
         variances = [statistics.js_variance, statistics.js_root_variance] if self.sample_rows else []
-        common.run_windows(
+        captured = common.run_windows(
             model, windows, statistics, self.batch_size, self.max_tokens, progress, flush=statistics.flush, fits=fits
         )
         distributed.all_reduce_sum(statistics.dots, statistics.js, statistics.js_root, statistics.row_count, *variances)
@@ -249,7 +249,7 @@ class Diversity:
         matrices = {name: value.numpy() for name, value in statistics.results().items()}
         # a head's similarity to itself is finite exactly when its attention is
         common.check_finite(model, "attention", np.diag(matrices["cosine"]).reshape(len(layers), -1), layers)
-        notes = windows.notes()
+        notes = windows.notes() + captured.notes
         if self.sample_rows:
             off_diagonal = ~np.eye(matrices["js"].shape[0], dtype=bool)
             js_se, root_se = (matrices[name][off_diagonal].max(initial=0.0) for name in ("js_se", "js_distance_se"))

@@ -166,7 +166,7 @@ class Heads:
         statistics = HeadStatistics(kind, model.n_layer, model.n_head, model.device, self.window)
         keep_layers = sorted({layer for layer, _ in plotted})
         captured = run_windows(model, windows, statistics, self.batch_size, self.max_tokens, progress, keep_layers)
-        notes = windows.notes() + notes
+        notes = windows.notes() + notes + captured.notes
         distributed.all_reduce_sum(statistics.sums, statistics.uniform_sum, statistics.row_count)
         if int(statistics.row_count) == 0:
             raise AttnscopeError(too_short(model, "score"))
@@ -247,7 +247,7 @@ def probe_scores(
     tokens repeated twice); and a summary for the JSON."""
     first_query = len(windows[0].ids) - period  # BOS (when any) + the first copy
     statistics = ProbeStatistics(model.n_layer, model.n_head, model.device, period, first_query)
-    capture.run(model.model, batches(windows, len(windows), model.device), statistics)
+    capture.run(model.model, batches(windows, len(windows), model.device), statistics, kernel=model.kernel)
     summary = {"period": period, "sequences": PROBE_SEQUENCES, "seed": seed, "scored_rows": int(statistics.row_count)}
     return statistics.means(), summary
 

@@ -75,7 +75,9 @@ def attention_maps(
         None,
         keep_layers=layers,
         keep_window=0,
+        kernel=model.kernel,
     )
+    notes += captured.notes
     labels = label_window(model.tokenizer, first[0].ids)
     kept = {layer: AttentionMap(layer, captured.maps[layer], labels, 0) for layer in layers}
     return {layer: with_words(attention) if words else attention for layer, attention in kept.items()}, notes

@@ -47,6 +47,7 @@ class LoadedModel:
     lm_model: Any = (
         None  # the model with its language-model head, loaded only when asked (`ablate`); `model` is its base
     )
+    kernel: str = "auto"  # what computes attention when an analysis captures it: auto, fused or blocks (capture.run)
 
     @property
     def kind(self) -> Kind:

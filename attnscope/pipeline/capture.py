@@ -4,12 +4,21 @@ Attention weights are computed inside a registered attention function (`transfor
 block of query rows at a time, on the device the model runs on. The reducer turns each block into statistics right
 there, so no more than one block of one layer's attention exists at any moment; full maps are kept (on the host)
 only for the layers a picture needs, and only for one window.
+
+Two kernels compute a layer (`kernel`, see `resolve_kernel`): the block path here, in PyTorch, which every reducer
+can use; and the fused Triton kernel of `pipeline.fused`, which computes the output and the per-row summaries
+(LayerRows) in one pass over the keys without the logits ever leaving the chip. The dispatcher (`_fused_layer`)
+takes the fused kernel for a layer when it was chosen, the reducer wants per-row summaries only, no map of the layer
+is kept, and the layer's mask is exactly one the kernel derives from the windows' lengths, causality and a sliding
+window; otherwise the block path, with a note saying why.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
+import sys
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -28,6 +37,13 @@ IMPLEMENTATION = "attnscope"
 # 8 × 1024 tokens 0.5, 1, 2 and 4 MiB gave 2.39, 1.86, 1.86 and 2.17×; at 1 × 1024 1.82, 1.56, 1.86 and 1.75×; at
 # 8 × 512 1.45, 1.22, 1.44 and 1.92×.
 BLOCK_BYTES = 1 * 2**20
+# On a GPU the block holds up to this share of the free memory (the block path keeps about four times its logits
+# alive at once: logits, their exponentials, a copy in the values' dtype, masks), up to GPU_BLOCK_MAX for the whole
+# batch, so that a layer is one block or a few (GPT-2 small at 8 × 1024 tokens: 400 MB of logits a layer) and the
+# launches of many small blocks (~15 kernels each) do not dominate.
+GPU_BLOCK_SHARE = 8
+GPU_BLOCK_MAX = 4 * 2**30
+KERNELS = ("auto", "fused", "blocks")
 MASKED = -1e30  # a masked logit: finite, so 0 · logit stays 0 (no NaN)
 # Shifted logits are clamped here before exp: torch's exp takes a slow path for results that underflow (14x slower
 # on the CPU this was measured on), which masked keys and peaked heads hit constantly. exp(-87) = 1.6e-38 is the
@@ -163,15 +179,43 @@ class CaptureState:
     # blocks' geometry that no window changes, shared by every batch of a run: (start, stop, device, triangle) ->
     # positions (b,), causal bias (b, b) or None, gathered keys (b, m) or None, whether a triangle row sees them
     run_geometry: dict[tuple, tuple] = field(default_factory=dict)
-    # computed by the batch's first layer, reused by the others: lengths per device, geometry per block
+    kernel: str = "auto"  # which kernel computes a layer (KERNELS; see resolve_kernel)
+    # also shared by every batch of a run: the kernel each device runs, and why layers left the fused kernel (the
+    # run's notes: reason -> layers)
+    run_kernels: dict[torch.device, str] = field(default_factory=dict)
+    run_notes: dict[str, set[int]] = field(default_factory=dict)
+    # computed by the batch's first layer, reused by the others: lengths per device, geometry per block, the block
+    # path's budget per device, the fused kernel's gathered keys per device and visible keys per mask
     _lengths: dict[torch.device, torch.Tensor] = field(default_factory=dict)
     _geometry: dict[tuple, BlockGeometry] = field(default_factory=dict)
+    _block_bytes: dict[torch.device, int] = field(default_factory=dict)
+    _wanted: dict[torch.device, torch.Tensor | None] = field(default_factory=dict)
+    _masks: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    _visible: dict[tuple, tuple[torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
 
     def lengths_on(self, device: torch.device) -> torch.Tensor:
         """(B,) the windows' real tokens on `device`."""
         if device not in self._lengths:
             self._lengths[device] = self.lengths.to(device)
         return self._lengths[device]
+
+    def block_bytes(self, device: torch.device) -> int:
+        """Float32 logits per window in one block of the block path on `device` (see block_bytes)."""
+        if device not in self._block_bytes:
+            self._block_bytes[device] = block_bytes(device, int(self.lengths.shape[0]))
+        return self._block_bytes[device]
+
+    def kernel_on(self, device: torch.device) -> str:
+        """'fused' or 'blocks': the kernel this run's layers on `device` take (once per run and device)."""
+        if device not in self.run_kernels:
+            self.run_kernels[device] = resolve_kernel(self.kernel, device)
+        return self.run_kernels[device]
+
+    def note(self, reason: str, layer: int | None = None) -> None:
+        """A layer (or, with None, the run) left the fused kernel for `reason`: said once in the run's notes."""
+        layers = self.run_notes.setdefault(reason, set())
+        if layer is not None:
+            layers.add(layer)
 
     def geometry(self, start: int, stop: int, device: torch.device, triangle: bool, gather_keys) -> BlockGeometry:
         """Block `start:stop`'s geometry on `device` (`triangle`: a causal layer masked by the plain causal
@@ -222,6 +266,179 @@ def _block_rows(start: int, n: int, per_entry: int, budget: int, causal: bool) -
     if not causal:
         return max(1, entries // n)
     return max(1, int((-start + math.sqrt(start * start + 4 * entries)) / 2))
+
+
+def block_bytes(device: torch.device, windows: int) -> int:
+    """Float32 logits per window in one block of the block path: BLOCK_BYTES on the CPU (sized for its caches, and
+    measured there); on a GPU, sized from its memory: a GPU_BLOCK_SHARE share of what is free (torch's cached but
+    unused memory included), at most GPU_BLOCK_MAX for the batch, at least BLOCK_BYTES."""
+    if device.type != "cuda":
+        return BLOCK_BYTES
+    free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return max(BLOCK_BYTES, min(free // GPU_BLOCK_SHARE, GPU_BLOCK_MAX) // max(1, windows))
+
+
+# ------------------------------------------------------------------------------------------- the fused kernel
+# Notes: why the run's layers left the fused kernel (reasons said only when the fused kernel was asked for by name
+# are marked so), and the interpreter's slowness.
+INTERPRETER_NOTE = (
+    "the fused kernel ran under Triton's interpreter (on the CPU, or with TRITON_INTERPRET=1): exact but very slow, "
+    "meant for testing; the block path (kernel blocks, the default there) is the fast one"
+)
+BLOCKS_WANTED = (
+    "full attention weights (maps, diversity, one query's row, the induction probe) come from the block path: the "
+    "fused kernel gives per-row summaries only"
+)
+
+
+def _import_fused(device: torch.device) -> tuple[Any, str | None]:
+    """(pipeline.fused, None), or (None, why the fused kernel cannot run on `device` in this process).
+
+    On the CPU the kernel runs under Triton's interpreter, which Triton reads from TRITON_INTERPRET when it is
+    imported (triton.language decorates its own functions, tl.sum and the like, as compiled or interpreted then):
+    it is set here when Triton is not imported yet, and a process that imported Triton without it cannot run the
+    kernel on the CPU."""
+    if device.type not in ("cpu", "cuda"):
+        return None, f"it runs on CUDA GPUs (and on the CPU under Triton's interpreter), not on {device.type}"
+    if device.type == "cpu" and "triton" not in sys.modules:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        from attnscope.pipeline import fused
+    except Exception as error:  # ImportError, or a broken install failing in its own way
+        return None, f"Triton cannot be imported ({error}); install it with: pip install 'attnscope[gpu]'"
+    if device.type == "cpu" and not fused.interpreted():
+        return None, (
+            "on the CPU it runs under Triton's interpreter, which must be switched on before Triton is imported, and "
+            "this process imported it without (transformers does, at its own import): set TRITON_INTERPRET=1 before "
+            "importing transformers"
+        )
+    return fused, None
+
+
+def resolve_kernel(kernel: str, device: torch.device) -> str:
+    """The kernel that computes attention on `device`, 'fused' or 'blocks', for the setting `kernel`: 'blocks'; 'fused'
+    (an error where it cannot run: no Triton, a device it does not run on); 'auto': fused on a CUDA device when
+    Triton imports, blocks otherwise."""
+    if kernel not in KERNELS:
+        raise AttnscopeError(f"kernel '{kernel}': use one of {', '.join(KERNELS)}")
+    if kernel == "blocks" or (kernel == "auto" and device.type != "cuda"):
+        return "blocks"
+    _, why = _import_fused(device)
+    if why is None:
+        return "fused"
+    if kernel == "auto":
+        return "blocks"
+    raise AttnscopeError(f"kernel fused: {why}")
+
+
+def _mask_rule(attention_mask, lengths: torch.Tensor, causal: bool, window: int | None, n: int, n_keys: int):
+    """(limits (B,) int32, left, right) such that row i of window b sees key j exactly when j < limits[b], j > i - left
+    and j < i + right, for every real row, as `attention_mask` (B or 1, 1, n, n_k) has it; None when no such rule
+    is the mask (a pattern the fused kernel does not derive). transformers gives no mask where the layer's own
+    pattern needs none: every key then, or the causal triangle."""
+    from attnscope.pipeline.fused import UNBOUNDED
+
+    if attention_mask is None:
+        return torch.full_like(lengths, n_keys, dtype=torch.int32), UNBOUNDED, 1 if causal else UNBOUNDED
+    if attention_mask.dim() != 4 or attention_mask.shape[1] != 1 or tuple(attention_mask.shape[-2:]) != (n, n_keys):
+        return None
+    allowed = ~_is_masked(attention_mask[:, 0])  # (B or 1, n, n_k)
+    rows = torch.arange(n, device=lengths.device)[:, None]  # (n, 1)
+    keys = torch.arange(n_keys, device=lengths.device)[None, :]  # (1, n_k)
+    real = (rows[None, :, 0] < lengths[:, None])[:, :, None]  # (B, n, 1)
+    # a window's layer may also be handed the window without sliding: try the window, then none
+    for size in dict.fromkeys([window, None]):
+        left = UNBOUNDED if size is None else size
+        right = 1 if causal else left
+        rule = (keys[None] < lengths[:, None, None]) & (keys > rows - left) & (keys < rows + right)  # (B, n, n_k)
+        if not bool(((rule != allowed) & real).any()):
+            return lengths.int(), left, right  # int32, as the kernel reads them
+    return None
+
+
+def _fused_layer(state: CaptureState, layer: int, query, key, value, attention_mask, causal: bool, **kwargs):
+    """The layer's output (B, n, H, d_head) from the fused kernel, its per-row summaries handed to the reducer; None
+    when the block path must compute it (the reason noted)."""
+    reducer = state.reducer
+    explicit = state.kernel == "fused"
+    if (reducer is not None and reducer.wants_blocks) or (layer in state.keep_layers and state.keep_row is not None):
+        if explicit:
+            state.note(BLOCKS_WANTED)
+        return None
+    B, H, n, d_head = query.shape
+    n_keys = key.shape[-2]
+    if query.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        state.note(f"{str(query.dtype).removeprefix('torch.')} attention is not covered by the fused kernel", layer)
+        return None
+    if d_head > 256 or n != n_keys:
+        state.note("heads wider than 256 or queries and keys of different lengths are not covered", layer)
+        return None
+    if max(tensor.stride(0) for tensor in (query, key, value)) >= 2**31 or n * H * d_head >= 2**31:
+        state.note("a window too long for the kernel's 32-bit offsets within a window", layer)  # ~170k tokens
+        return None
+    device = query.device
+    lengths = state.lengths_on(device)  # (B,)
+    window = kwargs.get("sliding_window")
+    cache_key = id(attention_mask)
+    if cache_key not in state._masks:  # one check per mask: the layers of one type share theirs
+        rule = _mask_rule(attention_mask, lengths, causal, window, n, n_keys)
+        state._masks[cache_key] = (attention_mask, rule)  # the mask kept alive, so that its id is not reused
+    rule = state._masks[cache_key][1]
+    if rule is None:
+        state.note("an attention mask the fused kernel cannot derive from lengths, causality and a window", layer)
+        return None
+    limits, left, right = rule
+    if device not in state._wanted:
+        positions = torch.arange(n, device=device)  # (n,)
+        wanted = reducer.keys_to_gather(positions, lengths) if reducer is not None else None
+        state._wanted[device] = wanted.int() if wanted is not None else None  # int32, as the kernel reads them
+    wanted = state._wanted[device]  # (n, m), (B, n, m) or None
+    fused, _ = _import_fused(device)
+    if fused.interpreted():
+        state.note(INTERPRETER_NOTE)
+    sinks = kwargs.get("s_aux")
+    rows = fused.fused_attention(
+        query, key, value, kwargs["scaling"], limits, left, right, wanted, kwargs.get("softcap"), sinks
+    )
+    if reducer is not None:
+        visible, gathered_visible = _fused_visibility(state, device, lengths, rule, wanted, n)
+        reducer.add_layer(
+            layer,
+            LayerRows(
+                normalizer=rows.normalizer,
+                expected_logit=rows.expected_logit,
+                gathered=rows.gathered,
+                lengths=lengths,
+                visible=visible,
+                gathered_visible=gathered_visible,
+                peak=rows.peak,
+                mass=rows.mass,
+            ),
+        )
+    return rows.output
+
+
+def _fused_visibility(state: CaptureState, device, lengths, rule, wanted, n: int):
+    """(visible (B, n), gathered_visible (B, n, m) or None) under the rule of `_mask_rule`: how many keys each row
+    sees, and whether it sees each gathered key (a real token: the block path's test too)."""
+    limits, left, right = rule
+    cache_key = (device, id(limits), left, right)
+    if cache_key not in state._visible:
+        rows = torch.arange(n, device=device)  # (n,)
+        high = torch.minimum(limits[:, None], rows[None, :] + right)  # (B, n) one past the last key seen
+        low = (rows - left + 1).clamp(min=0)  # (n,)
+        visible = (high - low[None, :]).clamp(min=0)  # (B, n)
+        gathered_visible = None
+        if wanted is not None:
+            keys = wanted.view(-1, n, wanted.shape[-1])  # (B or 1, n, m)
+            gathered_visible = (
+                (keys < limits[:, None, None])
+                & (keys > (rows - left)[None, :, None])
+                & (keys < (rows + right)[None, :, None])
+                & (keys < lengths[:, None, None])
+            )  # (B, n, m)
+        state._visible[cache_key] = (visible, gathered_visible)
+    return state._visible[cache_key]
 
 
 def _eager_fallback(module, query, key, value, attention_mask, **kwargs):
@@ -295,11 +512,19 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
     sinks = kwargs.get("s_aux")
     sink_logits = None if sinks is None else sinks.float().view(1, H, 1)  # (1, H, 1)
     scaling = d_head**-0.5 if scaling is None else scaling
+    if state.kernel_on(device) == "fused":
+        output = _fused_layer(
+            state, layer, query, key, value, attention_mask, causal,
+            scaling=scaling, softcap=softcap, s_aux=sinks, sliding_window=kwargs.get("sliding_window"),
+        )  # fmt: skip
+        if output is not None:
+            return output, None
     gather_keys = reducer.keys_to_gather if reducer is not None else None
+    budget = state.block_bytes(device)  # float32 logits per window in one block
     # GPT-2's key and value are strided views into one (B, n, 3d) tensor; a matmul given such a view copies the whole
     # of it first, so every block of rows would copy all keys and values again. One copy per layer instead (none
     # asked for when one block holds every row: its matmuls copy them once anyway).
-    if _block_rows(0, n_keys, H * 4, BLOCK_BYTES, causal) < n:
+    if _block_rows(0, n_keys, H * 4, budget, causal) < n:
         key, value = key.contiguous(), value.contiguous()  # (B, H_kv, n_k, d_head)
     query = query.reshape(B, H_kv, G, n, d_head)  # query heads grouped by the key/value head they read (a view)
     keys_t = key.transpose(-1, -2)  # (B, H_kv, d_head, n_k), a transposed view a matmul reads as it is
@@ -310,7 +535,7 @@ def reducing_attention(module, query, key, value, attention_mask, scaling=None, 
     gathereds, gathered_visibles, peaks, masses = [], [], [], []
     start = 0
     while start < n:
-        stop = min(n, start + _block_rows(start, n_keys, H * 4, BLOCK_BYTES, causal))
+        stop = min(n, start + _block_rows(start, n_keys, H * 4, budget, causal))
         b = stop - start
         keys = stop if causal else n_keys  # a causal row never sees a key after itself
         # the G query heads of a key/value head are stacked as G·b rows of one matmul over their shared keys: a
@@ -443,10 +668,12 @@ def _switch_attention(model: Any, name: str) -> Callable[[], None]:
 
 @dataclass
 class Captured:
-    """Full maps kept for pictures: layer -> (H, n, n) float32 on the host, for window `window_index`."""
+    """Full maps kept for pictures: layer -> (H, n, n) float32 on the host, for window `window_index`; notes on the
+    kernels that computed the layers (why some left the fused kernel)."""
 
     window_index: int | None
     maps: dict[int, torch.Tensor]
+    notes: list[str] = field(default_factory=list)
 
 
 def run(
@@ -456,15 +683,21 @@ def run(
     keep_layers: Iterable[int] = (),
     keep_window: int | None = None,
     on_batch: Callable[[Batch], None] | None = None,
+    kernel: str = "auto",
 ) -> Captured:
     """Forward every batch through `model` with attention going to `reducer`; keep the maps of `keep_layers`
-    for window `keep_window` (an index into the windows the batches were made from)."""
+    for window `keep_window` (an index into the windows the batches were made from). `kernel` (KERNELS) chooses
+    what computes attention: see resolve_kernel; the notes of the result say where the fused kernel was left."""
+    if kernel not in KERNELS:
+        raise AttnscopeError(f"kernel '{kernel}': use one of {', '.join(KERNELS)}")
     _register()
     n_layer = model.config.num_hidden_layers
     switch_back = _switch_attention(model, IMPLEMENTATION)
     keep = frozenset(keep_layers)
     maps: dict[int, torch.Tensor] = {}
     run_geometry: dict[tuple, tuple] = {}  # the blocks' geometry that no window changes: for every batch
+    run_kernels: dict[torch.device, str] = {}  # the kernel of each device
+    run_notes: dict[str, set[int]] = {}  # why layers left the fused kernel
     # Flush denormals to zero on the CPU while attention is captured: the clamped logits leave weights of ~1.6e-38
     # (see LOGIT_FLOOR) whose products with the values are denormal, and x86 computes those dozens of times slower
     # (A·V took 2.2 s instead of 0.16 s for one GPT-2 layer at batch 8 × 1024 on one core). Numbers below 1.2e-38
@@ -480,6 +713,9 @@ def run(
                     keep if keep_row is not None else frozenset(),
                     keep_row,
                     run_geometry=run_geometry,
+                    kernel=kernel,
+                    run_kernels=run_kernels,
+                    run_notes=run_notes,
                 )
                 # no key/value cache: nothing is generated, and a cache would keep every layer's keys and values
                 model(
@@ -506,4 +742,16 @@ def run(
     finally:
         torch.set_flush_denormal(False)
         switch_back()
-    return Captured(keep_window, maps)
+    return Captured(keep_window, maps, kernel_notes(run_notes))
+
+
+def kernel_notes(reasons: dict[str, set[int]]) -> list[str]:
+    """The run's notes on its kernels: each reason once, with the layers it concerned."""
+    notes = []
+    for reason, layers in reasons.items():
+        if layers:
+            listed = ", ".join(str(layer) for layer in sorted(layers))
+            notes.append(f"layer{'s' if len(layers) > 1 else ''} {listed}: {reason}; computed by the block path")
+        else:
+            notes.append(reason)
+    return notes

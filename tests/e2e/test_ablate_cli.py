@@ -33,6 +33,7 @@ def _ablate(cli, *args):
     return json.loads(out)
 
 
+@pytest.mark.slow
 def test_cli(cli, tiny_model_dir):
     code, out, err = cli("ablate", TEXT, "-m", tiny_model_dir, "--json", "--prune", "2")
     assert code == 0, err

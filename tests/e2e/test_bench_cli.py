@@ -72,8 +72,8 @@ def test_random_weights_need_no_download(cli):
 BENCH_MISTAKES = [
     (
         ["--methods", "magic"],
-        "Invalid value for '--methods': 'magic': use some of floor, attnscope, tutorial, cache, diversity, "
-        "diversity-sampled",
+        "Invalid value for '--methods': 'magic': use some of floor, attnscope, tutorial, cache, fused, blocks, "
+        "diversity, diversity-sampled",
     ),
     (["--sample-rows", "1"], "Invalid value for '--sample-rows'"),
     (["--seq-lens", "0"], "Invalid value for '--seq-lens': 0: each value must be from 2 to 100,000"),

@@ -274,6 +274,7 @@ def test_show_layer_grid_and_single_head(cli, model_dir, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["attention_1.3.png", "attention_L1.png"]
 
 
+@pytest.mark.slow
 def test_show_without_out_draws_into_the_current_folder(cli, model_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out, err = cli("show", CAT, "--layer", "0", "--head", "2", "-m", model_dir, "-q")

@@ -25,6 +25,7 @@ def one_error_line(code: int, out: str, err: str) -> str:
     return line
 
 
+@pytest.mark.slow
 def test_a_full_disk_under_out_is_one_line_and_leaves_nothing(cli, tiny_model_dir, tmp_path, monkeypatch):
     from attnscope.output import files
 

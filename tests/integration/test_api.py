@@ -66,6 +66,7 @@ def test_bad_texts_are_one_line_before_the_model_is_used(tiny, texts, file, mess
 # ---------------------------------------------------------------------------------------------------- models
 
 
+@pytest.mark.slow
 def test_a_model_by_name_is_loaded_with_the_keywords_given(tiny_model_dir, tiny):
     by_name = attnscope.heads(str(tiny_model_dir), CAT, device="cpu", dtype="float32", probe=False)
     loaded = attnscope.heads(tiny, CAT, probe=False)
@@ -94,6 +95,7 @@ def test_a_loaded_model_takes_no_loading_keywords(tiny, model, keywords, message
     assert str(raised.value).startswith(message)
 
 
+@pytest.mark.slow
 def test_ablate_asks_for_the_language_model_head(tiny, tiny_model_dir):
     with pytest.raises(AttnscopeError, match=r"load it with attnscope.load\('.*', lm_head=True\), or give the model"):
         attnscope.ablate(tiny, CAT)

@@ -322,6 +322,7 @@ def test_hub_out_of_reach_with_config_cached_fails_at_once(tmp_path, tiny_model_
 # --------------------------------------------------------------------------------- revisions and device maps
 
 
+@pytest.mark.slow
 def test_a_revision_loads_that_revisions_weights_offline(offline_cache, tmp_path_factory):
     """`revision` names a Hub branch or tag (Pythia's training checkpoints: step1000): the cache holds two snapshots
     of one repository, main and step1000, with different weights, and each revision loads its own."""
@@ -347,6 +348,7 @@ def test_a_revision_loads_that_revisions_weights_offline(offline_cache, tmp_path
         load_model(repo, "cpu", revision="step2000")
 
 
+@pytest.mark.slow
 def test_a_device_map_spreads_the_model_through_accelerate(tiny_model_dir, tiny, monkeypatch):
     """With accelerate installed (the `big` extra), `device_map="auto"` goes to from_pretrained, the model stays
     where accelerate put it (here, all on the CPU: this machine has nothing else) and the analysis gives the numbers

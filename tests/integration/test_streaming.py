@@ -93,6 +93,7 @@ def test_the_read_ahead_bounds_what_is_batched_together(tiny):
         assert max(batch.indices) - min(batch.indices) < 10  # only windows read together are batched together
 
 
+@pytest.mark.slow
 def test_a_tokenizer_with_more_tokens_than_the_model_is_refused(tmp_path):
     folder = build_tiny_gpt2(tmp_path / "small-vocabulary", vocab_size=1000)  # the GPT-2 tokenizer has 50,257
     model = load_model(str(folder), "cpu")

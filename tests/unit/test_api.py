@@ -36,11 +36,14 @@ FUNCTIONS = {
 }
 RENAMED = {"text": "texts", "name": "model", "with_diversity": "diversity"}
 OUTPUT_OPTIONS = {"json", "csv", "out", "quiet", "format", "dpi"}  # Result.save takes format and dpi
-LEFT_OUT = {("bench", "device_map")}  # bench times a model on one device: its command refuses --device-map
+# bench times a model on one device: its command refuses --device-map; ablate and info capture no attention, and
+# refuse any --kernel but auto
+LEFT_OUT = {("bench", "device_map"), ("ablate", "kernel"), ("info", "kernel")}
 # Python's spelling of a default the CLI writes as option text, or leaves to a fixed choice of None
 SAME_DEFAULT = {
     "device": ("auto", None),  # None: the default device of a model given by name, and nothing for a loaded one
     "dtype": ("auto", None),
+    "kernel": ("auto", None),  # None: load's default (auto) for a model given by name; a loaded model keeps its own
     "plot": (None, ()),
     "name": ("gpt2", inspect.Parameter.empty),  # the model is the first argument, required but for bench
 }
