@@ -43,6 +43,15 @@ def offline():
     assert not leftovers, f"tests wrote into the offline Hugging Face cache: {leftovers[:5]}"
 
 
+@pytest.fixture(autouse=True)
+def _one_call_a_bench_sample(monkeypatch):
+    """bench repeats a short call until a timed sample lasts 0.1 s, so that its figures are steady; tests check what
+    it reports, not how steady it is, so a sample is one call (tests of the sampling itself set their own)."""
+    from attnscope.analyses import bench
+
+    monkeypatch.setattr(bench, "SAMPLE_S", 0.0)
+
+
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory) -> dict[str, Path]:
     """kind -> the folder of a tiny model of that kind (built once per session)."""
