@@ -23,7 +23,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import typer
 
@@ -32,9 +32,9 @@ try:  # typer >= 0.25 carries its own copy of click
 except ImportError:  # older typer runs on click itself
     from click import exceptions as click_errors
 
-from attnscope import __version__
+from attnscope import __version__, options
 from attnscope.errors import AttnscopeError
-from attnscope.output.files import DPI, DPI_RANGE, PICTURE_FORMATS, Pictures
+from attnscope.output.files import DPI, Pictures
 from attnscope.scores import catalog
 
 app = typer.Typer(
@@ -48,12 +48,38 @@ app = typer.Typer(
 
 
 # ------------------------------------------------------------------------------------------ option domains
+# Each option's domain is declared once, in attnscope.options, which the settings classes check their fields
+# against too; here an option reads its parser (the domain's check, in attnscope's words) and, for --help, its range
+# or choices from there.
+
+
+class _OptionError(typer.BadParameter):
+    """A value outside its option's domain: shown as `--window 0: must be a whole number from 1 to 100,000`."""
+
+
+def _domain(option: options.Option) -> dict[str, Any]:
+    """The typer.Option keywords of an option whose domain is `option`: its parser and its range or choices."""
+
+    def parse(text: Any) -> Any:
+        if not isinstance(text, str):  # a default, already a value
+            return text
+        try:
+            return option.parse(text)
+        except AttnscopeError as error:
+            raise _OptionError(str(error)) from None
+
+    parse.option = option  # what tests/unit/test_api.py ties to the API's checks
+    if option.kind in ("count", "number"):
+        return {"parser": parse, "min": option.low, "max": option.high}
+    if option.kind == "choice":
+        return {"parser": parse, "metavar": "|".join(option.choices), "autocompletion": lambda: list(option.choices)}
+    return {"parser": parse}
 
 
 def _device(text: str) -> str:
     spec = text.strip().lower()
     if re.fullmatch(r"auto|cpu|cuda(:\d+)?", spec) is None:
-        raise typer.BadParameter(f"'{text}': use auto, cpu, cuda or cuda:N")
+        raise _OptionError(f"{options.shown_text(text)}: use auto, cpu, cuda or cuda:N")
     return spec
 
 
@@ -66,8 +92,8 @@ class Names(tuple):
     """Comma-separated names (`floor,attnscope`) as one option value."""
 
 
-def _numbers(low: int, high: int) -> Callable[[str | tuple], Numbers]:
-    """A parser of comma-separated whole numbers (`128,512,1024`), each from `low` to `high`."""
+def _numbers(option: options.Option) -> Callable[[str | tuple], Numbers]:
+    """A parser of comma-separated whole numbers (`128,512,1024`), each in `option`'s domain."""
 
     def parse(text: str | tuple) -> Numbers:
         if isinstance(text, tuple):  # a default given as a tuple
@@ -75,26 +101,27 @@ def _numbers(low: int, high: int) -> Callable[[str | tuple], Numbers]:
         try:
             values = Numbers(int(part) for part in text.split(",") if part.strip())
         except ValueError:
-            raise typer.BadParameter(f"'{text}': expected comma-separated whole numbers") from None
+            raise _OptionError(f"{options.shown_text(text)}: expected comma-separated whole numbers") from None
         if not values:
-            raise typer.BadParameter("give at least one number")
+            raise _OptionError(f"{options.shown_text(text)}: give at least one number")
         for value in values:
-            if not low <= value <= high:
-                raise typer.BadParameter(f"{value}: each value must be from {low:,} to {high:,}")
+            if option.problem(value) is not None:
+                raise _OptionError(f"{value}: each value must be from {option.low:,} to {option.high:,}")
         return values
 
+    parse.option = option
     return parse
 
 
 def _methods(text: str | tuple) -> Names:
-    from attnscope.analyses.bench import ALL_METHODS  # imports torch: only when the option is given
-
     if isinstance(text, tuple):
         return Names(text)
     chosen = Names(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
-    unknown = [name for name in chosen if name not in ALL_METHODS]
+    unknown = [name for name in chosen if name not in options.ALL_BENCH_METHODS]
     if unknown or not chosen:
-        raise typer.BadParameter(f"'{text}': use some of {', '.join(ALL_METHODS)}, comma-separated")
+        raise _OptionError(
+            f"{options.shown_text(text)}: use some of {', '.join(options.ALL_BENCH_METHODS)}, comma-separated"
+        )
     return chosen
 
 
@@ -103,31 +130,37 @@ def _folder(text: str | Path) -> Path:
     if isinstance(text, Path):
         return text
     if not text.strip():
-        raise typer.BadParameter("an empty folder name; give a folder, e.g. --out results/ (or . for this one)")
+        raise _OptionError(f"{text!r}: an empty folder name; give a folder, e.g. --out results/ (or . for this one)")
     return Path(text)
 
 
 def _sort(text: str) -> str:
     score = catalog.score_named(text)
     if score is None:
-        raise typer.BadParameter(f"'{text}': use one of {', '.join(catalog.SCORE_NAMES)} (or a column header)")
+        raise _OptionError(
+            f"{options.shown_text(text)}: use one of {', '.join(catalog.SCORE_NAMES)} (or a column header)"
+        )
     return score.name
 
 
 def _layer_or_all(text: str) -> str:
-    if text.strip().lower() != "all" and not text.strip().isdigit():
-        raise typer.BadParameter(f"'{text}': expected a layer number (0-based) or 'all'")
-    return text.strip().lower()
+    chosen = text.strip().lower()
+    if chosen != "all":
+        try:
+            options.LAYER.parse(chosen)
+        except AttnscopeError:
+            raise _OptionError(f"{options.shown_text(text)}: expected a layer number (0-based) or 'all'") from None
+    return chosen
 
 
 def _sort_names(incomplete: str) -> list[str]:
     return [name for name in catalog.SCORE_NAMES if name.startswith(incomplete)]
 
 
-SEED_MAX = 2**32 - 1
-LENGTH_MAX = 100_000  # tokens: beyond every model's context, and small enough that nothing sized by it overflows
-BATCH_MAX = 65_536  # texts in one bench batch: far beyond any memory at any useful length
-D_MODEL_MAX = 4096  # random-mha's width, and so its most heads
+SEED_MAX = options.SEED_MAX
+LENGTH_MAX = options.LENGTH_MAX
+BATCH_MAX = options.BATCH_MAX
+D_MODEL_MAX = options.D_MODEL_MAX
 
 # ------------------------------------------------------------------------------------------ shared options
 # Options shared by several commands are declared once, in groups; `_options` adds a group's options to a command
@@ -297,8 +330,8 @@ MODEL = _group(
     ),
     dtype=(
         Annotated[
-            Literal["auto", "float32", "float16", "bfloat16"],
-            typer.Option("--dtype", help="auto: the checkpoint's own (float32 for GPT-2)."),
+            str,
+            typer.Option("--dtype", **_domain(options.DTYPE), help="auto: the checkpoint's own (float32 for GPT-2)."),
         ],
         "auto",
     ),
@@ -315,9 +348,10 @@ MODEL = _group(
     ),
     device_map=(
         Annotated[
-            Literal["auto", "balanced", "sequential"] | None,
+            str | None,
             typer.Option(
                 "--device-map",
+                **_domain(options.DEVICE_MAP),
                 help="Spread a model too large for one device over all of them (needs: pip install 'attnscope[big]').",
             ),
         ],
@@ -325,9 +359,10 @@ MODEL = _group(
     ),
     kernel=(
         Annotated[
-            Literal["auto", "fused", "blocks"],
+            str,
             typer.Option(
                 "--kernel",
+                **_domain(options.KERNEL),
                 help="What computes attention and its statistics: fused (one Triton kernel on a GPU; needs pip install "
                 "'attnscope[gpu]'; on the CPU Triton's interpreter, very slow, for testing), blocks (PyTorch, blocks "
                 "of query rows), auto (fused on CUDA when Triton imports, else blocks). Maps, diversity and the probe "
@@ -344,8 +379,7 @@ BATCHING = _group(
             int,
             typer.Option(
                 "--batch-size",
-                min=1,
-                max=LENGTH_MAX,
+                **_domain(options.BATCH_SIZE),
                 metavar="N",
                 help="Windows per forward pass (padded, length-bucketed).",
             ),
@@ -357,8 +391,7 @@ BATCHING = _group(
             int,
             typer.Option(
                 "--max-tokens",
-                min=1,
-                max=100 * LENGTH_MAX,
+                **_domain(options.MAX_TOKENS),
                 metavar="N",
                 help="Padded tokens per batch at most (a long window still runs alone).",
             ),
@@ -374,8 +407,7 @@ ROLES = _group(  # the settings of `heads` that decide scores and roles, shared 
             typer.Option(
                 "--window",
                 "-w",
-                min=1,
-                max=LENGTH_MAX,
+                **_domain(options.WINDOW),
                 metavar="W",
                 help="Local window: the current token and the W before it.",
             ),
@@ -409,8 +441,7 @@ ROLES = _group(  # the settings of `heads` that decide scores and roles, shared 
             int | None,
             typer.Option(
                 "--probe-len",
-                min=3,
-                max=LENGTH_MAX,
+                **_domain(options.PROBE_LEN),
                 metavar="T",
                 help="Period T of the probe: T random tokens, then again. [default: 50]",
             ),
@@ -421,7 +452,7 @@ ROLES = _group(  # the settings of `heads` that decide scores and roles, shared 
         Annotated[
             int,
             typer.Option(
-                "--probe-seed", min=0, max=SEED_MAX, metavar="SEED", help="Seed of the probe's random tokens."
+                "--probe-seed", **_domain(options.SEED), metavar="SEED", help="Seed of the probe's random tokens."
             ),
         ],
         0,
@@ -468,8 +499,12 @@ DRAWING_OUTPUT = _group(  # the output options of a command that draws pictures:
     **OUTPUT_OPTIONS,
     format=(
         Annotated[
-            Literal[PICTURE_FORMATS],
-            typer.Option("--format", help="File format of the pictures of --out (svg and pdf: vector, for print)."),
+            str,
+            typer.Option(
+                "--format",
+                **_domain(options.FORMAT),
+                help="File format of the pictures of --out (svg and pdf: vector, for print).",
+            ),
         ],
         "png",
     ),
@@ -478,8 +513,7 @@ DRAWING_OUTPUT = _group(  # the output options of a command that draws pictures:
             int,
             typer.Option(
                 "--dpi",
-                min=DPI_RANGE[0],
-                max=DPI_RANGE[1],
+                **_domain(options.DPI),
                 metavar="N",
                 help="Dots per inch of PNG pictures: pixels = the figure's inches × N (300 for print).",
             ),
@@ -487,8 +521,10 @@ DRAWING_OUTPUT = _group(  # the output options of a command that draws pictures:
         DPI,
     ),
 )
-IndexOpt = Annotated[int, typer.Option("--index", min=0, metavar="I", help="Which input text (0-based).")]
-TopOpt = Annotated[int, typer.Option("--top", min=1, metavar="K", help="Rows shown: the first K.")]
+IndexOpt = Annotated[
+    int, typer.Option("--index", **_domain(options.INDEX), metavar="I", help="Which input text (0-based).")
+]
+TopOpt = Annotated[int, typer.Option("--top", **_domain(options.TOP), metavar="K", help="Rows shown: the first K.")]
 WordsOpt = Annotated[
     bool,
     typer.Option(
@@ -716,10 +752,12 @@ def heads(
             help="Sort the table by this score, descending (a score name or a column header).",
         ),
     ] = None,
-    top: Annotated[int | None, typer.Option("--top", min=1, metavar="K", help="Rows shown: the first K.")] = None,
+    top: Annotated[
+        int | None, typer.Option("--top", **_domain(options.TOP), metavar="K", help="Rows shown: the first K.")
+    ] = None,
     layer: Annotated[
         int | None,
-        typer.Option("--layer", "-l", min=0, metavar="L", help="Show only the heads of this layer."),
+        typer.Option("--layer", "-l", **_domain(options.LAYER), metavar="L", help="Show only the heads of this layer."),
     ] = None,
     plot: Annotated[
         list[str] | None,
@@ -752,8 +790,12 @@ def show(
     texts,
     model,
     output,
-    layer: Annotated[int, typer.Option("--layer", "-l", min=0, metavar="L", help="Layer to draw (0-based).")] = ...,
-    head: Annotated[int | None, typer.Option("--head", min=0, metavar="H", help="Draw only this head, larger.")] = None,
+    layer: Annotated[
+        int, typer.Option("--layer", "-l", **_domain(options.LAYER), metavar="L", help="Layer to draw (0-based).")
+    ] = ...,
+    head: Annotated[
+        int | None, typer.Option("--head", **_domain(options.HEAD), metavar="H", help="Draw only this head, larger.")
+    ] = None,
     index: IndexOpt = 0,
     words: WordsOpt = False,
 ) -> None:
@@ -784,20 +826,26 @@ def diversity(
     redundant: Annotated[
         float,
         typer.Option(
-            "--redundant", min=0.0, max=1.0, metavar="BITS", help="JSD below which two heads are near-duplicates."
+            "--redundant",
+            **_domain(options.JS_BITS),
+            metavar="BITS",
+            help="JSD below which two heads are near-duplicates.",
         ),
     ] = 0.1,
     cluster_at: Annotated[
         float,
         typer.Option(
-            "--cluster-at", min=0.0, max=1.0, metavar="BITS", help="JSD below which average-linkage clusters merge."
+            "--cluster-at",
+            **_domain(options.JS_BITS),
+            metavar="BITS",
+            help="JSD below which average-linkage clusters merge.",
         ),
     ] = 0.3,
     top: Annotated[
         int,
         typer.Option(
             "--top",
-            min=1,
+            **_domain(options.TOP),
             metavar="K",
             help="Rows shown: the K most redundant and K most distinct pairs.",
         ),
@@ -806,14 +854,14 @@ def diversity(
         int,
         typer.Option(
             "--sample-rows",
-            min=0,
-            max=2**31 - 1,
+            **_domain(options.SAMPLE_ROWS),
             metavar="N",
             help="Estimate JS on N random scored rows per window, with standard errors (0: every row, exact).",
         ),
     ] = 0,
     seed: Annotated[
-        int, typer.Option("--seed", min=0, max=SEED_MAX, metavar="SEED", help="Seed of the rows --sample-rows draws.")
+        int,
+        typer.Option("--seed", **_domain(options.SEED), metavar="SEED", help="Seed of the rows --sample-rows draws."),
     ] = 0,
 ) -> None:
     """How different are the heads? Cosine and Jensen–Shannon between every pair of heads of a layer (or all).
@@ -842,24 +890,28 @@ def diversity(
 @_options(output=DRAWING_OUTPUT)
 def random_mha(
     output,
-    d_model: Annotated[int, typer.Option("--d-model", min=1, max=D_MODEL_MAX, metavar="D", help="Model width.")] = 64,
+    d_model: Annotated[
+        int, typer.Option("--d-model", **_domain(options.D_MODEL), metavar="D", help="Model width.")
+    ] = 64,
     heads: Annotated[
         Numbers,
         typer.Option(
             "--heads",
-            parser=_numbers(1, D_MODEL_MAX),
+            parser=_numbers(options.HEAD_COUNT),
             metavar="H,H,...",
             help=f"Head counts (1-{D_MODEL_MAX}), each dividing --d-model.",
         ),
     ] = "1,2,4,8",
     seq_len: Annotated[
-        int, typer.Option("--seq-len", min=2, max=4096, metavar="N", help="Tokens per random sequence.")
+        int, typer.Option("--seq-len", **_domain(options.SEQ_LEN), metavar="N", help="Tokens per random sequence.")
     ] = 32,
     trials: Annotated[
-        int, typer.Option("--trials", min=1, metavar="N", help="Random layers averaged per head count.")
+        int,
+        typer.Option("--trials", **_domain(options.TRIALS), metavar="N", help="Random layers averaged per head count."),
     ] = 4,
     seed: Annotated[
-        int, typer.Option("--seed", min=0, max=SEED_MAX, metavar="SEED", help="Seed of the random weights and inputs.")
+        int,
+        typer.Option("--seed", **_domain(options.SEED), metavar="SEED", help="Seed of the random weights and inputs."),
     ] = 0,
 ) -> None:
     """The tutorials' experiment: how different are the heads of a random (untrained) attention layer, by their
@@ -897,19 +949,27 @@ def attend(
     ] = None,
     from_index: Annotated[
         int | None,
-        typer.Option("--from-index", min=0, metavar="K", help="Which occurrence of --from (0-based), as WORD@K."),
+        typer.Option(
+            "--from-index",
+            **_domain(options.INDEX),
+            metavar="K",
+            help="Which occurrence of --from (0-based), as WORD@K.",
+        ),
     ] = None,
     to_index: Annotated[
         int | None,
         typer.Option(
             "--to-index",
-            min=0,
+            **_domain(options.INDEX),
             metavar="K",
             help="Which occurrence of --to (0-based), as WORD@K; default: all the query sees, summed.",
         ),
     ] = None,
     tokens: Annotated[
-        int, typer.Option("--tokens", min=1, metavar="K", help="Top keys listed per head (tokens, or words).")
+        int,
+        typer.Option(
+            "--tokens", **_domain(options.TOKENS), metavar="K", help="Top keys listed per head (tokens, or words)."
+        ),
     ] = 3,
     top: TopOpt = 10,
     index: IndexOpt = 0,
@@ -937,14 +997,18 @@ def ablate(
     batching,
     output,
     method: Annotated[
-        Literal["loss", "gradient"],
-        typer.Option("--method", help="loss: remove each head and measure the loss; gradient: |dL/d gate| (fast)."),
+        str,
+        typer.Option(
+            "--method",
+            **_domain(options.ABLATION_METHOD),
+            help="loss: remove each head and measure the loss; gradient: |dL/d gate| (fast).",
+        ),
     ] = "loss",
     prune: Annotated[
         int,
         typer.Option(
             "--prune",
-            min=0,
+            **_domain(options.PRUNE),
             metavar="K",
             help="Also remove the K least important heads one after another.",
         ),
@@ -1006,7 +1070,7 @@ def bench(
         Numbers,
         typer.Option(
             "--seq-lens",
-            parser=_numbers(2, LENGTH_MAX),
+            parser=_numbers(options.BENCH_SEQ_LEN),
             metavar="N,N,...",
             help=f"Sequence lengths (2-{LENGTH_MAX:,}, at most the model's context).",
         ),
@@ -1015,7 +1079,7 @@ def bench(
         Numbers,
         typer.Option(
             "--batch-sizes",
-            parser=_numbers(1, BATCH_MAX),
+            parser=_numbers(options.BENCH_BATCH),
             metavar="B,B,...",
             help=f"Batch sizes (1-{BATCH_MAX:,}; a shape that would not fit in memory is refused before it runs).",
         ),
@@ -1024,13 +1088,14 @@ def bench(
         int,
         typer.Option(
             "--repeats",
-            min=1,
+            **_domain(options.REPEATS),
             metavar="N",
             help="Rounds, each running every method once timed and once for memory (medians reported).",
         ),
     ] = 3,
     warmup: Annotated[
-        int, typer.Option("--warmup", min=0, metavar="N", help="Untimed rounds of every method first.")
+        int,
+        typer.Option("--warmup", **_domain(options.WARMUP), metavar="N", help="Untimed rounds of every method first."),
     ] = 1,
     methods: Annotated[
         Names,
@@ -1048,8 +1113,7 @@ def bench(
         int,
         typer.Option(
             "--sample-rows",
-            min=2,
-            max=2**31 - 1,
+            **_domain(options.BENCH_SAMPLE_ROWS),
             metavar="N",
             help="Rows per window on which the diversity-sampled method estimates JS.",
         ),
@@ -1159,6 +1223,9 @@ def _user_error(error: BaseException, command: str) -> tuple[str | None, int]:
     if isinstance(error, click_errors.NoArgsIsHelpError):  # `attnscope` alone prints the help
         error.show()
         return "", 0
+    if isinstance(error, _OptionError) and error.param is not None:  # `--window 0: must be ...`
+        hint = f" (see: attnscope {error.ctx.info_name} --help)" if error.ctx is not None and error.ctx.parent else ""
+        return f"attnscope: error: {max(error.param.opts, key=len)} {error.message}{hint}", 2
     if isinstance(error, click_errors.UsageError):
         hint = f" (see: attnscope {error.ctx.info_name} --help)" if error.ctx is not None and error.ctx.parent else ""
         return f"attnscope: error: {error.format_message()}{hint}", 2

@@ -14,14 +14,15 @@ import json
 import os
 import re
 import socket
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from attnscope import options
 from attnscope.errors import AttnscopeError
+from attnscope.models import checks
 from attnscope.models.families import CAUSAL_LM, Family, family_of
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 DEMO = "demo"  # --model demo: the small GPT-2 trained by scripts/train_demo_model.py, shipped in the package
 # Said by every error that means "this model cannot be had": the one model that is always there.
 DEMO_HINT = "--model demo runs the small GPT-2 bundled with attnscope, with no download"
-DTYPES = ("auto", "float32", "float16", "bfloat16")
+DTYPES = options.DTYPES
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt")  # the vocabulary: any fast tokenizer, GPT-2, BERT
 
@@ -86,6 +87,11 @@ class LoadedModel:
     @property
     def dtype(self) -> Any:
         return next(self.model.parameters()).dtype
+
+    @property
+    def shape(self) -> checks.Shape:
+        """What settings are checked against (layers, heads, kind), as `config_shape` gives before a load."""
+        return checks.Shape(self.n_layer, self.n_head, self.kind.name)
 
     def info(self) -> dict[str, Any]:
         """Model facts for `attnscope info` and the `model` section of every JSON output.
@@ -309,6 +315,38 @@ def _from_pretrained(name: str, loader: Any, source: str, local_only: bool, **op
         raise AttnscopeError(f"cannot load model '{name}': {cause}") from error
 
 
+def _check_stored_config(name: str, source: str, revision: str | None) -> None:
+    """Check the config.json that `source` (a folder, or a Hub id whose config is in the cache) holds, before
+    transformers builds anything from it (see models.checks); a Hub id not cached yet is checked once loaded."""
+    folder = Path(source)
+    if not folder.is_dir():
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            cached = try_to_load_from_cache(source, "config.json", revision=revision)
+        except ValueError:  # not a repository name: from_pretrained says so
+            return
+        if not isinstance(cached, str):
+            return
+        folder = Path(cached).parent
+    checks.check_config(checks.read_raw_config(folder, name), name)
+
+
+def config_shape(name: str, revision: str | None = None) -> checks.Shape:
+    """The layers, heads and kind of model `name` from its config.json alone (checked), for the settings to be
+    checked against before any weights load: `--layer 99` is refused in a second, not after the load. None when
+    the config leaves them to a default it does not name."""
+    folder = _config_folder(name, revision)
+    raw = checks.read_raw_config(folder, name)
+    checks.check_config(raw, name)
+    family = family_of(
+        SimpleNamespace(
+            model_type=raw.get("model_type"), use_bidirectional_attention=raw.get("use_bidirectional_attention")
+        )
+    )
+    return checks.config_shape(raw, name, family.kind_name)
+
+
 def load_model(
     name: str,
     device: str = "auto",
@@ -349,6 +387,7 @@ def load_model(
         if local_only and not _is_cached(name, revision):
             raise AttnscopeError(_offline_message(name, revision))
 
+    _check_stored_config(name, source, revision)
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -356,6 +395,7 @@ def load_model(
     hf_logging.disable_progress_bar()
     at_revision = {} if revision is None else {"revision": revision}
     config = _from_pretrained(name, AutoConfig, source, local_only, **at_revision)
+    checks.check_config_object(config, name)
     family = family_of(config)
     tokenizer = _from_pretrained(name, AutoTokenizer, source, local_only, **at_revision)
     # Finding no tokenizer file, transformers builds an empty tokenizer (one special token at most) instead of failing.
@@ -376,20 +416,14 @@ def load_model(
         attn_implementation="eager",  # SDPA returns no attention weights (see README, "How it works")
         use_safetensors=True,
         dtype=torch_dtype,
-        output_loading_info=lm_head,
+        output_loading_info=True,  # what transformers could not load, it would start from random numbers
+        ignore_mismatched_sizes=True,  # a weight of another shape is reported in the loading info, and refused
         **at_revision,
         **({} if device_map is None else {"device_map": device_map}),
     )
-    model = loaded[0] if lm_head else loaded
-    if lm_head and loaded[1]["missing_keys"]:
-        # transformers would start the missing head from random weights: every loss would be noise
-        missing = sorted(loaded[1]["missing_keys"])
-        raise AttnscopeError(
-            f"model '{name}' has no {'masked' if family.lm_head != CAUSAL_LM else 'next-token'} language-model head "
-            f"to measure a loss with ({len(missing)} weight{'s' if len(missing) != 1 else ''} missing, e.g. "
-            f"{missing[0]}); use a checkpoint saved with "
-            "its head (an ELECTRA generator, not its discriminator)"
-        )
+    model, loading_info = loaded
+    head = ("next-token" if family.lm_head == CAUSAL_LM else "masked") if lm_head else None
+    checks.check_loaded_weights(name, loading_info, model, head)
     model.eval()
     family.prepare(model.base_model)
     if device_map is None:
@@ -432,12 +466,8 @@ def model_facts(name: str, device: str = "auto", dtype: str = "auto", revision: 
     - `device`: where `load_model` would put the model (asking torch only when CUDA could be there).
     """
     folder = _config_folder(name, revision)
-    try:
-        raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise AttnscopeError(f"cannot read the config.json of model '{name}': {error}") from None
-    if not isinstance(raw, dict):
-        raise AttnscopeError(f"the config.json of model '{name}' is not a JSON object")
+    raw = checks.read_raw_config(folder, name)
+    checks.check_config(raw, name)  # nonsense is refused, not printed as facts
     family = family_of(
         SimpleNamespace(
             model_type=raw.get("model_type"), use_bidirectional_attention=raw.get("use_bidirectional_attention")
@@ -596,15 +626,14 @@ def _weights_dtype(folder: Path) -> str | None:
     when there are no weights there."""
     path = folder / "model.safetensors"
     index = folder / "model.safetensors.index.json"
-    try:
-        if not path.exists() and index.exists():
+    if not path.exists() and index.exists():
+        try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
             path = folder / weight_map[min(weight_map)]
-        with open(path, "rb") as file:
-            (length,) = struct.unpack("<Q", file.read(8))
-            header = json.loads(file.read(length))
-    except (OSError, ValueError, KeyError, struct.error):
-        return None
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            return None
+    header = checks.safetensors_header(path)
+    return None if header is None else checks.first_dtype(header, SAFETENSORS_DTYPES)
     for tensor in sorted(key for key in header if key != "__metadata__"):
         if header[tensor].get("dtype") in SAFETENSORS_DTYPES:
             return SAFETENSORS_DTYPES[header[tensor]["dtype"]]
