@@ -675,6 +675,12 @@ def _run(
     gathered = texts.gather() if texts is not None else None
     folder = output.folder(default_out)
     own_model = getattr(analysis, "loads_its_model", False)  # bench loads (or builds) its own, and says what it does
+    if model is not None and hasattr(analysis, "check_shape"):  # `--layer 99`: from the config, before the weights
+        from attnscope.models.loading import config_shape
+
+        shape = config_shape(model.name, model.revision)
+        if shape is not None:
+            analysis.check_shape(shape)
     with _Status(output.quiet) as status:
         loaded = None if model is None else _load(model, getattr(analysis, "needs_lm_head", False), status)
         if own_model:
@@ -778,8 +784,6 @@ def heads(
 
     if plot and output.out is None:
         raise AttnscopeError("--plot draws into the folder of --out: give --out DIR too")
-    if words and not plot:
-        raise AttnscopeError("--words draws the maps of --plot by word: give --plot L.H too")
     analysis = Heads(**roles, bos=texts.bos, **batching, plot=plot, words=words, layer=layer, sort=sort, top=top)
     _run(analysis, output, texts, model)
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from attnscope.errors import AttnscopeError
@@ -56,6 +58,8 @@ class Option:
     high: float | None = None
     choices: tuple[str, ...] = ()
     optional: bool = False
+    excluded: tuple[int, ...] = ()  # values of the range that mean nothing (a sample of 1 row has no spread)
+    described: str = ""  # the domain in words, where `domain()` would not say it well
 
     def or_none(self) -> Option:
         """The same domain, with None allowed."""
@@ -63,6 +67,8 @@ class Option:
 
     def domain(self) -> str:
         """What is allowed, in words: `a whole number from 1 to 100,000`."""
+        if self.described:
+            return self.described
         if self.kind == "count":
             return f"a whole number from {self.low:,} to {self.high:,}"
         if self.kind == "number":
@@ -94,7 +100,7 @@ class Option:
         if self.kind == "count":
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 return f"expected {self.domain()}, not {_type_name(value)}"
-            if not self.low <= value <= self.high:
+            if not self.low <= value <= self.high or value in self.excluded:
                 return f"must be {self.domain()}"
         elif self.kind == "number":
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -161,7 +167,9 @@ LAYER = count(0, LAYER_MAX)
 HEAD = count(0, LAYER_MAX)
 INDEX = count(0, INDEX_MAX)
 JS_BITS = number(0.0, 1.0)  # a Jensen–Shannon divergence in bits
-SAMPLE_ROWS = count(0, SAMPLE_ROWS_MAX)  # diversity: 0 (every row, exact) or at least 2 (see analyses.diversity)
+SAMPLE_ROWS = Option(  # diversity's: a standard error needs two rows
+    "count", 0, SAMPLE_ROWS_MAX, excluded=(1,), described=f"0 (every row, exact) or from 2 to {SAMPLE_ROWS_MAX:,}"
+)
 BENCH_SAMPLE_ROWS = count(2, SAMPLE_ROWS_MAX)
 D_MODEL = count(1, D_MODEL_MAX)
 HEAD_COUNT = count(1, D_MODEL_MAX)  # each of random-mha's --heads
@@ -223,7 +231,10 @@ def shown_text(text: str) -> str:
 
 
 def _type_name(value: Any) -> str:
-    return "None" if value is None else f"a {type(value).__name__}"
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 def _shown(value: Any) -> str:
@@ -236,3 +247,15 @@ def _printable(value: Any) -> bool:
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return abs(int(value)) < 10**40  # str() of a huge int is slow, and refused past 4,300 digits
     return isinstance(value, (bool, float, numbers.Number, list, tuple, type(None)))
+
+
+def expanded_path(path: str | os.PathLike, flag: str) -> Path:
+    """`path` with a leading `~` or `~user` expanded, as a shell would; a user that does not exist (or no home
+    folder) is one AttnscopeError naming `flag` (`--out`, `--model`), not the RuntimeError of Path.expanduser."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        user = os.fspath(path).split("/", 1)[0]
+        raise AttnscopeError(
+            f"{flag} {os.fspath(path)}: cannot expand {user} (no such user, or no home folder); give the path in full"
+        ) from None

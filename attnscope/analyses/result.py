@@ -64,6 +64,8 @@ class Result:
         from attnscope.output.files import DPI, Pictures, prepare_out_dir, write_all
         from attnscope.output.views import view_of
 
+        if isinstance(out, bytes) or not isinstance(out, (str, os.PathLike)) or not os.fspath(out).strip():
+            raise AttnscopeError(f"out {out!r}: give a folder to write into, e.g. save('results/') ('.': this one)")
         view = view_of(self, Pictures(format, DPI if dpi is None else dpi))
         return write_all(prepare_out_dir(out), view.files)
 

@@ -175,6 +175,10 @@ def _looks_like_path(name: str) -> bool:
     )
 
 
+def _expanded(name: str) -> Path:
+    return options.expanded_path(name, "--model")
+
+
 def _check_config_directory(path: Path) -> list[str]:
     """The names of the files in `path`, a directory with a config.json; else one line saying what is wrong."""
     if not path.exists():  # Path("./x") prints as x
@@ -258,13 +262,19 @@ def load_config(name: str, revision: str | None = None) -> Any | None:
     """The model's config without its weights, or None when it cannot be had (offline and not cached)."""
     from transformers import AutoConfig
 
+    shown = name
     if name == DEMO:
         name = str(demo_model_dir())
+    _check_stored_config(shown, str(_expanded(name)) if _looks_like_path(name) else name, revision)
     local_only = not _looks_like_path(name) and not _hub_reachable()  # offline: the cache answers at once
     try:
-        return AutoConfig.from_pretrained(name, trust_remote_code=False, local_files_only=local_only, revision=revision)
+        config = AutoConfig.from_pretrained(
+            name, trust_remote_code=False, local_files_only=local_only, revision=revision
+        )
     except (OSError, ValueError):
         return None
+    checks.check_config_object(config, shown)
+    return config
 
 
 def _check_accelerate() -> None:
@@ -376,7 +386,7 @@ def load_model(
             )
         source = str(path)
     elif _looks_like_path(name):
-        path = Path(name).expanduser()
+        path = _expanded(name)
         _check_local_directory(path)
         source = str(path)
     else:
@@ -487,7 +497,7 @@ def _config_folder(name: str, revision: str | None) -> Path:
             raise AttnscopeError(f"the demo model is not bundled in this installation ({path} has no config.json)")
         return path
     if _looks_like_path(name):
-        path = Path(name).expanduser()
+        path = _expanded(name)
         _check_config_directory(path)
         return path
     from huggingface_hub import hf_hub_download, try_to_load_from_cache

@@ -9,15 +9,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnscope import options
 from attnscope.errors import AttnscopeError
 
 # How pictures are written (`--format`, `--dpi`). Here, not in output.figures, so that the CLI can declare the
 # options without importing matplotlib.
-PICTURE_FORMATS = ("png", "svg", "pdf")
+PICTURE_FORMATS = options.PICTURE_FORMATS
 # 150 dots per inch: sharp on a high-density screen and in a draft print, at 2.25 times the pixels of 100 dpi
 # (which print showed blocky); a journal's 300 is --dpi 300, or --format pdf/svg, which do not depend on it.
 DPI = 150
-DPI_RANGE = (50, 1200)
+DPI_RANGE = options.DPI_RANGE
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,7 @@ class Pictures:
     dpi: int = DPI
 
     def __post_init__(self) -> None:
-        if self.format not in PICTURE_FORMATS:
-            raise AttnscopeError(f"picture format {self.format!r}: use one of {', '.join(PICTURE_FORMATS)}")
-        if not DPI_RANGE[0] <= self.dpi <= DPI_RANGE[1]:
-            raise AttnscopeError(f"dpi {self.dpi}: must be from {DPI_RANGE[0]} to {DPI_RANGE[1]}")
+        options.check_fields(self, {"format": options.FORMAT, "dpi": options.DPI})
 
     def file_name(self, stem: str) -> str:
         """`stem` with this format's suffix: attention_0.1 -> attention_0.1.svg."""
@@ -56,7 +54,7 @@ def _remove_empty(folders: list[Path]) -> None:
 def prepare_out_dir(path: str | os.PathLike) -> Path:
     """Prove that `path` can be created and written to before any work is done, and leave the disk as it was: the
     folder is made when the files are written (`write_all`), so a run that fails leaves no empty folder behind."""
-    folder = Path(path).expanduser()
+    folder = options.expanded_path(path, "--out")
     missing = _missing_folders(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)

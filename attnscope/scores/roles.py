@@ -21,7 +21,7 @@ Rules, in order (`scores.catalog.ROLES` gives each role its deciding score and t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from attnscope.errors import AttnscopeError
@@ -45,6 +45,10 @@ def parse_thresholds(items: Mapping[str, float] | Sequence[str] | str | None) ->
     CLI's, e.g. `previous-token=0.6`) or a mapping `{ROLE: VALUE}` (Python's); a role's short label works too."""
     if isinstance(items, Mapping):
         pairs = [(f"{name}={value}", str(name), value) for name, value in items.items()]
+    elif items is not None and (isinstance(items, bytes) or not isinstance(items, (str, Iterable))):
+        raise AttnscopeError(
+            f"thresholds {items!r}: expected {{ROLE: VALUE}} or ROLE=VALUE strings, e.g. {{'previous-token': 0.6}}"
+        )
     else:
         strings = [str(item) for item in ([items] if isinstance(items, str) else items or [])]
         pairs = [(item, *item.split("=", 1)) if "=" in item else (item, None, None) for item in strings]

@@ -27,8 +27,8 @@ def _module_name(path: Path, root: Path) -> str:
 
 
 def _stage(module: str) -> str:
-    """attnscope.errors, attnscope.options (every option's domain) and attnscope itself: base; attnscope.<stage>.x: <stage>; attnscope.api: api (the Python
-    API, above the output it hands back); attnscope.cli, __main__: cli."""
+    """attnscope.errors, attnscope.options (every option's domain) and attnscope itself: base; attnscope.<stage>.x:
+    <stage>; attnscope.api: api (the Python API, above the output it hands back); attnscope.cli, __main__: cli."""
     parts = module.split(".")
     if parts[0] != "attnscope":
         raise ValueError(module)
