@@ -550,7 +550,18 @@ def _note(message: str) -> None:
 def _console(stderr: bool = False):
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False)
+    return Console(stderr=stderr, highlight=False, width=_width())
+
+
+def _width() -> int | None:
+    """The terminal's width where COLUMNS says nothing usable (0, -5, 'wide', 10^9): rich would take `COLUMNS=0` for
+    a width of 0 and print nothing at all. None: rich's own answer (COLUMNS, the terminal's width, or 80)."""
+    import shutil
+
+    columns = os.environ.get("COLUMNS")
+    if columns is None or (columns.strip().isdigit() and 1 <= int(columns) <= 10_000):
+        return None
+    return min(max(shutil.get_terminal_size((80, 24)).columns, 20), 10_000)
 
 
 def _on_terminal(quiet: bool) -> bool:
@@ -1185,33 +1196,51 @@ _MEMORY_ADVICE = {
     "random-mha": "try a smaller --seq-len, --d-model or fewer --heads",
 }
 _MEMORY_ADVICE_DEFAULT = "try a smaller --batch-size or --max-tokens, shorter texts, or a smaller --dtype"
-_interrupted = False  # set by the SIGINT handler: whatever a library makes of the interrupt, it was Ctrl-C
+# The signal that stopped the run (SIGINT: Ctrl-C; SIGTERM: `kill`; SIGHUP: the terminal closed), 0 while none
+# did: whatever a library makes of the interrupt, it was that signal.
+_interrupted = 0
+STOPPING_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 
 
 def _on_interrupt(signum: int, frame: Any) -> None:
-    """Ctrl-C: remember it, then interrupt as Python does. Code that catches the KeyboardInterrupt and raises
-    something else (an import cut short turns into an ImportError inside transformers) still ends as Ctrl-C."""
+    """Ctrl-C, SIGTERM or SIGHUP: remember which, then interrupt as Python does for Ctrl-C, so that every `finally`
+    runs (the staging folder of --out and the folders it made are removed). Code that catches the
+    KeyboardInterrupt and raises something else (an import cut short turns into an ImportError inside
+    transformers) still ends as interrupted."""
     global _interrupted
-    _interrupted = True
+    _interrupted = _interrupted or signum
     raise KeyboardInterrupt
+
+
+def _stopped() -> int:
+    """Say, in one line, that the run was interrupted, and return the exit status of a program killed by that
+    signal (128 + its number: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP)."""
+    import signal
+
+    signum = _interrupted or signal.SIGINT
+    name = "" if signum == signal.SIGINT else f" ({signal.Signals(signum).name})"
+    try:
+        print(f"attnscope: interrupted{name}", file=sys.stderr)
+    except (OSError, ValueError):  # SIGHUP: the terminal that stderr was is gone
+        pass
+    return 128 + signum
 
 
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI on `argv` and return its exit status: the one error boundary for every command."""
     global _interrupted
-    _interrupted = False
+    _interrupted = 0
+    _usable_matplotlib_folder()
     try:
         # Commands return None; typer returns an exit status instead when one stopped early: 130 for Ctrl-C
         # (it turns KeyboardInterrupt into that itself), 0 after --help.
         status = app(args=argv, prog_name="attnscope", standalone_mode=False)
         if status == 130 or _interrupted:
-            print("attnscope: interrupted", file=sys.stderr)
-            return 130
+            return _stopped()
         return status if isinstance(status, int) else 0
     except BaseException as error:
         if _interrupted or isinstance(error, (typer.Abort, KeyboardInterrupt)):
-            print("attnscope: interrupted", file=sys.stderr)
-            return 130
+            return _stopped()
         message, status = _user_error(error, (argv or [""])[0] if argv else "")
         if message is None:
             raise  # a bug keeps its traceback, for the bug report
@@ -1267,19 +1296,110 @@ def _out_of_memory(error: BaseException) -> bool:
     )
 
 
+def _usable_matplotlib_folder() -> None:
+    """Point MPLCONFIGDIR at a folder of this user's own when matplotlib's would not be usable (MPLCONFIGDIR or HOME
+    naming a file, a read-only home): matplotlib would add two warnings to stderr at every run, and build its font
+    cache again each time. Nothing is imported; a usable folder is left as it is."""
+    if "matplotlib" in sys.modules:
+        return
+    configured = os.environ.get("MPLCONFIGDIR")
+    try:
+        home = Path.home()
+        folders = (
+            [Path(configured)]
+            if configured
+            else [
+                Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config", "matplotlib"),
+                Path(os.environ.get("XDG_CACHE_HOME") or home / ".cache", "matplotlib"),
+            ]
+        )
+        if all(_writable_folder(folder) for folder in folders):
+            return
+    except RuntimeError:  # no home folder at all
+        pass
+    import tempfile
+
+    fallback = Path(tempfile.gettempdir(), f"attnscope-matplotlib-{os.getuid() if hasattr(os, 'getuid') else 0}")
+    try:
+        fallback.mkdir(mode=0o700, exist_ok=True)
+        owned = fallback.lstat()
+        if fallback.is_symlink() or (hasattr(os, "getuid") and owned.st_uid != os.getuid()):
+            fallback = Path(tempfile.mkdtemp(prefix="attnscope-matplotlib-"))  # not ours: a private one instead
+    except OSError:
+        return  # no usable temporary folder either: matplotlib says so itself
+    os.environ["MPLCONFIGDIR"] = str(fallback)
+
+
+def _writable_folder(folder: Path) -> bool:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
+
+
+def _standard_streams() -> bool:
+    """Give each standard stream the program was started without (`2>&-`, `>&-`, `<&-`) /dev/null, so that no file
+    opened later takes its number (an error line would be written into a picture); returns whether stdout was
+    open. Without this, a closed stderr turned every error into exit status 1 and usage errors went to stdout."""
+    closed = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            closed.append(fd)
+    if 2 in closed or sys.stderr is None:
+        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+    if 1 in closed or sys.stdout is None:
+        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+    return 1 not in closed
+
+
+def _unicode_streams() -> None:
+    """In an ASCII locale (LC_ALL=C without Python's UTF-8 mode), write stdout and stderr as UTF-8, as the files of
+    --out are and as JSON must be: a token or a source with one accented letter would otherwise end the run with a
+    traceback."""
+    import codecs
+
+    for stream in (sys.stdout, sys.stderr):
+        encoding = getattr(stream, "encoding", None)
+        if encoding and codecs.lookup(encoding).name == "ascii" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(encoding="utf-8", errors="backslashreplace" if stream is sys.stderr else "strict")
+
+
 def main() -> None:
     """Console-script entry point (`attnscope`, `python -m attnscope`)."""
     import signal
 
-    # Ctrl-C must stop a run even when the parent started us with SIGINT ignored (as shells do for `&` jobs).
+    stdout_open = _standard_streams()
+    _unicode_streams()
+    # Ctrl-C must stop a run even when the parent started us with SIGINT ignored (as shells do for `&` jobs); SIGTERM
+    # and SIGHUP stop it the same way, unless they were ignored on purpose (nohup ignores SIGHUP).
     signal.signal(signal.SIGINT, _on_interrupt)
+    for name in STOPPING_SIGNALS[1:]:
+        if hasattr(signal, name) and signal.getsignal(getattr(signal, name)) is not signal.SIG_IGN:
+            signal.signal(getattr(signal, name), _on_interrupt)
+    if not stdout_open:
+        print(
+            "attnscope: error: standard output is closed (>&-): attnscope writes its results there; redirect it "
+            "to a file, or to /dev/null",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     status = run(sys.argv[1:])
-    if status == 130:
-        # End the way an interrupted Unix program does, killed by SIGINT (the shell shows 130 and stops a script's
-        # loop). This is also the only deterministic ending: CPython itself re-raises SIGINT at exit when the
-        # interrupt landed in an `exec` (e.g. a dataclass being built during an import), and exits 130 otherwise.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
+    if status - 128 in {getattr(signal, name) for name in STOPPING_SIGNALS if hasattr(signal, name)}:
+        # End the way an interrupted Unix program does, killed by its signal (the shell shows 128 + its number and
+        # stops a script's loop). This is also the only deterministic ending: CPython itself re-raises SIGINT at
+        # exit when the interrupt landed in an `exec` (e.g. a dataclass being built during an import).
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except OSError:
+            pass
+        signal.signal(status - 128, signal.SIG_DFL)
+        os.kill(os.getpid(), status - 128)
     sys.exit(status)

@@ -4,6 +4,7 @@ interrupted leaves nothing half-written behind."""
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -67,13 +68,19 @@ def prepare_out_dir(path: str | os.PathLike) -> Path:
     return folder
 
 
+# Signals that stop a run (Ctrl-C, `kill`, a closed terminal): held back while the files land, so that they land
+# together (the CLI turns each into one line and the exit status of a program killed by it).
+STOPPING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
 def write_all(folder: Path, write: Callable[[Path], Sequence[Path]]) -> list[Path]:
     """Run `write(stage)`, which writes its files into `stage`, a hidden folder inside `folder`, then move them
-    all into `folder`. An error or Ctrl-C while writing leaves nothing behind (no file, no folder this created);
-    the moves are renames on one file system, with Ctrl-C held back until the last is done, so the files land
-    together. Returns the paths in `folder`."""
+    all into `folder`: all of them or none. Every destination is checked before the first move (a folder in the
+    way is refused), and a move that still fails (a file another user owns in a sticky folder, ...) puts back what
+    the earlier ones replaced. An error, Ctrl-C, SIGTERM or SIGHUP while writing leaves nothing behind (no file, no
+    folder this created); the moves are renames on one file system, with those signals held back until the last is
+    done, so the files land together. Returns the paths in `folder`."""
     import shutil
-    import signal
 
     missing = _missing_folders(folder)
     try:
@@ -88,10 +95,10 @@ def write_all(folder: Path, write: Callable[[Path], Sequence[Path]]) -> list[Pat
             written = list(write(stage))
         except OSError as error:  # a full disk, a quota, a folder that went read-only: nothing is left behind
             raise AttnscopeError(f"cannot write to --out {folder}: {error.strerror or error}") from None
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        _check_destinations(folder, written)
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, set(STOPPING_SIGNALS))
         try:
-            for path in written:
-                os.replace(path, folder / path.name)
+            _move_all(folder, stage, written)
             landed = True
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
@@ -100,6 +107,45 @@ def write_all(folder: Path, write: Callable[[Path], Sequence[Path]]) -> list[Pat
         if not landed:
             _remove_empty(missing)
     return [folder / path.name for path in written]
+
+
+def _check_destinations(folder: Path, written: Sequence[Path]) -> None:
+    """Refuse, before anything is moved, a destination that a file cannot replace: a folder of that name."""
+    for path in written:
+        destination = folder / path.name
+        if destination.is_dir() and not destination.is_symlink():
+            raise AttnscopeError(
+                f"cannot write to --out {folder}: {destination} is a folder, and {path.name} would replace it; move "
+                "it away or choose another --out (nothing was written)"
+            )
+
+
+def _move_all(folder: Path, stage: Path, written: Sequence[Path]) -> None:
+    """Move every staged file into `folder`, keeping what each replaces in `stage` until all have moved; on a
+    failure, undo the moves made (the replaced files back in place) and refuse in one line."""
+    done: list[tuple[Path, Path | None]] = []  # (destination, the file it replaced, kept in the stage)
+    destination = folder
+    try:
+        for number, path in enumerate(written):
+            destination = folder / path.name
+            kept = None
+            if os.path.lexists(destination):
+                kept = stage / f".replaced-{number}"
+                os.replace(destination, kept)
+            done.append((destination, kept))
+            os.replace(path, destination)
+    except OSError as error:
+        for destination, kept in reversed(done):
+            try:
+                if kept is not None:
+                    os.replace(kept, destination)
+                elif os.path.lexists(destination):
+                    os.unlink(destination)
+            except OSError:
+                pass  # best effort: the first error is the one to report
+        raise AttnscopeError(
+            f"cannot write to --out {folder}: {destination.name}: {error.strerror or error}; nothing was changed"
+        ) from None
 
 
 def _umask() -> int:
