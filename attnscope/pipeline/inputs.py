@@ -247,6 +247,8 @@ class TextFile(Texts):
             raise AttnscopeError(f"{where}: not valid JSON ({error.msg})") from None
         except RecursionError:
             raise AttnscopeError(f"{where}: JSON nested too deeply") from None
+        except ValueError as error:  # a number of more than 4,300 digits (Python's limit on int conversion)
+            raise AttnscopeError(f"{where}: cannot read its JSON ({str(error).split(':')[0]})") from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise AttnscopeError(f'{where}: expected an object with a string "text" field')
         return valid_text(record["text"], f'{where}: the "text" field')
