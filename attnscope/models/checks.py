@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,7 @@ CONFIG_DTYPES = (
     "float32", "float", "float16", "half", "bfloat16", "float64", "double", "float8_e4m3fn", "float8_e5m2", "auto",
 )  # fmt: skip
 SAFETENSORS_HEADER_MAX = 100 * 2**20  # the safetensors format's own limit on its JSON header
+CONFIG_MAX_BYTES = 64 * 2**20  # a config.json is kilobytes (megabytes with a large label map); this is not one
 
 
 @dataclass(frozen=True)
@@ -286,10 +287,15 @@ def first_dtype(header: Mapping[str, Any], dtypes: Mapping[str, str]) -> str | N
     return None
 
 
-def read_raw_config(folder: Path, name: str, read: Callable[[Path], str] | None = None) -> dict[str, Any]:
+def read_raw_config(folder: Path, name: str) -> dict[str, Any]:
     """config.json of `folder`, parsed (not yet checked): one line when it cannot be read or is not JSON."""
     try:
-        text = (read or (lambda path: path.read_text(encoding="utf-8")))(folder / "config.json")
+        size = (folder / "config.json").stat().st_size
+        if size > CONFIG_MAX_BYTES:
+            raise AttnscopeError(
+                f"the config.json of model '{name}' holds {size:,} bytes: a config is a few kilobytes, this is not one"
+            )
+        text = (folder / "config.json").read_text(encoding="utf-8")
     except (OSError, ValueError) as error:  # ValueError: not UTF-8
         raise AttnscopeError(f"cannot read the config.json of model '{name}': {_first_line(error)}") from None
     try:

@@ -35,6 +35,7 @@ BLOCK_BYTES = 1 << 20  # bytes read, decoded and split at a time
 # A line of nothing but white space longer than this is not waited on to tell whether it is blank: it is text.
 # (Without a bound, a file of 1 GB of spaces would be held whole while deciding.)
 LONGEST_BLANK_LINE = 1 << 16
+LONGEST_JSON_LINE = 1 << 26  # characters of one line of a .jsonl file, which is parsed whole
 
 
 @dataclass(frozen=True)
@@ -226,18 +227,28 @@ class TextFile(Texts):
             yield Piece(index, f"{self.label}#{index}", text)
 
     def _records(self) -> Iterator[tuple[int, str]]:
-        """(line number, text) of every non-empty line of a JSON-lines file, each checked."""
-        pending = ""
-        number = 0
+        """(line number, text) of every non-empty line of a JSON-lines file, each checked. A line is parsed whole,
+        so one longer than LONGEST_JSON_LINE characters is refused rather than held in memory however long."""
+        parts: list[str] = []  # the line being read, in pieces
+        held, number = 0, 0
         for block in self._blocks():
-            lines = (pending + block).split("\n")
-            pending = lines.pop()
-            for line in lines:
+            lines = block.split("\n")
+            for end in lines[:-1]:
+                line = "".join([*parts, end])
+                parts, held = [], 0
                 number += 1
                 if line.strip():
                     yield number, self._record(line, number)
-        if pending.strip():
-            yield number + 1, self._record(pending, number + 1)
+            parts.append(lines[-1])
+            held += len(lines[-1])
+            if held > LONGEST_JSON_LINE:
+                raise AttnscopeError(
+                    f"{self.name}:{number + 1}: a line longer than {LONGEST_JSON_LINE:,} characters; a JSON line is "
+                    "read whole: split the text over several records, or give it as a plain text file"
+                )
+        line = "".join(parts)
+        if line.strip():
+            yield number + 1, self._record(line, number + 1)
 
     def _record(self, line: str, number: int) -> str:
         where = f"{self.name}:{number}"
