@@ -105,8 +105,9 @@ def _numbers(option: options.Option) -> Callable[[str | tuple], Numbers]:
         if not values:
             raise _OptionError(f"{options.shown_text(text)}: give at least one number")
         for value in values:
-            if option.problem(value) is not None:
-                raise _OptionError(f"{value}: each value must be from {option.low:,} to {option.high:,}")
+            problem = option.problem(value)
+            if problem is not None:
+                raise _OptionError(f"{value}: {problem}")
         return values
 
     parse.option = option
@@ -308,6 +309,7 @@ MODEL = _group(
             typer.Option(
                 "--model",
                 "-m",
+                **_domain(options.TEXT),
                 metavar="NAME|PATH",
                 help="'demo': the small GPT-2 bundled with attnscope (no download, works offline); or a Hugging "
                 "Face id (fetched once into the Hugging Face cache); or a directory saved with save_pretrained.",
@@ -340,6 +342,7 @@ MODEL = _group(
             str | None,
             typer.Option(
                 "--revision",
+                **_domain(options.TEXT),
                 metavar="REV",
                 help="A Hub branch, tag or commit of --model (e.g. Pythia's training checkpoints: step1000).",
             ),

@@ -201,7 +201,7 @@ def check_numbers(values: Any, option: Option, name: str) -> tuple[int, ...]:
         raise AttnscopeError(f"{name} {_shown(values)}: expected a list of whole numbers such as [1, 2, 4]")
     if not values:
         raise AttnscopeError(f"{name}: give at least one number")
-    return tuple(option.check(value, f"{name}:") for value in values)
+    return tuple(option.check(value, name) for value in values)
 
 
 def check_names(values: Any, choices: Sequence[str], name: str) -> tuple[str, ...]:

@@ -251,7 +251,8 @@ class Attend:
             object.__setattr__(self, f"{role}_index", occurrence if occurrence is not None else given)
         if self.from_index is None:
             object.__setattr__(self, "from_index", 0)
-        options.check_fields(self, {"from_index": options.INDEX, "to_index": options.INDEX.or_none()})  # WORD@K
+        options.INDEX.check(self.from_index, "from occurrence")  # the K of WORD@K, checked as --from-index is
+        options.INDEX.or_none().check(self.to_index, "to occurrence")
         if self.to_index is not None and self.to_token is None:
             raise AttnscopeError(
                 f"to occurrence {self.to_index} picks one occurrence of the to word: give the to word too (--to)"

@@ -51,7 +51,7 @@ def check_settings(d_model: int, heads: Sequence[int], seq_len: int, batch: int,
     comparisons = trials * batch * sum(count * count for count in heads) * seq_len**2
     if comparisons > MAX_COMPARISONS:
         raise AttnscopeError(
-            f"{counted(trials, 'trial')} of {', '.join(map(str, heads))} heads at sequence length {seq_len} would make "
+            f"{counted(trials, 'trial')} of head counts {', '.join(map(str, heads))} at sequence length {seq_len} make "
             f"{comparisons:.2g} pairwise comparisons (trials × {batch} sequences × heads² × length²; at most "
             f"{MAX_COMPARISONS:.0g}, already hours): use fewer --trials or heads, or shorter sequences"
         )

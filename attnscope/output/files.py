@@ -56,6 +56,8 @@ def prepare_out_dir(path: str | os.PathLike) -> Path:
     """Prove that `path` can be created and written to before any work is done, and leave the disk as it was: the
     folder is made when the files are written (`write_all`), so a run that fails leaves no empty folder behind."""
     folder = options.expanded_path(path, "--out")
+    if folder.exists() and not folder.is_dir():
+        raise AttnscopeError(f"cannot write to --out {path}: it is a file, not a folder")
     missing = _missing_folders(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)

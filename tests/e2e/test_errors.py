@@ -83,8 +83,8 @@ CASES = {
     "heads not dividing d_model": (["random-mha", "--heads", "3"], "head count 3: must divide d_model 64"),
     "heads not a number": (["random-mha", "--heads", "two"], "--heads two: expected comma-separated whole numbers"),
     "heads empty": (["random-mha", "--heads", ","], "give at least one number"),
-    "heads 0": (["random-mha", "--heads", "0"], "--heads 0: each value must be from 1 to 4,096"),
-    "heads negative": (["random-mha", "--heads", "-2"], "--heads -2: each value must be from 1"),
+    "heads 0": (["random-mha", "--heads", "0"], "--heads 0: must be a whole number from 1 to 4,096"),
+    "heads negative": (["random-mha", "--heads", "-2"], "--heads -2: must be a whole number from 1"),
     "d-model 0": (["random-mha", "--d-model", "0"], "--d-model 0: must be a whole number from 1 to 4,096"),
     "seq-len too long": (
         ["random-mha", "--seq-len", "100000000"],
@@ -130,13 +130,13 @@ CASES = {
     "bench random weights": (["bench", *E, "--random-weights", "--device", "cpu"], "model type 'bert' is an encoder"),
     "bench batch too large": (
         ["bench", *D, "--batch-sizes", "70000", "--device", "cpu"],
-        "--batch-sizes 70000: each value must be from 1",
+        "--batch-sizes 70000: must be a whole number from 1",
     ),
     "bench length too long": (
         ["bench", *D, "--seq-lens", "200000", "--device", "cpu"],
-        "--seq-lens 200000: each value must be from 2",
+        "--seq-lens 200000: must be a whole number from 2",
     ),
-    "random-mha heads too many": (["random-mha", "--heads", "5000"], "--heads 5000: each value must be from 1"),
+    "random-mha heads too many": (["random-mha", "--heads", "5000"], "--heads 5000: must be a whole number from 1"),
 }
 
 
@@ -200,7 +200,7 @@ def test_a_mistake_ends_in_one_line_and_status_2(cli, fill, tmp_path, args, expe
         (["diversity", CAT, "--layer", "1", "--redundant", "2"], "--redundant 2: must be a number from 0 to 1"),
         (["attend", CAT, "--from", "cat", "--to-index", "1"], "give the to word"),
         (["random-mha", "--heads", "3"], "must divide d_model"),
-        (["bench", "--seq-lens", "1", "--random-weights"], "--seq-lens 1: each value must be from 2"),
+        (["bench", "--seq-lens", "1", "--random-weights"], "--seq-lens 1: must be a whole number from 2"),
     ],
 )
 def test_what_needs_no_model_is_checked_before_it_loads(cli, tmp_path, args, expected):
