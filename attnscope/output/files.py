@@ -137,12 +137,12 @@ def _move_all(folder: Path, stage: Path, written: Sequence[Path]) -> None:
             done.append((destination, kept))
             os.replace(path, destination)
     except OSError as error:
-        for destination, kept in reversed(done):
+        for moved, kept in reversed(done):
             try:
                 if kept is not None:
-                    os.replace(kept, destination)
-                elif os.path.lexists(destination):
-                    os.unlink(destination)
+                    os.replace(kept, moved)
+                elif os.path.lexists(moved):
+                    os.unlink(moved)
             except OSError:
                 pass  # best effort: the first error is the one to report
         raise AttnscopeError(
