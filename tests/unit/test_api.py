@@ -393,3 +393,32 @@ def test_save_refuses_what_the_cli_refuses(tmp_path, monkeypatch, out, dpi, mess
     with pytest.raises(AttnscopeError, match=f"^{re.escape(message)}"):
         result.save(out, dpi=dpi)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_promises_page_lists_the_bounds_of_every_number_option():
+    """docs/promises.md's table of bounds says what the options check (a new option, or a moved bound, fails here
+    until the page says it too)."""
+    from pathlib import Path
+
+    page = (Path(__file__).parents[2] / "docs" / "promises.md").read_text(encoding="utf-8")
+    rows = []
+    for line in page.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`--"):
+            flags = re.findall(r"`(--[\w-]+)`", cells[0])
+            first = [re.match(r"[\d,.]+", cell).group().replace(",", "") for cell in cells[2:]]
+            rows.append((flags, {name.strip() for name in cells[1].split(",")}, *(float(v) for v in first)))
+    for info in cli.app.registered_commands:
+        command = info.name or info.callback.__name__
+        for parameter in inspect.signature(info.callback).parameters.values():
+            option = _domain(parameter) if typing.get_args(parameter.annotation)[1:] else None
+            if option is None or option.kind not in ("count", "number"):
+                continue
+            declared = typing.get_args(parameter.annotation)[1]
+            flag = max((d for d in (declared.default, *declared.param_decls) if str(d).startswith("--")), key=len)
+            listed = [
+                (low, high)
+                for flags, commands, low, high in rows
+                if flag in flags and (command in commands or commands == {"every command that draws"})
+            ]
+            assert (float(option.low), float(option.high)) in listed, (command, flag, listed)
