@@ -78,7 +78,7 @@ def _domain(option: options.Option) -> dict[str, Any]:
 
 def _device(text: str) -> str:
     spec = text.strip().lower()
-    if re.fullmatch(r"auto|cpu|cuda(:\d+)?", spec) is None:
+    if re.fullmatch(options.DEVICE_PATTERN, spec) is None:
         raise _OptionError(f"{options.shown_text(text)}: use auto, cpu, cuda or cuda:N")
     return spec
 

@@ -25,6 +25,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 KERNELS = ("auto", "fused", "blocks")
 DEVICE_MAPS = ("auto", "balanced", "sequential")
 PICTURE_FORMATS = ("png", "svg", "pdf")
+DEVICE_PATTERN = r"auto|cpu|cuda(?::(\d{1,9}))?"  # a device; its number, if any, is group 1
 ABLATION_METHODS = ("loss", "gradient")
 BENCH_METHODS = ("floor", "attnscope", "tutorial", "cache")  # bench's default set
 BENCH_KERNEL_METHODS = ("fused", "blocks")  # the analysis with one kernel or the other

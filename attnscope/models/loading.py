@@ -142,7 +142,7 @@ def resolve_device(spec: str) -> Any:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if spec == "cpu":
         return torch.device("cpu")
-    match = re.fullmatch(r"cuda(?::(\d+))?", spec)
+    match = re.fullmatch(options.DEVICE_PATTERN, spec)
     if match is None:
         raise AttnscopeError(f"unknown device '{spec}': use auto, cpu, cuda or cuda:N")
     if not torch.cuda.is_available():

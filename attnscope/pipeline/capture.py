@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from attnscope import options
 from attnscope.errors import AttnscopeError
 from attnscope.pipeline.tokens import Batch
 
@@ -43,7 +44,7 @@ BLOCK_BYTES = 1 * 2**20
 # launches of many small blocks (~15 kernels each) do not dominate.
 GPU_BLOCK_SHARE = 8
 GPU_BLOCK_MAX = 4 * 2**30
-KERNELS = ("auto", "fused", "blocks")
+KERNELS = options.KERNELS
 MASKED = -1e30  # a masked logit: finite, so 0 · logit stays 0 (no NaN)
 # Shifted logits are clamped here before exp: torch's exp takes a slow path for results that underflow (14x slower
 # on the CPU this was measured on), which masked keys and peaked heads hit constantly. exp(-87) = 1.6e-38 is the
