@@ -547,7 +547,17 @@ SkipFirstOpt = Annotated[
 
 
 def _note(message: str) -> None:
-    print(f"note: {message}", file=sys.stderr)
+    print(_one_line(f"note: {message}"), file=sys.stderr)
+
+
+LINE_MAX = 4000  # characters of one line on stderr; a longer one repeats a value nobody reads whole
+
+
+def _one_line(text: str) -> str:
+    """`text` as one line of a terminal: control characters (a newline in a file name, an escape sequence in a
+    model's name) written as escapes, and at most LINE_MAX characters."""
+    line = "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+    return line if len(line) <= LINE_MAX else f"{line[: LINE_MAX - 1]}…"
 
 
 def _console(stderr: bool = False):
@@ -1248,7 +1258,7 @@ def run(argv: list[str] | None = None) -> int:
         if message is None:
             raise  # a bug keeps its traceback, for the bug report
         if message:
-            print(message, file=sys.stderr)
+            print(_one_line(message), file=sys.stderr)
         return status
 
 

@@ -225,6 +225,11 @@ def check_text(value: Any, name: str, optional: bool = False) -> str | None:
     return value
 
 
+def shown(value: Any) -> str:
+    """A value a user gave, as a message repeats it: strings quoted, anything longer than 40 characters cut."""
+    return _shown(value)
+
+
 def shown_text(text: str) -> str:
     """Command-line text as a message shows it: as typed, quoted only where it is empty or holds white space."""
     shown = text if text.strip() and not any(char.isspace() for char in text) else repr(text)

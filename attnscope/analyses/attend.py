@@ -243,10 +243,11 @@ class Attend:
             word, occurrence = parse_occurrence(spec)
             if occurrence is not None and given is not None and occurrence != given:
                 raise AttnscopeError(
-                    f"{role} word {spec!r} names occurrence {occurrence}, and {role} occurrence is {given}: give one"
+                    f"{role} word {options.shown(spec)} names occurrence {occurrence}, and {role} occurrence is "
+                    f"{given}: give one"
                 )
             if not word.strip():
-                raise AttnscopeError(f"{role} word {spec!r}: give a word of the text")
+                raise AttnscopeError(f"{role} word {options.shown(spec)}: give a word of the text")
             object.__setattr__(self, f"{role}_token", word)
             object.__setattr__(self, f"{role}_index", occurrence if occurrence is not None else given)
         if self.from_index is None:

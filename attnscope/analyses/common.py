@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
+from attnscope import options
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture, distributed
@@ -33,7 +34,7 @@ def head_label(label: str) -> tuple[int, int]:
     model: see `parse_head`)."""
     layer_text, sep, head_text = label.strip().partition(".")
     if not sep or not layer_text.isdigit() or not head_text.isdigit() or max(len(layer_text), len(head_text)) > 9:
-        raise AttnscopeError(f"head '{label}': expected LAYER.HEAD such as 4.11 (0-based)")
+        raise AttnscopeError(f"head {options.shown(label)}: expected LAYER.HEAD such as 4.11 (0-based)")
     return int(layer_text), int(head_text)
 
 

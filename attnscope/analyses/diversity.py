@@ -201,7 +201,7 @@ def parse_layer_choice(text: str | int | None) -> int | None:
     if isinstance(text, str) and text.strip().isdigit() and len(text.strip()) <= 9:  # the CLI's, as typed
         text = int(text)
     if isinstance(text, str) or options.LAYER.problem(text) is not None:
-        raise AttnscopeError(f"layer {text!r}: expected a layer number (0-based) or 'all'")
+        raise AttnscopeError(f"layer {options.shown(text)}: expected a layer number (0-based) or 'all'")
     return int(text)
 
 

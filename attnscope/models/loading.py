@@ -175,6 +175,15 @@ def _looks_like_path(name: str) -> bool:
     )
 
 
+def _check_revision(name: str, revision: str | None) -> None:
+    """A revision is a Hub model's: transformers would ignore it for a folder, silently analysing what is there."""
+    if revision is not None and (name == DEMO or _looks_like_path(name)):
+        raise AttnscopeError(
+            f"--revision {revision}: model '{name}' is a folder on this machine, which has no revisions; --revision "
+            "picks a branch, tag or commit of a model on the Hugging Face Hub"
+        )
+
+
 def _expanded(name: str) -> Path:
     return options.expanded_path(name, "--model")
 
@@ -263,6 +272,7 @@ def load_config(name: str, revision: str | None = None) -> Any | None:
     from transformers import AutoConfig
 
     shown = name
+    _check_revision(name, revision)
     if name == DEMO:
         name = str(demo_model_dir())
     _check_stored_config(shown, str(_expanded(name)) if _looks_like_path(name) else name, revision)
@@ -372,6 +382,7 @@ def load_model(
 
     Raises AttnscopeError, with one line saying what to do, for every failure a user can cause.
     """
+    _check_revision(name, revision)
     if device_map is not None:
         _check_accelerate()
     torch_device = resolve_device(device)
@@ -491,6 +502,7 @@ def model_facts(name: str, device: str = "auto", dtype: str = "auto", revision: 
 def _config_folder(name: str, revision: str | None) -> Path:
     """The folder that holds `name`'s config.json: the demo's, a local directory, or the Hugging Face cache's
     snapshot (config.json fetched alone when the Hub is reachable and it is not cached)."""
+    _check_revision(name, revision)
     if name == DEMO:
         path = demo_model_dir()
         if not (path / "config.json").exists():

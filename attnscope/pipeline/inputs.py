@@ -206,7 +206,8 @@ class TextFile(Texts):
         written as `\\n` (as Python's universal newlines: `\\r\\n` and `\\r` too)."""
         with self.open_binary() as raw:
             self._file = raw
-            reader = io.TextIOWrapper(raw, encoding="utf-8-sig", newline=None)
+            # the bytes that were checked, no more: a file that grows while it is read (a log being written) ends
+            reader = io.TextIOWrapper(io.BufferedReader(_Bounded(raw, self.size)), encoding="utf-8-sig", newline=None)
             try:
                 while block := reader.read(BLOCK_BYTES):
                     yield block
@@ -277,6 +278,7 @@ class TextFile(Texts):
                 checked.feed(data)
                 if not data:
                     break
+        self.size = checked.offset  # what is read from now on: the bytes checked
         has_text = checked.has_text
         if self.jsonl:  # every line parsed, not only those up to the first text
             has_text = False
@@ -284,6 +286,22 @@ class TextFile(Texts):
                 has_text = has_text or bool(text.strip())
         if not has_text:
             raise AttnscopeError(f"{self.name} holds no text (it is empty or only whitespace)")
+
+
+class _Bounded(io.RawIOBase):
+    """The first `limit` bytes of a binary file, as a raw stream."""
+
+    def __init__(self, raw: BinaryIO, limit: int):
+        self.raw, self.left = raw, limit
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.raw.read(min(len(buffer), self.left)) if self.left > 0 else b""
+        buffer[: len(data)] = data
+        self.left -= len(data)
+        return len(data)
 
 
 class _ByteCheck:

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from attnscope.errors import AttnscopeError
+from attnscope.options import shown
 from attnscope.scores.catalog import DEFAULT_THRESHOLDS, ROLES, role_named
 
 PATTERNS = tuple(role for role in ROLES if role.rule in ("pattern", "sink"))
@@ -57,14 +58,14 @@ def parse_thresholds(items: Mapping[str, float] | Sequence[str] | str | None) ->
         role = None if name is None else role_named(name)
         if role is None or role.threshold is None:
             raise AttnscopeError(
-                f"threshold '{item}': expected ROLE=VALUE with ROLE one of {', '.join(DEFAULT_THRESHOLDS)}"
+                f"threshold {shown(item)}: expected ROLE=VALUE with ROLE one of {', '.join(DEFAULT_THRESHOLDS)}"
             )
         try:
             number = float(value)
         except (TypeError, ValueError):
-            raise AttnscopeError(f"threshold '{item}': '{value}' is not a number") from None
+            raise AttnscopeError(f"threshold {shown(item)}: {shown(str(value))} is not a number") from None
         if not 0.0 <= number <= 1.0:
-            raise AttnscopeError(f"threshold '{item}': thresholds lie between 0 and 1")
+            raise AttnscopeError(f"threshold {shown(item)}: thresholds lie between 0 and 1")
         thresholds[role.name] = number
     return thresholds
 

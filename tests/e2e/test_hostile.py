@@ -576,6 +576,19 @@ def test_every_count_is_bounded(cli, tmp_path, args, expected):
     assert expected in one_error_line(code, out, err)
 
 
+def test_a_file_that_grows_while_read_is_read_as_it_was_checked(tmp_path):
+    """A log another program keeps writing would otherwise be read for ever."""
+    from attnscope.pipeline import inputs
+
+    log = tmp_path / "growing.txt"
+    log.write_text("The cat sat.\n\nThe dog ran.\n")
+    texts = inputs.read_file(str(log))
+    texts.check()
+    with open(log, "a") as more:
+        more.write("\nWritten later.\n" * 1000)
+    assert [text.text for text in texts] == ["The cat sat.", "The dog ran."]
+
+
 # -------------------------------------------------------------------------------------------------- tracebacks
 
 
@@ -641,6 +654,20 @@ def test_a_closed_standard_stream_is_one_line_and_status_2(closed):
 
 
 # ---------------------------------------------------------------------------------- messages and quiet failures
+
+
+def test_a_revision_of_a_folder_is_refused_rather_than_ignored(cli, tiny_model_dir):
+    """transformers ignores a revision for a folder: the analysis would be of what is there, not of step1000."""
+    for command in (["info"], ["heads", CAT]):
+        line = one_error_line(*cli(*command, "-m", tiny_model_dir, "--revision", "step1000"))
+        assert "--revision step1000: model" in line and "is a folder on this machine, which has no revisions" in line
+
+
+def test_control_characters_and_long_values_keep_the_message_one_readable_line(cli, tmp_path):
+    line = one_error_line(*cli("heads", CAT, "-m", "no\nsuch\x1b[2J/"))
+    assert "no\\nsuch\\x1b[2J" in line  # written as escapes: no second line, no cleared screen
+    line = one_error_line(*cli("heads", CAT, "-m", tmp_path / "no-model", "--threshold", "a" * 100_000 + "=1"))
+    assert len(line) < 300 and "threshold 'aaaa" in line
 
 
 @pytest.mark.parametrize("columns", ["0", "-5", "wide", "99999999999"])
