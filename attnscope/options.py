@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -197,9 +197,10 @@ def check_fields(settings: Any, fields: dict[str, Option]) -> None:
 
 
 def check_numbers(values: Any, option: Option, name: str) -> tuple[int, ...]:
-    """A sequence of whole numbers (a list or tuple, not a string), each in `option`'s domain, at least one."""
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+    """Whole numbers (a list, a tuple, an array: not a string), each in `option`'s domain, at least one."""
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
         raise AttnscopeError(f"{name} {_shown(values)}: expected a list of whole numbers such as [1, 2, 4]")
+    values = tuple(values)
     if not values:
         raise AttnscopeError(f"{name}: give at least one number")
     return tuple(option.check(value, name) for value in values)
