@@ -7,6 +7,7 @@ Interface (stable; `attnscope circuit` calls these with `models.weights.head_wei
         W_Q, W_K, W_V (L, H, d, d_head), W_O (L, H, d_head, d): pass HeadWeights.W_O_written
         .q, .k, .v: numpy (L, H, L, H) float64, [layer_A, head_A, layer_B, head_B]; NaN unless layer_A < layer_B
         .records() -> [{"from": "0.2", "to": "1.0", "q": 0.31, "k": 0.05, "v": 0.12}, ...] (A before B, in order)
+    composition_scores(..., readers=[(1, 0), (1, 3)]): only those heads B (every earlier A), NaN elsewhere
     random_baseline(d_model, d_head, samples=16, seed=0) -> {"q": {"mean", "std"}, "k": {…}, "v": {…},
         "expected_rms": 1/√d_model, "samples", "seed"}
     copying_scores(W_E, W_V, W_O, W_U) -> numpy (L, H) float64 in [-1, 1]
@@ -47,6 +48,7 @@ whose real parts count in the numerator and moduli in the denominator.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -74,7 +76,7 @@ class Composition:
     v: np.ndarray
 
     def records(self) -> list[dict[str, Any]]:
-        """One record per pair A → B (layer_A < layer_B), by A then B: {"from", "to", "q", "k", "v"}."""
+        """One record per pair A → B scored (layer_A < layer_B), by A then B: {"from", "to", "q", "k", "v"}."""
         L, H = self.q.shape[:2]
         return [
             {
@@ -86,6 +88,7 @@ class Composition:
             for ha in range(H)
             for lb in range(la + 1, L)
             for hb in range(H)
+            if not np.isnan(self.q[la, ha, lb, hb])
         ]
 
 
@@ -140,22 +143,35 @@ def pair_scores(X: torch.Tensor, Y: torch.Tensor, chunk_bytes: int = CHUNK_BYTES
 
 
 def composition_scores(
-    W_Q: torch.Tensor, W_K: torch.Tensor, W_V: torch.Tensor, W_O: torch.Tensor, chunk_bytes: int = CHUNK_BYTES
+    W_Q: torch.Tensor,
+    W_K: torch.Tensor,
+    W_V: torch.Tensor,
+    W_O: torch.Tensor,
+    readers: Sequence[tuple[int, int]] | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
 ) -> Composition:
     """Q-, K- and V-composition of every pair of heads A → B with layer_A < layer_B (see the module docstring):
-    W_Q, W_K, W_V (L, H, d, k) and W_O (L, H, k, d), computed in their dtype on their device."""
+    W_Q, W_K, W_V (L, H, d, k) and W_O (L, H, k, d), computed in their dtype on their device. `readers` (layer, head)
+    restricts the heads B scored (every earlier head A still is): the cost is proportional to their number."""
     import torch
 
     L, H, d, k = W_Q.shape
-    X = writer_factors(W_V, W_O).reshape(L * H, k, d)  # (L·H, k, d)
+    wanted = {layer: list(range(H)) for layer in range(L)}
+    if readers is not None:
+        wanted = {}
+        for layer, head in sorted(set(readers)):
+            wanted.setdefault(layer, []).append(head)
+    X = writer_factors(W_V[:-1], W_O[:-1]).reshape((L - 1) * H, k, d)  # (L·H, k, d): the last layer writes to none
     scores = {kind: np.full((L, H, L, H), np.nan) for kind in KINDS}
     with torch.no_grad():
-        for layer in range(1, L):
-            readers = reader_factors(W_Q[layer], W_K[layer], W_V[layer], W_O[layer])  # 3 × (H, d, k)
-            together = pair_scores(X[: layer * H], torch.cat(readers), chunk_bytes)  # (layer·H, 3H)
-            values = together.double().cpu().numpy().reshape(layer, H, 3, H)
+        for layer, heads in wanted.items():
+            if layer == 0:
+                continue
+            readers_ = reader_factors(W_Q[layer, heads], W_K[layer, heads], W_V[layer, heads], W_O[layer, heads])
+            together = pair_scores(X[: layer * H], torch.cat(readers_), chunk_bytes)  # (layer·H, 3·heads)
+            values = together.double().cpu().numpy().reshape(layer, H, 3, len(heads))
             for index, kind in enumerate(KINDS):
-                scores[kind][:layer, :, layer, :] = values[:, :, index, :]
+                scores[kind][:layer, :, layer, heads] = values[:, :, index, :]
     return Composition(**scores)
 
 

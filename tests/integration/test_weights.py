@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import pytest
 import torch
 
+from attnscope.analyses.composition import weight_circuits
 from attnscope.models.loading import load_model
 from attnscope.models.weights import embedding, head_weights, reading_norms, unembedding, weight_notes
 from attnscope.pipeline.tokens import batches, pad_id, tokenize
@@ -219,3 +221,66 @@ def test_embedding_and_unembedding_have_the_models_shapes(loaded, name):
     assert W_E.shape == (vocabulary, model.d_model) and W_U.shape == (model.d_model, vocabulary)
     assert bool(torch.isfinite(W_E).all()) and bool(torch.isfinite(W_U).all())
     assert weight_notes(model)
+
+
+def _explicit_composition(Q, K, V, Wo):
+    """Per head the d × d matrices themselves, then the definitions: {kind: (L, H, L, H)} with NaN unless la < lb."""
+    L, H = Q.shape[:2]
+    qk = np.einsum("lhdk,lhek->lhde", Q, K)  # (L, H, d, d) W_Q W_Kᵀ
+    ov = np.einsum("lhdk,lhke->lhde", V, Wo)  # W_V W_O
+    scores = {kind: np.full((L, H, L, H), np.nan) for kind in "qkv"}
+    norm = np.linalg.norm
+    for la in range(L):
+        for ha in range(H):
+            A = ov[la, ha]
+            for lb in range(la + 1, L):
+                for hb in range(H):
+                    B = qk[lb, hb]
+                    scores["q"][la, ha, lb, hb] = norm(A @ B) / (norm(A) * norm(B))
+                    scores["k"][la, ha, lb, hb] = norm(B @ A.T) / (norm(A) * norm(B))
+                    scores["v"][la, ha, lb, hb] = norm(A @ ov[lb, hb]) / (norm(A) * norm(ov[lb, hb]))
+    return scores, ov
+
+
+def test_the_demo_models_composition_and_copying_equal_explicit_matrices():
+    """From the demo's raw parameters read here (GPT-2: c_attn's columns q | k | v, ln_1's γ on the rows, c_proj's
+    rows per head, the tied embeddings, ln_f's γ), with d × d matrices in float64: composition by definition, copying
+    from the eigenvalues of W_OV W_U W_E (d × d, the same nonzero ones as W_E W_OV W_U)."""
+    model = load_model("demo", "cpu")
+    got = weight_circuits(model)
+    blocks = model.model.h
+    H, d = model.n_head, model.d_model
+    k = d // H
+
+    def heads(matrix):  # (d, H·k) -> (H, d, k)
+        return matrix.reshape(d, H, k).transpose(1, 0, 2)
+
+    Q, K, V, Wo = [], [], [], []
+    for block in blocks:
+        gamma = block.ln_1.weight.detach().double().numpy()[:, None]
+        c_attn = block.attn.c_attn.weight.detach().double().numpy()  # (d, 3d), Conv1D: x @ W
+        Q.append(heads(gamma * c_attn[:, :d]))
+        K.append(heads(gamma * c_attn[:, d : 2 * d]))
+        V.append(heads(gamma * c_attn[:, 2 * d :]))
+        Wo.append(block.attn.c_proj.weight.detach().double().numpy().reshape(H, k, d))
+    want, ov = _explicit_composition(*(np.stack(x) for x in (Q, K, V, Wo)))
+    for kind in "qkv":
+        np.testing.assert_allclose(getattr(got.composition, kind), want[kind], atol=2e-6, equal_nan=True)
+    W_E = model.model.wte.weight.detach().double().numpy()  # (V, d)
+    W_U = model.model.ln_f.weight.detach().double().numpy()[:, None] * W_E.T  # tied head
+    for layer in range(model.n_layer):
+        for head in range(H):
+            eigenvalues = np.linalg.eigvals(ov[layer, head] @ W_U @ W_E)
+            want_copying = eigenvalues.real.sum() / np.abs(eigenvalues).sum()
+            assert got.copying[layer, head] == pytest.approx(want_copying, abs=1e-5)
+    assert got.baseline["expected_rms"] == pytest.approx(d**-0.5)
+    assert len(got.composition.records()) == H * H  # 2 layers: every head of layer 0 into every head of layer 1
+    assert [record["label"] for record in got.head_records()] == [f"{la}.{h}" for la in range(2) for h in range(H)]
+
+
+def test_a_decoder_without_its_untied_head_has_no_copying_scores_and_says_why(loaded):
+    model = load_model(str(loaded("llama").name), "cpu")  # the base model only; Llama's head is not tied
+    circuits = weight_circuits(model, readers=[(1, 0)])
+    assert circuits.copying is None and any("lm_head=True" in note for note in circuits.notes)
+    assert circuits.head_records() == []
+    assert len(circuits.composition.records()) == model.n_head
