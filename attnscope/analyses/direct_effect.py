@@ -196,7 +196,8 @@ class _DecoderRun(_Run):
         B, n, _ = x.shape  # (B, n, H·k) the heads' outputs side by side
         v = _reading_direction(self.chains[layer], self.directions) * self.path.residual_multiplier  # (B, n, d)
         read = torch.einsum("bnd,hkd->bnhk", v, self.path.W_O[layer])  # (B, n, H, k): W_O,h v per head
-        self.per_layer[layer] = (x.view(B, n, self.n_head, -1).float() * read).sum(-1)  # (B, n, H)
+        heads = x.view(B, n, self.n_head, -1).to(read.device, read.dtype)  # a layer may sit on another device
+        self.per_layer[layer] = (heads * read).sum(-1)  # (B, n, H)
 
     def batch(self, input_ids, attention_mask, labels) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
@@ -225,7 +226,7 @@ class _EncoderRun(_Run):
         self.masked: torch.Tensor | None = None  # (B, n) bool
 
     def _heads(self, layer: int, x: torch.Tensor) -> None:
-        self.per_layer[layer] = x[self.masked].float()  # (M, H·k)
+        self.per_layer[layer] = x[self.masked.to(x.device)].float().to(self.masked.device)  # (M, H·k)
 
     def batch(self, input_ids, attention_mask, labels) -> tuple[torch.Tensor, torch.Tensor]:
         import torch

@@ -106,23 +106,24 @@ class Family:
                 module.layer_idx = layer
 
     def blocks(self, model: Any) -> list[Any]:
-        return list(_get(model, self.layers))
+        return list(module_at(model, self.layers))
 
     def attention_modules(self, model: Any) -> list[Any]:
         """One module per layer, in layer order: the module that computes the attention weights."""
-        return [_get(block, self.attention) for block in self.blocks(model)]
+        return [module_at(block, self.attention) for block in self.blocks(model)]
 
     def output_projections(self, model: Any) -> list[Any]:
         """One module per layer: the heads' outputs side by side enter it (where `ablate` gates a head)."""
-        return [_get(block, self.output_projection) for block in self.blocks(model)]
+        return [module_at(block, self.output_projection) for block in self.blocks(model)]
 
     def attention_parameter_count(self, model: Any) -> int:
         """Parameters of the first layer's W_Q, W_K, W_V, W_O and their biases."""
         block = self.blocks(model)[0]
-        return sum(p.numel() for path in self.attention_parameters for p in _get(block, path).parameters())
+        return sum(p.numel() for path in self.attention_parameters for p in module_at(block, path).parameters())
 
 
-def _get(root: Any, path: str) -> Any:
+def module_at(root: Any, path: str) -> Any:
+    """The attribute at a dotted `path` from `root` (`"attn.c_proj"` of a GPT-2 block)."""
     for name in path.split("."):
         root = getattr(root, name)
     return root

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import AttnscopeError
-from attnscope.models.families import MASKED_LM, WeightPaths, _get
+from attnscope.models.families import MASKED_LM, WeightPaths, module_at
 
 if TYPE_CHECKING:
     import torch
@@ -161,7 +161,7 @@ def _optional(root: Any, path: str | None) -> Any:
     if path is None:
         return None
     try:
-        return _get(root, path)
+        return module_at(root, path)
     except AttributeError:
         return None
 
@@ -188,8 +188,8 @@ def _per_head(weight: torch.Tensor, bias: torch.Tensor | None, heads: int) -> tu
 def _projections(block: Any, paths: WeightPaths, H: int, H_kv: int, d_head: int) -> list[tuple[Any, Any]]:
     """[(W, b)] for Q, K and V: W (d, heads·d_head) with heads = H for Q, H_kv for K and V."""
     if len(paths.qkv) == 3:
-        return [_xw(_get(block, path)) for path in paths.qkv]
-    weight, bias = _xw(_get(block, paths.qkv[0]))  # (d, (H + 2 H_kv)·d_head)
+        return [_xw(module_at(block, path)) for path in paths.qkv]
+    weight, bias = _xw(module_at(block, paths.qkv[0]))  # (d, (H + 2 H_kv)·d_head)
     d = weight.shape[0]
     if paths.fused == "concat":  # q of every head, then k, then v (GPT-2, Phi-3, ModernBERT)
         sizes = [H * d_head, H_kv * d_head, H_kv * d_head]
@@ -213,9 +213,9 @@ def reading_norms(loaded: LoadedModel) -> list[Norm | None]:
         if paths.post_norms:
             # layer 0 reads the embeddings' output (their norm is in W_E); layer l the previous block's last norm
             path = paths.post_norms[-1]
-            norms.append(None if layer == 0 else read_norm(_get(blocks[layer - 1], path), f"{layer - 1}.{path}"))
+            norms.append(None if layer == 0 else read_norm(module_at(blocks[layer - 1], path), f"{layer - 1}.{path}"))
         elif paths.read_norm is not None:
-            norms.append(read_norm(_get(block, paths.read_norm), f"{layer}.{paths.read_norm}", offset))
+            norms.append(read_norm(module_at(block, paths.read_norm), f"{layer}.{paths.read_norm}", offset))
         else:
             norms.append(None)
     return norms
@@ -229,7 +229,9 @@ def output_norms(loaded: LoadedModel) -> list[Norm | None]:
     if path is None:
         return [None] * loaded.n_layer
     blocks = loaded.family.blocks(loaded.model)
-    return [read_norm(_get(block, path), f"{layer}.{path}", paths.rms_offset) for layer, block in enumerate(blocks)]
+    return [
+        read_norm(module_at(block, path), f"{layer}.{path}", paths.rms_offset) for layer, block in enumerate(blocks)
+    ]
 
 
 def residual_multiplier(loaded: LoadedModel) -> float:
@@ -327,7 +329,7 @@ def final_norm(loaded: LoadedModel) -> Norm | None:
     paths = weight_paths(loaded)
     if paths.post_norms:
         path = paths.post_norms[-1]
-        return read_norm(_get(loaded.family.blocks(loaded.model)[-1], path), f"{loaded.n_layer - 1}.{path}")
+        return read_norm(module_at(loaded.family.blocks(loaded.model)[-1], path), f"{loaded.n_layer - 1}.{path}")
     module = _optional(loaded.model, paths.final_norm)
     return None if module is None else read_norm(module, paths.final_norm, paths.rms_offset)
 
@@ -408,7 +410,7 @@ def masked_head(loaded: LoadedModel, dtype: Any = None) -> MaskedHead:
     if loaded.lm_model is None:
         raise AttnscopeError("the masked-LM head is needed: load the model with lm_head=True")
     dense_path, norm_path = paths.masked_head
-    dense = _get(loaded.lm_model, dense_path)
+    dense = module_at(loaded.lm_model, dense_path)
     decoder = loaded.lm_model.get_output_embeddings()
     W_decoder = decoder.weight.detach().to(loaded.device, dtype).T  # (d, V)
     bias = decoder.bias
@@ -419,7 +421,7 @@ def masked_head(loaded: LoadedModel, dtype: Any = None) -> MaskedHead:
     )
     return MaskedHead(
         dense,
-        read_norm(_get(loaded.lm_model, norm_path), norm_path),
+        read_norm(module_at(loaded.lm_model, norm_path), norm_path),
         _xw(dense)[0].to(loaded.device, dtype),
         W_decoder,
         b,
@@ -451,7 +453,7 @@ def direct_path(loaded: LoadedModel, dtype: Any = None) -> DirectPath:
     stream: list[list[Norm]] = [[] for _ in blocks]
     if paths.post_norms:  # after layer l's attention: its own post norms, then those of every later block
         every = [
-            read_norm(_get(block, path), f"{layer}.{path}")
+            read_norm(module_at(block, path), f"{layer}.{path}")
             for layer, block in enumerate(blocks)
             for path in paths.post_norms
         ]

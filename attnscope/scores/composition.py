@@ -24,18 +24,19 @@ logit x W_QK yᵀ, and moves y W_OV). For an earlier head A and a later head B (
 Each is at most 1 (‖MN‖_F ≤ ‖M‖_F ‖N‖_F), 0 when A writes into a subspace B does not read, and ~1/√d for random
 matrices (see `random_baseline`): a score means something only well above that baseline.
 
-How it is computed without any d × d matrix: every product here is (d × k)(k × d)(d × k)(k × d), and for a factor
-W (d × k) with QR decomposition W = Q R, ‖M W‖_F = ‖M Q R‖_F = ‖R ... ‖ — precisely ‖U Vᵀ‖_F² = tr((UᵀU)(VᵀV)),
-and UᵀU = RᵀR. So each head gives small factors once: the writer X_A = R_V(A) W_O(A) (k × d, R_V from W_V(A) = Q R_V)
-and the readers Y_Q(B) = W_Q(B) R_K(B)ᵀ, Y_K(B) = W_K(B) R_Q(B)ᵀ, Y_V(B) = W_V(B) R_O(B)ᵀ (d × k, R_O from
-W_O(B)ᵀ = Q R_O). Then Q = ‖X_A Y_Q(B)‖_F / (‖X_A‖_F ‖Y_Q(B)‖_F), K and V likewise, since ‖W_OV(A)‖_F = ‖X_A‖_F,
-‖W_QK(B)‖_F = ‖Y_Q(B)‖_F = ‖Y_K(B)‖_F and ‖W_OV(B)‖_F = ‖Y_V(B)‖_F. A pair costs three k × k products, 6 k² d
-flops. (Inner products of the d × d Gram matrices, 2 d² flops a pair, would cost fewer flops when d < k², but hold
-d² floats per head, 2.4 MB for GPT-2 small, 67 MB at d = 4096, and lose precision near 0 in float32.)
+How it is computed without any d × d matrix: for a factor W (d × k) with WᵀW = RᵀR (R k × k), ‖M Wᵀ‖_F = ‖M Rᵀ‖_F
+for any M, since ‖U Vᵀ‖_F² = tr((UᵀU)(VᵀV)). So each head gives small factors once: the writer X_A = R_V(A) W_O(A)
+(k × d, R_V from W_V(A)) and the readers Y_Q(B) = W_Q(B) R_K(B)ᵀ, Y_K(B) = W_K(B) R_Q(B)ᵀ, Y_V(B) = W_V(B) R_O(B)ᵀ
+(d × k, R_O from W_O(B)ᵀ). Then Q = ‖X_A Y_Q(B)‖_F / (‖X_A‖_F ‖Y_Q(B)‖_F), K and V likewise, since ‖W_OV(A)‖_F =
+‖X_A‖_F, ‖W_QK(B)‖_F = ‖Y_Q(B)‖_F = ‖Y_K(B)‖_F and ‖W_OV(B)‖_F = ‖Y_V(B)‖_F. A pair costs three k × k products,
+6 k² d flops. (Inner products of the d × d Gram matrices, 2 d² flops a pair, would cost fewer flops when d < k², but
+hold d² floats per head, 2.4 MB for GPT-2 small, 67 MB at d = 4096, and lose precision near 0 in float32.)
 
-Measured (`scripts/time_composition.py`, 2-core CPU, float32): GPT-2 small's shape (12 × 12 heads, d 768, d_head
-64: 9,504 pairs) in 0.9 s; a Llama-7B shape (32 × 32 heads, d 4096, d_head 128: 507,904 pairs, 2·10¹⁴ flops) is
-estimated from one layer of readers at about 45 min on that CPU, and measured at 7.8 s on an H100 (TF32 off).
+Measured (`scripts/time_composition.py`, float32, on the project's 2-core CPU shared with other jobs, load 9–12, so
+upper bounds): GPT-2 small's shape (12 × 12 heads, d 768, d_head 64: 9,504 pairs) 14.7 s; a Llama-7B shape (32 × 32
+heads, d 4096, d_head 128: 507,904 pairs, 2·10¹⁴ flops) about 3.1 h, extrapolated from 16 writers against one layer
+of readers (no GPU was available to measure it there: at ~50 TFLOP/s of float32, seconds). `readers` cuts the cost
+in proportion: one head of a 7B model against every earlier head is 3·10¹¹ flops.
 
 Copying (Elhage et al. 2021): the full OV circuit W_E W_OV W_U (V × V) maps a token attended to onto the logits it
 raises. Its eigenvalues λ tell what it does: positive ones raise the token itself (copying), negative ones lower it
