@@ -14,26 +14,18 @@ from attnscope.analyses.direct_effect import direct_effects
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import load_model
 from attnscope.pipeline.tokens import batches, pad_id, tokenize
-from tests.support import FAMILY_MODELS, FAMILY_TEXTS, TEXTS
+from tests.support import FAMILY_TEXTS, TEXTS, byte_level_tokenizer, check_attention, family_config, randomise_norms
 
-ENCODERS = {"bert", "roberta", "xlm-roberta", "electra", "modernbert", "distilbert"}
+# one decoder per way the direct path differs: Llama's layout; Gemma's 1 + γ and tied head; Gemma 2's output norm and
+# final soft-capping; OLMo's LayerNorm without parameters; OLMo 2's output norm with no input norm; Granite's
+# multipliers; Cohere's logit scale and LayerNorm without bias; Phi's LM-head bias; GPT-NeoX's LayerNorms with bias;
+# OPT; gpt-oss's biases (all slow: GPT-2 and BERT run in the everyday loop)
 DECODER_NAMES = [
-    pytest.param(name, marks=() if name == "gemma2" else pytest.mark.slow, id=name)
-    for name in FAMILY_MODELS
-    if name not in ENCODERS
+    pytest.param(name, marks=pytest.mark.slow, id=name)
+    for name in ("llama", "gemma", "gemma2", "olmo", "olmo2", "granite", "cohere", "phi", "gpt_neox", "opt", "gpt_oss")
 ]
 OUTPUT_NORMED = {"gemma2", "gemma3_text", "olmo2", "exaone4"}  # post_attention_layernorm normalises the output
 GEMMA = {"gemma", "gemma2", "gemma3_text"}  # RMSNorm scales by 1 + γ
-
-
-def randomise_norms(model, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            if type(module).__name__.endswith("Norm"):
-                for name, parameter in module.named_parameters(recurse=False):
-                    noise = torch.randn(parameter.shape, generator=generator)
-                    parameter.copy_(1.0 + 0.5 * noise if name == "weight" else 0.3 * noise)
 
 
 class Inputs:
@@ -149,15 +141,16 @@ def tiny_lm(tiny_model_dir):
 def test_gpt2_direct_effects_equal_the_frozen_path_and_add_up_to_the_logit(tiny_lm):
     """Per head against the from-scratch path; then the identity: heads + the output projections' biases + the
     MLPs + the embeddings, each through the frozen final LayerNorm, + its β, give the model's centred logit."""
-    got = direct_effects(tiny_lm, TEXTS, batch_size=2)  # padded batches of unequal windows
-    want, mean_logit = _decoder_reference(tiny_lm, "gpt2", TEXTS)
+    texts = TEXTS[:3]
+    got = direct_effects(tiny_lm, texts, batch_size=2)  # a padded batch of unequal windows, then one alone
+    want, mean_logit = _decoder_reference(tiny_lm, "gpt2", texts)
     np.testing.assert_allclose(got.heads, want, rtol=1e-4, atol=1e-5)
     assert got.mean_logit == pytest.approx(mean_logit, rel=1e-5)
-    assert got.predicted == sum(len(w.ids) - 1 for w in tokenize(tiny_lm, TEXTS).windows)
+    assert got.predicted == sum(len(w.ids) - 1 for w in tokenize(tiny_lm, texts).windows)
     base = tiny_lm.model
     W = tiny_lm.lm_model.lm_head.weight.double()
     others, count = 0.0, 0
-    for window in tokenize(tiny_lm, TEXTS).windows:
+    for window in tokenize(tiny_lm, texts).windows:
         ids = torch.tensor([window.ids])
         mlps = [block.mlp for block in base.h]
         with Inputs([base.ln_f], mlps) as recorded, torch.no_grad():
@@ -287,3 +280,53 @@ def test_the_model_runs_as_before_afterwards(tiny_lm):
     assert hooks() == count
     with torch.no_grad():
         assert torch.equal(tiny_lm.model(input_ids=batch.input_ids).last_hidden_state, before)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["roberta", "electra", "modernbert", "distilbert"])
+def test_every_encoders_masked_head_is_read_where_the_model_reads_it(families, name):
+    """The other encoders' masked-LM heads (RoBERTa's lm_head, ELECTRA's generator head, ModernBERT's head after its
+    final norm, DistilBERT's vocab_transform): the mean centred logit attnscope reads through them equals the one of
+    the model's own logits at the masked positions, and every head's effect is finite."""
+    model = families(name)
+    got = direct_effects(model, FAMILY_TEXTS, batch_size=3)
+    windows = masked_windows(tokenize(model, FAMILY_TEXTS).windows, model.tokenizer.mask_token_id)
+    total, count = 0.0, 0
+    for window, labels in zip(windows.windows, windows.labels, strict=True):
+        labels = torch.tensor(labels)
+        with torch.no_grad():
+            logits = model.lm_model(input_ids=torch.tensor([window.ids])).logits[0].double()[labels != IGNORED]
+        centred = logits - logits.mean(-1, keepdim=True)
+        total += float(centred.gather(1, labels[labels != IGNORED][:, None]).sum())
+        count += int((labels != IGNORED).sum())
+    assert got.predicted == count
+    assert got.mean_logit == pytest.approx(total / count, rel=1e-4)
+    assert np.isfinite(got.heads).all() and np.abs(got.heads).max() > 0
+
+
+@pytest.mark.slow
+def test_a_post_norm_decoder_with_projections(tmp_path):
+    """OPT-350m's shape: LayerNorms after the residual sums (no final norm: the last block's is the final one) and
+    the embeddings projected in and out of a narrower width. Its weights reproduce its attention, and the mean
+    centred logit read through project_out and the LM head is the model's own."""
+    import transformers
+
+    vocabulary = byte_level_tokenizer(tmp_path)
+    config = family_config("opt", vocabulary)
+    config.do_layer_norm_before, config.word_embed_proj_dim = False, 16
+    torch.manual_seed(0)
+    transformers.OPTForCausalLM(config).save_pretrained(tmp_path)
+    model = load_model(str(tmp_path), "cpu", lm_head=True)
+    randomise_norms(model.lm_model)
+    check_attention(model)
+    got = direct_effects(model, FAMILY_TEXTS, batch_size=3)
+    total, count = 0.0, 0
+    for window in tokenize(model, FAMILY_TEXTS).windows:
+        ids = torch.tensor([window.ids])
+        with torch.no_grad():
+            logits = model.lm_model(input_ids=ids).logits[0, :-1].double()
+        centred = logits - logits.mean(-1, keepdim=True)
+        total += float(centred.gather(1, ids[0, 1:, None]).sum())
+        count += len(window.ids) - 1
+    assert got.mean_logit == pytest.approx(total / count, rel=1e-4)
+    assert np.isfinite(got.heads).all()
