@@ -393,7 +393,7 @@ def _unembed_matrix(loaded: LoadedModel, dtype: Any) -> tuple[torch.Tensor, torc
     paths = weight_paths(loaded)
     head = _lm_head(loaded)
     W = head.weight.detach().to(loaded.device, dtype).T  # (d_head_in, V)
-    bias = getattr(head, "bias", None) if type(head).__name__ != "Embedding" else None
+    bias = getattr(head, "bias", None)  # Phi's LM head has one; a tied nn.Embedding has none
     b = torch.zeros(W.shape[1], device=loaded.device, dtype=dtype) if bias is None else bias.detach().to(W)
     projection = _optional(loaded.model, paths.unembedding_projection)
     if projection is not None:
@@ -403,6 +403,7 @@ def _unembed_matrix(loaded: LoadedModel, dtype: Any) -> tuple[torch.Tensor, torc
 
 
 def masked_head(loaded: LoadedModel, dtype: Any = None) -> MaskedHead:
+    """An encoder's masked-LM head: its transform's dense layer and LayerNorm, and its decoder (needs lm_head=True)."""
     import torch
 
     dtype = dtype or torch.float32
