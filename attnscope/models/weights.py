@@ -19,6 +19,9 @@ Interface (stable; `attnscope circuit` calls these):
     unembedding(loaded, dtype) -> W_U (d_model, V): the final norm's γ times the language-model head
         (needs the model loaded with lm_head=True unless its head is tied to the embeddings)
     weight_notes(loaded) -> list[str]: what weight-based scores of this model leave out (rotary, QK-norm, biases, …)
+    reading_norms(loaded) -> [Norm | None] per layer: the norm each attention reads (Norm: .module, .gamma, .beta,
+        .centred, .eps, .scale(x) its per-token σ, .normalise(x), .centre(v))
+    output_norms(loaded), final_norm(loaded), masked_head(loaded): the other norms and the masked-LM head
     direct_path(loaded) -> DirectPath: the norms, scales and head that lie between a head's output and the logits
         (for `analyses.direct_effect`)
 
@@ -29,7 +32,7 @@ by 1 + γ), so q = n(x) @ (diag(γ) W_Q) + (β @ W_Q + b_Q): W_Q here is diag(γ
 the weight scores of Elhage et al. 2021 treat the norm as a diagonal map, its per-token denominator left out).
 
 Which norm feeds layer l, per family (the table is `models.families.WeightPaths`):
-- pre-norm decoders (GPT-2, Llama and its layout, GPT-NeoX, Phi, OPT ≥ 1.3b, ModernBERT): the block's own norm;
+- pre-norm decoders (GPT-2, Llama and its layout, GPT-NeoX, Phi, OPT but OPT-350m, ModernBERT): the block's own norm;
 - post-norm encoders (BERT, RoBERTa, ELECTRA, DistilBERT) and OPT-350m: the previous block's last norm (the
   LayerNorm of its MLP's residual sum); layer 0 reads the embeddings' output, whose LayerNorm is part of W_E;
 - OLMo 2 and EXAONE 4 normalise the attention's output, not its input: their layers read the stream itself;
