@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import typing
 from pathlib import Path
 
 import pytest
@@ -692,7 +693,28 @@ def test_non_ascii_bytes_in_an_ascii_locale_blame_the_locale(monkeypatch):
     )
 
 
-def test_redundant_and_cluster_at_take_0_as_help_says(cli, tiny_model_dir):
+def test_redundant_and_cluster_at_accept_0_as_help_says():
+    from attnscope.analyses.diversity import Diversity
+
+    for name in ("redundant", "cluster_at"):
+        parameter = next(p for p in _diversity_options() if p.name == name)
+        assert typing.get_args(parameter.annotation)[1].parser("0") == 0.0
+    assert Diversity(1, redundant=0, cluster_at=0).redundant == 0.0
+
+
+def _diversity_options():
+    import inspect
+
+    from attnscope import cli as cli_module
+
+    command = next(
+        info.callback for info in cli_module.app.registered_commands if info.callback.__name__ == "diversity"
+    )
+    return inspect.signature(command).parameters.values()
+
+
+@pytest.mark.slow
+def test_redundant_and_cluster_at_0_mean_no_pair_and_no_cluster(cli, tiny_model_dir):
     import json
 
     code, out, err = cli(
