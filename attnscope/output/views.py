@@ -15,17 +15,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from attnscope.output.documents import document, to_csv, to_json
 from attnscope.output.files import Pictures, write_atomic
 from attnscope.scores.catalog import counted
-
-if TYPE_CHECKING:  # the results' modules import torch; `attnscope info` shows its result without it
-    from attnscope.analyses.ablate import AblationResult
-    from attnscope.analyses.attend import AttendResult
-    from attnscope.analyses.diversity import DiversityResult
-    from attnscope.analyses.heads import HeadRecord, HeadsResult
 
 
 class View:
@@ -84,7 +78,7 @@ def _picture_paths(written: Sequence[Path]) -> list[Any]:
 # --------------------------------------------------------------------------------------------------------- heads
 
 
-def head_records(heads: Sequence[HeadRecord], model: dict) -> list[dict]:
+def head_records(heads: Sequence[Any], model: dict) -> list[dict]:
     """One flat record per head (the `heads` list of the JSON and the rows of the CSV): which key/value head it
     reads (grouped-query attention), its role, and every score of the catalog, null where it was not measured."""
     group = model["n_head"] // model.get("n_kv_head", model["n_head"])  # query heads per key/value head
@@ -103,7 +97,7 @@ def head_records(heads: Sequence[HeadRecord], model: dict) -> list[dict]:
     ]
 
 
-def heads_document(result: HeadsResult, heads: Sequence[HeadRecord] | None = None) -> dict:
+def heads_document(result: Any, heads: Sequence[Any] | None = None) -> dict:
     """The `heads` JSON: metadata, thresholds and one record per head (`heads`: the run's selection when None,
     every head with the selection set to null when given all of them)."""
     selected = result.selected if heads is None else heads
@@ -241,7 +235,7 @@ class ShowView(View):
 # ----------------------------------------------------------------------------------------------------- diversity
 
 
-def diversity_document(result: DiversityResult) -> dict:
+def diversity_document(result: Any) -> dict:
     """The `diversity` JSON: layer scores, ranked pairs, groups, clusters and the full matrices."""
     return document(
         "diversity",
@@ -351,7 +345,7 @@ class RandomMhaView(View):
 # -------------------------------------------------------------------------------------------------------- attend
 
 
-def attend_records(result: AttendResult) -> list[dict]:
+def attend_records(result: Any) -> list[dict]:
     """One flat record per head, layer.head order: the weight on the target (when one was given) and the head's
     top keys: tokens (position, exact token text, weight), or in the words view words (word index, word text,
     weight)."""
@@ -475,7 +469,7 @@ class AttendShown:
 # -------------------------------------------------------------------------------------------------------- ablate
 
 
-def ablate_records(result: AblationResult) -> list[dict]:
+def ablate_records(result: Any) -> list[dict]:
     """One flat record per head, layer.head order: importance, rank (1 = most important) and, with the loss method,
     the loss with the head removed."""
     rank = {lh: k for k, lh in enumerate(result.ranked(), start=1)}
