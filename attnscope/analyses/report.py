@@ -1,5 +1,5 @@
 """`attnscope report`: the heads analysis, every head's attention on a few short texts, the diversity of all heads
-and, when asked, the ablation, for one page (rendered by `output.html`).
+and, when asked, the ablation, for one page (rendered by `output.report`).
 
 Which maps the page holds (every head of every layer on each text shown, one byte per cell once encoded):
 

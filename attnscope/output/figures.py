@@ -30,8 +30,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import StrMethodFormatter
 
-from attnscope.output.files import DPI, PICTURE_FORMATS, write_atomic
-from attnscope.scores.catalog import FRACTION, NATS, ROLE, ROLE_NAMES, ROLES, SCORE, SIGNED, Score
+from attnscope.output import files
+from attnscope.output.files import DPI, PICTURE_FORMATS
+from attnscope.scores.catalog import ROLE, ROLE_NAMES, ROLES
 from attnscope.scores.words import CONTINUED_LEGEND, WORDS
 
 ROLE_COLOURS = {role.name: role.colour for role in ROLES}  # the catalog's palette, shared with the terminal
@@ -46,7 +47,7 @@ FRACTION_LABEL = "fraction of the row's attention"
 SUBTITLE_COLOUR = "#444444"
 
 
-# ------------------------------------------------------------------------------------------------------- writing
+# -------------------------------------------------------------------------------------------------------------- writing
 
 
 def render(figure: Figure, format: str = "png", dpi: int = DPI) -> bytes:
@@ -80,10 +81,10 @@ def save(figure: Figure, path: Path | str, format: str | None = None, dpi: int =
     format = format or suffix
     if suffix != format:
         raise ValueError(f"{path.name}: a {format} file must end in .{format}")
-    return write_atomic(path, render(figure, format, dpi))
+    return files.write_atomic(path, render(figure, format, dpi))
 
 
-# -------------------------------------------------------------------------------------------- shared pieces
+# -------------------------------------------------------------------------------------------------------- shared pieces
 # Sizes and margins are in inches; a figure's axes are placed at fixed margins, so nothing depends on how matplotlib
 # measures text, and long labels never fall off the picture.
 
@@ -255,11 +256,11 @@ def describe_input(
     return ", ".join(part for part in parts if part)
 
 
-def _capital(text: str) -> str:
+def capital(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-# ------------------------------------------------------------------------------------------- layer × head grids
+# --------------------------------------------------------------------------------------------------- layer × head grids
 
 GRID_MARGINS = (0.9, 2.2, TITLE_SPACE, 0.7)  # the right margin holds the role legend or the colour bar
 
@@ -363,7 +364,7 @@ def score_heatmap(
     return figure
 
 
-# ---------------------------------------------------------------------------------------------- attention maps
+# ------------------------------------------------------------------------------------------------------- attention maps
 
 ATTENTION_MARGINS = (1.5, 1.4, TITLE_SPACE, 1.7)  # token labels left and bottom, colour bar right, note below
 ATTENTION_FONT = 8.0  # points, token labels of one head's map
@@ -492,7 +493,7 @@ def layer_grid(
     return figure
 
 
-# ------------------------------------------------------------------------------------------ heads × heads matrix
+# ------------------------------------------------------------------------------------------------- heads × heads matrix
 
 MATRIX_MARGINS = (1.0, 1.5, TITLE_SPACE, 1.0)  # the right margin holds the colour bar and its label
 DENDROGRAM_HEIGHT = 1.0  # inches above the matrix, when it is drawn in clustered order
@@ -579,7 +580,7 @@ def _dendrogram(figure: Figure, matrix_axes, linkage: np.ndarray, n: int, cut: f
     axes.set_gid("dendrogram")
 
 
-# ------------------------------------------------------------------------------------------------- line plots
+# ----------------------------------------------------------------------------------------------------------- line plots
 
 LINE_SIZE = (7.0, 4.2)
 LINE_MARGINS = (0.9, 0.3, TITLE_SPACE, 0.65)
@@ -650,71 +651,14 @@ def line_plot(
     return figure
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Figures of a result: what `--out` writes, the report page shows and a result's plot gives. Each takes an analysis
-# result (duck-typed: no import of the analyses) and returns a Figure.
+# ------------------------------------------------------------------------------------------------------ one text's maps
+# The maps of an AttentionMap (analyses.maps; read by duck typing), drawn by `heads --plot` and `show`.
 
 
-def score_matrix(heads: Sequence, name: str, n_layer: int, n_head: int) -> np.ndarray:
-    """(n_layer, n_head) of one score of every head record."""
-    matrix = np.full((n_layer, n_head), np.nan)
-    for record in heads:
-        value = record.scores[name]
-        matrix[record.layer, record.head] = np.nan if value is None else value
-    return matrix
-
-
-def score_colour_label(score: Score) -> str:
-    """A score's colour bar label: its unit (the title names the score)."""
-    if score.name == "entropy_normalized":
-        return "entropy / ln(keys seen): 1 = uniform"
-    if score.unit == NATS:
-        return "nats"
-    if score.unit == SIGNED:
-        return "lift: 0 = uniform, 1 = all in the window"
-    return FRACTION_LABEL
-
-
-def heads_role_map(result: Any) -> Figure:
-    """The layer × head map of roles of a HeadsResult, each cell labelled with the score that decided its role
-    (named in a mixed head's cell, where it is only the closest to its threshold)."""
-    n_layer, n_head = result.model["n_layer"], result.model["n_head"]
-    roles = [[""] * n_head for _ in range(n_layer)]
-    deciding = [[""] * n_head for _ in range(n_layer)]
-    for record in result.heads:
-        role = record.role
-        roles[record.layer][record.head] = role.role
-        named = f"{SCORE[role.metric].short} " if role.role == "mixed" else ""
-        deciding[record.layer][record.head] = f"{named}{role.score:.2f}"
-    return role_map(roles, deciding, "Head roles", describe_input(result.model, result.inputs))
-
-
-def drawn_scores(result: Any) -> list[str]:
-    """The scores of a HeadsResult that have a heatmap: those measured that differ between heads."""
-    return [name for name in result.measured if SCORE[name].per_head]
-
-
-def heads_score_heatmap(result: Any, name: str) -> Figure:
-    """One score of every head of a HeadsResult, layer × head: fractions on [0, 1], entropy from 0, a signed
-    score (local_lift) on a diverging map centred at 0."""
-    score = SCORE[name]
-    matrix = score_matrix(result.heads, name, result.model["n_layer"], result.model["n_head"])
-    if score.unit == SIGNED:
-        limits = {"vmin": None, "vmax": 1.0, "signed": True}  # a lift is at most 1
-    elif score.unit == FRACTION:
-        limits = {"vmin": 0.0, "vmax": 1.0}
-    else:
-        limits = {"vmin": 0.0, "vmax": None}
-    title = f"{_capital(score.label)} per head"
-    return score_heatmap(
-        matrix, title, score_colour_label(score), describe_input(result.model, result.inputs), **limits
-    )
-
-
-def _map_view(model: dict, attention: Any) -> tuple[np.ndarray, list[str], np.ndarray, str]:
+def map_view(model: dict, attention: Any) -> tuple[np.ndarray, list[str], np.ndarray, str]:
     """An AttentionMap (a layer's maps of one text) as drawn: the maps of its view (H, K, K: tokens, or words),
     their labels as tables show them, the keys no query sees, and the subtitle (the input; what `##` means where
-    a label uses it; that the view is by word). The view's unit ("token" or "word") is `_unit(attention)`."""
+    a label uses it; that the view is by word). The view's unit ("token" or "word") is `map_unit(attention)`."""
     maps, labels = attention.shown()  # (H, K, K)
     maps = np.asarray(maps, dtype=np.float32)
     hidden = hidden_keys(maps, model.get("kind") == "decoder")
@@ -728,163 +672,10 @@ def _map_view(model: dict, attention: Any) -> tuple[np.ndarray, list[str], np.nd
 
 def head_attention(model: dict, attention: Any, head: int, title: str | None = None) -> Figure:
     """One head's map from an AttentionMap, in its view (tokens or words)."""
-    maps, labels, hidden, subtitle = _map_view(model, attention)
+    maps, labels, hidden, subtitle = map_view(model, attention)
     title = title or f"Attention of head {attention.layer}.{head}"
-    return attention_heatmap(maps[head], labels, title, subtitle, hidden, _unit(attention))
+    return attention_heatmap(maps[head], labels, title, subtitle, hidden, map_unit(attention))
 
 
-def show_figure(result: Any) -> Figure:
-    """A ShowResult: every head of the layer in a grid, or its one head, larger."""
-    attention = result.attention
-    if result.head is not None:
-        return head_attention(result.model, attention, result.head)
-    maps, labels, hidden, subtitle = _map_view(result.model, attention)
-    heads = [f"head {attention.layer}.{head}" for head in range(maps.shape[0])]
-    title = f"Attention of every head of layer {attention.layer}"
-    return layer_grid(maps, labels, title, subtitle, heads, hidden, _unit(attention))
-
-
-def _unit(attention: Any) -> str:
+def map_unit(attention: Any) -> str:
     return "word" if attention.view == WORDS else "token"
-
-
-def diversity_matrix(result: Any, name: str) -> Figure:
-    """The `js` or `cosine` matrix of a DiversityResult: for all layers, in clustered order under the dendrogram of
-    the average linkage of JS; for one layer, in head order."""
-    clustered = result.layer is None
-    order = result.order if clustered else list(range(len(result.labels)))
-    labels = [result.labels[k] for k in order]
-    matrix = getattr(result, name)[np.ix_(order, order)]
-    scope = "all heads" if clustered else f"the heads of layer {result.layer}"
-    what = {
-        "js": ("Jensen–Shannon divergence between", "JS divergence (bits): 0 same, 1 disjoint", "viridis_r"),
-        "cosine": ("Cosine similarity between", "cosine similarity of the attention rows", "viridis"),
-    }[name]
-    title = f"{what[0]} {scope}" + (", in clustered order" if clustered else "")
-    linkage = getattr(result, "linkage", None) if clustered else None
-    return head_matrix(
-        matrix,
-        labels,
-        title,
-        what[1],
-        describe_input(result.model, result.inputs),
-        0.0,
-        1.0,
-        what[2],
-        linkage=linkage,
-        cut=result.cluster_at if linkage is not None else None,
-        linkage_label="JSD (bits),\naverage linkage",
-    )
-
-
-def diversity_per_layer(result: Any) -> Figure:
-    """The mean pairwise JSD of every layer's heads, a line over the layers (a DiversityResult of all layers), on
-    an axis from 0."""
-    layers = sorted(result.layer_scores)
-    return line_plot(
-        layers,
-        {"mean pairwise JSD": [result.layer_scores[layer] for layer in layers]},
-        "layer",
-        "mean JS divergence between the layer's heads (bits)",
-        "Head diversity per layer",
-        describe_input(result.model, result.inputs),
-    )
-
-
-def attend_figure(result: Any) -> Figure:
-    """An AttendResult, layer × head: the weight on the target or, without one, each head's largest weight with
-    the token it falls on written in the cell."""
-    source = result.from_name  # as tables name it: she@5, doctor@2-4
-    subtitle = describe_input(result.model, n_tokens=len(result.tokens))
-    if result.to_weight is not None:
-        targets = ", ".join(result.labels.describe(span) for span in result.to_words)
-        return score_heatmap(result.to_weight, f"Attention from {source} to {targets}", FRACTION_LABEL, subtitle)
-    n_layer, n_head = result.rows.shape[:2]
-    matrix = result.strength()
-    cells = [
-        [
-            f"{result.key_text(result.top_keys(layer, head, 1)[0][0])[:8]}\n{matrix[layer, head]:.2f}"
-            for head in range(n_head)
-        ]
-        for layer in range(n_layer)
-    ]
-    kind = "word" if result.view == WORDS else "token"
-    skipped = ", the first left out" if result.settings.get("skip_first") else ""
-    if result.view != WORDS and result.labels.continued:
-        subtitle += f"; {CONTINUED_LEGEND}"
-    title = f"Where {source} looks: each head's strongest {kind}{skipped} and its weight"
-    return score_heatmap(matrix, title, FRACTION_LABEL, subtitle, cell_text=cells)
-
-
-def ablate_importance(result: Any) -> Figure:
-    """An AblationResult's importance per head: the loss change (signed, centred at 0) or |dL/d gate| (from 0)."""
-    subtitle = describe_input(result.model, result.inputs)
-    if result.method == "loss":
-        label = "loss change (nats/token)"
-        title = "Head importance: loss change when each head is removed"
-        return score_heatmap(result.importance, title, label, subtitle, vmin=None, vmax=None, signed=True)
-    label = "|dL/d gate| (nats/token per unit)"
-    title = "Head importance: gradient of the loss by each head's gate"
-    return score_heatmap(result.importance, title, label, subtitle, vmin=0.0, vmax=None)
-
-
-def prune_curve(result: Any) -> Figure:
-    """An AblationResult's pruning: the loss increase over the full model as the least important heads go."""
-    removed = [0] + [step["removed"] for step in result.prune]
-    increase = [0.0] + [step["loss"] - result.baseline_loss for step in result.prune]
-    subtitle = f"{describe_input(result.model, result.inputs)}; full model {result.baseline_loss:.3f} nats/token"
-    return line_plot(
-        removed,
-        {"loss increase": increase},
-        "heads removed (least important first)",
-        "loss increase over the full model (nats/token)",
-        "Loss as heads are pruned",
-        subtitle,
-    )
-
-
-RANDOM_MHA_SERIES = {  # a row's key -> its line's name
-    "js": "JS divergence between heads (bits)",
-    "js_distance": "JS distance between heads (√bits)",
-    "cosine": "cosine similarity between heads",
-    "entropy_normalized": "normalised entropy of the rows",
-}
-
-
-def random_mha_figure(result: Any) -> Figure:
-    """A RandomMhaResult: each measure (all in [0, 1]) against the number of heads."""
-    rows, settings = result.rows, result.settings
-    heads = [row["heads"] for row in rows]
-    series = {label: [row[key] for row in rows] for key, label in RANDOM_MHA_SERIES.items()}
-    subtitle = (
-        f"random weights and inputs: d_model {settings['d_model']}, {settings['seq_len']} tokens, "
-        f"{settings['trials']} trials"
-    )
-    title = "Diversity of an untrained attention layer's heads, by their number"
-    return line_plot(
-        heads, series, "heads (d_head = d_model / heads)", "mean (0 to 1)", title, subtitle, log_x=True, y_top=1.0
-    )
-
-
-def bench_figure(result: Any) -> Figure:
-    """A BenchResult: tokens per second against sequence length, one line per method and batch size (a colour
-    per method, a line style per batch size), on an axis from 0."""
-    rows, machine = result.rows, result.settings
-    seqs = sorted({row["seq"] for row in rows})
-    colours = {method: f"C{index}" for index, method in enumerate(dict.fromkeys(row["method"] for row in rows))}
-    dashes = ("-", "--", ":", "-.")
-    batches = sorted({row["batch"] for row in rows})
-    line_styles = {batch: dashes[index % len(dashes)] for index, batch in enumerate(batches)}
-    series, styles = {}, {}
-    for row in rows:
-        label = f"{row['method']}, batch {row['batch']}"
-        series.setdefault(label, {})[row["seq"]] = row["tokens_per_s"]
-        styles[label] = {"color": colours[row["method"]], "linestyle": line_styles[row["batch"]]}
-    lines = {label: [values.get(seq) for seq in seqs] for label, values in series.items()}
-    threads = machine["cpu_threads"]
-    where = (
-        machine["device_name"] if machine["device"] != "cpu" else f"CPU, {threads} thread{'s' if threads != 1 else ''}"
-    )
-    subtitle = f"{result.model['name']} on {where}, {machine.get('dtype', '')}".rstrip(", ")
-    labels = ("sequence length (tokens)", "tokens per second")
-    return line_plot(seqs, lines, *labels, "Analysis speed by sequence length", subtitle, log_x=True, styles=styles)

@@ -158,13 +158,14 @@ def test_every_role_has_one_colour_and_one_style_and_nothing_else_has():
 def test_the_terminal_role_map_shows_the_catalogs_short_labels(kind):
     from rich.console import Console
 
+    from attnscope.output import heads as heads_room
     from attnscope.output import terminal
 
     for role in ROLES:
         assert terminal.role_cell(role.name).plain.strip() == role.short
     heads = [_head_record(0, head, role.name) for head, role in enumerate(catalog.roles_for(kind))]
     console = Console(width=200, record=True, color_system=None)
-    console.print(terminal.role_map(heads, 1, len(heads), "Head roles", kind))
+    console.print(heads_room.role_map(heads, 1, len(heads), "Head roles", kind))
     text = console.export_text()
     legend = " ".join(text.splitlines()[4:]).split()  # title, header, layer 0, "rows: layers …", the legend
     for role in catalog.roles_for(kind):  # each code once, and the name beside it where the code is not the name
@@ -205,7 +206,7 @@ def _head_record(layer, head, role, **scores):
 
 def test_a_heads_record_holds_every_score_of_the_catalog_in_order():
     from attnscope.output.documents import to_csv, to_json
-    from attnscope.output.views import head_records
+    from attnscope.output.heads import head_records
 
     record = _head_record(1, 2, "mixed", previous_token=0.25, entropy=1.5, induction=0.125)
     [written] = head_records([record], {"n_head": 4, "n_kv_head": 2})

@@ -1,4 +1,5 @@
-"""Figures (output.figures): the properties a reader relies on, checked on the returned Figures, not on pixels.
+"""Figures (output.figures, and each command's in its room output/<command>.py): the properties a reader relies on,
+checked on the returned Figures, not on pixels.
 
 Each drawing function returns a matplotlib Figure; the tests read its parts (images and their norms, colour bars,
 tick labels, legends, axis limits) against values worked out by hand or by scipy.
@@ -12,6 +13,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from attnscope.output import ablate as ablate_room
+from attnscope.output import bench as bench_room
+from attnscope.output import diversity as diversity_room
+from attnscope.output import heads as heads_room
+from attnscope.output import random_mha as random_mha_room
 from attnscope.scores.catalog import ROLE_NAMES, ROLES, SCORE, SCORE_NAMES
 
 LABELS = [f"{layer}.{head}" for layer in range(12) for head in range(12)]  # GPT-2 small's 144 heads
@@ -126,24 +132,23 @@ def test_a_signed_score_is_drawn_on_a_diverging_map_centred_at_zero():
     figures = _figures()
     lift = np.array([[-0.3, 0.2, 0.9, 0.0], [-0.1, 0.5, 0.4, 0.1]])  # (L, H)
     result = _heads_result([["local"] * 4, ["mixed"] * 4], {"local_lift": lift, "local": (lift + 1) / 2})
-    figure = figures.heads_score_heatmap(result, "local_lift")
+    figure = heads_room.heads_score_heatmap(result, "local_lift")
     image = figure.axes[0].images[0]
     assert image.norm(0.0) == pytest.approx(0.5)  # 0 in the middle of the map
     assert image.norm.vmin == pytest.approx(-image.norm.vmax) and image.norm.vmax >= 0.9
     assert image.cmap.name.startswith(figures.DIVERGING_CMAP)
     # a fraction stays on a sequential map from 0 to 1
-    image = figures.heads_score_heatmap(result, "local").axes[0].images[0]
+    image = heads_room.heads_score_heatmap(result, "local").axes[0].images[0]
     assert (image.norm.vmin, image.norm.vmax) == (0.0, 1.0) and image.cmap.name.startswith(figures.SEQUENTIAL_CMAP)
 
 
 def test_ablation_importance_is_centred_at_zero_for_the_loss_and_from_zero_for_the_gradient():
-    figures = _figures()
     importance = np.array([[0.5, -0.2, 0.1, 0.0], [0.05, 0.3, -0.4, 0.2]])
     loss = SimpleNamespace(model=MODEL, inputs=INPUTS, importance=importance, method="loss")
-    norm = figures.ablate_importance(loss).axes[0].images[0].norm
+    norm = ablate_room.ablate_importance(loss).axes[0].images[0].norm
     assert norm(0.0) == pytest.approx(0.5) and (norm.vmin, norm.vmax) == pytest.approx((-0.5, 0.5))
     gradient = SimpleNamespace(model=MODEL, inputs=INPUTS, importance=np.abs(importance), method="gradient")
-    norm = figures.ablate_importance(gradient).axes[0].images[0].norm
+    norm = ablate_room.ablate_importance(gradient).axes[0].images[0].norm
     assert (norm.vmin, norm.vmax) == pytest.approx((0.0, 0.5))
 
 
@@ -154,13 +159,15 @@ def test_every_colour_bar_has_a_label_with_a_unit():
     heads = _heads_result([["mixed"] * 4] * 2, scores)
     maps = rng.random((4, 6, 6)).astype(np.float32)
     js = np.abs(rng.random((4, 4)))
-    drawn = [figures.heads_score_heatmap(heads, name) for name in figures.drawn_scores(heads)]
+    drawn = [heads_room.heads_score_heatmap(heads, name) for name in heads_room.drawn_scores(heads)]
     drawn += [
         figures.attention_heatmap(maps[0], list("abcdef"), "one head"),
         figures.layer_grid(maps, list("abcdef"), "a layer"),
         figures.head_matrix(js, ["0.0", "0.1", "0.2", "0.3"], "JS", "JS divergence (bits)"),
-        figures.ablate_importance(SimpleNamespace(model=MODEL, inputs=INPUTS, importance=js[:2], method="loss")),
-        figures.ablate_importance(SimpleNamespace(model=MODEL, inputs=INPUTS, importance=js[:2], method="gradient")),
+        ablate_room.ablate_importance(SimpleNamespace(model=MODEL, inputs=INPUTS, importance=js[:2], method="loss")),
+        ablate_room.ablate_importance(
+            SimpleNamespace(model=MODEL, inputs=INPUTS, importance=js[:2], method="gradient")
+        ),
     ]
     for figure in drawn:
         labels = _colour_bar_labels(figure)
@@ -275,7 +282,6 @@ def test_the_role_legend_lists_only_the_roles_drawn_in_catalog_order():
 
 
 def test_value_axes_start_at_zero():
-    figures = _figures()
     diversity = SimpleNamespace(model=MODEL, inputs=INPUTS, layer_scores={0: 0.512, 1: 0.500, 2: 0.506})
     random_mha = SimpleNamespace(
         settings={"d_model": 64, "seq_len": 32, "trials": 2},
@@ -296,17 +302,17 @@ def test_value_axes_start_at_zero():
         rows=rows, model={"name": "tiny"}, settings={"device": "cpu", "device_name": "cpu", "cpu_threads": 1}
     )
     for figure in (
-        figures.diversity_per_layer(diversity),
-        figures.random_mha_figure(random_mha),
-        figures.prune_curve(ablation),
-        figures.bench_figure(bench),
+        diversity_room.diversity_per_layer(diversity),
+        random_mha_room.random_mha_figure(random_mha),
+        ablate_room.prune_curve(ablation),
+        bench_room.bench_figure(bench),
     ):
         assert figure.axes[0].get_ylim()[0] == 0.0
-    axes = figures.prune_curve(ablation).axes[0]
+    axes = ablate_room.prune_curve(ablation).axes[0]
     assert [line.get_ydata().tolist() for line in axes.lines] == [pytest.approx([0.0, 0.05, 0.2])]  # the increase
     # a negative value takes the axis below 0, with a line at 0
     better = SimpleNamespace(model=MODEL, inputs=INPUTS, baseline_loss=3.2, prune=[{"removed": 1, "loss": 3.1}])
-    axes = figures.prune_curve(better).axes[0]
+    axes = ablate_room.prune_curve(better).axes[0]
     assert axes.get_ylim()[0] < -0.09 and any(list(line.get_ydata()) == [0.0, 0.0] for line in axes.lines)
 
 
@@ -331,10 +337,9 @@ def _clustered_diversity(n: int = 6, seed: int = 0):
 def test_the_clustered_matrix_has_its_dendrogram_in_the_matrix_order():
     from scipy.cluster.hierarchy import dendrogram
 
-    figures = _figures()
     result = _clustered_diversity()
     for name in ("js", "cosine"):
-        figure = figures.diversity_matrix(result, name)
+        figure = diversity_room.diversity_matrix(result, name)
         tree = [axes for axes in figure.axes if axes.get_gid() == "dendrogram"]
         assert len(tree) == 1
         matrix_axes = figure.axes[0]
@@ -350,7 +355,7 @@ def test_the_clustered_matrix_has_its_dendrogram_in_the_matrix_order():
         assert np.allclose(drawn, expected[np.ix_(result.order, result.order)])
     # one layer: head order, no dendrogram
     one_layer = SimpleNamespace(**{**vars(result), "layer": 1})
-    figure = figures.diversity_matrix(one_layer, "js")
+    figure = diversity_room.diversity_matrix(one_layer, "js")
     assert not [axes for axes in figure.axes if axes.get_gid() == "dendrogram"]
     assert "clustered" not in " ".join(text.get_text() for text in figure.texts)
 
@@ -380,7 +385,7 @@ def test_matrix_of_many_heads_renders_at_its_known_size(tmp_path):
 def test_titles_say_what_in_words_and_the_model_and_input():
     figures = _figures()
     result = _heads_result([["mixed"] * 4] * 2, {"previous_token": np.zeros((2, 4))})
-    texts = [text.get_text() for text in figures.heads_score_heatmap(result, "previous_token").texts]
+    texts = [text.get_text() for text in heads_room.heads_score_heatmap(result, "previous_token").texts]
     assert texts == ["Previous-token attention per head", "tiny, 3 texts, 42 tokens"]
     assert figures.describe_input({"name": "demo"}, {"n_texts": 1, "n_tokens": 1}) == "demo, 1 text, 1 token"
     assert figures.describe_input({"name": "demo"}, text_index=2, n_tokens=1234) == "demo, text 2, 1,234 tokens"

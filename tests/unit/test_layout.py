@@ -195,6 +195,44 @@ def test_the_import_check_finds_an_upward_import_at_any_depth(tmp_path):
     ]
 
 
+def test_every_command_has_one_room_and_every_result_its_view():
+    """Each command's rendering lives in one module, output/<command>.py, and the views table names, for every
+    result class of the analyses, a View of that folder (the view of a command's result is that command's room)."""
+    from attnscope.output.views import VIEWS, View, view_class
+
+    rooms = {path.stem for path in (PACKAGE / "output").glob("*.py")}
+    assert {command.replace("-", "_") for command in COMMANDS} <= rooms
+    results = sorted(
+        node.name
+        for path, _ in _package_modules()
+        if path.parent.name == "analyses"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef) and any(getattr(base, "id", None) == "Result" for base in node.bases)
+    )
+    assert results == sorted(VIEWS)
+    for name in results:
+        view = view_class(name)
+        assert issubclass(view, View) and view.__module__ == f"attnscope.output.{VIEWS[name].partition(':')[0]}"
+        assert view.command and view.command.replace("-", "_") == view.__module__.rpartition(".")[2]
+
+
+def test_showing_one_result_loads_no_other_room_and_no_heavy_library():
+    """`view_of` imports the room of the result shown and nothing of the other commands: `attnscope info` shows its
+    facts without torch, matplotlib or another command's code."""
+    code = (
+        "import sys\n"
+        "from attnscope.analyses.info import InfoResult\n"
+        "from attnscope.output.views import view_of\n"
+        "view_of(InfoResult({'name': 'x'})).document()\n"
+        "rooms = sorted(m for m in sys.modules if m.startswith('attnscope.output.') and m.count('.') == 2)\n"
+        "print(rooms, sorted(m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    loaded = ["documents", "files", "info", "notebook", "views"]  # the shared builders it uses, and its own room
+    assert result.stdout.strip() == f"{[f'attnscope.output.{name}' for name in loaded]} []"
+
+
 def test_the_lazy_names_of_the_package_load_their_modules():
     """`attnscope/__init__` names a few things of higher stages by string, loaded when first used (not an import
     statement, so the package imports without torch)."""
