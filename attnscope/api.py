@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     Progress = Callable[[int, int, float], None] | None
 
 DEVICE_MAPS = ("auto", "balanced", "sequential")
-KERNELS = ("auto", "fused", "blocks")
 
 # The keywords several functions share, described once and appended to each function's docstring (`_keywords`).
 SHARED = {
@@ -112,19 +111,16 @@ def load(
     Under torchrun, a CUDA device becomes this process's own GPU and the process joins the group, as in the CLI.
     """
     from attnscope.models import loading
-    from attnscope.pipeline import distributed
+    from attnscope.pipeline import distributed, kernels
 
     if device_map is not None and device_map not in DEVICE_MAPS:
         raise AttnscopeError(f"device map '{device_map}': use one of {', '.join(DEVICE_MAPS)}")
-    if kernel not in KERNELS:
-        raise AttnscopeError(f"kernel '{kernel}': use one of {', '.join(KERNELS)}")
+    kernels.check_setting(kernel)
     place = distributed.world()
     if place.size > 1 and loading.resolve_device(device).type == "cuda":
         device = f"cuda:{place.local_rank}"
-    if kernel == "fused":  # one line now, before the weights, where it cannot run (triton missing, ...)
-        from attnscope.pipeline.capture import resolve_kernel
-
-        resolve_kernel(kernel, loading.resolve_device(device))
+    # decided now, before the weights (one line where it cannot run: Triton missing, ...); the capture reads it
+    kernels.decide(kernel, loading.resolve_device(device))
     loaded = loading.load_model(os.fspath(name), device, dtype, lm_head, revision, device_map)
     loaded.kernel = kernel
     distributed.init(loaded.device)

@@ -201,11 +201,11 @@ class Model:
     kernel: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.kernel == "fused":  # one line now, before any model, where it cannot run (Triton missing, ...)
+        if self.kernel == "fused":  # decided now, before any model: one line where it cannot run (Triton missing, ...)
             from attnscope.models.loading import resolve_device
-            from attnscope.pipeline.capture import resolve_kernel
+            from attnscope.pipeline.kernels import decide
 
-            resolve_kernel(self.kernel, resolve_device(self.device))
+            decide(self.kernel, resolve_device(self.device))
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.families import family_of
 from attnscope.models.loading import fastest_attention, load_config, load_model, resolve_device, resolve_dtype
-from attnscope.pipeline import capture
+from attnscope.pipeline import capture, kernels
 
 METHODS = ("floor", "attnscope", "tutorial", "cache")  # the default set
 DIVERSITY_METHODS = ("diversity", "diversity-sampled")
@@ -601,7 +601,7 @@ class Bench:
     micro: bool = True
     sample_rows: int = DEFAULT_SAMPLE_ROWS  # of `diversity-sampled`
     loads_its_model = True  # a class attribute, not a setting: the CLI hands it no model, and a status line instead
-    kernel: str = "auto"  # of the `attnscope` method: auto, fused or blocks (capture.resolve_kernel)
+    kernel: str = "auto"  # of the `attnscope` method: auto, fused or blocks (pipeline.kernels)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.methods) - set(ALL_METHODS))
@@ -613,7 +613,7 @@ class Bench:
         resolve_dtype(self.dtype)
         device = resolve_device(self.device)  # --device cuda on a machine without CUDA stops here, before any model
         if self.kernel == "fused" or "fused" in self.methods:  # Triton missing: one line now, not after the warm-up
-            capture.resolve_kernel("fused", device)
+            kernels.decide("fused", device)
 
     def run(
         self,
@@ -638,12 +638,12 @@ class Bench:
             status=status,
             kernel=self.kernel,
         )
-        kernel = capture.resolve_kernel(self.kernel, device)  # what computed the `attnscope` rows
+        kernel = kernels.decide(self.kernel, device)  # what computed the `attnscope` rows
         if "fused" in self.methods or (kernel == "fused" and "attnscope" in self.methods):
             from attnscope.pipeline import fused
 
             if fused.interpreted():
-                notes.append(capture.INTERPRETER_NOTE)
+                notes.append(kernels.INTERPRETER_NOTE)
         machine = {
             "device": str(device),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

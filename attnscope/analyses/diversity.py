@@ -16,7 +16,7 @@ from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import distributed
-from attnscope.pipeline.capture import AttentionBlock
+from attnscope.pipeline.blocks import AttentionBlock
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.reducers import DiversityStatistics
 from attnscope.pipeline.tokens import WindowStream

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from attnscope.pipeline.capture import AttentionBlock, LayerRows, Reducer
+from attnscope.pipeline.blocks import AttentionBlock, LayerRows, Reducer
 from attnscope.scores import pairs, rows
 from attnscope.scores.kinds import DEFAULT_WINDOW, Kind
 
@@ -192,7 +192,7 @@ class DiversityStatistics(Reducer):
 class QueryRowReducer(Reducer):
     """Keeps rows `positions` of window 0's attention, every layer: rows[layer] is (H, P, n_keys) float32 on the
     host, one row per position asked for, in that order. In a causal model the keys after a query weigh exactly 0
-    (the capture leaves masked keys a weight of at most 1.6e-38, see capture.LOGIT_FLOOR)."""
+    (the capture leaves masked keys a weight of at most 1.6e-38, see blocks.LOGIT_FLOOR)."""
 
     wants_blocks = True
 

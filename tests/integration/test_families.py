@@ -17,6 +17,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.models.families import FAMILIES, family_of
 from attnscope.models.loading import load_model
 from attnscope.pipeline import capture
+from attnscope.pipeline.blocks import Reducer
 from attnscope.pipeline.reducers import HeadStatistics
 from attnscope.pipeline.tokens import batches, pad_id, probe_windows, tokenize
 from attnscope.scores import rows
@@ -136,7 +137,7 @@ def test_learned_sinks_leave_each_row_less_than_one(loaded):
     batch = _batch(model)
     totals = {}
 
-    class Totals(capture.Reducer):
+    class Totals(Reducer):
         wants_blocks = True
 
         def add_block(self, layer, block):

@@ -37,7 +37,7 @@ def test_the_maps_are_rows_of_probabilities_over_the_visible_keys(model):
     n = maps.shape[-1]
     assert float((maps.sum(-1) - 1).abs().max()) < 1e-5
     if model.kind.causal:
-        # a masked key weighs at most exp(-87) / Z (capture.LOGIT_FLOOR)
+        # a masked key weighs at most exp(-87) / Z (blocks.LOGIT_FLOOR)
         assert float(maps.triu(diagonal=1).abs().max()) < 1e-37
     else:
         assert float(maps.triu(diagonal=1).sum()) > 0.1 * n
