@@ -1,6 +1,6 @@
 """`attnscope info`, shown: the model's facts as JSON, one CSV row, a terminal table and a notebook table.
 
-Reads an InfoResult (analyses.info) by duck typing: `model` (loading.model_facts), `notes`.
+Reads an InfoResult (analyses.info) by duck typing: `model` (models.facts.model_facts), `notes`.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from typing import Any
 from attnscope.output import notebook
 from attnscope.output.documents import document
 from attnscope.output.views import View, picture_paths, words_field
+from attnscope.pipeline.labels import Labels
 from attnscope.scores.words import CONTINUED_LEGEND
 
 MAX_MAP_TOKENS = 32  # a notebook's static map lists at most this many tokens (its picture, `save`, shows them all)
@@ -145,7 +146,6 @@ def show_viewer(result: Any, max_tokens: int) -> tuple[dict[str, Any], bool]:
     """The viewer data of a `show` result (one layer, every head or one, one text), its first `max_tokens` tokens;
     and whether the text was cut."""
     from attnscope.output import viewer
-    from attnscope.pipeline.tokens import Labels
 
     attention = result.attention
     n = min(len(attention.tokens), max_tokens)

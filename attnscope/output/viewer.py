@@ -68,8 +68,7 @@ def encode_matrix(matrix: Any) -> str:
 
 
 def text_entry(name: str, kind: str, labels: Any, maps: Any, causal: bool, length: int | None = None) -> dict[str, Any]:
-    """One text of the viewer: its labels (pipeline Labels), words and maps (L, H, n, n) encoded (see the module
-    docstring)."""
+    """One text of the viewer: its labels, words and maps (L, H, n, n) encoded (see the module docstring)."""
     data, scales = encode_maps(maps, causal)
     n = len(labels.tokens)
     return {

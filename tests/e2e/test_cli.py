@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from attnscope.pipeline.inputs import Text
-from attnscope.pipeline.tokens import batches, pad_id, probe_windows, tokenize
+from attnscope.pipeline.probe import probe_windows
+from attnscope.pipeline.tokens import batches, pad_id, tokenize
 from attnscope.scores import catalog, roles
 from attnscope.scores.rows import head_scores
 from tests.support import CAT, png_size, reference_maps

@@ -17,7 +17,8 @@ import pytest
 
 from attnscope.models.loading import load_model
 from attnscope.pipeline.inputs import Text
-from attnscope.pipeline.tokens import batches, pad_id, token_labels, tokenize
+from attnscope.pipeline.labels import token_labels
+from attnscope.pipeline.tokens import batches, pad_id, tokenize
 from tests.support import DOCTOR, png_size, reference_maps
 
 README = Path(__file__).resolve().parents[2] / "README.md"

@@ -18,8 +18,9 @@ from attnscope.models.families import FAMILIES, family_of
 from attnscope.models.loading import load_model
 from attnscope.pipeline import capture
 from attnscope.pipeline.blocks import Reducer
+from attnscope.pipeline.probe import probe_windows
 from attnscope.pipeline.reducers import HeadStatistics
-from attnscope.pipeline.tokens import batches, pad_id, probe_windows, tokenize
+from attnscope.pipeline.tokens import batches, pad_id, tokenize
 from attnscope.scores import rows
 from tests.support import FAMILY_MODELS, FAMILY_TEXTS, WINDOW, visible_keys
 

@@ -8,7 +8,8 @@ from attnscope.analyses.maps import Show, attention_maps
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import load_model
 from attnscope.pipeline.inputs import Text
-from attnscope.pipeline.tokens import batches, pad_id, token_labels, tokenize
+from attnscope.pipeline.labels import token_labels
+from attnscope.pipeline.tokens import batches, pad_id, tokenize
 from tests.support import TEXTS, reference_maps
 
 
