@@ -93,7 +93,12 @@ class AblateView(View):
                 f"baseline loss {result.baseline_loss:.4f} nats/token over {result.inputs['predicted_tokens']} "
                 "predicted tokens"
             ),
-            notebook.layer_head_grid(result.importance.tolist(), f"Head importance, {unit}", scale),
+            notebook.layer_head_grid(
+                result.importance.tolist(),
+                f"Head importance, {unit}",
+                scale,
+                "loss_change" if result.method == "loss" else "score",  # as importance.png
+            ),
             notebook.records_table(ranked, f"Most important heads ({result.method})"),
         ]
         if result.prune:
@@ -105,14 +110,17 @@ class AblateView(View):
 
 
 def ablate_importance(result: Any) -> Any:
-    """An AblationResult's importance per head: the loss change (signed, centred at 0) or |dL/d gate| (from 0)."""
+    """An AblationResult's importance per head: the loss change (signed, centred at 0: red where the loss rises
+    without the head, blue where it falls; output.scales' loss_change) or |dL/d gate| (from 0)."""
     from attnscope.output import figures
 
     subtitle = figures.describe_input(result.model, result.inputs)
     if result.method == "loss":
         label = "loss change (nats/token)"
         title = "Head importance: loss change when each head is removed"
-        return figures.score_heatmap(result.importance, title, label, subtitle, vmin=None, vmax=None, signed=True)
+        return figures.score_heatmap(
+            result.importance, title, label, subtitle, vmin=None, vmax=None, signed=True, scale="loss_change"
+        )
     label = "|dL/d gate| (nats/token per unit)"
     title = "Head importance: gradient of the loss by each head's gate"
     return figures.score_heatmap(result.importance, title, label, subtitle, vmin=0.0, vmax=None)

@@ -131,8 +131,8 @@ def diversity_matrix(result: Any, name: str) -> Any:
     matrix = getattr(result, name)[np.ix_(order, order)]
     scope = "all heads" if clustered else f"the heads of layer {result.layer}"
     what = {
-        "js": ("Jensen–Shannon divergence between", "JS divergence (bits): 0 same, 1 disjoint", "viridis_r"),
-        "cosine": ("Cosine similarity between", "cosine similarity of the attention rows", "viridis"),
+        "js": ("Jensen–Shannon divergence between", "JS divergence (bits): 0 same, 1 disjoint"),
+        "cosine": ("Cosine similarity between", "cosine similarity of the attention rows: 1 same, 0 nothing shared"),
     }[name]
     title = f"{what[0]} {scope}" + (", in clustered order" if clustered else "")
     linkage = getattr(result, "linkage", None) if clustered else None
@@ -144,7 +144,7 @@ def diversity_matrix(result: Any, name: str) -> Any:
         figures.describe_input(result.model, result.inputs),
         0.0,
         1.0,
-        what[2],
+        name,  # the scale of output.scales: dark = similar, for both measures
         linkage=linkage,
         cut=result.cluster_at if linkage is not None else None,
         linkage_label="JSD (bits),\naverage linkage",

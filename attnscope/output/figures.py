@@ -25,20 +25,23 @@ from typing import Any
 
 import matplotlib
 import numpy as np
-from matplotlib.colors import ListedColormap, Normalize
+from matplotlib.colors import LinearSegmentedColormap, ListedColormap, Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import StrMethodFormatter
 
 from attnscope.output import files
 from attnscope.output.files import DPI, PICTURE_FORMATS
+from attnscope.output.scales import SCALES
 from attnscope.scores.catalog import ROLE, ROLE_NAMES, ROLES
 from attnscope.scores.words import CONTINUED_LEGEND, WORDS
 
 ROLE_COLOURS = {role.name: role.colour for role in ROLES}  # the catalog's palette, shared with the terminal
 ATTENTION_CMAP = "Blues"
-SEQUENTIAL_CMAP = "viridis"
-DIVERGING_CMAP = "RdBu_r"  # blue below 0, red above: ColorBrewer's colour-blind-safe diverging scheme
+# The colour scales of values (output.scales, shared with the report page and the notebook): sequential from 0,
+# diverging for signed values (blue below 0, red above)
+SEQUENTIAL_SCALE = "score"
+DIVERGING_SCALE = "signed_score"
 HIDDEN_COLOUR = "#bdbdbd"  # a key the query cannot see: neutral grey, unlike any colour of the maps
 HIDDEN_LABEL = "grey: key hidden from the query (mask)"
 MISSING_COLOUR = "#e0e0e0"  # a cell with no value (NaN)
@@ -317,6 +320,12 @@ def role_map(roles: Sequence[Sequence[str]], scores: Sequence[Sequence[str]], ti
     return figure
 
 
+def colour_map(scale: str) -> LinearSegmentedColormap:
+    """The matplotlib colour map of a scale of output.scales (its stops, interpolated linearly, as the report page's
+    script and the notebook interpolate them), named after it."""
+    return LinearSegmentedColormap.from_list(scale, SCALES[scale].stops)
+
+
 def _norm(values: np.ndarray, vmin: float | None, vmax: float | None, signed: bool) -> Normalize:
     """Sequential: from `vmin` (default 0, or below when a value is) to `vmax` (default the largest value);
     signed: symmetric about 0, to the largest magnitude (at least `vmax` when given)."""
@@ -339,16 +348,18 @@ def score_heatmap(
     vmax: float | None = 1.0,
     signed: bool = False,
     cell_text: Sequence[Sequence[str]] | None = None,
+    scale: str | None = None,
 ) -> Figure:
     """A layer × head heatmap of one value with a colour bar labelled `colour_label` (its unit); values (or
     `cell_text`) written in the cells when they fit. Sequential colours from `vmin` to `vmax` (None: from 0, to the
     largest value), or, `signed`, a diverging map centred at 0 whose limits are ± the largest magnitude (at least
-    `vmax`). Cells without a value (NaN) are light grey."""
+    `vmax`); colours from the scale `scale` of output.scales (default: the sequential or the diverging one). Cells
+    without a value (NaN) are light grey."""
     n_layer, n_head = matrix.shape
     figure = _figure(grid_size(n_layer, n_head))
     axes = _place_axes(figure, GRID_MARGINS)
     norm = _norm(matrix, vmin, vmax, signed)
-    cmap = matplotlib.colormaps[DIVERGING_CMAP if signed else SEQUENTIAL_CMAP].with_extremes(bad=MISSING_COLOUR)
+    cmap = colour_map(scale or (DIVERGING_SCALE if signed else SEQUENTIAL_SCALE)).with_extremes(bad=MISSING_COLOUR)
     image = axes.imshow(_masked(matrix, None), cmap=cmap, norm=norm, aspect="auto", interpolation="none")
     _colour_bar(figure, axes, image, colour_label)
     if n_layer <= 16 and n_head <= 16:
@@ -521,21 +532,21 @@ def head_matrix(
     subtitle: str = "",
     vmin: float = 0.0,
     vmax: float = 1.0,
-    cmap: str = SEQUENTIAL_CMAP,
+    scale: str = SEQUENTIAL_SCALE,
     linkage: np.ndarray | None = None,
     cut: float | None = None,
     linkage_label: str = "",
 ) -> Figure:
-    """A heads × heads matrix (cosine or JS) with `L.H` labels, a colour bar labelled `colour_label`, values written
-    in when it is small. With `linkage` (scipy's linkage matrix; `matrix` and `labels` in its leaf order), the
-    dendrogram above it, its height axis titled `linkage_label`, with a dashed line at `cut` (where clusters are
-    cut)."""
+    """A heads × heads matrix (cosine or JS) with `L.H` labels, coloured by `scale` (output.scales) from `vmin` to
+    `vmax`, a colour bar labelled `colour_label`, values written in when it is small. With `linkage` (scipy's
+    linkage matrix; `matrix` and `labels` in its leaf order), the dendrogram above it, its height axis titled
+    `linkage_label`, with a dashed line at `cut` (where clusters are cut)."""
     n, side = len(labels), matrix_side(len(labels))
     clustered = linkage is not None and len(linkage) > 0
     margins = matrix_margins(clustered)
     figure = _figure(_with_margins((side, side), margins))
     axes = _place_axes(figure, margins)  # a square the size of the matrix: imshow fills it exactly
-    colours = matplotlib.colormaps[cmap]
+    colours = colour_map(scale)
     image = axes.imshow(matrix, cmap=colours, vmin=vmin, vmax=vmax, interpolation="none")
     _colour_bar(figure, axes, image, colour_label)
     fitting = 0.75 * side * 72 / n  # points: the largest font whose labels do not overlap

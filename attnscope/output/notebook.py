@@ -14,6 +14,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from attnscope.output.scales import SCALES
+
 BOX = "font-family:system-ui,sans-serif;font-size:0.85em;margin:0.3em 0"
 
 
@@ -74,24 +76,41 @@ def records_table(records: Sequence[dict], title: str) -> str:
     return table(list(records[0]), [[cell(number(value)) for value in record.values()] for record in records], title)
 
 
-def shade(value: float, scale: float) -> str:
-    """The background of a value on a scale: blue for positive, vermillion for negative, as strong as its share
-    of `scale`; white text where the background is dark."""
+def shade(value: float, scale: float, colours: str | None = None) -> str:
+    """The background of a value: with `colours`, its colour on that scale of output.scales (the pictures' and the
+    report page's) among values whose largest magnitude is `scale`; without, weights and other values in [-1, 1]:
+    blue for positive, vermillion for negative, as strong as its share of `scale`. White text where the background
+    is dark."""
+    if colours is not None:
+        red, green, blue = SCALES[colours].rgb(value if math.isfinite(value) else 0.0, scale)
+        luminance = sum(
+            weight * (c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4)
+            for weight, c in zip((0.2126, 0.7152, 0.0722), (red / 255, green / 255, blue / 255), strict=True)
+        )
+        return f"background:rgb({red},{green},{blue})" + (";color:#fff" if luminance <= 0.179 else "")
     share = max(-1.0, min(1.0, value / scale)) if math.isfinite(value) else 0.0
     red, green, blue = POSITIVE if share >= 0 else NEGATIVE
     ink = ";color:#fff" if abs(share) > 0.55 else ""
     return f"background:rgba({red},{green},{blue},{abs(share):.2f}){ink}"
 
 
-def grid(matrix: Any, rows: Sequence[str], columns: Sequence[str], title: str, corner: str, scale: float = 1.0) -> str:
-    """A matrix as a table, each cell shaded by its value over `scale` (1: weights in [0, 1]); None leaves a cell
-    blank (a key a causal query does not see)."""
+def grid(
+    matrix: Any,
+    rows: Sequence[str],
+    columns: Sequence[str],
+    title: str,
+    corner: str,
+    scale: float = 1.0,
+    colours: str | None = None,
+) -> str:
+    """A matrix as a table, each cell shaded by its value over `scale` (1: weights in [0, 1]; see `shade` for
+    `colours`); None leaves a cell blank (a key a causal query does not see)."""
     body = []
     for label, values in zip(rows, matrix, strict=True):
         cells = [
             cell("", base=SHADED)
             if value is None
-            else cell(number(float(value), 2), shade(float(value), scale), base=SHADED)
+            else cell(number(float(value), 2), shade(float(value), scale, colours), base=SHADED)
             for value in values
         ]
         body.append([cell(label, header=True), *cells])
@@ -106,11 +125,10 @@ def fragment(*parts: str) -> str:
     return f'<div class="attnscope" style="{BOX}">' + "".join(parts) + "</div>"
 
 
-def layer_head_grid(matrix: Any, title: str, scale: float = 1.0) -> str:
+def layer_head_grid(matrix: Any, title: str, scale: float = 1.0, colours: str | None = None) -> str:
     n_layer, n_head = len(matrix), len(matrix[0])
-    return grid(
-        matrix, [str(layer) for layer in range(n_layer)], [str(head) for head in range(n_head)], title, "L\\H", scale
-    )
+    layers, heads = [str(layer) for layer in range(n_layer)], [str(head) for head in range(n_head)]
+    return grid(matrix, layers, heads, title, "L\\H", scale, colours)
 
 
 def html(view: Any) -> str:

@@ -29,6 +29,7 @@ from attnscope.output.ablate import AblateView
 from attnscope.output.diversity import DiversityView, diversity_document
 from attnscope.output.documents import document
 from attnscope.output.heads import HeadsView, head_records, heads_document
+from attnscope.output.scales import SCALES
 from attnscope.output.views import View, picture_paths
 from attnscope.scores.catalog import ROLE, ROLES, SCORE, counted, table_columns
 from attnscope.scores.words import CONTINUED_LEGEND
@@ -290,8 +291,8 @@ def _ablation(report: Any) -> str:
         '<section id="ablation"><h2>Ablation</h2>'
         f"<p>The loss with each head's output removed, minus the loss of the whole model "
         f"({ablation.baseline_loss:.4f} nats per predicted token over {ablation.inputs['predicted_tokens']:,} "
-        "tokens): positive (blue) = the model needs the head, negative (vermillion) = it does better without it. "
-        "The colour scale is centred at 0. Click a head to show it.</p>"
+        "tokens): positive (red) = the model needs the head, negative (blue) = it does better without it, as in "
+        "importance.png. The colour scale is centred at 0. Click a head to show it.</p>"
         '<div data-viewer="ablation"><p class="fallback">The grid needs the page\'s script.</p></div>'
         "<h3>Most important heads</h3>" + _table(("head", "loss increase (nats)"), top[:10], "pick") + "</section>"
     )
@@ -435,6 +436,7 @@ def report_viewer(result: Any) -> dict[str, Any]:
         "continued_legend": CONTINUED_LEGEND,
         **viewer.catalog_entries(model["kind"], heads.settings["thresholds"]),
         "map_notes": list(result.map_notes),
+        "scales": {name: scale.as_data() for name, scale in SCALES.items()},  # the pictures' colours (output.scales)
     }
     diversity = result.diversity
     if diversity is not None:

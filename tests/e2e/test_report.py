@@ -11,6 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
+from attnscope.output.scales import SCALES
 from tests.support import CAT
 
 BROWSER = shutil.which("chromium")
@@ -122,6 +123,7 @@ def test_page_is_self_contained_deterministic_and_carries_the_numbers(page, cli,
     assert data["diversity"]["command"] == "diversity" and "matrices" not in data["diversity"]
     assert data["diversity"]["order"] == diversity["order"]
     viewer = data["viewer"]
+    assert viewer["scales"] == {name: scale.as_data() for name, scale in SCALES.items()}  # the pictures' colours
     for name in ("js", "cosine"):
         expected = np.array(diversity["matrices"][name])
         np.fill_diagonal(expected, 0.0)
@@ -304,10 +306,26 @@ def test_no_console_error_no_request_and_the_ablation_grid(browser_page, demo_pa
     assert cells.count() == 8
     data = _embedded(page.content())
     strongest = max(data["ablation"]["heads"], key=lambda h: h["importance"])
-    colour = page.locator(f'table.asv-ablation td[data-head="{strongest["label"]}"]').evaluate(
-        "cell => getComputedStyle(cell).backgroundColor"
+    # every cell in the colour importance.png gives its value (output.scales' loss_change): the largest rise red
+    from types import SimpleNamespace
+
+    from attnscope.output.ablate import ablate_importance
+
+    importance = np.zeros((2, 4))
+    for head in data["ablation"]["heads"]:
+        importance[head["layer"], head["head"]] = head["importance"]
+    picture = ablate_importance(
+        SimpleNamespace(model={"name": "demo"}, inputs={}, importance=importance, method="loss")
     )
-    assert colour == "rgb(0, 114, 178)"  # the largest importance in the full blue of the diverging scale
+    image = picture.axes[0].images[0]
+    for head in data["ablation"]["heads"]:
+        colour = page.locator(f'table.asv-ablation td[data-head="{head["label"]}"]').evaluate(
+            "cell => getComputedStyle(cell).backgroundColor"
+        )
+        shown = np.array([int(c) for c in re.findall(r"\d+", colour)])
+        assert np.abs(shown - np.array(image.cmap(image.norm(head["importance"]))[:3]) * 255).max() <= 1.5, head
+        if head is strongest:
+            assert shown[0] > 150 > shown[2]  # red: the model needs this head most
     page.click(f'table.asv-ablation td[data-head="{strongest["label"]}"]')
     assert page.locator('[data-viewer="head"]').get_attribute("data-head") == strongest["label"]
     assert seen["console"] == []

@@ -7,6 +7,7 @@ tick labels, legends, axis limits) against values worked out by hand or by scipy
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ElementTree
 from types import SimpleNamespace
 
@@ -136,10 +137,10 @@ def test_a_signed_score_is_drawn_on_a_diverging_map_centred_at_zero():
     image = figure.axes[0].images[0]
     assert image.norm(0.0) == pytest.approx(0.5)  # 0 in the middle of the map
     assert image.norm.vmin == pytest.approx(-image.norm.vmax) and image.norm.vmax >= 0.9
-    assert image.cmap.name.startswith(figures.DIVERGING_CMAP)
+    assert image.cmap.name == figures.DIVERGING_SCALE
     # a fraction stays on a sequential map from 0 to 1
     image = heads_room.heads_score_heatmap(result, "local").axes[0].images[0]
-    assert (image.norm.vmin, image.norm.vmax) == (0.0, 1.0) and image.cmap.name.startswith(figures.SEQUENTIAL_CMAP)
+    assert (image.norm.vmin, image.norm.vmax) == (0.0, 1.0) and image.cmap.name == figures.SEQUENTIAL_SCALE
 
 
 def test_ablation_importance_is_centred_at_zero_for_the_loss_and_from_zero_for_the_gradient():
@@ -150,6 +151,50 @@ def test_ablation_importance_is_centred_at_zero_for_the_loss_and_from_zero_for_t
     gradient = SimpleNamespace(model=MODEL, inputs=INPUTS, importance=np.abs(importance), method="gradient")
     norm = ablate_room.ablate_importance(gradient).axes[0].images[0].norm
     assert (norm.vmin, norm.vmax) == pytest.approx((0.0, 0.5))
+
+
+def _rgb(image, value) -> np.ndarray:
+    """The colour (0-255) a figure's image gives `value`."""
+    return np.array(image.cmap(image.norm(value))[:3]) * 255
+
+
+def test_ablation_and_similarity_colours_mean_the_same_in_the_pictures_the_page_and_a_notebook():
+    """One scale per quantity (output.scales), read by the pictures, sent to the report page in its data, and used
+    by the notebook's grid: a loss that rises without a head is red everywhere, a JS divergence of 0 (the same
+    rows) and a cosine of 1 are dark everywhere."""
+    from attnscope.output.scales import SCALES
+
+    def luminance(rgb):
+        return float(np.dot(rgb, [0.2126, 0.7152, 0.0722]) / 255)
+
+    importance = np.array([[0.5, -0.2, 0.1, 0.0], [0.05, 0.3, -0.4, 0.2]])
+    loss = SimpleNamespace(model=MODEL, inputs=INPUTS, importance=importance, method="loss", notes=[])
+    image = ablate_room.ablate_importance(loss).axes[0].images[0]
+    for value in (-0.5, -0.4, -0.1, 0.0, 0.05, 0.3, 0.5):
+        assert np.abs(_rgb(image, value) - SCALES["loss_change"].rgb(value, 0.5)).max() <= 1, value
+    red, _, blue = _rgb(image, 0.5)
+    assert red > 150 > blue  # the largest rise: red, as the page says
+    red, _, blue = _rgb(image, -0.5)
+    assert blue > 150 > red
+    result = _clustered_diversity()
+    for name, similar, distinct in (("js", 0.0, 1.0), ("cosine", 1.0, 0.0)):
+        image = diversity_room.diversity_matrix(result, name).axes[0].images[0]
+        for value in (0.0, 0.2, 0.55, 1.0):
+            assert np.abs(_rgb(image, value) - SCALES[name].rgb(value, 1.0)).max() <= 1, (name, value)
+        assert luminance(_rgb(image, similar)) < 0.2 < 0.6 < luminance(_rgb(image, distinct))  # dark = similar
+    # a notebook's ablation grid: each cell in the picture's colour
+    view = ablate_room.AblateView(
+        SimpleNamespace(
+            **{**vars(loss), "inputs": {**INPUTS, "predicted_tokens": 9}}, baseline_loss=1.0, settings={"top": 2},
+            ablated_loss=None, prune=[], ranked=lambda: sorted(np.ndindex(2, 4), key=lambda lh: -importance[lh]),
+        )
+    )  # fmt: skip
+    html = view.notebook()
+    picture = ablate_room.ablate_importance(loss).axes[0].images[0]
+    for value in (0.5, -0.4, 0.0):
+        shown = re.search(rf"background:rgb\((\d+),(\d+),(\d+)\)[^>]*>{value:.2f}<", html)
+        assert shown is not None, value
+        assert np.abs(np.array([int(c) for c in shown.groups()]) - _rgb(picture, value)).max() <= 1, value
 
 
 def test_every_colour_bar_has_a_label_with_a_unit():

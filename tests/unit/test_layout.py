@@ -229,7 +229,7 @@ def test_showing_one_result_loads_no_other_room_and_no_heavy_library():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.stderr
-    loaded = ["documents", "files", "info", "notebook", "views"]  # the shared builders it uses, and its own room
+    loaded = ["documents", "files", "info", "notebook", "scales", "views"]  # the shared builders it uses, its room
     assert result.stdout.strip() == f"{[f'attnscope.output.{name}' for name in loaded]} []"
 
 
