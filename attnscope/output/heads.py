@@ -29,10 +29,16 @@ from attnscope.scores.catalog import (
 )
 
 
+def kv_group(model: dict) -> int:
+    """Query heads per key/value head: 1, or more with grouped-query attention (query head h reads key/value head
+    h // group, as transformers' repeat_kv has it)."""
+    return model["n_head"] // model.get("n_kv_head", model["n_head"])
+
+
 def head_records(heads: Sequence[Any], model: dict) -> list[dict]:
     """One flat record per head (the `heads` list of the JSON and the rows of the CSV): which key/value head it
     reads (grouped-query attention), its role, and every score of the catalog, null where it was not measured."""
-    group = model["n_head"] // model.get("n_kv_head", model["n_head"])  # query heads per key/value head
+    group = kv_group(model)
     return [
         {
             "layer": record.layer,
@@ -94,7 +100,7 @@ class HeadsView(View):
         kind, thresholds = result.kind.name, result.settings.get("thresholds")
         return [
             role_map(result.heads, model["n_layer"], model["n_head"], title, kind),
-            heads_table(result.selected, "Heads", kind, result.selection.get("sort"), thresholds),
+            heads_table(result.selected, "Heads", kind, result.selection.get("sort"), thresholds, kv_group(model)),
         ]
 
     def notebook(self) -> str:
@@ -106,7 +112,7 @@ class HeadsView(View):
         return notebook.fragment(
             notebook.note_lines(self.notes),
             role_map_html(result.heads, model["n_layer"], model["n_head"], title),
-            heads_table_html(result.selected, "Heads", result.kind.name, result.selection.get("sort")),
+            heads_table_html(result.selected, "Heads", result.kind.name, result.selection.get("sort"), kv_group(model)),
         )
 
 
@@ -202,6 +208,9 @@ class HeadsTable:
     model (`catalog.table_columns`: sorted by a score that has no column of its own, it takes its sibling's place,
     entropy in nats where Hnorm was, the raw local share where lift was); `-` is a score that was not measured.
 
+    With grouped-query attention (`group` query heads share each key/value head), a `kv` column says which
+    key/value head each query head reads; without, there is none.
+
     Fits the console's width: score columns are left out (the sort's last, the others from the right) before the
     head, the role and what decided it, and the key under the table says which; the key names every header in
     words."""
@@ -213,8 +222,9 @@ class HeadsTable:
         kind: str,
         sort: str | None = None,
         thresholds: dict[str, float] | None = None,
+        group: int = 1,
     ):
-        self.heads, self.title, self.kind, self.sort = heads, title, kind, sort
+        self.heads, self.title, self.kind, self.sort, self.group = heads, title, kind, sort, group
         self.thresholds = thresholds or {role.name: role.threshold for role in ROLES if role.threshold is not None}
         self.columns = table_columns(kind, sort)
 
@@ -240,6 +250,8 @@ class HeadsTable:
             title=self.title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0)
         )
         table.add_column("head", justify="right", no_wrap=True)
+        if self.group > 1:
+            table.add_column("kv", justify="right", no_wrap=True)
         table.add_column("role", no_wrap=True)
         table.add_column("decided by", justify="right", no_wrap=True)
         for score in columns:
@@ -247,6 +259,7 @@ class HeadsTable:
         for record in self.heads:
             table.add_row(
                 record.label,
+                *([str(record.head // self.group)] if self.group > 1 else []),
                 role_cell(record.role.role),
                 f"{SCORE[record.role.metric].short} {record.role.score:.2f}",
                 *("-" if record.scores[s.name] is None else f"{record.scores[s.name]:.2f}" for s in columns),
@@ -275,6 +288,11 @@ class HeadsTable:
 
         entries = [
             entry("head", "layer.head, from 0"),
+            *(
+                [entry("kv", f"the key/value head it reads ({self.group} query heads share each)")]
+                if self.group > 1
+                else []
+            ),
             entry(
                 "decided by",
                 f"the score that passed its threshold, {self.thresholds_in_words()}; for mixed, the score "
@@ -295,10 +313,15 @@ class HeadsTable:
 
 
 def heads_table(
-    heads: Sequence[Any], title: str, kind: str, sort: str | None = None, thresholds: dict[str, float] | None = None
+    heads: Sequence[Any],
+    title: str,
+    kind: str,
+    sort: str | None = None,
+    thresholds: dict[str, float] | None = None,
+    group: int = 1,
 ) -> HeadsTable:
     """The heads table (see `HeadsTable`): as many score columns as the console's width holds."""
-    return HeadsTable(heads, title, kind, sort, thresholds)
+    return HeadsTable(heads, title, kind, sort, thresholds, group)
 
 
 class RoleMap:
@@ -385,16 +408,21 @@ def role_map_html(heads: Sequence[Any], n_layer: int, n_head: int, title: str) -
     return table + f'<div style="margin:0.2em 0;line-height:1.8">{legend}</div>'
 
 
-def heads_table_html(heads: Sequence[Any], title: str, kind: str, sort: str | None) -> str:
-    """One row per head: its role (coloured), the score that decided it, and the terminal table's score columns."""
+def heads_table_html(heads: Sequence[Any], title: str, kind: str, sort: str | None, group: int = 1) -> str:
+    """One row per head: the key/value head it reads (grouped-query attention only, as the terminal's `kv`), its
+    role (coloured), the score that decided it, and the terminal table's score columns."""
     columns = table_columns(kind, sort)
+    kv = group > 1
     rows = [
         [
             notebook.cell(record.label),
+            *([notebook.cell(str(record.head // group))] if kv else []),
             _role_cell(record.role.role, record.role.role),
             notebook.cell(f"{SCORE[record.role.metric].short} {record.role.score:.2f}"),
             *(notebook.cell(notebook.number(record.scores[score.name], 2)) for score in columns),
         ]
         for record in heads
     ]
-    return notebook.table(["head", "role", "by", *(score.short for score in columns)], rows, title)
+    return notebook.table(
+        ["head", *(["kv"] if kv else []), "role", "by", *(score.short for score in columns)], rows, title
+    )

@@ -28,7 +28,7 @@ from attnscope.output import notebook, viewer
 from attnscope.output.ablate import AblateView
 from attnscope.output.diversity import DiversityView, diversity_document
 from attnscope.output.documents import document
-from attnscope.output.heads import HeadsView, head_records, heads_document
+from attnscope.output.heads import HeadsView, head_records, heads_document, kv_group
 from attnscope.output.scales import SCALES
 from attnscope.output.views import View, picture_paths
 from attnscope.scores.catalog import ROLE, ROLES, SCORE, counted, table_columns
@@ -171,10 +171,20 @@ def settings_rows(report: Any) -> list[tuple[str, str]]:
 
 def _role_map(report: Any) -> str:
     """Layers as rows, heads as columns, each cell in its role's colour with the role's short label; clicking one
-    selects the head (the script), a tooltip names it without the script."""
+    selects the head (the script), a tooltip names it without the script. With grouped-query attention a header
+    row above the heads spans the query heads that share each key/value head (`kv 0`, `kv 1`, ...)."""
     model = report.model
+    group = kv_group(model)
     records = {(record.layer, record.head): record for record in report.heads.heads}
     header = "".join(f"<th>{head}</th>" for head in range(model["n_head"]))
+    shared = ""
+    if group > 1:
+        spans = "".join(
+            f'<th colspan="{group}" class="kv" title="query heads {kv * group}-{kv * group + group - 1} read key/value '
+            f'head {kv}">kv {kv}</th>'
+            for kv in range(model["n_head"] // group)
+        )
+        shared = f'<tr><th title="key/value heads (grouped-query attention)">kv</th>{spans}</tr>'
     rows = []
     for layer in range(model["n_layer"]):
         cells = []
@@ -182,6 +192,7 @@ def _role_map(report: Any) -> str:
             record = records[(layer, head)]
             role = ROLE[record.role.role]
             tip = f"{record.label} {role.name}: {SCORE[record.role.metric].short} {record.role.score:.2f}"
+            tip += f"; reads key/value head {head // group}" if group > 1 else ""
             cells.append(
                 f'<td class="cell" data-head="{record.label}" data-role="{_text(role.name)}" title="{_text(tip)}" '
                 f'style="background:{role.colour};color:{role.ink}">{_text(role.short)}</td>'
@@ -195,7 +206,7 @@ def _role_map(report: Any) -> str:
         if role.name in present
     )
     return (
-        '<div class="wide"><table class="rolemap"><thead><tr><th title="layer \\ head">L\\H</th>'
+        f'<div class="wide"><table class="rolemap"><thead>{shared}<tr><th title="layer \\ head">L\\H</th>'
         f"{header}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
         f'<p class="legend">{legend}</p>'
     )
@@ -222,7 +233,9 @@ def _top_heads(report: Any) -> str:
 def _every_head(report: Any) -> str:
     heads = report.heads
     columns = table_columns(heads.kind.name)
-    header = "<th>head</th><th>role</th><th title='the score that decided the role'>by</th>" + "".join(
+    group = kv_group(heads.model)  # grouped-query attention: which key/value head each head reads, in its own column
+    kv = f"<th title='the key/value head it reads ({group} query heads share each)'>kv</th>" if group > 1 else ""
+    header = f"<th>head</th>{kv}<th>role</th><th title='the score that decided the role'>by</th>" + "".join(
         f'<th title="{_text(f"{s.label}: {s.description}")}">{_text(s.short)}</th>' for s in columns
     )
     rows = []
@@ -231,7 +244,8 @@ def _every_head(report: Any) -> str:
         cells = "".join(f"<td>{_number(record.scores[score.name])}</td>" for score in columns)
         rows.append(
             f'<tr data-head="{record.label}"><td>{record.label}</td>'
-            f'<td><span class="chip" style="background:{role.colour};color:{role.ink}">{_text(role.short)}</span>'
+            + (f"<td>{record.head // group}</td>" if group > 1 else "")
+            + f'<td><span class="chip" style="background:{role.colour};color:{role.ink}">{_text(role.short)}</span>'
             f"</td><td>{_text(SCORE[record.role.metric].short)} {record.role.score:.2f}</td>{cells}</tr>"
         )
     return (

@@ -50,6 +50,16 @@ def rows_of(text: str) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------------ heads table
 
 
+def test_a_kv_column_says_which_key_value_head_a_head_reads_only_under_grouped_query_attention():
+    shared = render(heads_room.heads_table(HEADS, "Heads", DECODER, group=4), width=120)
+    assert re.search(r"^\s*head\s+kv\s+role\s", shared, re.M)
+    for label, line in rows_of(shared).items():
+        assert line.split()[1] == str(int(label.split(".")[1]) // 4)  # 11.11 reads key/value head 2
+    assert "kv the key/value head it reads (4 query heads share each)" in " ".join(shared.split())
+    alone = render(heads_room.heads_table(HEADS, "Heads", DECODER), width=120)
+    assert re.search(r"^\s*head\s+role\s", alone, re.M) and " kv " not in alone
+
+
 @pytest.mark.parametrize("width", WIDTHS)
 def test_every_row_names_its_head_and_role_at_any_width(width):
     text = render(heads_room.heads_table(HEADS, "Heads", DECODER), width=width)
