@@ -58,30 +58,44 @@ class BenchView(View):
 
 
 def bench_figure(result: Any) -> Any:
-    """A BenchResult: tokens per second against sequence length, one line per method and batch size (a colour
-    per method, a line style per batch size), on an axis from 0."""
+    """A BenchResult: tokens per second against sequence length, one line per method and batch size (a colour and
+    a marker per method, a line style per batch size), each point the median run, with an error bar from the
+    slowest to the fastest of its runs (batch × seq tokens over max_s and min_s), on an axis from 0."""
     from attnscope.output import figures
 
     rows, machine = result.rows, result.settings
     seqs = sorted({row["seq"] for row in rows})
-    colours = {method: f"C{index}" for index, method in enumerate(dict.fromkeys(row["method"] for row in rows))}
+    methods = list(dict.fromkeys(row["method"] for row in rows))
     dashes = ("-", "--", ":", "-.")
     batches = sorted({row["batch"] for row in rows})
     line_styles = {batch: dashes[index % len(dashes)] for index, batch in enumerate(batches)}
-    series, styles = {}, {}
+    series, spread, styles = {}, {}, {}
     for row in rows:
         label = f"{row['method']}, batch {row['batch']}"
+        tokens = row["batch"] * row["seq"]
         series.setdefault(label, {})[row["seq"]] = row["tokens_per_s"]
-        styles[label] = {"color": colours[row["method"]], "linestyle": line_styles[row["batch"]]}
+        spread.setdefault(label, {})[row["seq"]] = (tokens / row["max_s"], tokens / row["min_s"])
+        k = methods.index(row["method"])
+        styles[label] = {
+            "color": figures.SERIES_COLOURS[k % len(figures.SERIES_COLOURS)],
+            "marker": figures.SERIES_MARKERS[k % len(figures.SERIES_MARKERS)],
+            "linestyle": line_styles[row["batch"]],
+        }
     lines = {label: [values.get(seq) for seq in seqs] for label, values in series.items()}
+    spreads = {
+        label: tuple([values[seq][end] if seq in values else None for seq in seqs] for end in (0, 1))
+        for label, values in spread.items()
+    }
     threads = machine["cpu_threads"]
     where = (
         machine["device_name"] if machine["device"] != "cpu" else f"CPU, {threads} thread{'s' if threads != 1 else ''}"
     )
+    runs = sorted({row.get("runs", 1) for row in rows})
     subtitle = f"{result.model['name']} on {where}, {machine.get('dtype', '')}".rstrip(", ")
+    subtitle += f"; points: the median of {'/'.join(map(str, runs))} runs, bars: the slowest to the fastest"
     labels = ("sequence length (tokens)", "tokens per second")
     return figures.line_plot(
-        seqs, lines, *labels, "Analysis speed by sequence length", subtitle, log_x=True, styles=styles
+        seqs, lines, *labels, "Analysis speed by sequence length", subtitle, log_x=True, styles=styles, spreads=spreads
     )
 
 

@@ -33,7 +33,7 @@ from matplotlib.ticker import StrMethodFormatter
 from attnscope.output import files
 from attnscope.output.files import DPI, PICTURE_FORMATS
 from attnscope.output.scales import SCALES
-from attnscope.scores.catalog import ROLE, ROLE_NAMES, ROLES
+from attnscope.scores.catalog import PALETTE, ROLE, ROLE_NAMES, ROLES
 from attnscope.scores.words import CONTINUED_LEGEND, WORDS
 
 ROLE_COLOURS = {role.name: role.colour for role in ROLES}  # the catalog's palette, shared with the terminal
@@ -52,10 +52,16 @@ SUBTITLE_COLOUR = "#444444"
 
 # -------------------------------------------------------------------------------------------------------------- writing
 
+# Text in vector files as text: TrueType fonts embedded in a PDF (not Type 3), <text> elements in an SVG; and SVG's
+# ids from a fixed salt, so that the same figure gives the same bytes.
+VECTOR_TEXT = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none", "svg.hashsalt": "attnscope"}
+
 
 def render(figure: Figure, format: str = "png", dpi: int = DPI) -> bytes:
     """The bytes of `figure` as PNG (`dpi` dots per inch), SVG or PDF; the same figure gives the same bytes (SVG
-    and PDF carry no date, and SVG's ids come from a fixed salt)."""
+    and PDF carry no date, and SVG's ids come from a fixed salt). For a paper: a PDF embeds its fonts as TrueType
+    (fonttype 42: text a journal's checks accept and a reader can select, where matplotlib's default Type 3 fonts
+    are bitmaps to some), and an SVG keeps its text as <text> (editable in Inkscape or Illustrator)."""
     if format not in PICTURE_FORMATS:
         raise ValueError(f"format {format!r}: use one of {', '.join(PICTURE_FORMATS)}")
     metadata = {"png": {}, "svg": {"Date": None}, "pdf": {"CreationDate": None, "ModDate": None}}[format]
@@ -66,7 +72,7 @@ def render(figure: Figure, format: str = "png", dpi: int = DPI) -> bytes:
         # quarter pixel more makes the PNG exactly round(inches × dpi) pixels, as documented.
         figure.set_size_inches([(round(side * dpi) + 0.25) / dpi for side in inches])
     try:
-        with warnings.catch_warnings(), matplotlib.rc_context({"svg.hashsalt": "attnscope"}):
+        with warnings.catch_warnings(), matplotlib.rc_context(VECTOR_TEXT):
             # A token the font cannot draw (日, 🙂) shows as a box; matplotlib would also warn once per glyph and
             # figure, a screenful of stderr that tells the user nothing the picture does not.
             warnings.filterwarnings("ignore", message="Glyph .* missing from", category=UserWarning)
@@ -92,6 +98,7 @@ def save(figure: Figure, path: Path | str, format: str | None = None, dpi: int =
 # measures text, and long labels never fall off the picture.
 
 TITLE_SIZE = 11.0  # points
+TICK_MIN = 7.0  # the smallest tick label of any figure, at its size in inches (a print's)
 SUBTITLE_SIZE = 9.0
 LABEL_SIZE = 9.0  # axis labels, colour bar labels
 TITLE_SPACE = 0.8  # inches at the top for a title and its subtitle
@@ -180,8 +187,8 @@ def thinned_ticks(n: int, fit: int) -> list[int]:
         return list(range(n))
     step = _nice_step((n - 1) / (fit - 1))
     ticks = list(range(0, n - 1, step))  # at most fit - 1 of them
-    if len(ticks) > 1 and (n - 1) - ticks[-1] < step / 2:
-        ticks.pop()  # too close to the last to be read apart from it
+    if len(ticks) > 1 and (n - 1) - ticks[-1] <= step / 2:
+        ticks.pop()  # too close to the last to be read apart from it (half a step: two labels in one's room)
     return ticks + [n - 1]
 
 
@@ -424,7 +431,7 @@ def layer_grid_shape(n_head: int) -> tuple[int, int]:
     return int(np.ceil(n_head / columns)), columns
 
 
-GRID_FONT = 6.0  # points, token labels of a layer's grid
+GRID_FONT = 7.0  # points, token labels of a layer's grid: as small as a printed label may be (TICK_MIN)
 GRID_LABEL_SPACE = 1.1  # inches left of and below the panels: token labels and the axis title
 GRID_GAP = (0.2, 0.36)  # inches between panels: across, and down (each panel's title)
 GRID_RIGHT = 1.3  # the colour bar and its label
@@ -509,13 +516,13 @@ def layer_grid(
 MATRIX_MARGINS = (1.0, 1.5, TITLE_SPACE, 1.0)  # the right margin holds the colour bar and its label
 DENDROGRAM_HEIGHT = 1.0  # inches above the matrix, when it is drawn in clustered order
 DENDROGRAM_GAP = 0.16  # inches between the dendrogram and the matrix
-LABEL_PITCH = 0.1  # inches per head that give each head its own 5.4 pt label
-MATRIX_MAX = 40.0  # inches: beyond 400 heads, labels skip heads rather than the picture growing further
+LABEL_PITCH = 0.13  # inches per head that give each head its own label of TICK_MIN (7 pt)
+MATRIX_MAX = 40.0  # inches: beyond 307 heads, labels skip heads rather than the picture growing further
 
 
 def matrix_side(n: int) -> float:
     """Inches of the square of a heads × heads matrix: 0.44 in per head up to 16 in, or LABEL_PITCH per head when
-    that is more (GPT-2 small's 144 heads: 16 in; GPT-2 medium's 384: 38.4 in), at most MATRIX_MAX."""
+    that is more (GPT-2 small's 144 heads: 18.7 in; GPT-2 medium's 384: 40 in), at most MATRIX_MAX."""
     return max(3.0, min(0.44 * n, 16.0), min(LABEL_PITCH * n, MATRIX_MAX))
 
 
@@ -550,7 +557,7 @@ def head_matrix(
     image = axes.imshow(matrix, cmap=colours, vmin=vmin, vmax=vmax, interpolation="none")
     _colour_bar(figure, axes, image, colour_label)
     fitting = 0.75 * side * 72 / n  # points: the largest font whose labels do not overlap
-    fontsize = max(5.0, min(8.0, fitting))
+    fontsize = max(TICK_MIN, min(8.0, fitting))
     step = int(np.ceil(fontsize / fitting))  # 1 up to MATRIX_MAX / LABEL_PITCH heads
     axes.set_xticks(range(0, n, step))
     axes.set_yticks(range(0, n, step))
@@ -594,6 +601,11 @@ def _dendrogram(figure: Figure, matrix_axes, linkage: np.ndarray, n: int, cut: f
 # ----------------------------------------------------------------------------------------------------------- line plots
 
 LINE_SIZE = (7.0, 4.2)
+# The lines of a plot, k-th series: the catalog's role palette (Okabe & Ito's, distinct under colour-vision
+# deficiencies; yellow, faint on white, last) and a distinct marker each, so that lines are told apart in grey too.
+SERIES_ROLES = ("previous-token", "induction", "local", "duplicate-token", "self", "next-token", "first-token", "broad")
+SERIES_COLOURS = tuple(PALETTE[role] for role in SERIES_ROLES)
+SERIES_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINE_MARGINS = (0.9, 0.3, TITLE_SPACE, 0.65)
 LEGEND_FONT = 8.0
 
@@ -621,22 +633,44 @@ def line_plot(
     log_x: bool = False,
     styles: dict[str, dict] | None = None,
     y_top: float | None = None,
+    spreads: dict[str, tuple[Sequence[float | None], Sequence[float | None]]] | None = None,
 ) -> Figure:
-    """One or more lines over the same x, with markers; None values are left out. `styles` gives a line's matplotlib
-    keywords (color, linestyle) by series name; lines without one take the next colour of the cycle. The y axis
-    starts at 0 (below it, with a line at 0, when a value is negative) and ends at `y_top` when given. The legend
-    (of two lines or more) sits to the right of the axes, where it hides no line."""
+    """One or more lines over the same x, with markers; None values are left out. The k-th line takes the k-th of
+    SERIES_COLOURS and SERIES_MARKERS unless `styles` gives its matplotlib keywords (color, linestyle, marker) by
+    series name. `spreads` gives, by series name, a (low, high) range at each point (the spread of the runs behind
+    it), drawn as an error bar in the line's colour; the lines are then moved apart a little along x (each by a
+    few percent, on a log axis), so that their bars do not hide one another. The y axis starts at 0 (below it, with
+    a line at 0, when a value is negative) and ends at `y_top` when given. The legend (of two lines or more) sits to
+    the right of the axes, where it hides no line."""
     extra = legend_width(list(series))
     figure = _figure(line_size(list(series)))
     axes = _place_axes(figure, (LINE_MARGINS[0], LINE_MARGINS[1] + extra, *LINE_MARGINS[2:]))
     lowest, highest = 0.0, 0.0
-    for name, values in series.items():
-        points = [(a, b) for a, b in zip(x, values, strict=True) if b is not None]
+    for index, (name, values) in enumerate(series.items()):
+        dodge = (index - (len(series) - 1) / 2) * 0.025 if spreads else 0.0  # a share of a unit of log2(x), or of x
+        shifted = [a * 2**dodge if log_x else a + dodge for a in x]
+        points = [(a, b) for a, b in zip(shifted, values, strict=True) if b is not None]
+        style = {
+            "color": SERIES_COLOURS[index % len(SERIES_COLOURS)],
+            "marker": SERIES_MARKERS[index % len(SERIES_MARKERS)],
+            **(styles or {}).get(name, {}),
+        }
         if points:
-            style = (styles or {}).get(name, {})
-            axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name, **style)
+            axes.plot([p[0] for p in points], [p[1] for p in points], label=name, **style)
             lowest = min(lowest, *(p[1] for p in points))
             highest = max(highest, *(p[1] for p in points))
+        if spreads and name in spreads:
+            low, high = spreads[name]
+            bars = [
+                (a, b, c, d) for a, b, c, d in zip(shifted, values, low, high, strict=True) if None not in (b, c, d)
+            ]
+            if bars:
+                xs, ys, lows, highs = (np.array(column, dtype=float) for column in zip(*bars, strict=True))
+                drawn = axes.errorbar(
+                    xs, ys, yerr=[ys - lows, highs - ys], fmt="none", ecolor=style["color"], elinewidth=1.0, capsize=3
+                )
+                drawn.lines[2][0].set_gid(f"spread:{name}")
+                highest = max(highest, *highs)
     if log_x:
         axes.set_xscale("log", base=2)
     axes.set_xticks(list(x))

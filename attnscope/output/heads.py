@@ -82,7 +82,8 @@ class HeadsView(View):
         ]
 
     def figures(self) -> dict[str, Any]:
-        """role_map, score_<name> per score measured, and attention_<L.H> for each plotted head."""
+        """role_map, score_<name> per score measured, and attention_<L.H> for each plotted head (by word,
+        attention_<L.H>_words, as `show --words` names its picture)."""
         from attnscope.output import figures
 
         result = self.result
@@ -90,7 +91,9 @@ class HeadsView(View):
         for name in drawn_scores(result):
             drawn[f"score_{name}"] = heads_score_heatmap(result, name)
         for layer, head in result.plotted:
-            drawn[f"attention_{layer}.{head}"] = figures.head_attention(result.model, result.attention[layer], head)
+            attention = result.attention[layer]
+            stem = f"attention_{layer}.{head}" + ("_words" if attention.view == "words" else "")
+            drawn[stem] = figures.head_attention(result.model, attention, head)
         return drawn
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:

@@ -85,10 +85,15 @@ class ShowView(View):
         return []  # the picture is show's output (--json and --csv print the maps)
 
     def figures(self) -> dict[str, Any]:
-        """attention_L<layer> (every head of the layer) or attention_<L.H> (one head, larger)."""
-        result, layer = self.result, self.result.attention.layer
-        stem = f"attention_L{layer}" if result.head is None else f"attention_{layer}.{result.head}"
-        return {stem: show_figure(result)}
+        """attention_L<layer> (every head of the layer) or attention_<L.H> (one head, larger); by word, with
+        `_words` after the stem (attention_L1_words), so that a folder keeps both views."""
+        return {self.stem: show_figure(self.result)}
+
+    @property
+    def stem(self) -> str:
+        result, attention = self.result, self.result.attention
+        stem = f"attention_L{attention.layer}" if result.head is None else f"attention_{attention.layer}.{result.head}"
+        return stem + ("_words" if attention.view == "words" else "")
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
         return picture_paths(written)

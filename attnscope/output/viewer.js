@@ -156,8 +156,24 @@
     var canvas = el("canvas", { width: size, height: size });
     var draw = canvas.getContext("2d");
     var showLabels = options.labels !== false && cell >= 8;
+    var thinned = options.labels !== false && !showLabels && n > 1;  // a long text: every k-th label, as the PNGs
     var node = el("div", { cls: "asv-heat" });
     var rows = [], cols = [];
+    if (thinned) {
+      var ticks = thinnedTicks(n, Math.floor(size / THIN_PITCH)), half = THIN_FONT * 0.6;
+      node.appendChild(el("div"));
+      var above = el("div", { cls: "asv-cols asv-thin", style: "width:" + size + "px" });
+      var beside = el("div", { cls: "asv-rows asv-thin", style: "height:" + size + "px" });
+      ticks.forEach(function (i) {
+        var text = i + " " + labels[i], middle = i * cell + cell / 2 - half;  // the position too: `40 river`
+        var c = el("span", { text: text, title: labels[i] + " (key " + i + ")", style: "left:" + middle + "px;font-size:" + THIN_FONT + "px" });
+        var r = el("span", { text: text, title: labels[i] + " (query " + i + ")", style: "top:" + middle + "px;font-size:" + THIN_FONT + "px" });
+        c.addEventListener("mouseenter", function () { options.onHover && options.onHover({ key: i }); });
+        r.addEventListener("mouseenter", function () { options.onHover && options.onHover({ query: i }); });
+        above.appendChild(c); beside.appendChild(r); cols[i] = c; rows[i] = r;
+      });
+      node.appendChild(above); node.appendChild(beside);
+    }
     if (showLabels) {
       var font = Math.min(cell - 2, 12) + "px";
       node.appendChild(el("div"));
@@ -173,7 +189,7 @@
       node.appendChild(top); node.appendChild(left);
     }
     node.appendChild(canvas);
-    if (!showLabels) { node.style.gridTemplateColumns = "auto"; }
+    if (!showLabels && !thinned) { node.style.gridTemplateColumns = "auto"; }
     function at(event) {
       var box = canvas.getBoundingClientRect();
       var j = Math.floor((event.clientX - box.left) / cell), i = Math.floor((event.clientY - box.top) / cell);
@@ -200,6 +216,25 @@
     }
     highlight(null, null);
     return { node: node, highlight: highlight, canvas: canvas };
+  }
+
+  // Labels of a long text's map, thinned as the pictures thin theirs (output/figures.py thinned_ticks): every k-th
+  // token (k one of 1, 2, 5, 10, 20, ...) from the first, and the last, each at least THIN_PITCH pixels apart.
+  var THIN_FONT = 10, THIN_PITCH = 14;
+  function niceStep(atLeast) {
+    for (var power = 1; ; power *= 10) {
+      for (var k = 0; k < 3; k++) { if ([1, 2, 5][k] * power >= atLeast) { return [1, 2, 5][k] * power; } }
+    }
+  }
+  function thinnedTicks(n, fit) {
+    fit = Math.max(2, fit);
+    var ticks = [];
+    if (n <= fit) { for (var all = 0; all < n; all++) { ticks.push(all); } return ticks; }
+    var step = niceStep((n - 1) / (fit - 1));
+    for (var i = 0; i < n - 1; i += step) { ticks.push(i); }
+    if (ticks.length > 1 && (n - 1) - ticks[ticks.length - 1] <= step / 2) { ticks.pop(); }
+    ticks.push(n - 1);
+    return ticks;
   }
 
   function scaleKey() {

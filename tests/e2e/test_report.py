@@ -258,6 +258,31 @@ def test_clicking_a_head_shows_its_map_and_the_arrows_move(browser_page):
 
 
 @pytest.mark.slow
+def test_a_long_texts_map_keeps_its_labels_thinned_as_the_pictures_do(browser_page):
+    """The probe (101 tokens) is too long for a label per token: every k-th token is labelled with its position
+    (`40 river`), the first and the last kept, as output/figures.py thins a PNG's, none overlapping another."""
+    from attnscope.output.figures import thinned_ticks
+
+    page, _ = browser_page
+    data = _embedded(page.content())
+    induction = next(h for h in data["heads"]["heads"] if h["role"] == "induction")["label"]
+    page.click(f'table.rolemap td[data-head="{induction}"]')  # shown on the probe
+    probe = data["viewer"]["texts"][-1]
+    heat = page.locator('[data-viewer="head"] .asv-view .asv-heat').first
+    for side, along in (("cols", "x"), ("rows", "y")):
+        spans = heat.locator(f".asv-{side}.asv-thin span")
+        texts = spans.all_inner_texts()
+        positions = [int(text.split(" ")[0]) for text in texts]
+        assert len(positions) >= 5 and positions[0] == 0 and positions[-1] == probe["n"] - 1
+        assert positions == thinned_ticks(probe["n"], len(positions))  # the pictures' rule
+        assert all(text == f"{i} {probe['labels'][i]}" for i, text in zip(positions, texts, strict=True))
+        boxes = [spans.nth(k).bounding_box() for k in range(len(texts))]
+        extent = "width" if along == "x" else "height"
+        for before, after in zip(boxes, boxes[1:], strict=False):  # none overlaps the next
+            assert after[along] >= before[along] + before[extent] - 0.5
+
+
+@pytest.mark.slow
 def test_hovering_a_token_highlights_its_row_and_what_it_looks_at(browser_page):
     page, _ = browser_page
     page.click('table.rolemap td[data-head="0.2"]')  # the previous-token head

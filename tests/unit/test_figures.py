@@ -92,6 +92,57 @@ def test_vector_files_are_written_and_parse(tmp_path):
     assert b"CreationDate" not in data  # nothing that changes from run to run
 
 
+def test_the_words_view_of_a_map_has_a_file_name_of_its_own():
+    """`show --words` (and `heads --plot --words`) writes attention_L1_words.png: the token picture of the same
+    layer, in the same folder, is not overwritten."""
+    from attnscope.output.show import ShowView
+
+    for head, stem in ((None, "attention_L1"), (2, "attention_1.2")):
+        for view, suffix in (("tokens", ""), ("words", "_words")):
+            result = SimpleNamespace(head=head, attention=SimpleNamespace(layer=1, view=view))
+            assert ShowView(result).stem == stem + suffix
+
+
+def test_vector_files_keep_their_text_as_text_for_a_paper():
+    """A PDF embeds its fonts as TrueType (fonttype 42: a font program, /FontFile2), never as Type 3 (glyphs as
+    drawings, which journals' checks refuse); an SVG keeps every text as a <text> element, editable."""
+    figures = _figures()
+    pdf = figures.render(_small_figure(), "pdf")
+    assert b"/Type3" not in pdf and b"/FontFile2" in pdf
+    svg = ElementTree.fromstring(figures.render(_small_figure(), "svg"))
+    texts = ["".join(text.itertext()) for text in svg.iter("{http://www.w3.org/2000/svg}text")]
+    assert "Some score per head" in texts and "tiny, 3 texts" in texts
+
+
+def _tick_sizes(figure) -> list[float]:
+    """The font size of every tick label of `figure` that has text."""
+    return [
+        label.get_fontsize()
+        for axes in figure.axes
+        for label in [*axes.get_xticklabels(), *axes.get_yticklabels()]
+        if label.get_text() and label.get_visible()
+    ]
+
+
+def test_tick_labels_are_at_least_7_points_at_the_figures_size():
+    """At its size in inches (a print's), no figure labels a tick below 7 pt: long texts and many heads thin their
+    labels instead (every head of GPT-2 small's 144 still labelled, on a larger matrix: the test after next)."""
+    figures = _figures()
+    rng = np.random.default_rng(0)
+    tokens = [f"tok{k}" for k in range(120)]
+    drawn = [
+        figures.attention_heatmap(rng.random((120, 120)), tokens, "long"),
+        figures.layer_grid(rng.random((2, 120, 120)), tokens, "layer"),
+        figures.head_matrix(rng.random((40, 40)), LABELS[:40], "JS", "JS divergence (bits)"),  # 144: below
+        figures.score_heatmap(rng.random((48, 25)), "many", "fraction"),  # and the role map's axes, the same
+        diversity_room.diversity_per_layer(SimpleNamespace(model=MODEL, inputs=INPUTS, layer_scores={0: 0.5, 1: 0.4})),
+        bench_room.bench_figure(_bench_result()),
+    ]
+    for figure in drawn:
+        sizes = _tick_sizes(figure)
+        assert sizes and min(sizes) >= figures.TICK_MIN == 7.0
+
+
 @pytest.mark.parametrize(
     "dpi", [50, pytest.param(150, marks=pytest.mark.slow), pytest.param(300, marks=pytest.mark.slow)]
 )
@@ -263,7 +314,7 @@ def test_masked_cells_are_drawn_apart_from_zero_attention():
 # ------------------------------------------------------------------------------------------------- tick labels
 
 
-@pytest.mark.parametrize("n, fit", [(300, 64), (300, 48), (101, 10), (12, 64), (2, 2), (1000, 7)])
+@pytest.mark.parametrize("n, fit", [(300, 64), (300, 48), (101, 10), (12, 64), (2, 2), (1000, 7), (44, 25)])
 def test_thinned_ticks_keep_the_first_and_last_and_fit(n, fit):
     ticks = _figures().thinned_ticks(n, fit)
     assert len(ticks) <= fit and ticks[0] == 0 and ticks[-1] == n - 1
@@ -275,7 +326,7 @@ def test_thinned_ticks_keep_the_first_and_last_and_fit(n, fit):
         assert len(steps) <= 1  # evenly spaced
         step = steps.pop() if steps else ticks[-1]
         assert str(step)[0] in "125" and set(str(step)[1:]) <= {"0"}  # 1, 2, 5, 10, 20, 50, ...
-        assert ticks[-1] - ticks[-2] >= step / 2  # the last is not crowded by the one before
+        assert ticks[-1] - ticks[-2] > step / 2  # the last is not crowded by the one before
 
 
 def test_token_labels_at_300_tokens_are_thinned_to_a_readable_pitch():
@@ -326,6 +377,56 @@ def test_the_role_legend_lists_only_the_roles_drawn_in_catalog_order():
 # ------------------------------------------------------------------------------------------------- line plots
 
 
+def _bench_result():
+    """Two methods at two sequence lengths, batch 1, each timed in three runs: its median and its extremes."""
+    rows = []
+    for method, scale in (("floor", 1.0), ("attnscope", 2.0)):
+        for seq in (128, 512):
+            median = scale * seq / 1e4
+            rows.append(
+                {"method": method, "batch": 1, "seq": seq, "runs": 3, "median_s": median, "min_s": 0.9 * median,
+                 "max_s": 1.25 * median, "tokens_per_s": seq / median}
+            )  # fmt: skip
+    return SimpleNamespace(
+        rows=rows, model={"name": "tiny"}, settings={"device": "cpu", "device_name": "cpu", "cpu_threads": 1}
+    )
+
+
+def test_the_speed_picture_shows_each_lines_spread_from_the_slowest_to_the_fastest_run():
+    bench = _bench_result()
+    figure = bench_room.bench_figure(bench)
+    axes = figure.axes[0]
+    bars = {collection.get_gid(): collection for collection in axes.collections if collection.get_gid()}
+    assert sorted(bars) == ["spread:attnscope, batch 1", "spread:floor, batch 1"]
+    for row in bench.rows:
+        segments = bars[f"spread:{row['method']}, batch 1"].get_segments()
+        (segment,) = [s for s in segments if abs(np.log2(s[0][0] / row["seq"])) < 0.1]  # the bar at this length
+        assert sorted(segment[:, 1]) == pytest.approx([row["seq"] / row["max_s"], row["seq"] / row["min_s"]])
+        assert (
+            segment[0, 1] < row["tokens_per_s"] < segment[1, 1] or segment[1, 1] < row["tokens_per_s"] < segment[0, 1]
+        )
+    assert "bars: the slowest to the fastest" in " ".join(text.get_text() for text in figure.texts)
+    assert [label.get_text() for label in axes.get_xticklabels()] == ["128", "512"]  # the lengths, where they are
+
+
+def test_random_mha_lines_are_told_apart_by_the_role_palette_and_their_markers():
+    import matplotlib.colors
+
+    from attnscope.scores.catalog import PALETTE
+
+    rows = [
+        {"heads": h, "js": 0.1 * h, "js_distance": 0.2, "cosine": 0.5, "entropy_normalized": 0.8} for h in (1, 2, 4)
+    ]
+    figure = random_mha_room.random_mha_figure(
+        SimpleNamespace(settings={"d_model": 64, "seq_len": 32, "trials": 2}, rows=rows)
+    )
+    lines = figure.axes[0].lines
+    colours = [matplotlib.colors.to_hex(line.get_color()).upper() for line in lines]
+    markers = [line.get_marker() for line in lines]
+    assert len(lines) == 4 and len(set(colours)) == 4 and len(set(markers)) == 4
+    assert set(colours) <= {colour.upper() for colour in PALETTE.values()}
+
+
 def test_value_axes_start_at_zero():
     diversity = SimpleNamespace(model=MODEL, inputs=INPUTS, layer_scores={0: 0.512, 1: 0.500, 2: 0.506})
     random_mha = SimpleNamespace(
@@ -338,14 +439,7 @@ def test_value_axes_start_at_zero():
     ablation = SimpleNamespace(
         model=MODEL, inputs=INPUTS, baseline_loss=3.2, prune=[{"removed": 1, "loss": 3.25}, {"removed": 2, "loss": 3.4}]
     )
-    rows = [
-        {"method": method, "batch": 1, "seq": seq, "tokens_per_s": 1000.0 + seq}
-        for method in ("floor", "attnscope")
-        for seq in (128, 512)
-    ]
-    bench = SimpleNamespace(
-        rows=rows, model={"name": "tiny"}, settings={"device": "cpu", "device_name": "cpu", "cpu_threads": 1}
-    )
+    bench = _bench_result()
     for figure in (
         diversity_room.diversity_per_layer(diversity),
         random_mha_room.random_mha_figure(random_mha),
@@ -413,8 +507,9 @@ def test_matrix_of_many_heads_gives_each_head_its_label():
     axes = figure.axes[0]
     assert [label.get_text() for label in axes.get_xticklabels()] == LABELS  # every head labelled, none skipped
     assert [label.get_text() for label in axes.get_yticklabels()] == LABELS
-    # 0.1 in per head: 16 in, + 2.5 in and 1.8 in of margins
-    assert tuple(figure.get_size_inches()) == pytest.approx((18.5, 17.8))
+    # 0.13 in per head (a 7 pt label each): 18.72 in, + 2.5 in and 1.8 in of margins
+    assert tuple(figure.get_size_inches()) == pytest.approx((21.22, 20.52))
+    assert all(label.get_fontsize() == pytest.approx(7.02, abs=0.01) for label in axes.get_xticklabels())  # 7 pt
 
 
 @pytest.mark.slow
@@ -424,7 +519,7 @@ def test_matrix_of_many_heads_renders_at_its_known_size(tmp_path):
     figures = _figures()
     matrix = np.random.default_rng(0).random((144, 144))
     figure = figures.head_matrix(matrix, LABELS, "JS", "JS divergence (bits)")
-    assert png_size(figures.save(figure, tmp_path / "m.png", dpi=100)) == (1850, 1780)
+    assert png_size(figures.save(figure, tmp_path / "m.png", dpi=100)) == (2122, 2052)
 
 
 def test_titles_say_what_in_words_and_the_model_and_input():
