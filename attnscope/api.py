@@ -233,7 +233,7 @@ def heads(
     probe_seed  the seed of the probe's random tokens (--probe-seed)
     layer       only this layer's heads in the table and the records (--layer)
     sort        the table and the records sorted by this score, descending: its name or column header (--sort)
-    top         only the first `top` heads in the table and the records (--top)
+    top         rows of the ranked table: the first `top` (--top); here the heads table, which the records are
     plot        heads "L.H" whose attention maps `save` draws (--plot)
     words       the maps of `plot` word by word (--words)
     """
@@ -337,7 +337,7 @@ def diversity(
     layer       a layer (0-based), or "all" (or None): every head of the model (--layer)
     redundant   JSD (bits) below which two heads are near-duplicates (--redundant)
     cluster_at  JSD (bits) below which average-linkage clusters merge (--cluster-at)
-    top         pairs listed: the `top` most redundant and the `top` most distinct (--top)
+    top         rows of each ranked table: the first `top` (--top): the most redundant pairs, the most distinct
     sample_rows JS estimated on this many random scored rows per window, with standard errors (--sample-rows;
                 0: every row, exact)
     seed        the seed of the rows `sample_rows` draws (--seed)
@@ -398,7 +398,7 @@ def attend(
     from_index  which occurrence of from_token, 0-based (--from-index; None: 0, or the K of WORD@K)
     to_index    which occurrence of to_token, 0-based (--to-index; None: every one the query sees, summed)
     tokens      top keys listed per head (--tokens)
-    top         heads listed, strongest first (--top)
+    top         rows of the ranked table: the first `top` (--top): the strongest heads
     index       which text, 0-based (--index)
     words       keys ranked as words rather than tokens (--words)
     skip_first  leave the first token (the attention sink) out of the ranking of keys and heads (--skip-first)
@@ -443,7 +443,7 @@ def ablate(
 
     method      loss: remove each head and measure the loss; gradient: |dL/d gate|, one backward pass (--method)
     prune       also remove the `prune` least important heads one after another (--prune)
-    top         heads listed, most important first (--top)
+    top         rows of the ranked table: the first `top` (--top): the most important heads
     """
     from attnscope.analyses.ablate import Ablate
 

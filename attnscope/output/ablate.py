@@ -41,7 +41,8 @@ class AblateView(View):
     command = "ablate"
 
     def document(self) -> dict:
-        """The baseline loss, one record per head and the pruning curve."""
+        """The baseline loss, one record per head, the most important heads (the ranked table's rows, --top) and the
+        pruning curve."""
         result = self.result
         return document(
             "ablate",
@@ -51,6 +52,7 @@ class AblateView(View):
             result.notes,
             baseline_loss=result.baseline_loss,
             heads=ablate_records(result),
+            most_important=[f"{layer}.{head}" for layer, head in result.ranked()[: result.settings["top"]]],
             prune=result.prune,
         )
 
