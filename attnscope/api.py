@@ -567,7 +567,7 @@ def bench(
     repeats: int = 3,
     warmup: int = 1,
     methods: Sequence[str] = ("floor", "attnscope", "tutorial", "cache"),
-    micro: bool = True,
+    micro: bool = False,
     sample_rows: int = 32,
     kernel: str = "auto",
 ) -> BenchResult:
@@ -583,7 +583,8 @@ def bench(
     repeats     rounds, each running every method once timed and once for memory; medians reported (--repeats)
     warmup      untimed rounds of every method first (--warmup)
     methods     which methods to time: floor, attnscope, tutorial, cache, diversity, diversity-sampled (--methods)
-    micro       also the from-scratch attention micro-benchmark (--micro/--no-micro)
+    micro       also the tutorials' micro-benchmark at d_model 512, whatever the model (--micro; off by default: it
+                takes minutes on a CPU, longer than a small model's bench)
     sample_rows rows per window on which diversity-sampled estimates JS (--sample-rows)
     kernel      what computes the attnscope method's attention: auto, fused or blocks (--kernel)
     """

@@ -1042,8 +1042,13 @@ def bench(
         ),
     ] = "floor,attnscope,tutorial,cache",
     micro: Annotated[
-        bool, typer.Option("--micro/--no-micro", help="Also the from-scratch attention micro-benchmark.")
-    ] = True,
+        bool,
+        typer.Option(
+            "--micro/--no-micro",
+            help="Also the tutorials' micro-benchmark: attention from scratch (numpy, torch) against SDPA at their "
+            "d_model 512, whatever the model. Off by default: minutes on a CPU, longer than a small model's bench.",
+        ),
+    ] = False,
     sample_rows: Annotated[
         int,
         typer.Option(

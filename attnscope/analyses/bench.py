@@ -329,7 +329,7 @@ class Bench:
     repeats: int = 3
     warmup: int = 1
     methods: tuple[str, ...] = METHODS
-    micro: bool = True
+    micro: bool = False  # the tutorials' micro-benchmark (d_model 512 whatever the model: minutes on a CPU)
     sample_rows: int = DEFAULT_SAMPLE_ROWS  # of `diversity-sampled`
     loads_its_model = True  # a class attribute, not a setting: the CLI hands it no model, and a status line instead
     kernel: str = "auto"  # of the `attnscope` method: auto, fused or blocks (pipeline.kernels)
