@@ -4,6 +4,7 @@ kept to the CLI, a light `--help`, and tests that share code only through tests.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -38,10 +39,21 @@ def _stage(module: str) -> str:
     return parts[1]
 
 
+@functools.cache
+def _parsed(path: Path, text: str) -> ast.Module:
+    return ast.parse(text, filename=str(path))
+
+
+def _tree(path: Path) -> ast.Module:
+    """The module's syntax tree (parsed once per content: the checks below walk every module several times)."""
+    return _parsed(path, path.read_text(encoding="utf-8"))
+
+
+@functools.cache
 def _imports(path: Path, module: str, top_level_only: bool = False) -> list[tuple[str, int]]:
     """Every module an `import` or `from ... import` names, at any depth (inside functions too; only outside them
     with `top_level_only`), relative imports resolved: (module, line)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = _tree(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     inside = {
         id(node)
@@ -206,7 +218,7 @@ def test_every_command_has_one_room_and_every_result_its_view():
         node.name
         for path, _ in _package_modules()
         if path.parent.name == "analyses"
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        for node in ast.walk(_tree(path))
         if isinstance(node, ast.ClassDef) and any(getattr(base, "id", None) == "Result" for base in node.bases)
     )
     assert results == sorted(VIEWS)
@@ -214,23 +226,6 @@ def test_every_command_has_one_room_and_every_result_its_view():
         view = view_class(name)
         assert issubclass(view, View) and view.__module__ == f"attnscope.output.{VIEWS[name].partition(':')[0]}"
         assert view.command and view.command.replace("-", "_") == view.__module__.rpartition(".")[2]
-
-
-def test_showing_one_result_loads_no_other_room_and_no_heavy_library():
-    """`view_of` imports the room of the result shown and nothing of the other commands: `attnscope info` shows its
-    facts without torch, matplotlib or another command's code."""
-    code = (
-        "import sys\n"
-        "from attnscope.analyses.info import InfoResult\n"
-        "from attnscope.output.views import view_of\n"
-        "view_of(InfoResult({'name': 'x'})).document()\n"
-        "rooms = sorted(m for m in sys.modules if m.startswith('attnscope.output.') and m.count('.') == 2)\n"
-        "print(rooms, sorted(m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules))\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert result.returncode == 0, result.stderr
-    loaded = ["documents", "files", "info", "notebook", "scales", "views"]  # the shared builders it uses, its room
-    assert result.stdout.strip() == f"{[f'attnscope.output.{name}' for name in loaded]} []"
 
 
 def test_the_lazy_names_of_the_package_load_their_modules():
@@ -250,16 +245,28 @@ def test_the_lazy_names_of_the_package_load_their_modules():
         attnscope.no_such_name  # noqa: B018
 
 
+HEAVY = "print(sorted(m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules))"
+# a result's faces: `attnscope info`'s JSON, through its view, which imports its own room and no other
+SHOWN = (
+    "from attnscope.analyses.info import InfoResult; InfoResult({'name': 'x'}).to_json(); "
+    "print(sorted(m for m in sys.modules if m.startswith('attnscope.output.') and m.count('.') == 2))"
+)
+ROOMS = ["documents", "files", "info", "notebook", "scales", "views"]  # the shared builders it uses, and its room
+
+
 @pytest.mark.parametrize("module", ["attnscope", "attnscope.api", "attnscope.analyses.result"])
 def test_importing_the_package_or_its_api_imports_no_heavy_library(module):
     """A notebook's `import attnscope` costs nothing: torch and transformers come with the first call, and a
-    result's faces never bring matplotlib unless a picture is drawn."""
-    code = (
-        f"import sys, {module}; print(sorted(m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules))"
-    )
+    result's faces never bring matplotlib unless a picture is drawn; showing one result loads the room of its
+    command (output/<command>.py) and no other."""
+    shown = module.endswith("result")
+    code = f"import sys, {module}; " + (f"{SHOWN}; " if shown else "") + HEAVY
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "[]"
+    if shown:
+        assert lines[0] == str([f"attnscope.output.{name}" for name in ROOMS])
 
 
 def test_only_the_cli_imports_typer_or_click():
