@@ -33,7 +33,7 @@ from matplotlib.ticker import StrMethodFormatter
 from attnscope.output import files
 from attnscope.output.files import DPI, PICTURE_FORMATS
 from attnscope.output.scales import SCALES
-from attnscope.scores.catalog import PALETTE, ROLE, ROLE_NAMES, ROLES
+from attnscope.scores.catalog import NATS, PALETTE, ROLE, ROLE_NAMES, ROLES, SIGNED, Score
 from attnscope.scores.words import CONTINUED_LEGEND, WORDS
 
 ROLE_COLOURS = {role.name: role.colour for role in ROLES}  # the catalog's palette, shared with the terminal
@@ -325,6 +325,17 @@ def role_map(roles: Sequence[Sequence[str]], scores: Sequence[Sequence[str]], ti
     handles = [Patch(color=ROLE_COLOURS[role], label=role) for role in ROLE_NAMES if role in present]
     axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
     return figure
+
+
+def score_colour_label(score: Score) -> str:
+    """A score's colour bar label: its unit (the title names the score)."""
+    if score.name == "entropy_normalized":
+        return "entropy / ln(keys seen): 1 = uniform"
+    if score.unit == NATS:
+        return "nats"
+    if score.unit == SIGNED:
+        return "lift: 0 = uniform, 1 = all in the window"
+    return FRACTION_LABEL
 
 
 def colour_map(scale: str) -> LinearSegmentedColormap:

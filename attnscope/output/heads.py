@@ -17,8 +17,6 @@ from attnscope.output.documents import document, to_csv, to_json
 from attnscope.output.views import View
 from attnscope.scores.catalog import (
     FRACTION,
-    NATS,
-    ROLE,
     ROLES,
     SCORE,
     SIGNED,
@@ -97,12 +95,14 @@ class HeadsView(View):
         return drawn
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
+        from attnscope.output import terminal
+
         result, model, inputs = self.result, self.result.model, self.result.inputs
         read = f"{counted(inputs['n_texts'], 'text')}, {counted(inputs['n_tokens'], 'token')}"
         title = f"Head roles: {model['name']}  ({read})"
         kind, thresholds = result.kind.name, result.settings.get("thresholds")
         return [
-            role_map(result.heads, model["n_layer"], model["n_head"], title, kind),
+            terminal.role_map(result.heads, model["n_layer"], model["n_head"], title, kind),
             heads_table(result.selected, "Heads", kind, result.selection.get("sort"), thresholds, kv_group(model)),
         ]
 
@@ -114,7 +114,7 @@ class HeadsView(View):
         title = f"Head roles: {model['name']} ({result.inputs['n_texts']} texts, {result.inputs['n_tokens']} tokens)"
         return notebook.fragment(
             notebook.note_lines(self.notes),
-            role_map_html(result.heads, model["n_layer"], model["n_head"], title),
+            notebook.role_map(result.heads, model["n_layer"], model["n_head"], title),
             heads_table_html(result.selected, "Heads", result.kind.name, result.selection.get("sort"), kv_group(model)),
         )
 
@@ -131,19 +131,6 @@ def score_matrix(heads: Sequence, name: str, n_layer: int, n_head: int) -> Any:
         value = record.scores[name]
         matrix[record.layer, record.head] = np.nan if value is None else value
     return matrix
-
-
-def score_colour_label(score: Score) -> str:
-    """A score's colour bar label: its unit (the title names the score)."""
-    from attnscope.output.figures import FRACTION_LABEL
-
-    if score.name == "entropy_normalized":
-        return "entropy / ln(keys seen): 1 = uniform"
-    if score.unit == NATS:
-        return "nats"
-    if score.unit == SIGNED:
-        return "lift: 0 = uniform, 1 = all in the window"
-    return FRACTION_LABEL
 
 
 def heads_role_map(result: Any) -> Any:
@@ -182,7 +169,7 @@ def heads_score_heatmap(result: Any, name: str) -> Any:
         limits = {"vmin": 0.0, "vmax": None}
     title = f"{figures.capital(score.label)} per head"
     subtitle = figures.describe_input(result.model, result.inputs)
-    return figures.score_heatmap(matrix, title, score_colour_label(score), subtitle, **limits)
+    return figures.score_heatmap(matrix, title, figures.score_colour_label(score), subtitle, **limits)
 
 
 # ------------------------------------------------------------------------------------------------------------- terminal
@@ -327,88 +314,7 @@ def heads_table(
     return HeadsTable(heads, title, kind, sort, thresholds, group)
 
 
-class RoleMap:
-    """Layers as rows, heads as columns, one coloured cell per head with its role's code, and a legend under it.
-    Cells are 5 characters wide (the roles' short labels), or 3 or 2 where the width is short (the labels cut to
-    as many letters as still tell the roles apart); the legend breaks between its entries, never inside one."""
-
-    def __init__(self, heads: Sequence[Any], n_layer: int, n_head: int, title: str, kind: str):
-        self.roles = {(record.layer, record.head): record.role.role for record in heads}
-        self.n_layer, self.n_head, self.title, self.kind = n_layer, n_head, title, kind
-
-    def grid(self, cell: int) -> Any:
-        from rich.table import Table
-        from rich.text import Text
-
-        from attnscope.output.terminal import ROLE_STYLES, role_codes
-
-        codes = role_codes(roles_for(self.kind), cell)
-        grid = Table(box=None, padding=(0, 1, 0, 0), show_edge=False, header_style="bold")
-        grid.add_column("L\\H", justify="right", no_wrap=True)
-        for head in range(self.n_head):
-            grid.add_column(str(head), justify="center", width=cell, no_wrap=True)
-        for layer in range(self.n_layer):
-            cells = (self.roles[layer, head] for head in range(self.n_head))
-            grid.add_row(str(layer), *(Text(f"{codes[role]:^{cell}}", style=ROLE_STYLES[role]) for role in cells))
-        return grid
-
-    def legend(self, cell: int, width: int) -> Any:
-        from rich.text import Text
-
-        from attnscope.output.terminal import ROLE_STYLES, packed, role_codes
-
-        codes = role_codes(roles_for(self.kind), cell)
-        entries = []
-        for role in roles_for(self.kind):
-            chip = Text(f" {codes[role.name]} ", style=ROLE_STYLES[role.name])
-            entries.append(chip if codes[role.name] == role.name else Text.assemble(chip, " ", role.name))
-        return packed(entries, width, "  ")
-
-    def __rich_console__(self, console: Any, options: Any) -> Any:
-        from rich.text import Text
-
-        label = max(len(str(self.n_layer - 1)), len("L\\H")) + 1  # the layer column and its padding
-        cell = next((size for size in (5, 3) if label + (size + 1) * self.n_head <= options.max_width), 2)
-        yield Text(self.title, style="bold")
-        yield self.grid(cell)
-        yield Text("rows: layers, columns: heads (from 0)", style="dim")
-        yield self.legend(cell, options.max_width)
-
-
-def role_map(heads: Sequence[Any], n_layer: int, n_head: int, title: str, kind: str) -> RoleMap:
-    """The role map (see `RoleMap`): GPT-2 small's 12 × 12 fits in 80 columns, and in 40 with 2-letter codes."""
-    return RoleMap(heads, n_layer, n_head, title, kind)
-
-
 # ------------------------------------------------------------------------------------------------------------- notebook
-
-
-def _role_cell(role: str, tip: str) -> str:
-    entry = ROLE[role]
-    return notebook.cell(entry.short, f"background:{entry.colour};color:{entry.ink};text-align:center", title=tip)
-
-
-def role_map_html(heads: Sequence[Any], n_layer: int, n_head: int, title: str) -> str:
-    """Layers as rows, heads as columns, one cell per head in its role's colour (its role and deciding score in the
-    cell's tooltip), and a legend of the roles present, in the catalog's order."""
-    records = {(record.layer, record.head): record for record in heads}
-    rows = []
-    for layer in range(n_layer):
-        cells = [notebook.cell(str(layer), header=True)]
-        for head in range(n_head):
-            record = records[(layer, head)]
-            tip = f"{record.label} {record.role.role}: {record.role.metric} {record.role.score:.2f}"
-            cells.append(_role_cell(record.role.role, tip))
-        rows.append(cells)
-    present = {record.role.role for record in heads}
-    legend = " ".join(
-        f'<span style="background:{role.colour};color:{role.ink};padding:0.1em 0.4em;white-space:nowrap">'
-        f"{notebook.escape(role.short)} = {notebook.escape(role.name)}</span>"
-        for role in ROLES
-        if role.name in present
-    )
-    table = notebook.table(["L\\H", *(str(head) for head in range(n_head))], rows, title)
-    return table + f'<div style="margin:0.2em 0;line-height:1.8">{legend}</div>'
 
 
 def heads_table_html(heads: Sequence[Any], title: str, kind: str, sort: str | None, group: int = 1) -> str:
@@ -420,7 +326,7 @@ def heads_table_html(heads: Sequence[Any], title: str, kind: str, sort: str | No
         [
             notebook.cell(record.label),
             *([notebook.cell(str(record.head // group))] if kv else []),
-            _role_cell(record.role.role, record.role.role),
+            notebook.role_cell(record.role.role, record.role.role),
             notebook.cell(f"{SCORE[record.role.metric].short} {record.role.score:.2f}"),
             *(notebook.cell(notebook.number(record.scores[score.name], 2)) for score in columns),
         ]

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from attnscope.output.scales import SCALES
+from attnscope.scores.catalog import ROLE, ROLES
 
 BOX = "font-family:system-ui,sans-serif;font-size:0.85em;margin:0.3em 0"
 
@@ -131,6 +132,34 @@ def layer_head_grid(matrix: Any, title: str, scale: float = 1.0, colours: str | 
     return grid(matrix, layers, heads, title, "L\\H", scale, colours)
 
 
+def role_cell(role: str, tip: str) -> str:
+    entry = ROLE[role]
+    return cell(entry.short, f"background:{entry.colour};color:{entry.ink};text-align:center", title=tip)
+
+
+def role_map(heads: Sequence[Any], n_layer: int, n_head: int, title: str) -> str:
+    """Layers as rows, heads as columns, one cell per head in its role's colour (its role and deciding score in the
+    cell's tooltip), and a legend of the roles present, in the catalog's order."""
+    records = {(record.layer, record.head): record for record in heads}
+    rows = []
+    for layer in range(n_layer):
+        cells = [cell(str(layer), header=True)]
+        for head in range(n_head):
+            record = records[(layer, head)]
+            tip = f"{record.label} {record.role.role}: {record.role.metric} {record.role.score:.2f}"
+            cells.append(role_cell(record.role.role, tip))
+        rows.append(cells)
+    present = {record.role.role for record in heads}
+    legend = " ".join(
+        f'<span style="background:{role.colour};color:{role.ink};padding:0.1em 0.4em;white-space:nowrap">'
+        f"{escape(role.short)} = {escape(role.name)}</span>"
+        for role in ROLES
+        if role.name in present
+    )
+    grid = table(["L\\H", *(str(head) for head in range(n_head))], rows, title)
+    return grid + f'<div style="margin:0.2em 0;line-height:1.8">{legend}</div>'
+
+
 def html(view: Any) -> str:
     """The notebook HTML of a result's view (`output.views.view_of(result)`)."""
     return view.notebook()
@@ -139,6 +168,7 @@ def html(view: Any) -> str:
 # The names these builders had when they were private to this module (before each command's notebook HTML moved to
 # its room), for code written against them.
 _text, _number, _cell, _title, _paragraph, _table = escape, number, cell, heading, paragraph, table
+_role_cell = role_cell
 _records_table, _shade, _grid, _notes, _fragment, _layer_head_grid = (
     records_table,
     shade,

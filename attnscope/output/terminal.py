@@ -1,6 +1,6 @@
 """Terminal rendering with rich: the shared builders (the catalog's palette as rich styles, role cells and codes,
-packed legends, key-value and record tables, layer × head grids). Each command's own tables live in its room
-(`output/<command>.py`). Renders only; computes nothing."""
+packed legends, the role map, key-value and record tables, layer × head grids). Each command's own tables live in
+its room (`output/<command>.py`). Renders only; computes nothing."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rich import box
-from rich.console import Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from attnscope.scores.catalog import ROLE, ROLES
+from attnscope.scores.catalog import ROLE, ROLES, roles_for
 
 ROLE_STYLES = {role.name: f"bold {role.ink} on {role.colour}" for role in ROLES}  # the catalog's palette
 
@@ -42,6 +42,48 @@ def packed(entries: Sequence[Text], width: int, separator: str = "   ") -> Text:
     if line.cell_len:
         lines.append(line)
     return Text("\n").join(lines)
+
+
+class RoleMap:
+    """Layers as rows, heads as columns, one coloured cell per head with its role's code, and a legend under it.
+    Cells are 5 characters wide (the roles' short labels), or 3 or 2 where the width is short (the labels cut to
+    as many letters as still tell the roles apart); the legend breaks between its entries, never inside one."""
+
+    def __init__(self, heads: Sequence[Any], n_layer: int, n_head: int, title: str, kind: str):
+        self.roles = {(record.layer, record.head): record.role.role for record in heads}
+        self.n_layer, self.n_head, self.title, self.kind = n_layer, n_head, title, kind
+
+    def grid(self, cell: int) -> Table:
+        codes = role_codes(roles_for(self.kind), cell)
+        grid = Table(box=None, padding=(0, 1, 0, 0), show_edge=False, header_style="bold")
+        grid.add_column("L\\H", justify="right", no_wrap=True)
+        for head in range(self.n_head):
+            grid.add_column(str(head), justify="center", width=cell, no_wrap=True)
+        for layer in range(self.n_layer):
+            cells = (self.roles[layer, head] for head in range(self.n_head))
+            grid.add_row(str(layer), *(Text(f"{codes[role]:^{cell}}", style=ROLE_STYLES[role]) for role in cells))
+        return grid
+
+    def legend(self, cell: int, width: int) -> Text:
+        codes = role_codes(roles_for(self.kind), cell)
+        entries = []
+        for role in roles_for(self.kind):
+            chip = Text(f" {codes[role.name]} ", style=ROLE_STYLES[role.name])
+            entries.append(chip if codes[role.name] == role.name else Text.assemble(chip, " ", role.name))
+        return packed(entries, width, "  ")
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        label = max(len(str(self.n_layer - 1)), len("L\\H")) + 1  # the layer column and its padding
+        cell = next((size for size in (5, 3) if label + (size + 1) * self.n_head <= options.max_width), 2)
+        yield Text(self.title, style="bold")
+        yield self.grid(cell)
+        yield Text("rows: layers, columns: heads (from 0)", style="dim")
+        yield self.legend(cell, options.max_width)
+
+
+def role_map(heads: Sequence[Any], n_layer: int, n_head: int, title: str, kind: str) -> RoleMap:
+    """The role map (see `RoleMap`): GPT-2 small's 12 × 12 fits in 80 columns, and in 40 with 2-letter codes."""
+    return RoleMap(heads, n_layer, n_head, title, kind)
 
 
 def key_value_table(rows: Sequence[tuple[str, str]], title: str) -> Table:

@@ -98,25 +98,26 @@ def words_field(labels: Any) -> list[dict]:
     return [{"text": text, "positions": list(word)} for text, word in zip(labels.word_text, labels.words, strict=True)]
 
 
-# The rooms: an analysis result's class name -> "module:View" of this folder, imported when a result of that class is
-# first shown (entry-point style, as transformers' auto classes name their modules). A new command adds its line.
+# The rooms: an analysis result's class name -> its view, by the dotted path of the View class in its room, imported
+# when a result of that class is first shown (as transformers' auto classes name their modules). A new command adds
+# its line.
 VIEWS: dict[str, str] = {
-    "HeadsResult": "heads:HeadsView",
-    "ShowResult": "show:ShowView",
-    "DiversityResult": "diversity:DiversityView",
-    "RandomMhaResult": "random_mha:RandomMhaView",
-    "AttendResult": "attend:AttendView",
-    "AblationResult": "ablate:AblateView",
-    "ReportResult": "report:ReportView",
-    "BenchResult": "bench:BenchView",
-    "InfoResult": "info:InfoView",
+    "HeadsResult": "attnscope.output.heads.HeadsView",
+    "ShowResult": "attnscope.output.show.ShowView",
+    "DiversityResult": "attnscope.output.diversity.DiversityView",
+    "RandomMhaResult": "attnscope.output.random_mha.RandomMhaView",
+    "AttendResult": "attnscope.output.attend.AttendView",
+    "AblationResult": "attnscope.output.ablate.AblateView",
+    "ReportResult": "attnscope.output.report.ReportView",
+    "BenchResult": "attnscope.output.bench.BenchView",
+    "InfoResult": "attnscope.output.info.InfoView",
 }
 
 
 def view_class(result_class: str) -> type[View]:
     """The view of results of class `result_class` (a name of VIEWS), its room imported now."""
-    module, _, name = VIEWS[result_class].partition(":")
-    return getattr(importlib.import_module(f"attnscope.output.{module}"), name)
+    module, _, name = VIEWS[result_class].rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 def view_of(result: Any, pictures: Pictures | None = None) -> View:

@@ -158,14 +158,13 @@ def test_every_role_has_one_colour_and_one_style_and_nothing_else_has():
 def test_the_terminal_role_map_shows_the_catalogs_short_labels(kind):
     from rich.console import Console
 
-    from attnscope.output import heads as heads_room
     from attnscope.output import terminal
 
     for role in ROLES:
         assert terminal.role_cell(role.name).plain.strip() == role.short
     heads = [_head_record(0, head, role.name) for head, role in enumerate(catalog.roles_for(kind))]
     console = Console(width=200, record=True, color_system=None)
-    console.print(heads_room.role_map(heads, 1, len(heads), "Head roles", kind))
+    console.print(terminal.role_map(heads, 1, len(heads), "Head roles", kind))
     text = console.export_text()
     legend = " ".join(text.splitlines()[4:]).split()  # title, header, layer 0, "rows: layers …", the legend
     for role in catalog.roles_for(kind):  # each code once, and the name beside it where the code is not the name

@@ -224,7 +224,7 @@ def test_every_command_has_one_room_and_every_result_its_view():
     assert results == sorted(VIEWS)
     for name in results:
         view = view_class(name)
-        assert issubclass(view, View) and view.__module__ == f"attnscope.output.{VIEWS[name].partition(':')[0]}"
+        assert issubclass(view, View) and f"{view.__module__}.{view.__name__}" == VIEWS[name]
         assert view.command and view.command.replace("-", "_") == view.__module__.rpartition(".")[2]
 
 

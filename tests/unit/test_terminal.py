@@ -146,7 +146,7 @@ def grid_heads(n_layer, n_head, kind=DECODER):
 @pytest.mark.parametrize("width, cell", [(40, 2), (80, 5), (120, 5), (60, 3)])
 def test_the_role_map_fits_gpt2_small_with_codes_that_tell_the_roles_apart(kind, width, cell):
     heads = grid_heads(12, 12, kind)
-    text = render(heads_room.role_map(heads, 12, 12, "Head roles: gpt2 (1 text, 9 tokens)", kind), width=width)
+    text = render(terminal.role_map(heads, 12, 12, "Head roles: gpt2 (1 text, 9 tokens)", kind), width=width)
     lines = text.splitlines()
     assert max(len(line.rstrip()) for line in lines) <= width
     codes = terminal.role_codes(roles_for(kind), cell)
@@ -158,7 +158,7 @@ def test_the_role_map_fits_gpt2_small_with_codes_that_tell_the_roles_apart(kind,
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_the_legend_breaks_between_entries_and_names_each_role_once(width):
-    text = render(heads_room.role_map(grid_heads(2, 4), 2, 4, "Head roles", DECODER), width=width)
+    text = render(terminal.role_map(grid_heads(2, 4), 2, 4, "Head roles", DECODER), width=width)
     lines = text.splitlines()
     legend = lines[lines.index("rows: layers, columns: heads (from 0)".ljust(len(lines[3]))) + 1 :]
     legend = [line.rstrip() for line in legend]
@@ -176,7 +176,7 @@ def test_the_legend_breaks_between_entries_and_names_each_role_once(width):
 def test_a_chip_is_never_split_even_with_colour():
     """With colour on, the chip is the code with a space either side, on the role's colour: on one line."""
     console = Console(width=30, record=True, color_system="truecolor", force_terminal=True)
-    console.print(heads_room.role_map(grid_heads(1, 4), 1, 4, "Head roles", DECODER))
+    console.print(terminal.role_map(grid_heads(1, 4), 1, 4, "Head roles", DECODER))
     lines = console.export_text(styles=True).splitlines()
     colour = catalog.ROLE["duplicate-token"].colour.lstrip("#")
     red, green, blue = (int(colour[k : k + 2], 16) for k in (0, 2, 4))
