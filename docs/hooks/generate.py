@@ -7,6 +7,7 @@ what it names, built from the code as it is now:
     <!-- generated: cli COMMAND -->    one command's usage, arguments and options (a table)
     <!-- generated: scores -->         the catalog's scores (attnscope/scores/catalog.py)
     <!-- generated: roles -->          the catalog's roles, in the order they are tried
+    <!-- generated: info MODEL -->      what `attnscope info --model MODEL --device cpu` prints (config only, fast)
 
 The CLI is read the way `--help` reads it: Typer's click command tree (`typer.main.get_command`), and for each
 parameter its help record (`get_help_record`: names, metavar, help, then click's `[default: ...; range; required]`),
@@ -137,7 +138,7 @@ def _cell(text: str) -> str:
 
 
 def _code(text: str) -> str:
-    return "`" + text.replace("|", "\\|") + "`"
+    return f"`{text}`"  # a pipe inside a code span does not end a table cell (Python-Markdown's tables)
 
 
 def parameters_table(command: Command) -> str:
@@ -203,7 +204,7 @@ def roles_markdown() -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for role in catalog.ROLES:
-        swatch = f'<span class="swatch" style="background:{role.colour}"></span> `{role.colour}`'
+        swatch = f'<span class="swatch" style="background:{role.colour}" title="{role.colour}"></span>'
         score = f"`{role.score}`" if role.score else "none passes"
         threshold = "" if role.threshold is None else f"{role.threshold:g}"
         rows.append(
@@ -211,6 +212,25 @@ def roles_markdown() -> str:
             f"{_cell(role.description)} |"
         )
     return "\n".join(rows)
+
+
+# ------------------------------------------------------------------------------------------- a command's run
+
+
+def info_markdown(model: str) -> str:
+    """What `attnscope info --model MODEL --device cpu` prints on an 80-column terminal, as a code block. `info`
+    reads the config alone (for GPT-2 without torch), so this costs a fraction of a second."""
+    import contextlib
+    import io
+
+    from attnscope.cli import run
+
+    printed, errors = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(errors):
+        status = run(["info", "--model", model, "--device", "cpu"])
+    if status != 0:
+        raise ValueError(f"attnscope info --model {model} failed: {errors.getvalue().strip()}")
+    return "```\n" + printed.getvalue().rstrip() + "\n```"
 
 
 # ---------------------------------------------------------------------------------------------- the hook
@@ -227,6 +247,8 @@ def expand(markdown: str) -> str:
             return scores_markdown()
         if kind == "roles" and argument is None:
             return roles_markdown()
+        if kind == "info" and argument is not None:
+            return info_markdown(argument)
         raise ValueError(f"unknown marker: {found.group(0)}")
 
     return MARKER.sub(replace, markdown)

@@ -51,9 +51,7 @@ def test_the_readmes_python_example(tmp_path, monkeypatch):
     # the table sorted by previous-token score starts with the card's previous-token head, as the comment says
     assert len(lines) == 3 and lines[0].startswith(f"{PREVIOUS_TOKEN_HEAD} previous-token ")
     assert "first: 0.2 previous-token" in code
-    written = {path.name for path in (tmp_path / "results").iterdir()}  # the files of --out, pictures as SVG
-    assert {"heads.json", "heads.csv", "role_map.svg", "score_previous_token.svg"} <= written
-    assert all(name.endswith((".json", ".csv", ".svg")) for name in written)
+    assert not any(tmp_path.iterdir())  # it writes nothing
 
 
 def test_the_api_pages_first_example(tmp_path, monkeypatch):
