@@ -15,8 +15,9 @@ attnscope diversity --model "$model" --layer all --out "$tmp/diversity" --quiet 
 attnscope attend "$doctor" --model "$model" --from she --to doctor --out "$tmp/attend" --quiet --json > /dev/null
 attnscope ablate --model "$model" --out "$tmp/ablate" --quiet --json > /dev/null
 attnscope random-mha --d-model 64 --heads 1,2,4,8 --out "$tmp/random" --quiet --json > /dev/null
-attnscope bench --model "$model" --device cpu --seq-lens 32,64,128,256 --batch-sizes 1,8 --repeats 3 --warmup 1 \
-  --no-micro --out "$tmp/bench" --quiet --json > /dev/null
+# one thread: on a shared machine two threads make the timings swing with whatever else runs
+OMP_NUM_THREADS=1 attnscope bench --model "$model" --device cpu --seq-lens 32,64,128,256 --batch-sizes 1,8 \
+  --repeats 5 --warmup 1 --no-micro --out "$tmp/bench" --quiet --json > /dev/null
 attnscope report --model "$model" --out "$tmp/report" --quiet > /dev/null
 mkdir -p "$out"
 cp "$tmp/heads/role_map.png" "$tmp/heads/score_previous_token.png" "$tmp/heads/score_induction.png" "$out/"
@@ -34,7 +35,7 @@ if chromium is None:
     sys.exit(1)
 with sync_playwright() as playwright:
     browser = playwright.chromium.launch(executable_path=chromium)
-    page = browser.new_page(viewport={"width": 1280, "height": 820}, device_scale_factor=1)
+    page = browser.new_page(viewport={"width": 1280, "height": 900}, device_scale_factor=1)
     page.goto(page_file.as_uri())
     page.wait_for_timeout(500)
     page.screenshot(path=picture)
