@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import string
 import struct
+import sys
 from pathlib import Path
 
 import torch
@@ -496,3 +497,173 @@ def visible_keys(config, layer: int, lengths: torch.Tensor, n: int, causal: bool
     elif sliding:  # ModernBERT: config.sliding_window is half of local_attention
         allowed &= (i - j).abs() <= window
     return allowed
+
+
+# ------------------------------------------------------------------------------------- weights, per family
+# `models.weights` against each family's own attention: the norms' parameters randomised first, so that a γ or β
+# folded wrongly shows; rotary families run with every position at 0, where the rotation is the identity (or YaRN's
+# constant factor).
+
+QK_NORMS = (("q_norm", "k_norm"), ("query_layernorm", "key_layernorm"), ("q_layernorm", "k_layernorm"))
+
+
+def randomise_norms(model: torch.nn.Module, seed: int = 0) -> None:
+    """Every norm's γ to 1 ± 0.5 and β to ±0.3 (random), so that folding them wrongly changes the numbers."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if not type(module).__name__.endswith("Norm"):
+                continue
+            for name, parameter in module.named_parameters(recurse=False):
+                noise = torch.randn(parameter.shape, generator=generator)
+                parameter.copy_(1.0 + 0.5 * noise if name == "weight" else 0.3 * noise)
+
+
+class Recorded:
+    """One forward pass with hooks: each layer's attention input, the input of each reading norm, what the family's
+    attention function receives and returns, and the output projection's input and output."""
+
+    def __init__(self, loaded, batch, position_ids=None):
+        self.calls, self.attention_inputs, self.norm_inputs, self.heads_in, self.heads_out = {}, {}, {}, {}, {}
+        family = loaded.family
+        handles = []
+        for layer, module in enumerate(family.attention_modules(loaded.model)):
+            handles.append(module.register_forward_pre_hook(self._keep(self.attention_inputs, layer), with_kwargs=True))
+        from attnscope.models.weights import reading_norms
+
+        for layer, norm in enumerate(reading_norms(loaded)):
+            if norm is not None:
+                handles.append(norm.module.register_forward_pre_hook(self._keep(self.norm_inputs, layer)))
+        for layer, module in enumerate(family.output_projections(loaded.model)):
+            handles.append(module.register_forward_pre_hook(self._keep(self.heads_in, layer)))
+            handles.append(module.register_forward_hook(self._output(layer)))
+        modeling = sys.modules[type(family.attention_modules(loaded.model)[0]).__module__]
+        original = modeling.eager_attention_forward
+
+        def recording(module, query, key, value, attention_mask, scaling=None, **kwargs):
+            output, weights = original(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+            self.calls[module.layer_idx] = dict(query=query, key=key, value=value, scaling=scaling, weights=weights)
+            return output, weights
+
+        modeling.eager_attention_forward = recording
+        try:
+            with torch.no_grad():
+                options = {} if position_ids is None else {"position_ids": position_ids}
+                loaded.model(
+                    input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True, **options
+                )
+        finally:
+            modeling.eager_attention_forward = original
+            for handle in handles:
+                handle.remove()
+
+    @staticmethod
+    def _keep(store, layer):
+        def hook(module, args, kwargs=None):
+            store[layer] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    def _output(self, layer):
+        def hook(module, args, output):
+            self.heads_out[layer] = output
+
+        return hook
+
+
+def _qk_norm(attention, which: int, x: torch.Tensor, heads: int) -> torch.Tensor:
+    """The family's QK-norm applied to x (B, heads, n, k): per head (Qwen3, Gemma 3, EXAONE 4, HunYuan) or over all
+    heads together before they are split (OLMo 2, OLMoE)."""
+    for names in QK_NORMS:
+        norm = getattr(attention, names[which], None)
+        if norm is None:
+            continue
+        B, _, n, k = x.shape
+        if norm.weight.numel() == k:
+            return norm(x)
+        joined = x.transpose(1, 2).reshape(B, n, heads * k)
+        return norm(joined).view(B, n, heads, k).transpose(1, 2)
+    return x
+
+
+def _rotary_scale(model) -> float | None:
+    """None without rotary embeddings; else what the rotation multiplies queries and keys by at position 0 (1, or
+    YaRN's attention factor: gpt-oss)."""
+    for module in model.modules():
+        if "Rotary" in type(module).__name__:
+            return float(getattr(module, "attention_scaling", 1.0))
+    return None
+
+
+@torch.no_grad()
+def check_attention(loaded, batch=None):
+    """q, k, v, the pattern, the heads' outputs and W_O's contribution from head_weights, layer by layer, against
+    the model's own on the real tokens of a right-padded batch (the family texts by default)."""
+    from attnscope.models.weights import head_weights, reading_norms
+    from attnscope.pipeline.tokens import batches, pad_id, tokenize
+
+    if batch is None:
+        windows = tokenize(loaded, FAMILY_TEXTS).windows
+        batch = next(batches(windows, len(windows), loaded.device, pad_id(loaded.tokenizer)))
+    B, n = batch.input_ids.shape
+    rotary = _rotary_scale(loaded.model)
+    recorded = Recorded(loaded, batch, None if rotary is None else torch.zeros_like(batch.input_ids))
+    weights = head_weights(loaded)
+    H, k = loaded.n_head, loaded.d_head
+    group = H // loaded.n_kv_head
+    real = (torch.arange(n)[None, :] < batch.lengths[:, None])[:, None, :, None]  # (B, 1, n, 1)
+    norms = reading_norms(loaded)
+    for layer, attention in enumerate(loaded.family.attention_modules(loaded.model)):
+        norm = norms[layer]
+        x = recorded.attention_inputs[layer] if norm is None else norm.normalise(recorded.norm_inputs[layer])
+        mine = {}
+        for letter in "QKV":
+            projected = torch.einsum("bnd,hdk->bhnk", x, getattr(weights, f"W_{letter}")[layer])
+            mine[letter] = projected + getattr(weights, f"b_{letter}")[layer][None, :, None, :]  # (B, H, n, k)
+        mine["Q"] = _qk_norm(attention, 0, mine["Q"], H)
+        # keys are normalised per key/value head: every query head of a group holds the same key
+        mine["K"] = _qk_norm(attention, 1, mine["K"][:, ::group], loaded.n_kv_head).repeat_interleave(group, dim=1)
+        call = recorded.calls[layer]
+        own_scale = getattr(attention, "scaling", k**-0.5)  # OPT scales its queries before the call, passing 1.0
+        passed = call["scaling"] if call["scaling"] is not None else k**-0.5
+        expected = {
+            "Q": call["query"] * passed,
+            "K": call["key"].repeat_interleave(group, dim=1),
+            "V": call["value"].repeat_interleave(group, dim=1),
+        }
+        mine["Q"] = mine["Q"] * own_scale * (rotary or 1.0)
+        mine["K"] = mine["K"] * (rotary or 1.0)
+        for letter in "QKV":
+            close(mine[letter], expected[letter], real, f"layer {layer} {letter}")
+        pattern = _pattern(loaded, attention, layer, mine["Q"], mine["K"], batch.lengths)  # (B, H, n, n)
+        close(pattern, call["weights"], real, f"layer {layer} pattern")
+        heads = pattern @ mine["V"]  # (B, H, n, k)
+        given = recorded.heads_in[layer].view(B, n, H, k).transpose(1, 2)
+        close(heads, given, real, f"layer {layer} heads' outputs")
+        written = torch.einsum("bhnk,hkd->bnd", given, weights.W_O[layer]) + weights.b_O[layer]
+        close(written[:, None], recorded.heads_out[layer][:, None], real, f"layer {layer} output projection")
+
+
+def _pattern(loaded, attention, layer, q, k, lengths):
+    """softmax of q kᵀ over the keys the family's rules let a row see, with Gemma 2's soft-capping and gpt-oss's
+    sinks; rows of padding are left uniform (never compared)."""
+    logits = q @ k.transpose(-1, -2)  # (B, H, n, n), the scale already in q
+    cap = getattr(loaded.config, "attn_logit_softcapping", None)
+    if cap:
+        logits = cap * torch.tanh(logits / cap)
+    n = q.shape[2]
+    visible = visible_keys(loaded.config, layer, lengths, n, loaded.kind.causal)[:, None]  # (B, 1, n, n)
+    logits = logits.masked_fill(~visible, -1e30)
+    sinks = getattr(attention, "sinks", None)
+    if sinks is not None:
+        sink = sinks.view(1, -1, 1, 1).expand(*logits.shape[:3], 1)
+        return torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+    return torch.softmax(logits, dim=-1)
+
+
+def close(mine, theirs, real, what, tolerance=2e-4):
+    """Equal on the real rows, relative to the largest value compared."""
+    mask = real.expand_as(theirs)
+    a, b = mine.float()[mask], theirs.float()[mask]
+    error = float((a - b).abs().max() / b.abs().max().clamp_min(1e-6))
+    assert error < tolerance, f"{what}: relative error {error:.2e}"

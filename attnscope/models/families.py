@@ -4,12 +4,13 @@ One entry per family in FAMILIES; everything else asks the family. Paths are att
 (the model without its language-model head): `layers` names the list of blocks, `attention` the module inside a
 block that computes the weights, `output_projection` the module whose input is the heads' outputs side by side
 (head h in columns h·d_head .. (h+1)·d_head), `attention_parameters` the modules whose parameters are W_Q, W_K,
-W_V and W_O with their biases.
+W_V and W_O with their biases; `weights` (a `WeightPaths`) where the weight-based analyses (`models.weights`) find
+each head's W_Q, W_K, W_V, the norms around the attention, the embedding and the unembedding.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import AttnscopeError
@@ -23,6 +24,62 @@ MASKED_LM = "masked"  # masked-token prediction: AutoModelForMaskedLM
 
 
 @dataclass(frozen=True)
+class WeightPaths:
+    """Where a family keeps what `models.weights` reads, as attribute paths: from a block (one entry of `layers`)
+    unless said otherwise. Checked against transformers 5.x's modeling code of every family.
+
+    qkv: the three projections W_Q, W_K, W_V (nn.Linear), or one fused module whose output holds all three;
+    fused: how a fused module's outputs are laid out: "concat" (all heads' queries, then the keys, then the values:
+        GPT-2's Conv1D `c_attn`, Phi-3's `qkv_proj`, ModernBERT's `Wqkv`) or "per_head" (per head its query, key and
+        value side by side: GPT-NeoX's `query_key_value`, viewed (…, H, 3·d_head) and chunked);
+    read_norm: the norm whose output the attention reads in a pre-norm block (its γ is folded into W_Q, W_K, W_V);
+        None where the attention reads the residual stream itself (OLMo 2, EXAONE 4) or in a post-norm block;
+    post_norms: post-norm blocks (BERT and the encoders derived from it, DistilBERT, OPT-350m): the norms of the
+        residual sums in order (after the attention, after the MLP); layer l > 0 reads the previous block's last one,
+        layer 0 the embedding norm;
+    output_norm: a norm of the attention's output alone, before it joins the residual stream (Gemma 2/3's and
+        OLMo 2's `post_attention_layernorm`: in Llama's layout that name is the MLP's input norm instead);
+    embedding_norm, embedding_projection: from the base model, what the token embeddings pass before the first layer
+        (the embeddings' LayerNorm of the encoders; OPT's `project_in`, ELECTRA's `embeddings_project`);
+    final_norm, unembedding_projection: from the base model, what the last hidden state passes before the
+        unembedding (post-norm families: none, their last block's last norm is the final one; OPT's `project_out`);
+    masked_head: from the masked-LM model, the prediction head's transform before its decoder: (dense, norm), with
+        an activation between them;
+    pre_norm_flag: a config attribute that chooses between the two (OPT's `do_layer_norm_before`: true, pre-norm with
+        `read_norm`; false, post-norm with `post_norms`), resolved by `for_config`;
+    rms_offset: Gemma's RMSNorms scale by 1 + γ;
+    embedding_multiplier, residual_multiplier, logit_multiplier, logit_divisor: names of config attributes that
+        scale the embeddings (Granite), each block's outputs before the residual sum (Granite), the logits (Cohere)
+        or divide them (Granite).
+    """
+
+    qkv: tuple[str, ...]
+    fused: str = ""
+    read_norm: str | None = None
+    post_norms: tuple[str, ...] = ()
+    output_norm: str | None = None
+    embedding_norm: str | None = None
+    embedding_projection: str | None = None
+    final_norm: str | None = None
+    unembedding_projection: str | None = None
+    masked_head: tuple[str, str] | None = None
+    rms_offset: float = 0.0
+    embedding_multiplier: str | None = None
+    residual_multiplier: str | None = None
+    logit_multiplier: str | None = None
+    logit_divisor: str | None = None
+    pre_norm_flag: str | None = None
+
+    def for_config(self, config: Any) -> WeightPaths:
+        """The paths of a model with this config: one of pre-norm or post-norm where `pre_norm_flag` chooses."""
+        if self.pre_norm_flag is None:
+            return self
+        if getattr(config, self.pre_norm_flag, True):
+            return replace(self, post_norms=(), pre_norm_flag=None)
+        return replace(self, read_norm=None, final_norm=None, pre_norm_flag=None)
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     model_types: tuple[str, ...]  # config.model_type values of this family
@@ -32,6 +89,7 @@ class Family:
     output_projection: str
     attention_parameters: tuple[str, ...]
     lm_head: str  # CAUSAL_LM or MASKED_LM
+    weights: WeightPaths
 
     @property
     def kind(self) -> Kind:
@@ -48,23 +106,24 @@ class Family:
                 module.layer_idx = layer
 
     def blocks(self, model: Any) -> list[Any]:
-        return list(_get(model, self.layers))
+        return list(module_at(model, self.layers))
 
     def attention_modules(self, model: Any) -> list[Any]:
         """One module per layer, in layer order: the module that computes the attention weights."""
-        return [_get(block, self.attention) for block in self.blocks(model)]
+        return [module_at(block, self.attention) for block in self.blocks(model)]
 
     def output_projections(self, model: Any) -> list[Any]:
         """One module per layer: the heads' outputs side by side enter it (where `ablate` gates a head)."""
-        return [_get(block, self.output_projection) for block in self.blocks(model)]
+        return [module_at(block, self.output_projection) for block in self.blocks(model)]
 
     def attention_parameter_count(self, model: Any) -> int:
         """Parameters of the first layer's W_Q, W_K, W_V, W_O and their biases."""
         block = self.blocks(model)[0]
-        return sum(p.numel() for path in self.attention_parameters for p in _get(block, path).parameters())
+        return sum(p.numel() for path in self.attention_parameters for p in module_at(block, path).parameters())
 
 
-def _get(root: Any, path: str) -> Any:
+def module_at(root: Any, path: str) -> Any:
+    """The attribute at a dotted `path` from `root` (`"attn.c_proj"` of a GPT-2 block)."""
     for name in path.split("."):
         root = getattr(root, name)
     return root
@@ -72,14 +131,34 @@ def _get(root: Any, path: str) -> Any:
 
 # The decoders whose blocks are `layers[i].self_attn` with an output projection `o_proj` (Llama's layout, which most
 # recent decoders took over); each differs only in what the attention function receives (see pipeline.capture).
+LLAMA_WEIGHTS = WeightPaths(
+    qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), read_norm="input_layernorm", final_norm="norm"
+)
 LLAMA_LAYOUT = dict(
     layers="layers",
     attention="self_attn",
     output_projection="self_attn.o_proj",
     attention_parameters=("self_attn",),
     lm_head=CAUSAL_LM,
+    weights=LLAMA_WEIGHTS,
 )
-# BERT's layout, shared by the encoders derived from it
+# Gemma: RMSNorms scale by 1 + γ; Gemma 2 and 3 also normalise the attention's output before the residual sum
+GEMMA_WEIGHTS = replace(LLAMA_WEIGHTS, rms_offset=1.0)
+GEMMA2_WEIGHTS = replace(GEMMA_WEIGHTS, output_norm="post_attention_layernorm")
+# OLMo 2 and EXAONE 4: no norm before the attention, one on its output
+OUTPUT_NORM_WEIGHTS = replace(LLAMA_WEIGHTS, read_norm=None, output_norm="post_attention_layernorm")
+GRANITE_WEIGHTS = replace(
+    LLAMA_WEIGHTS,
+    embedding_multiplier="embedding_multiplier",
+    residual_multiplier="residual_multiplier",
+    logit_divisor="logits_scaling",
+)
+# BERT's layout, shared by the encoders derived from it: post-norm, the embeddings' LayerNorm before layer 0
+BERT_WEIGHTS = WeightPaths(
+    qkv=("attention.self.query", "attention.self.key", "attention.self.value"),
+    post_norms=("attention.output.LayerNorm", "output.LayerNorm"),
+    embedding_norm="embeddings.LayerNorm",
+)
 BERT_LAYOUT = dict(
     layers="encoder.layer",
     attention="attention.self",
@@ -87,52 +166,95 @@ BERT_LAYOUT = dict(
     attention_parameters=("attention.self", "attention.output.dense"),
     lm_head=MASKED_LM,
 )
+ROBERTA_WEIGHTS = replace(BERT_WEIGHTS, masked_head=("lm_head.dense", "lm_head.layer_norm"))
 
 FAMILIES: tuple[Family, ...] = (
-    Family("GPT-2", ("gpt2",), DECODER, "h", "attn", "attn.c_proj", ("attn",), CAUSAL_LM),
+    Family(
+        "GPT-2", ("gpt2",), DECODER, "h", "attn", "attn.c_proj", ("attn",), CAUSAL_LM,
+        WeightPaths(qkv=("attn.c_attn",), fused="concat", read_norm="ln_1", final_norm="ln_f"),
+    ),
     Family("Llama", ("llama",), DECODER, **LLAMA_LAYOUT),
     Family("Mistral", ("mistral",), DECODER, **LLAMA_LAYOUT),
     Family("Qwen2", ("qwen2",), DECODER, **LLAMA_LAYOUT),
     Family("Qwen3", ("qwen3",), DECODER, **LLAMA_LAYOUT),
-    Family("Gemma", ("gemma",), DECODER, **LLAMA_LAYOUT),
-    Family("Gemma 2", ("gemma2",), DECODER, **LLAMA_LAYOUT),
-    Family("Gemma 3", ("gemma3_text",), DECODER, **LLAMA_LAYOUT),
-    Family("Phi-3", ("phi3",), DECODER, **LLAMA_LAYOUT),
+    Family("Gemma", ("gemma",), DECODER, **{**LLAMA_LAYOUT, "weights": GEMMA_WEIGHTS}),
+    Family("Gemma 2", ("gemma2",), DECODER, **{**LLAMA_LAYOUT, "weights": GEMMA2_WEIGHTS}),
+    Family("Gemma 3", ("gemma3_text",), DECODER, **{**LLAMA_LAYOUT, "weights": GEMMA2_WEIGHTS}),
+    Family(
+        "Phi-3", ("phi3",), DECODER,
+        **{**LLAMA_LAYOUT, "weights": replace(LLAMA_WEIGHTS, qkv=("self_attn.qkv_proj",), fused="concat")},
+    ),
     Family("OLMo", ("olmo",), DECODER, **LLAMA_LAYOUT),
-    Family("OLMo 2", ("olmo2",), DECODER, **LLAMA_LAYOUT),
+    Family("OLMo 2", ("olmo2",), DECODER, **{**LLAMA_LAYOUT, "weights": OUTPUT_NORM_WEIGHTS}),
     Family("StarCoder2", ("starcoder2",), DECODER, **LLAMA_LAYOUT),
     Family("SmolLM3", ("smollm3",), DECODER, **LLAMA_LAYOUT),
     Family("gpt-oss", ("gpt_oss",), DECODER, **LLAMA_LAYOUT),
     Family("Mixtral", ("mixtral",), DECODER, **LLAMA_LAYOUT),
     Family("Qwen2-MoE", ("qwen2_moe",), DECODER, **LLAMA_LAYOUT),
     Family("Qwen3-MoE", ("qwen3_moe",), DECODER, **LLAMA_LAYOUT),
-    Family("Granite", ("granite", "granitemoe"), DECODER, **LLAMA_LAYOUT),
-    Family("Cohere", ("cohere",), DECODER, **LLAMA_LAYOUT),
+    Family("Granite", ("granite", "granitemoe"), DECODER, **{**LLAMA_LAYOUT, "weights": GRANITE_WEIGHTS}),
+    Family(
+        "Cohere", ("cohere",), DECODER,
+        **{**LLAMA_LAYOUT, "weights": replace(LLAMA_WEIGHTS, logit_multiplier="logit_scale")},
+    ),
     Family("OLMoE", ("olmoe",), DECODER, **LLAMA_LAYOUT),
     Family("Helium", ("helium",), DECODER, **LLAMA_LAYOUT),
     Family("GLM", ("glm",), DECODER, **LLAMA_LAYOUT),
-    Family("EXAONE 4", ("exaone4",), DECODER, **LLAMA_LAYOUT),
+    Family("EXAONE 4", ("exaone4",), DECODER, **{**LLAMA_LAYOUT, "weights": OUTPUT_NORM_WEIGHTS}),
     Family("Seed-OSS", ("seed_oss",), DECODER, **LLAMA_LAYOUT),
     Family("Arcee", ("arcee",), DECODER, **LLAMA_LAYOUT),
     Family("HunYuan", ("hunyuan_v1_dense",), DECODER, **LLAMA_LAYOUT),
-    Family("Phi", ("phi",), DECODER, "layers", "self_attn", "self_attn.dense", ("self_attn",), CAUSAL_LM),
-    Family("GPT-NeoX", ("gpt_neox",), DECODER, "layers", "attention", "attention.dense", ("attention",), CAUSAL_LM),
-    Family("OPT", ("opt",), DECODER, "decoder.layers", "self_attn", "self_attn.out_proj", ("self_attn",), CAUSAL_LM),
-    Family("BERT", ("bert",), ENCODER, **BERT_LAYOUT),
-    Family("RoBERTa", ("roberta", "xlm-roberta"), ENCODER, **BERT_LAYOUT),
-    Family("ELECTRA", ("electra",), ENCODER, **BERT_LAYOUT),
-    Family("ModernBERT", ("modernbert",), ENCODER, "layers", "attn", "attn.Wo", ("attn",), MASKED_LM),
     Family(
-        "DistilBERT",
-        ("distilbert",),
-        ENCODER,
-        "transformer.layer",
-        "attention",
-        "attention.out_lin",
-        ("attention",),
-        MASKED_LM,
+        "Phi", ("phi",), DECODER, "layers", "self_attn", "self_attn.dense", ("self_attn",), CAUSAL_LM,
+        replace(LLAMA_WEIGHTS, final_norm="final_layernorm"),
     ),
-)
+    Family(
+        "GPT-NeoX", ("gpt_neox",), DECODER, "layers", "attention", "attention.dense", ("attention",), CAUSAL_LM,
+        WeightPaths(
+            qkv=("attention.query_key_value",), fused="per_head", read_norm="input_layernorm",
+            final_norm="final_layer_norm",
+        ),
+    ),
+    Family(
+        "OPT", ("opt",), DECODER, "decoder.layers", "self_attn", "self_attn.out_proj", ("self_attn",), CAUSAL_LM,
+        WeightPaths(
+            qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), read_norm="self_attn_layer_norm",
+            post_norms=("self_attn_layer_norm", "final_layer_norm"), embedding_projection="decoder.project_in",
+            final_norm="decoder.final_layer_norm", unembedding_projection="decoder.project_out",
+            pre_norm_flag="do_layer_norm_before",
+        ),
+    ),
+    Family(
+        "BERT", ("bert",), ENCODER, **BERT_LAYOUT,
+        weights=replace(
+            BERT_WEIGHTS, masked_head=("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm")
+        ),
+    ),
+    Family("RoBERTa", ("roberta", "xlm-roberta"), ENCODER, **BERT_LAYOUT, weights=ROBERTA_WEIGHTS),
+    Family(
+        "ELECTRA", ("electra",), ENCODER, **BERT_LAYOUT,
+        weights=replace(
+            BERT_WEIGHTS, embedding_projection="embeddings_project",
+            masked_head=("generator_predictions.dense", "generator_predictions.LayerNorm"),
+        ),
+    ),
+    Family(
+        "ModernBERT", ("modernbert",), ENCODER, "layers", "attn", "attn.Wo", ("attn",), MASKED_LM,
+        WeightPaths(
+            qkv=("attn.Wqkv",), fused="concat", read_norm="attn_norm", embedding_norm="embeddings.norm",
+            final_norm="final_norm", masked_head=("head.dense", "head.norm"),
+        ),
+    ),
+    Family(
+        "DistilBERT", ("distilbert",), ENCODER, "transformer.layer", "attention", "attention.out_lin", ("attention",),
+        MASKED_LM,
+        WeightPaths(
+            qkv=("attention.q_lin", "attention.k_lin", "attention.v_lin"),
+            post_norms=("sa_layer_norm", "output_layer_norm"), embedding_norm="embeddings.LayerNorm",
+            masked_head=("vocab_transform", "vocab_layer_norm"),
+        ),
+    ),
+)  # fmt: skip
 # Families whose attention does not go through transformers' AttentionInterface (their own attention code): a
 # capture could not see it, so they are refused by name rather than guessed at.
 UNCAPTURABLE = ("gptj", "gpt_neo", "falcon", "bloom", "stablelm")
