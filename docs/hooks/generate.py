@@ -32,11 +32,10 @@ MARKER = re.compile(r"^<!-- generated: (\w+)(?: ([\w-]+))? -->$", re.MULTILINE)
 class Parameter:
     """One argument or option as `--help` shows it."""
 
-    names: str  # the help record's left column: "-m, --model NAME|PATH", "--words / --no-words", "TEXT <str>"
-    flags: tuple[str, ...]  # every spelling: ("--model", "-m"), ("--words", "--no-words"); an argument's metavar
+    names: str  # the help record's left column: "-m, --model NAME|PATH", "--words / --no-words", "TEXT"
     help: str  # without click's trailing [...]
     default: str | None
-    values: str | None  # a range ("1–100000", "≥ 0") or choices ("auto, float32, ...")
+    values: str | None  # a range ("1 to 100000", "≥ 0") or choices ("`auto`, `float32`, ...")
     required: bool
     argument: bool
 
@@ -98,8 +97,7 @@ def _parameter(param: Any, context: Any) -> Parameter:
     argument = param.param_type_name == "argument"
     if argument:  # typer adds the type to an argument's metavar: "TEXT <str>"
         names = re.sub(r" <\w+>$", "", names)
-    flags = (names.split()[0],) if argument else (*param.opts, *param.secondary_opts)
-    return Parameter(names, flags, text, default, values, required or bool(param.required), argument)
+    return Parameter(names, text, default, values, required or bool(param.required), argument)
 
 
 def commands() -> list[Command]:
@@ -160,7 +158,7 @@ def _help_markdown(text: str) -> str:
             examples = re.split(r"; (?=attnscope )", flat.removeprefix("Example: "))
             paragraphs.append("Example:\n\n```\n" + "\n".join(examples) + "\n```")
         else:
-            paragraphs.append(_cell(flat).replace("\\|", "|"))
+            paragraphs.append(html.escape(flat, quote=False))
     return "\n\n".join(paragraphs)
 
 
