@@ -1,6 +1,6 @@
 """Estimated cost of a forward pass on an H100 SXM: the bare model (SDPA, no statistics), attnscope's block path and
 its fused kernel, for GPT-2 small and a ~1B Llama-style model (Llama 3.2 1B's shape), in bfloat16. Prints the
-README's table ("Using a GPU"). Estimates, not measurements: a roofline from published figures, each path's time the
+table of docs/gpu.md. Estimates, not measurements: a roofline from published figures, each path's time the
 largest of its compute time, its memory traffic over the bandwidth, and its kernel launches one after another.
 
     python scripts/gpu_estimates.py

@@ -371,7 +371,7 @@ def load_model(
         lm_class if lm_head else AutoModel,
         source,
         local_only,
-        attn_implementation="eager",  # SDPA returns no attention weights (see README, "How it works")
+        attn_implementation="eager",  # SDPA returns no attention weights (see docs/capture.md)
         use_safetensors=True,
         dtype=torch_dtype,
         output_loading_info=lm_head,

@@ -30,7 +30,7 @@ class HeadStatistics(Reducer):
     # layer at 8 × 1024 tokens holds ~2.8 MiB, so it goes alone; a small model's many batches go together). Not more:
     # small tensors kept alive across batches pin the C heap under the batches' large temporaries (glibc cannot give
     # it back), and at 8 MiB a long run of the demo model peaked at 830 MB instead of 480 MB; at 1 MiB it stays at
-    # ~480 MB, as fast (scripts and figures in the README, "Small models").
+    # ~480 MB, as fast (scripts and figures in docs/performance.md, "Small models").
     PENDING_BYTES = 2**20
     # On a GPU, where the fused kernel leaves scoring's forty small kernels as a layer's main cost beside its
     # attention, a batch's layers are scored in one pass (GPT-2 small at 8 × 1024 tokens: 12 layers, 33 MB); no C

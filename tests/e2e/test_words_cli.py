@@ -1,16 +1,13 @@
 """Words through the CLI, on the bundled demo model whose 4,096-entry vocabulary splits "doctor" into do|ct|or (the
 issue's example): `attend` from and to words of several tokens, WORD@K, errors that list tokens as tables show
-them, `--words` in `attend`, `show` and `heads --plot`, `--skip-first` and the sink note; and every `attend` and
-`show` example of the README, run on `-m demo`."""
+them, `--words` in `attend`, `show` and `heads --plot`, `--skip-first` and the sink note. (The docs' examples of
+`attend` and `show` run in tests/e2e/test_docs_examples.py.)"""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
-import re
-import shlex
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +18,6 @@ from attnscope.pipeline.labels import token_labels
 from attnscope.pipeline.tokens import batches, pad_id, tokenize
 from tests.support import DOCTOR, png_size, reference_maps
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 DEMO = ("-m", "demo", "--device", "cpu")
 TWICE = "The doctor said that she would help the doctor."
 
@@ -185,23 +181,3 @@ def test_word_pictures_of_show_and_heads_plot(cli, tmp_path):
     png_size(tmp_path / "heads" / "attention_0.2_words.png")
     code, out, err = cli("heads", DOCTOR, *DEMO, "--words")
     assert code == 2 and "--words draws the maps of --plot by word: give --plot L.H too" in err
-
-
-def _readme_examples(command: str) -> list[list[str]]:
-    """The README's example command lines of `command`, split as a shell would."""
-    lines = re.findall(rf"^ {{4}}attnscope {command} (.+)$", README.read_text(encoding="utf-8"), re.MULTILINE)
-    return [[command, *shlex.split(line)] for line in lines]
-
-
-def test_the_readme_shows_attend_and_show_examples():
-    assert len(_readme_examples("attend")) >= 3 and len(_readme_examples("show")) >= 3
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("command", ["attend", "show"])
-def test_every_readme_example_of_attend_and_show_runs_on_the_demo_model(cli, command, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # the examples write into relative folders
-    for args in _readme_examples(command):
-        code, out, err = cli(*args, *DEMO)
-        assert code == 0, (args, err)
-        assert "error" not in err, (args, err)

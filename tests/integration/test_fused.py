@@ -113,7 +113,7 @@ def test_half_precision_inputs_keep_float32_statistics(dtype):
     """bfloat16 and float16 queries, keys and values: the logits and every statistic are float32 sums of exact
     products of the inputs, so they equal the from-scratch values of the same (rounded) inputs to 1e-5; the output
     has the input's dtype and is off by its rounding and the weights' (each rounded to that dtype before A·V, as
-    tensor cores take them): at most 2^-7 of the largest value (the README's bound)."""
+    tensor cores take them): at most 2^-7 of the largest value (the bound docs/gpu.md states)."""
     q, k, v, limits, wanted = _inputs(dtype)
     expected = reference(q, k, v, 0.3, limits, 5, 1, wanted)
     got = fused.fused_attention(q, k, v, 0.3, limits, 5, 1, wanted)
