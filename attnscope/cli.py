@@ -201,11 +201,11 @@ class Model:
     kernel: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.kernel == "fused":  # one line now, before any model, where it cannot run (Triton missing, ...)
+        if self.kernel == "fused":  # decided now, before any model: one line where it cannot run (Triton missing, ...)
             from attnscope.models.loading import resolve_device
-            from attnscope.pipeline.capture import resolve_kernel
+            from attnscope.pipeline.kernels import decide
 
-            resolve_kernel(self.kernel, resolve_device(self.device))
+            decide(self.kernel, resolve_device(self.device))
 
 
 @dataclass(frozen=True)
@@ -488,7 +488,12 @@ DRAWING_OUTPUT = _group(  # the output options of a command that draws pictures:
     ),
 )
 IndexOpt = Annotated[int, typer.Option("--index", min=0, metavar="I", help="Which input text (0-based).")]
-TopOpt = Annotated[int, typer.Option("--top", min=1, metavar="K", help="Rows shown: the first K.")]
+# --top means one thing in every command that has it: how many rows each ranked table shows (heads: the heads table;
+# diversity: the most redundant and the most distinct pairs; attend: the strongest heads; ablate: the most important
+# heads), wherever it is shown (the terminal, a notebook, the ranked lists of --json); grids with a cell per head,
+# maps and the files of --out show every head.
+TOP_HELP = "Rows of each ranked table: the first K (grids, maps and the files of --out keep every head)."
+TopOpt = Annotated[int, typer.Option("--top", min=1, metavar="K", help=TOP_HELP)]
 WordsOpt = Annotated[
     bool,
     typer.Option(
@@ -716,7 +721,7 @@ def heads(
             help="Sort the table by this score, descending (a score name or a column header).",
         ),
     ] = None,
-    top: Annotated[int | None, typer.Option("--top", min=1, metavar="K", help="Rows shown: the first K.")] = None,
+    top: Annotated[int | None, typer.Option("--top", min=1, metavar="K", help=TOP_HELP)] = None,
     layer: Annotated[
         int | None,
         typer.Option("--layer", "-l", min=0, metavar="L", help="Show only the heads of this layer."),
@@ -793,15 +798,7 @@ def diversity(
             "--cluster-at", min=0.0, max=1.0, metavar="BITS", help="JSD below which average-linkage clusters merge."
         ),
     ] = 0.3,
-    top: Annotated[
-        int,
-        typer.Option(
-            "--top",
-            min=1,
-            metavar="K",
-            help="Rows shown: the K most redundant and K most distinct pairs.",
-        ),
-    ] = 5,
+    top: TopOpt = 5,
     sample_rows: Annotated[
         int,
         typer.Option(
@@ -818,8 +815,9 @@ def diversity(
 ) -> None:
     """How different are the heads? Cosine and Jensen–Shannon between every pair of heads of a layer (or all).
 
-    --csv prints every pair of heads. Exact by default; --sample-rows N estimates JS on N seeded random rows per
-    window (cosine stays exact) and reports each pair's standard error.
+    --top K lists the K most redundant and the K most distinct pairs; --csv prints every pair of heads. Exact by
+    default; --sample-rows N estimates JS on N seeded random rows per window (cosine stays exact) and reports each
+    pair's standard error.
 
     Example: attnscope diversity --layer 5 --top 10; attnscope diversity --layer all --sample-rows 32 --out results/
     """
@@ -919,7 +917,7 @@ def attend(
     """Where one word looks, in every layer and head.
 
     A word of several tokens (doctor = do|ct|or) looks with the mean of its tokens' rows and is looked at with the
-    sum over its tokens; --words ranks the keys as words too.
+    sum over its tokens; --words ranks the keys as words too. --top K lists the K strongest heads.
 
     Example: attnscope attend "The doctor said that she would help the patient." --from she --to doctor
     """
@@ -952,6 +950,8 @@ def ablate(
     top: TopOpt = 10,
 ) -> None:
     """Which heads matter: the language-model loss when each head's output is removed.
+
+    --top K lists the K most important heads; the grid and --csv show every head.
 
     Example: attnscope ablate "The cat sat on the mat because it was tired." --prune 20
     """
@@ -1042,8 +1042,13 @@ def bench(
         ),
     ] = "floor,attnscope,tutorial,cache",
     micro: Annotated[
-        bool, typer.Option("--micro/--no-micro", help="Also the from-scratch attention micro-benchmark.")
-    ] = True,
+        bool,
+        typer.Option(
+            "--micro/--no-micro",
+            help="Also the tutorials' micro-benchmark: attention from scratch (numpy, torch) against SDPA at their "
+            "d_model 512, whatever the model. Off by default: minutes on a CPU, longer than a small model's bench.",
+        ),
+    ] = False,
     sample_rows: Annotated[
         int,
         typer.Option(

@@ -14,7 +14,8 @@ import pytest
 
 from attnscope.models.loading import load_model
 from attnscope.pipeline.inputs import Text
-from attnscope.pipeline.tokens import batches, pad_id, token_labels, tokenize
+from attnscope.pipeline.labels import token_labels
+from attnscope.pipeline.tokens import batches, pad_id, tokenize
 from tests.support import DOCTOR, png_size, reference_maps
 
 DEMO = ("-m", "demo", "--device", "cpu")
@@ -164,14 +165,19 @@ def test_word_pictures_of_show_and_heads_plot(cli, tmp_path):
     for args in (
         ["show", DOCTOR, "--layer", "1", "--words"],
         ["show", DOCTOR, "--layer", "1", "--head", "0", "--words"],
+        ["show", DOCTOR, "--layer", "1"],  # the token picture, beside the words' (not over it)
     ):
         code, out, err = cli(*args, *DEMO, "--out", tmp_path / "show")
         assert code == 0, err
-    assert sorted(p.name for p in (tmp_path / "show").iterdir()) == ["attention_1.0.png", "attention_L1.png"]
+    assert sorted(p.name for p in (tmp_path / "show").iterdir()) == [
+        "attention_1.0_words.png",
+        "attention_L1.png",
+        "attention_L1_words.png",
+    ]
     for path in (tmp_path / "show").iterdir():
         png_size(path)
     code, out, err = cli("heads", DOCTOR, *DEMO, "--plot", "0.2", "--words", "--out", tmp_path / "heads")
     assert code == 0, err
-    png_size(tmp_path / "heads" / "attention_0.2.png")
+    png_size(tmp_path / "heads" / "attention_0.2_words.png")
     code, out, err = cli("heads", DOCTOR, *DEMO, "--words")
     assert code == 2 and "--words draws the maps of --plot by word: give --plot L.H too" in err
