@@ -113,7 +113,7 @@ def load(
     Under torchrun, a CUDA device becomes this process's own GPU and the process joins the group, as in the CLI.
     """
     from attnscope.models import loading
-    from attnscope.pipeline import distributed
+    from attnscope.pipeline import distributed, kernels
 
     _check_name(name)
     _check_loading(device=device, dtype=dtype, revision=revision, device_map=device_map, kernel=kernel)
@@ -121,10 +121,8 @@ def load(
     place = distributed.world()
     if place.size > 1 and loading.resolve_device(device).type == "cuda":
         device = f"cuda:{place.local_rank}"
-    if kernel == "fused":  # one line now, before the weights, where it cannot run (triton missing, ...)
-        from attnscope.pipeline.capture import resolve_kernel
-
-        resolve_kernel(kernel, loading.resolve_device(device))
+    # decided now, before the weights (one line where it cannot run: Triton missing, ...); the capture reads it
+    kernels.decide(kernel, loading.resolve_device(device))
     loaded = loading.load_model(os.fspath(name), device, dtype, lm_head, revision, device_map)
     loaded.kernel = kernel
     distributed.init(loaded.device)
@@ -156,7 +154,7 @@ def _check_shape(analysis: Any, model: ModelGiven, revision: str | None) -> None
     """Settings that depend on the model's shape (`--layer 99`, a head that does not exist), checked from the
     config of a model given by name before its weights load."""
     if isinstance(model, (str, os.PathLike)) and hasattr(analysis, "check_shape"):
-        from attnscope.models.loading import config_shape
+        from attnscope.models.facts import config_shape
 
         _check_name(model)
         shape = config_shape(os.fspath(model), revision)
@@ -278,7 +276,7 @@ def heads(
     probe_seed  the seed of the probe's random tokens (--probe-seed)
     layer       only this layer's heads in the table and the records (--layer)
     sort        the table and the records sorted by this score, descending: its name or column header (--sort)
-    top         only the first `top` heads in the table and the records (--top)
+    top         rows of the ranked table: the first `top` (--top); here the heads table, which the records are
     plot        heads "L.H" whose attention maps `save` draws (--plot)
     words       the maps of `plot` word by word (--words)
     """
@@ -382,7 +380,7 @@ def diversity(
     layer       a layer (0-based), or "all" (or None): every head of the model (--layer)
     redundant   JSD (bits) below which two heads are near-duplicates (--redundant)
     cluster_at  JSD (bits) below which average-linkage clusters merge (--cluster-at)
-    top         pairs listed: the `top` most redundant and the `top` most distinct (--top)
+    top         rows of each ranked table: the first `top` (--top): the most redundant pairs, the most distinct
     sample_rows JS estimated on this many random scored rows per window, with standard errors (--sample-rows;
                 0: every row, exact)
     seed        the seed of the rows `sample_rows` draws (--seed)
@@ -443,7 +441,7 @@ def attend(
     from_index  which occurrence of from_token, 0-based (--from-index; None: 0, or the K of WORD@K)
     to_index    which occurrence of to_token, 0-based (--to-index; None: every one the query sees, summed)
     tokens      top keys listed per head (--tokens)
-    top         heads listed, strongest first (--top)
+    top         rows of the ranked table: the first `top` (--top): the strongest heads
     index       which text, 0-based (--index)
     words       keys ranked as words rather than tokens (--words)
     skip_first  leave the first token (the attention sink) out of the ranking of keys and heads (--skip-first)
@@ -488,7 +486,7 @@ def ablate(
 
     method      loss: remove each head and measure the loss; gradient: |dL/d gate|, one backward pass (--method)
     prune       also remove the `prune` least important heads one after another (--prune)
-    top         heads listed, most important first (--top)
+    top         rows of the ranked table: the first `top` (--top): the most important heads
     """
     from attnscope.analyses.ablate import Ablate
 
@@ -613,7 +611,7 @@ def bench(
     repeats: int = 3,
     warmup: int = 1,
     methods: Sequence[str] = ("floor", "attnscope", "tutorial", "cache"),
-    micro: bool = True,
+    micro: bool = False,
     sample_rows: int = 32,
     kernel: str = "auto",
 ) -> BenchResult:
@@ -629,7 +627,8 @@ def bench(
     repeats     rounds, each running every method once timed and once for memory; medians reported (--repeats)
     warmup      untimed rounds of every method first (--warmup)
     methods     which methods to time: floor, attnscope, tutorial, cache, diversity, diversity-sampled (--methods)
-    micro       also the from-scratch attention micro-benchmark (--micro/--no-micro)
+    micro       also the tutorials' micro-benchmark at d_model 512, whatever the model (--micro; off by default: it
+                takes minutes on a CPU, longer than a small model's bench)
     sample_rows rows per window on which diversity-sampled estimates JS (--sample-rows)
     kernel      what computes the attnscope method's attention: auto, fused or blocks (--kernel)
     """

@@ -72,7 +72,8 @@ def _domain(option: options.Option) -> dict[str, Any]:
     if option.kind in ("count", "number"):
         return {"parser": parse, "min": option.low, "max": option.high}
     if option.kind == "choice":
-        return {"parser": parse, "metavar": "|".join(option.choices), "autocompletion": lambda: list(option.choices)}
+        metavar = f"<{'|'.join(option.choices)}>"  # as typer shows a Literal, which docs/hooks/generate.py reads
+        return {"parser": parse, "metavar": metavar, "autocompletion": lambda: list(option.choices)}
     return {"parser": parse}
 
 
@@ -235,11 +236,11 @@ class Model:
     kernel: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.kernel == "fused":  # one line now, before any model, where it cannot run (Triton missing, ...)
+        if self.kernel == "fused":  # decided now, before any model: one line where it cannot run (Triton missing, ...)
             from attnscope.models.loading import resolve_device
-            from attnscope.pipeline.capture import resolve_kernel
+            from attnscope.pipeline.kernels import decide
 
-            resolve_kernel(self.kernel, resolve_device(self.device))
+            decide(self.kernel, resolve_device(self.device))
 
 
 @dataclass(frozen=True)
@@ -527,7 +528,12 @@ DRAWING_OUTPUT = _group(  # the output options of a command that draws pictures:
 IndexOpt = Annotated[
     int, typer.Option("--index", **_domain(options.INDEX), metavar="I", help="Which input text (0-based).")
 ]
-TopOpt = Annotated[int, typer.Option("--top", **_domain(options.TOP), metavar="K", help="Rows shown: the first K.")]
+# --top means one thing in every command that has it: how many rows each ranked table shows (heads: the heads table;
+# diversity: the most redundant and the most distinct pairs; attend: the strongest heads; ablate: the most important
+# heads), wherever it is shown (the terminal, a notebook, the ranked lists of --json); grids with a cell per head,
+# maps and the files of --out show every head.
+TOP_HELP = "Rows of each ranked table: the first K (grids, maps and the files of --out keep every head)."
+TopOpt = Annotated[int, typer.Option("--top", **_domain(options.TOP), metavar="K", help=TOP_HELP)]
 WordsOpt = Annotated[
     bool,
     typer.Option(
@@ -700,7 +706,7 @@ def _run(
     folder = output.folder(default_out)
     own_model = getattr(analysis, "loads_its_model", False)  # bench loads (or builds) its own, and says what it does
     if model is not None and hasattr(analysis, "check_shape"):  # `--layer 99`: from the config, before the weights
-        from attnscope.models.loading import config_shape
+        from attnscope.models.facts import config_shape
 
         shape = config_shape(model.name, model.revision)
         if shape is not None:
@@ -782,9 +788,7 @@ def heads(
             help="Sort the table by this score, descending (a score name or a column header).",
         ),
     ] = None,
-    top: Annotated[
-        int | None, typer.Option("--top", **_domain(options.TOP), metavar="K", help="Rows shown: the first K.")
-    ] = None,
+    top: Annotated[int | None, typer.Option("--top", **_domain(options.TOP), metavar="K", help=TOP_HELP)] = None,
     layer: Annotated[
         int | None,
         typer.Option("--layer", "-l", **_domain(options.LAYER), metavar="L", help="Show only the heads of this layer."),
@@ -869,15 +873,7 @@ def diversity(
             help="JSD below which average-linkage clusters merge.",
         ),
     ] = 0.3,
-    top: Annotated[
-        int,
-        typer.Option(
-            "--top",
-            **_domain(options.TOP),
-            metavar="K",
-            help="Rows shown: the K most redundant and K most distinct pairs.",
-        ),
-    ] = 5,
+    top: TopOpt = 5,
     sample_rows: Annotated[
         int,
         typer.Option(
@@ -894,8 +890,9 @@ def diversity(
 ) -> None:
     """How different are the heads? Cosine and Jensen–Shannon between every pair of heads of a layer (or all).
 
-    --csv prints every pair of heads. Exact by default; --sample-rows N estimates JS on N seeded random rows per
-    window (cosine stays exact) and reports each pair's standard error.
+    --top K lists the K most redundant and the K most distinct pairs; --csv prints every pair of heads. Exact by
+    default; --sample-rows N estimates JS on N seeded random rows per window (cosine stays exact) and reports each
+    pair's standard error.
 
     Example: attnscope diversity --layer 5 --top 10; attnscope diversity --layer all --sample-rows 32 --out results/
     """
@@ -1007,7 +1004,7 @@ def attend(
     """Where one word looks, in every layer and head.
 
     A word of several tokens (doctor = do|ct|or) looks with the mean of its tokens' rows and is looked at with the
-    sum over its tokens; --words ranks the keys as words too.
+    sum over its tokens; --words ranks the keys as words too. --top K lists the K strongest heads.
 
     Example: attnscope attend "The doctor said that she would help the patient." --from she --to doctor
     """
@@ -1044,6 +1041,8 @@ def ablate(
     top: TopOpt = 10,
 ) -> None:
     """Which heads matter: the language-model loss when each head's output is removed.
+
+    --top K lists the K most important heads; the grid and --csv show every head.
 
     Example: attnscope ablate "The cat sat on the mat because it was tired." --prune 20
     """
@@ -1135,8 +1134,13 @@ def bench(
         ),
     ] = "floor,attnscope,tutorial,cache",
     micro: Annotated[
-        bool, typer.Option("--micro/--no-micro", help="Also the from-scratch attention micro-benchmark.")
-    ] = True,
+        bool,
+        typer.Option(
+            "--micro/--no-micro",
+            help="Also the tutorials' micro-benchmark: attention from scratch (numpy, torch) against SDPA at their "
+            "d_model 512, whatever the model. Off by default: minutes on a CPU, longer than a small model's bench.",
+        ),
+    ] = False,
     sample_rows: Annotated[
         int,
         typer.Option(

@@ -1,6 +1,6 @@
 """Estimated cost of a forward pass on an H100 SXM: the bare model (SDPA, no statistics), attnscope's block path and
 its fused kernel, for GPT-2 small and a ~1B Llama-style model (Llama 3.2 1B's shape), in bfloat16. Prints the
-README's table ("Using a GPU"). Estimates, not measurements: a roofline from published figures, each path's time the
+table of docs/gpu.md. Estimates, not measurements: a roofline from published figures, each path's time the
 largest of its compute time, its memory traffic over the bandwidth, and its kernel launches one after another.
 
     python scripts/gpu_estimates.py
@@ -14,7 +14,7 @@ What is counted, per forward (T = B·n tokens, L layers, E = B·H·n² logits a 
   A·V over every key up to the block's last row, and ~72 bytes of memory traffic per logit (the bf16 product
   written, copied to float32, the causal triangle added, max, shift, clamp, exp, sum, a bf16 copy for A·V, the
   product with s and its sum: ~12 passes), ~12 FP32 operations per logit; ~18 kernels a block; blocks sized as on a
-  GPU (capture.block_bytes: an eighth of 70 GiB free, at most 4 GiB of logits a batch).
+  GPU (block_path.block_bytes: an eighth of 70 GiB free, at most 4 GiB of logits a batch).
 - fused: the bare forward with its attention replaced by the fused kernel (the same FLOPs, ~10 FP32 operations per
   visible logit), plus its per-row summaries (Z, Σ A·s and 5 gathered logits: 28 bytes per row and head) written
   and read back by scoring (~40 small kernels per pass over them, one pass per 64 MiB of summaries).
@@ -69,7 +69,7 @@ def _block_rows(start: int, n: int, per_entry: int, budget: int) -> int:
 
 def _blocks(shape: Shape, batch: int, n: int) -> tuple[int, int]:
     """(blocks a layer, logits a layer) of the block path on a GPU with FREE bytes free."""
-    budget = max(2**20, min(FREE // 8, 4 * 2**30) // batch)  # capture.block_bytes
+    budget = max(2**20, min(FREE // 8, 4 * 2**30) // batch)  # block_path.block_bytes
     start, blocks, logits = 0, 0, 0
     while start < n:
         stop = min(n, start + _block_rows(start, n, shape.heads * 4, budget))

@@ -1,16 +1,44 @@
 #!/usr/bin/env bash
-# Regenerate the README's pictures: bash scripts/readme_images.sh [MODEL] (default: the bundled demo model).
+# Draw the pictures of the README and the documentation again, into docs/images/:
+#   bash scripts/readme_images.sh [MODEL]      (default: the bundled demo model; run from the repository root)
+# The report's picture is a screenshot of report.html in headless chromium (through playwright's Python package and
+# the system's chromium, as the tests use them); without either, that picture is left as it is.
 set -euo pipefail
 model=${1:-demo}
 out=docs/images
 tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+doctor="The doctor said that she would help the patient."
 attnscope heads --model "$model" --out "$tmp/heads" --quiet --json > /dev/null
-attnscope show "The doctor said that she would help the patient." --model "$model" --layer 0 --out "$tmp/show" > /dev/null
+attnscope show "$doctor" --model "$model" --layer 0 --out "$tmp/show" > /dev/null
 attnscope diversity --model "$model" --layer all --out "$tmp/diversity" --quiet --json > /dev/null
+attnscope attend "$doctor" --model "$model" --from she --to doctor --out "$tmp/attend" --quiet --json > /dev/null
 attnscope ablate --model "$model" --out "$tmp/ablate" --quiet --json > /dev/null
+attnscope random-mha --d-model 64 --heads 1,2,4,8 --out "$tmp/random" --quiet --json > /dev/null
+# one thread: on a shared machine two threads make the timings swing with whatever else runs
+OMP_NUM_THREADS=1 attnscope bench --model "$model" --device cpu --seq-lens 32,64,128,256 --batch-sizes 1,8 \
+  --repeats 5 --warmup 1 --no-micro --out "$tmp/bench" --quiet --json > /dev/null
+attnscope report --model "$model" --out "$tmp/report" --quiet > /dev/null
 mkdir -p "$out"
 cp "$tmp/heads/role_map.png" "$tmp/heads/score_previous_token.png" "$tmp/heads/score_induction.png" "$out/"
 cp "$tmp/show/attention_L0.png" "$tmp/diversity/js_matrix.png" "$tmp/diversity/layer_diversity.png" "$out/"
-cp "$tmp/ablate/importance.png" "$out/"
-rm -rf "$tmp"
+cp "$tmp/attend/attend.png" "$tmp/ablate/importance.png" "$tmp/random/random_mha.png" "$out/"
+cp "$tmp/bench/tokens_per_s.png" "$out/"
+python - "$tmp/report/report.html" "$out/report.png" <<'EOF' || echo "report.png left as it was (needs playwright and chromium)" >&2
+import shutil, sys
+from pathlib import Path
+from playwright.sync_api import sync_playwright
+
+page_file, picture = Path(sys.argv[1]).resolve(), sys.argv[2]
+chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+if chromium is None:
+    sys.exit(1)
+with sync_playwright() as playwright:
+    browser = playwright.chromium.launch(executable_path=chromium)
+    page = browser.new_page(viewport={"width": 1280, "height": 900}, device_scale_factor=1)
+    page.goto(page_file.as_uri())
+    page.wait_for_timeout(500)
+    page.screenshot(path=picture)
+    browser.close()
+EOF
 echo "pictures of $model written to $out"

@@ -449,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    from attnscope.pipeline.tokens import ordinary_token_ids
+    from attnscope.pipeline.probe import ordinary_token_ids
 
     tokenizer = train_tokenizer(docs, args.vocab_size, args.n_positions)
     bos = tokenizer.bos_token_id

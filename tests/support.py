@@ -153,14 +153,14 @@ def real_entries(batch, causal: bool) -> torch.Tensor:
 @contextlib.contextmanager
 def capture_blocks_of(block_bytes: int | None):
     """The capture's blocks sized to `block_bytes` of logits per window (None: as it is) inside the `with`."""
-    from attnscope.pipeline import capture
+    from attnscope.pipeline import block_path
 
-    original = capture.BLOCK_BYTES
-    capture.BLOCK_BYTES = original if block_bytes is None else block_bytes
+    original = block_path.BLOCK_BYTES
+    block_path.BLOCK_BYTES = original if block_bytes is None else block_bytes
     try:
         yield
     finally:
-        capture.BLOCK_BYTES = original
+        block_path.BLOCK_BYTES = original
 
 
 def scored_range(kind: str, length: int) -> range:
@@ -202,10 +202,11 @@ def captured_maps(loaded, batch, block_bytes: int | None = None) -> dict[int, to
     """layer -> (B, H, n, n) as the capture hands them to its reducer, block by block (a causal block stops at its
     last query's key: the keys after it are filled with 0). With block_bytes=1 each block must be one query row."""
     from attnscope.pipeline import capture
+    from attnscope.pipeline.blocks import Reducer
 
     blocks: dict[int, list[torch.Tensor]] = {}
 
-    class Collect(capture.Reducer):
+    class Collect(Reducer):
         wants_blocks = True
         count = 0
 

@@ -4,7 +4,7 @@
     result = Attend("she", "doctor").run(model, [Text("The doctor said that she would help the patient.", "argument")])
     result.to_weight[layer, head]  # attention from "she" to "doctor" (summed over its tokens: do|ct|or)
 
-Words are found as `pipeline.tokens.group_words` groups tokens; from a word of several tokens the row is the mean of
+Words are found as `pipeline.labels.group_words` groups tokens; from a word of several tokens the row is the mean of
 its tokens' rows, to a word the sum over its tokens' keys (`scores.words`). Only those rows of each layer's
 attention are kept (L × H × tokens of the word × n numbers), never the maps.
 """
@@ -26,8 +26,9 @@ from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text, Texts
+from attnscope.pipeline.labels import Labels, label_window, vocabulary_style
 from attnscope.pipeline.reducers import QueryRowReducer
-from attnscope.pipeline.tokens import Labels, Window, WindowStream, batches, label_window, vocabulary_style
+from attnscope.pipeline.tokens import Window, WindowStream, batches
 from attnscope.scores.catalog import counted
 from attnscope.scores.words import TOKENS, WORDS, to_words
 

@@ -23,15 +23,12 @@ events with a synchronisation; on CPU, perf_counter. Memory, the median over the
 `max_memory_allocated` above what was allocated before the run; on CPU the peak resident set size above the size
 before the run, sampled every millisecond by a thread, after freed memory is handed back to the OS (glibc
 malloc_trim) so that the run's own allocations show. The memory runs are not the timed ones: the sampling thread
-and the memory handed back would slow a timed run.
+and the memory handed back would slow a timed run. The harness that measures is `analyses.harness`; the
+tutorials' micro-benchmark (`--micro`) is `analyses.micro_bench`.
 """
 
 from __future__ import annotations
 
-import math
-import statistics as stats_module
-import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -40,174 +37,23 @@ import numpy as np
 import torch
 
 from attnscope import options
+from attnscope.analyses.harness import Measurement, available_bytes, measure
+from attnscope.analyses.micro_bench import MICRO_D_MODEL, micro_benchmark
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.families import family_of
 from attnscope.models.loading import fastest_attention, load_config, load_model, resolve_device, resolve_dtype
-from attnscope.pipeline import capture
+from attnscope.pipeline import capture, kernels
 
 METHODS = options.BENCH_METHODS  # the default set
 DIVERSITY_METHODS = options.BENCH_DIVERSITY_METHODS
 KERNEL_METHODS = options.BENCH_KERNEL_METHODS  # the analysis with one kernel or the other
 ALL_METHODS = options.ALL_BENCH_METHODS
 DEFAULT_SAMPLE_ROWS = 32  # rows per window of `diversity-sampled`
-# A timed sample lasts at least this long (calls of a short forward are repeated to fill it; see `measure`), and
-# makes at most MAX_CALLS calls.
+# A timed sample lasts at least this long (calls of a short forward are repeated to fill it; see harness.measure),
+# and makes at most harness.MAX_CALLS calls.
 SAMPLE_S = 0.1
-MAX_CALLS = 1000
 BASELINES = ("tutorial", "cache")  # what users do today, against which attnscope's speed-up is reported
-
-
-class PeakRSS:
-    """Peak resident set size above the size at entry, sampled by a thread (Linux /proc; 0 elsewhere)."""
-
-    def __init__(self, interval: float = 0.001):
-        self.interval = interval
-        self.peak = 0
-
-    @staticmethod
-    def _rss() -> int:
-        try:
-            with open("/proc/self/statm") as file:
-                return int(file.read().split()[1]) * 4096
-        except OSError:
-            return 0
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self._rss())
-            time.sleep(self.interval)
-
-    def __enter__(self) -> PeakRSS:
-        self.start = self._rss()
-        self.peak = self.start
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self._rss())
-
-    @property
-    def above_start(self) -> int:
-        return self.peak - self.start
-
-
-@dataclass
-class Measurement:
-    method: str
-    batch: int
-    seq: int
-    times: list[float]  # seconds, one per round
-    peaks: list[int]  # bytes above the run's start, one per round
-
-    @property
-    def median(self) -> float:
-        return stats_module.median(self.times)
-
-    @property
-    def spread(self) -> float:
-        """(max - min) / median of the timed runs."""
-        return (max(self.times) - min(self.times)) / self.median
-
-    @property
-    def peak_bytes(self) -> float:
-        return stats_module.median(self.peaks)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.batch * self.seq / self.median
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(run: Callable[[int], Any], device: torch.device, calls: int = 1) -> float:
-    """Seconds one call takes: the time of `run(calls)` over `calls`."""
-    if device.type == "cuda":
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        run(calls)
-        end.record()
-        torch.cuda.synchronize(device)
-        return begin.elapsed_time(end) / 1000 / calls
-    start = time.perf_counter()
-    run(calls)
-    return (time.perf_counter() - start) / calls
-
-
-def _peak(run: Callable[[int], Any], device: torch.device) -> int:
-    """Bytes one call's memory peaks above what was in use when it started."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        run(1)
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - before
-    _release_freed_memory()  # so that the run's allocations show in the resident set size again
-    with PeakRSS() as rss:
-        run(1)
-    return rss.above_start
-
-
-def measure(
-    runs: dict[str, Callable[[int], Any]],
-    device: torch.device,
-    warmup: int,
-    repeats: int,
-    memory: bool = True,
-    sample_s: float = 0.0,
-) -> dict[str, tuple[list[float], list[int]]]:
-    """Per run name, the time of one call in each of `repeats` timed samples and (with `memory`) the peaks of as
-    many single calls; `runs[name](calls)` makes `calls` calls of a method.
-
-    `warmup` untimed rounds first, each call timed; then each round takes one timed sample of every method, then
-    one call for its memory, starting one method later than the round before (round-robin), so that a change in
-    the machine's load during the measurement does not fall on one method only. A sample makes as many calls as
-    fill `sample_s` by the last warm-up call's time (at least 1, at most MAX_CALLS): a forward of a millisecond or
-    two is too short to time alone (timer resolution, and the jitter of a shared machine, are a sizeable part of
-    it), so its time is the sample's time over its calls.
-    """
-    names = list(runs)
-    one_call = {name: 0.0 for name in names}  # seconds, from the warm-up
-    for _ in range(warmup):
-        for name in names:
-            one_call[name] = _timed(runs[name], device)
-    calls = {name: max(1, min(MAX_CALLS, math.ceil(sample_s / max(one_call[name], 1e-9)))) for name in names}
-    if not warmup:
-        calls = dict.fromkeys(names, 1)
-    _sync(device)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    peaks: dict[str, list[int]] = {name: [] for name in names}
-    for round_index in range(repeats):
-        shift = round_index % len(names)
-        order = names[shift:] + names[:shift]
-        for name in order:
-            times[name].append(_timed(runs[name], device, calls[name]))
-        if memory:
-            for name in order:
-                peaks[name].append(_peak(runs[name], device))
-    return {name: (times[name], peaks[name]) for name in names}
-
-
-def _release_freed_memory() -> None:
-    """Give memory freed by earlier runs back to the OS (glibc's malloc_trim), where that is possible: without it
-    the allocator reuses cached pages and a run's peak barely moves the resident set size."""
-    import ctypes
-    import ctypes.util
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def numpy_head_scores(maps: np.ndarray) -> dict[str, np.ndarray]:
@@ -353,20 +199,6 @@ def estimated_bytes(config: Any, batch: int, seq: int, method: str, element: int
     return weights + forward
 
 
-def available_bytes(device: torch.device) -> int | None:
-    """Memory that a run could still take: free GPU memory, or the host's MemAvailable (None when unknown)."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as file:
-            for line in file:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def check_memory(
     config: Any, seqs: Sequence[int], batches: Sequence[int], methods: Sequence[str], device: torch.device, element: int
 ) -> None:
@@ -464,107 +296,6 @@ def random_model(config: Any, device: torch.device, dtype: Any) -> Any:
     return model.to(device=device, dtype=None if dtype == "auto" else dtype).eval()
 
 
-MICRO_D_MODEL = 512  # the tutorials' width
-MICRO_HEADS = (1, 4, 8, 16)
-MICRO_METHODS = ("numpy_loop", "numpy_batched", "torch_scratch", "torch_sdpa")
-
-
-def micro_bytes(batch: int, seq: int, heads: int) -> int:
-    """About what the from-scratch torch attention holds at its peak: the scores, the masked scores, the weights
-    and a copy of them, each (B, H, n, n) float32. The numpy ways hold the same for one sequence at a time."""
-    return 4 * 4 * batch * heads * seq * seq
-
-
-def micro_benchmark(
-    d_model: int = MICRO_D_MODEL,
-    heads: Sequence[int] = MICRO_HEADS,
-    seqs: Sequence[int] = (256,),
-    batches: Sequence[int] = (1,),
-    repeats: int = 3,
-    device: Any = "cpu",
-    warmup: int = 1,
-    status: Callable[[str], None] | None = None,
-) -> tuple[list[dict], list[str]]:
-    """The tutorials' micro-benchmark: from-scratch multi-head attention (numpy, one head at a time; numpy, all
-    heads at once; torch) against torch's scaled_dot_product_attention, on random inputs of `batch` sequences of
-    `seq` tokens of width `d_model`, for every head count, batch size and sequence length. The numpy ways take one
-    sequence at a time, as the tutorials do (a batch is a loop over its sequences); torch takes the batch at once.
-    Times are medians of `repeats` runs after `warmup`, in milliseconds per call (one call: the whole batch).
-
-    Returns the rows and notes: a shape whose attention would not fit in the memory available is skipped, and
-    named in a note."""
-    for count in heads:
-        if d_model % count:
-            raise AttnscopeError(f"{count} heads do not divide d_model {d_model}")  # never 1 head
-    device = torch.device(device)
-    rows, notes = [], []
-    shapes = [(batch, seq) for batch in batches for seq in seqs]
-    for done, (batch, seq) in enumerate(shapes):
-        # torch holds the whole batch's attention on `device`, numpy one sequence's on the host
-        needs = {device: micro_bytes(batch, seq, max(heads)), torch.device("cpu"): micro_bytes(1, seq, max(heads))}
-        short = [(where, need, available_bytes(where)) for where, need in needs.items()]
-        short = [(where, need, free) for where, need, free in short if free is not None and need > free]
-        if short:
-            where, need, free = short[0]
-            notes.append(
-                f"micro-benchmark skipped at {batch} × {seq}: its attention would take about {need / 2**30:,.1f} GiB "
-                f"on {where.type}, more than the {free / 2**30:,.1f} GiB available"
-            )
-            continue
-        if status is not None:
-            status(f"micro-benchmark at {batch} × {seq} ({done + 1} of {len(shapes)}) …")
-        generator = torch.Generator().manual_seed(0)
-        x = torch.randn(batch, seq, d_model, generator=generator)  # (B, n, d)
-        w = torch.randn(d_model, 3 * d_model, generator=generator) / d_model**0.5  # (d, 3d)
-        b = torch.zeros(3 * d_model)  # (3d,)
-        x_np, w_np, b_np = x.numpy(), w.numpy(), b.numpy()
-        xd, wd, bd = x.to(device), w.to(device), b.to(device)
-        for count in heads:
-            runs = _micro_runs(count, d_model, (x_np, w_np, b_np), (xd, wd, bd))
-            host = {name: run for name, run in runs.items() if name.startswith("numpy")}
-            on_device = {name: run for name, run in runs.items() if name.startswith("torch")}
-            with torch.inference_mode():
-                measured = measure(host, torch.device("cpu"), warmup, repeats, memory=False)
-                measured |= measure(on_device, device, warmup, repeats, memory=False)
-            row = {"batch": batch, "seq": seq, "heads": count, "d_head": d_model // count}
-            rows.append(row | {f"{name}_ms": stats_module.median(measured[name][0]) * 1000 for name in MICRO_METHODS})
-    return rows, notes
-
-
-def _micro_runs(count: int, d_model: int, host: tuple, on_device: tuple) -> dict[str, Callable[[int], Any]]:
-    """The four ways of `micro_benchmark` with `count` heads, each called with how many times to run."""
-    from attnscope.scores.reference import multi_head_attention, numpy_mha_batched, numpy_mha_loop, split_heads
-
-    x_np, w_np, b_np = host  # (B, n, d), (d, 3d), (3d,)
-    xd, wd, bd = on_device
-
-    def numpy_loop(calls: int = 1) -> None:
-        for _ in range(calls):
-            for sequence in x_np:  # (n, d)
-                numpy_mha_loop(sequence, w_np, b_np, count)
-
-    def numpy_batched(calls: int = 1) -> None:
-        for _ in range(calls):
-            for sequence in x_np:
-                numpy_mha_batched(sequence, w_np, b_np, count)
-
-    def torch_scratch(calls: int = 1) -> None:
-        for _ in range(calls):
-            multi_head_attention(xd, wd, bd, count)
-
-    def torch_sdpa(calls: int = 1) -> None:
-        for _ in range(calls):
-            q, k, v = (split_heads(part, count) for part in (xd @ wd + bd).split(d_model, dim=-1))  # (B, H, n, dh)
-            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-    return {
-        "numpy_loop": numpy_loop,
-        "numpy_batched": numpy_batched,
-        "torch_scratch": torch_scratch,
-        "torch_sdpa": torch_sdpa,
-    }
-
-
 @dataclass
 class BenchResult(Result):
     model: dict[str, Any]  # name and shape of the model timed
@@ -599,10 +330,10 @@ class Bench:
     repeats: int = 3
     warmup: int = 1
     methods: tuple[str, ...] = METHODS
-    micro: bool = True
+    micro: bool = False  # the tutorials' micro-benchmark (d_model 512 whatever the model: minutes on a CPU)
     sample_rows: int = DEFAULT_SAMPLE_ROWS  # of `diversity-sampled`
     loads_its_model = True  # a class attribute, not a setting: the CLI hands it no model, and a status line instead
-    kernel: str = "auto"  # of the `attnscope` method: auto, fused or blocks (capture.resolve_kernel)
+    kernel: str = "auto"  # of the `attnscope` method: auto, fused or blocks (pipeline.kernels)
 
     OPTIONS: ClassVar[dict[str, options.Option]] = {
         "random_weights": options.FLAG,
@@ -628,7 +359,7 @@ class Bench:
         resolve_dtype(self.dtype)
         device = resolve_device(self.device)  # --device cuda on a machine without CUDA stops here, before any model
         if self.kernel == "fused" or "fused" in self.methods:  # Triton missing: one line now, not after the warm-up
-            capture.resolve_kernel("fused", device)
+            kernels.decide("fused", device)
 
     def run(
         self,
@@ -653,12 +384,12 @@ class Bench:
             status=status,
             kernel=self.kernel,
         )
-        kernel = capture.resolve_kernel(self.kernel, device)  # what computed the `attnscope` rows
+        kernel = kernels.decide(self.kernel, device)  # what computed the `attnscope` rows
         if "fused" in self.methods or (kernel == "fused" and "attnscope" in self.methods):
             from attnscope.pipeline import fused
 
             if fused.interpreted():
-                notes.append(capture.INTERPRETER_NOTE)
+                notes.append(kernels.INTERPRETER_NOTE)
         machine = {
             "device": str(device),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

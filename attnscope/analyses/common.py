@@ -12,6 +12,7 @@ from attnscope import options
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture, distributed
+from attnscope.pipeline.blocks import Reducer
 from attnscope.pipeline.inputs import OneText, Text, Texts, as_texts
 from attnscope.pipeline.tokens import Window, WindowStream, batches, pad_id
 
@@ -145,7 +146,7 @@ class Run:
 def run_windows(
     model: LoadedModel,
     windows: WindowStream,
-    reducer: capture.Reducer,
+    reducer: Reducer,
     batch_size: int,
     max_tokens: int | None,
     progress: Progress | None,

@@ -18,7 +18,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.models.checks import Shape
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import distributed
-from attnscope.pipeline.capture import AttentionBlock
+from attnscope.pipeline.blocks import AttentionBlock
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.reducers import DiversityStatistics
 from attnscope.pipeline.tokens import WindowStream
@@ -104,8 +104,9 @@ class SampledDiversityStatistics(DiversityStatistics):
 
     Each window is a stratum: its N_w = min(sample_rows, R_w) rows estimate the sum over its R_w scored rows, and
     the spread of the per-row JSD gives the variance of that estimate (`pairs.stratified_estimate`); a window
-    with no more scored rows than `sample_rows` is taken whole and adds no variance. Every layer is buffered until
-    its batch ends (one layer too), since which rows to take is known only with the batch's window indices.
+    with no more scored rows than `sample_rows` is taken whole and adds no variance. Every layer is buffered
+    (reducers.LayerBuffer) until its batch ends (one layer too), since which rows to take is known only with the
+    batch's window indices.
     """
 
     def __init__(self, kind: Kind, layers: list[int], n_head: int, device: torch.device, sample_rows: int, seed: int):
@@ -116,24 +117,17 @@ class SampledDiversityStatistics(DiversityStatistics):
         self.js_root_variance = torch.zeros_like(self.js)  # (K, K) of the estimated sqrt-JSD sum
 
     def add_block(self, layer: int, block: AttentionBlock) -> None:
-        if layer not in self.layers:
-            return
-        attn, positions = block.probs, block.positions  # (B, H, b, k)
-        B, H, _, k = attn.shape
-        if self.buffer is None:
-            n = block.n_keys
-            self.buffer = torch.zeros(B, len(self.layers) * H, n, n, dtype=attn.dtype, device=attn.device)
-            self.lengths = block.lengths
-        first = self.layers.index(layer) * H
-        self.buffer[:, first : first + H, int(positions[0]) : int(positions[-1]) + 1, :k] = attn
+        if layer in self.layers:
+            self.buffer.add_block(layer, block)
 
     def flush(self, batch=None) -> None:
         """Reduce the buffered batch: exact dot products, sampled divergences (batch.indices name its windows)."""
-        if self.buffer is None:
+        buffered = self.buffer.take()
+        if buffered is None:
             return
-        maps, self.buffer = self.buffer, None  # (B, K, n, n)
+        maps, lengths = buffered  # (B, K, n, n), (B,)
         positions = torch.arange(maps.shape[2], device=maps.device)  # (n,)
-        scored = self.kind.scored_rows(self.lengths, positions)  # (B, n)
+        scored = self.kind.scored_rows(lengths, positions)  # (B, n)
         place = distributed.world()  # this process runs windows rank, rank + size, ... of the corpus
         seeds = [window_seed(self.seed, place.rank + index * place.size) for index in batch.indices]
         chosen = pairs.sample_rows(scored, self.sample_rows, seeds)  # (B, n)

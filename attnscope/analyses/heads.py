@@ -34,17 +34,10 @@ from attnscope.models.checks import Shape
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture, distributed
 from attnscope.pipeline.inputs import Text, Texts
+from attnscope.pipeline.labels import label_window
+from attnscope.pipeline.probe import MIN_PROBE_LEN, PROBE_SEQUENCES, ordinary_token_ids, probe_windows
 from attnscope.pipeline.reducers import HeadStatistics, ProbeStatistics
-from attnscope.pipeline.tokens import (
-    MIN_PROBE_LEN,
-    PROBE_SEQUENCES,
-    Window,
-    WindowStream,
-    batches,
-    label_window,
-    ordinary_token_ids,
-    probe_windows,
-)
+from attnscope.pipeline.tokens import Window, WindowStream, batches
 from attnscope.scores import catalog, roles
 from attnscope.scores.kinds import DEFAULT_WINDOW, Kind
 
@@ -263,7 +256,7 @@ def probe_scores(
     model: LoadedModel, windows: Sequence[Window], period: int, seed: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Induction and duplicate-token scores of every head, name -> (n_layer, n_head), from one forward pass over
-    the probe `windows` (tokens.probe_windows with this `period` and `seed`: seeded random sequences of `period`
+    the probe `windows` (probe.probe_windows with this `period` and `seed`: seeded random sequences of `period`
     tokens repeated twice); and a summary for the JSON."""
     first_query = len(windows[0].ids) - period  # BOS (when any) + the first copy
     statistics = ProbeStatistics(model.n_layer, model.n_head, model.device, period, first_query)

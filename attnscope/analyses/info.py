@@ -1,4 +1,4 @@
-"""`attnscope info`: the model's shape and size, from its config.json alone (see `loading.model_facts`), or from a
+"""`attnscope info`: the model's shape and size, from its config.json alone (see `facts.model_facts`), or from a
 model already loaded (`LoadedModel.info`)."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from typing import Any
 
 from attnscope import options
 from attnscope.analyses.result import Result
-from attnscope.models.loading import LoadedModel, model_facts
+from attnscope.models.facts import model_facts
+from attnscope.models.loading import LoadedModel
 
 
 @dataclass

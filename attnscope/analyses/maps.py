@@ -17,7 +17,8 @@ from attnscope.models.checks import Shape
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text, Texts
-from attnscope.pipeline.tokens import Labels, WindowStream, batches, label_window, pad_id
+from attnscope.pipeline.labels import Labels, label_window
+from attnscope.pipeline.tokens import WindowStream, batches, pad_id
 from attnscope.scores.words import TOKENS, WORDS, word_map
 
 

@@ -1,5 +1,5 @@
 """`attnscope report`: the heads analysis, every head's attention on a few short texts, the diversity of all heads
-and, when asked, the ablation, for one page (rendered by `output.html`).
+and, when asked, the ablation, for one page (rendered by `output.report`).
 
 Which maps the page holds (every head of every layer on each text shown, one byte per cell once encoded):
 
@@ -32,7 +32,9 @@ from attnscope.models.checks import Shape
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text, Texts
-from attnscope.pipeline.tokens import Labels, Window, WindowStream, batches, label_window, pad_id, probe_windows
+from attnscope.pipeline.labels import Labels, label_window
+from attnscope.pipeline.probe import probe_windows
+from attnscope.pipeline.tokens import Window, WindowStream, batches, pad_id
 from attnscope.scores import groups
 from attnscope.scores.catalog import ROLES, counted
 

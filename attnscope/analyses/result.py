@@ -9,8 +9,12 @@ view (`output.views`, the same view `--json`, `--csv` and `--out` use), so a not
     result.plot()          the pictures of --out as matplotlib Figures, by file stem
     result                 in a notebook: its tables as HTML (`_repr_html_`, from `output.notebook`)
 
-The renderers are imported when a face is first asked for (the one place an analysis reaches up to the output
-stage, allowed by tests/unit/test_layout.py), so importing an analysis loads no renderer and no matplotlib.
+Why a result can call its view: rendering is a stage below the analyses (tests/unit/test_layout.py:
+... pipeline < output < analyses < api < cli), because that is the way the imports really go: a result hands itself
+to its view, and a view never imports a result class. Views read results by duck typing (the attributes their
+docstrings name), and `output.views` finds a result's view by the result's class name. So every dependency points
+one way and there is no cycle, while `result.to_json()` still works on any result. The renderers' modules are light
+(matplotlib and rich come inside the functions that draw), so importing an analysis loads no renderer's library.
 """
 
 from __future__ import annotations
@@ -20,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.errors import AttnscopeError
+from attnscope.output import documents, files, notebook
+from attnscope.output.views import view_of
 
 
 class Result:
     """The base of every analysis result (a dataclass): adds the faces above, no fields."""
 
     def _view(self) -> Any:
-        from attnscope.output.views import view_of
-
         return view_of(self)
 
     def to_records(self) -> list[dict[str, Any]]:
@@ -40,9 +44,7 @@ class Result:
 
     def to_json(self) -> str:
         """The document `--json` prints, as the same text."""
-        from attnscope.output.documents import to_json
-
-        return to_json(self.to_document())
+        return documents.to_json(self.to_document())
 
     def to_dataframe(self) -> Any:
         """The records as a pandas DataFrame, one row per record (the columns of `--csv` even when there is none).
@@ -61,13 +63,10 @@ class Result:
         """Write the files `--out` writes (JSON, CSV, pictures) into the folder `out`, made if needed, all at once
         (nothing half-written on an error); returns their paths. `format` (png, svg or pdf) and `dpi` are the
         pictures' (--format, --dpi; dpi None: output.files.DPI)."""
-        from attnscope.output.files import DPI, Pictures, prepare_out_dir, write_all
-        from attnscope.output.views import view_of
-
         if isinstance(out, bytes) or not isinstance(out, (str, os.PathLike)) or not os.fspath(out).strip():
             raise AttnscopeError(f"out {out!r}: give a folder to write into, e.g. save('results/') ('.': this one)")
-        view = view_of(self, Pictures(format, DPI if dpi is None else dpi))
-        return write_all(prepare_out_dir(out), view.files)
+        view = view_of(self, files.Pictures(format, files.DPI if dpi is None else dpi))
+        return files.write_all(files.prepare_out_dir(out), view.files)
 
     def plot(self) -> dict[str, Any]:
         """The pictures `save` writes, as matplotlib Figures by file stem (`role_map`, `score_previous_token`, ...;
@@ -76,6 +75,4 @@ class Result:
 
     def _repr_html_(self) -> str:
         """What a notebook shows: the result's tables as one self-contained HTML fragment (see output.notebook)."""
-        from attnscope.output.notebook import html
-
-        return html(self._view())
+        return notebook.html(self._view())

@@ -25,19 +25,23 @@ from typing import Any
 
 import matplotlib
 import numpy as np
-from matplotlib.colors import ListedColormap, Normalize
+from matplotlib.colors import LinearSegmentedColormap, ListedColormap, Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import StrMethodFormatter
 
-from attnscope.output.files import DPI, PICTURE_FORMATS, write_atomic
-from attnscope.scores.catalog import FRACTION, NATS, ROLE, ROLE_NAMES, ROLES, SCORE, SIGNED, Score
+from attnscope.output import files
+from attnscope.output.files import DPI, PICTURE_FORMATS
+from attnscope.output.scales import SCALES
+from attnscope.scores.catalog import NATS, PALETTE, ROLE, ROLE_NAMES, ROLES, SIGNED, Score
 from attnscope.scores.words import CONTINUED_LEGEND, WORDS
 
 ROLE_COLOURS = {role.name: role.colour for role in ROLES}  # the catalog's palette, shared with the terminal
 ATTENTION_CMAP = "Blues"
-SEQUENTIAL_CMAP = "viridis"
-DIVERGING_CMAP = "RdBu_r"  # blue below 0, red above: ColorBrewer's colour-blind-safe diverging scheme
+# The colour scales of values (output.scales, shared with the report page and the notebook): sequential from 0,
+# diverging for signed values (blue below 0, red above)
+SEQUENTIAL_SCALE = "score"
+DIVERGING_SCALE = "signed_score"
 HIDDEN_COLOUR = "#bdbdbd"  # a key the query cannot see: neutral grey, unlike any colour of the maps
 HIDDEN_LABEL = "grey: key hidden from the query (mask)"
 MISSING_COLOUR = "#e0e0e0"  # a cell with no value (NaN)
@@ -46,12 +50,18 @@ FRACTION_LABEL = "fraction of the row's attention"
 SUBTITLE_COLOUR = "#444444"
 
 
-# ------------------------------------------------------------------------------------------------------- writing
+# -------------------------------------------------------------------------------------------------------------- writing
+
+# Text in vector files as text: TrueType fonts embedded in a PDF (not Type 3), <text> elements in an SVG; and SVG's
+# ids from a fixed salt, so that the same figure gives the same bytes.
+VECTOR_TEXT = {"pdf.fonttype": 42, "ps.fonttype": 42, "svg.fonttype": "none", "svg.hashsalt": "attnscope"}
 
 
 def render(figure: Figure, format: str = "png", dpi: int = DPI) -> bytes:
     """The bytes of `figure` as PNG (`dpi` dots per inch), SVG or PDF; the same figure gives the same bytes (SVG
-    and PDF carry no date, and SVG's ids come from a fixed salt)."""
+    and PDF carry no date, and SVG's ids come from a fixed salt). For a paper: a PDF embeds its fonts as TrueType
+    (fonttype 42: text a journal's checks accept and a reader can select, where matplotlib's default Type 3 fonts
+    are bitmaps to some), and an SVG keeps its text as <text> (editable in Inkscape or Illustrator)."""
     if format not in PICTURE_FORMATS:
         raise ValueError(f"format {format!r}: use one of {', '.join(PICTURE_FORMATS)}")
     metadata = {"png": {}, "svg": {"Date": None}, "pdf": {"CreationDate": None, "ModDate": None}}[format]
@@ -62,7 +72,7 @@ def render(figure: Figure, format: str = "png", dpi: int = DPI) -> bytes:
         # quarter pixel more makes the PNG exactly round(inches × dpi) pixels, as documented.
         figure.set_size_inches([(round(side * dpi) + 0.25) / dpi for side in inches])
     try:
-        with warnings.catch_warnings(), matplotlib.rc_context({"svg.hashsalt": "attnscope"}):
+        with warnings.catch_warnings(), matplotlib.rc_context(VECTOR_TEXT):
             # A token the font cannot draw (日, 🙂) shows as a box; matplotlib would also warn once per glyph and
             # figure, a screenful of stderr that tells the user nothing the picture does not.
             warnings.filterwarnings("ignore", message="Glyph .* missing from", category=UserWarning)
@@ -80,14 +90,15 @@ def save(figure: Figure, path: Path | str, format: str | None = None, dpi: int =
     format = format or suffix
     if suffix != format:
         raise ValueError(f"{path.name}: a {format} file must end in .{format}")
-    return write_atomic(path, render(figure, format, dpi))
+    return files.write_atomic(path, render(figure, format, dpi))
 
 
-# -------------------------------------------------------------------------------------------- shared pieces
+# -------------------------------------------------------------------------------------------------------- shared pieces
 # Sizes and margins are in inches; a figure's axes are placed at fixed margins, so nothing depends on how matplotlib
 # measures text, and long labels never fall off the picture.
 
 TITLE_SIZE = 11.0  # points
+TICK_MIN = 7.0  # the smallest tick label of any figure, at its size in inches (a print's)
 SUBTITLE_SIZE = 9.0
 LABEL_SIZE = 9.0  # axis labels, colour bar labels
 TITLE_SPACE = 0.8  # inches at the top for a title and its subtitle
@@ -176,8 +187,8 @@ def thinned_ticks(n: int, fit: int) -> list[int]:
         return list(range(n))
     step = _nice_step((n - 1) / (fit - 1))
     ticks = list(range(0, n - 1, step))  # at most fit - 1 of them
-    if len(ticks) > 1 and (n - 1) - ticks[-1] < step / 2:
-        ticks.pop()  # too close to the last to be read apart from it
+    if len(ticks) > 1 and (n - 1) - ticks[-1] <= step / 2:
+        ticks.pop()  # too close to the last to be read apart from it (half a step: two labels in one's room)
     return ticks + [n - 1]
 
 
@@ -255,11 +266,11 @@ def describe_input(
     return ", ".join(part for part in parts if part)
 
 
-def _capital(text: str) -> str:
+def capital(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-# ------------------------------------------------------------------------------------------- layer × head grids
+# --------------------------------------------------------------------------------------------------- layer × head grids
 
 GRID_MARGINS = (0.9, 2.2, TITLE_SPACE, 0.7)  # the right margin holds the role legend or the colour bar
 
@@ -316,6 +327,23 @@ def role_map(roles: Sequence[Sequence[str]], scores: Sequence[Sequence[str]], ti
     return figure
 
 
+def score_colour_label(score: Score) -> str:
+    """A score's colour bar label: its unit (the title names the score)."""
+    if score.name == "entropy_normalized":
+        return "entropy / ln(keys seen): 1 = uniform"
+    if score.unit == NATS:
+        return "nats"
+    if score.unit == SIGNED:
+        return "lift: 0 = uniform, 1 = all in the window"
+    return FRACTION_LABEL
+
+
+def colour_map(scale: str) -> LinearSegmentedColormap:
+    """The matplotlib colour map of a scale of output.scales (its stops, interpolated linearly, as the report page's
+    script and the notebook interpolate them), named after it."""
+    return LinearSegmentedColormap.from_list(scale, SCALES[scale].stops)
+
+
 def _norm(values: np.ndarray, vmin: float | None, vmax: float | None, signed: bool) -> Normalize:
     """Sequential: from `vmin` (default 0, or below when a value is) to `vmax` (default the largest value);
     signed: symmetric about 0, to the largest magnitude (at least `vmax` when given)."""
@@ -338,16 +366,18 @@ def score_heatmap(
     vmax: float | None = 1.0,
     signed: bool = False,
     cell_text: Sequence[Sequence[str]] | None = None,
+    scale: str | None = None,
 ) -> Figure:
     """A layer × head heatmap of one value with a colour bar labelled `colour_label` (its unit); values (or
     `cell_text`) written in the cells when they fit. Sequential colours from `vmin` to `vmax` (None: from 0, to the
     largest value), or, `signed`, a diverging map centred at 0 whose limits are ± the largest magnitude (at least
-    `vmax`). Cells without a value (NaN) are light grey."""
+    `vmax`); colours from the scale `scale` of output.scales (default: the sequential or the diverging one). Cells
+    without a value (NaN) are light grey."""
     n_layer, n_head = matrix.shape
     figure = _figure(grid_size(n_layer, n_head))
     axes = _place_axes(figure, GRID_MARGINS)
     norm = _norm(matrix, vmin, vmax, signed)
-    cmap = matplotlib.colormaps[DIVERGING_CMAP if signed else SEQUENTIAL_CMAP].with_extremes(bad=MISSING_COLOUR)
+    cmap = colour_map(scale or (DIVERGING_SCALE if signed else SEQUENTIAL_SCALE)).with_extremes(bad=MISSING_COLOUR)
     image = axes.imshow(_masked(matrix, None), cmap=cmap, norm=norm, aspect="auto", interpolation="none")
     _colour_bar(figure, axes, image, colour_label)
     if n_layer <= 16 and n_head <= 16:
@@ -363,7 +393,7 @@ def score_heatmap(
     return figure
 
 
-# ---------------------------------------------------------------------------------------------- attention maps
+# ------------------------------------------------------------------------------------------------------- attention maps
 
 ATTENTION_MARGINS = (1.5, 1.4, TITLE_SPACE, 1.7)  # token labels left and bottom, colour bar right, note below
 ATTENTION_FONT = 8.0  # points, token labels of one head's map
@@ -412,7 +442,7 @@ def layer_grid_shape(n_head: int) -> tuple[int, int]:
     return int(np.ceil(n_head / columns)), columns
 
 
-GRID_FONT = 6.0  # points, token labels of a layer's grid
+GRID_FONT = 7.0  # points, token labels of a layer's grid: as small as a printed label may be (TICK_MIN)
 GRID_LABEL_SPACE = 1.1  # inches left of and below the panels: token labels and the axis title
 GRID_GAP = (0.2, 0.36)  # inches between panels: across, and down (each panel's title)
 GRID_RIGHT = 1.3  # the colour bar and its label
@@ -492,18 +522,18 @@ def layer_grid(
     return figure
 
 
-# ------------------------------------------------------------------------------------------ heads × heads matrix
+# ------------------------------------------------------------------------------------------------- heads × heads matrix
 
 MATRIX_MARGINS = (1.0, 1.5, TITLE_SPACE, 1.0)  # the right margin holds the colour bar and its label
 DENDROGRAM_HEIGHT = 1.0  # inches above the matrix, when it is drawn in clustered order
 DENDROGRAM_GAP = 0.16  # inches between the dendrogram and the matrix
-LABEL_PITCH = 0.1  # inches per head that give each head its own 5.4 pt label
-MATRIX_MAX = 40.0  # inches: beyond 400 heads, labels skip heads rather than the picture growing further
+LABEL_PITCH = 0.13  # inches per head that give each head its own label of TICK_MIN (7 pt)
+MATRIX_MAX = 40.0  # inches: beyond 307 heads, labels skip heads rather than the picture growing further
 
 
 def matrix_side(n: int) -> float:
     """Inches of the square of a heads × heads matrix: 0.44 in per head up to 16 in, or LABEL_PITCH per head when
-    that is more (GPT-2 small's 144 heads: 16 in; GPT-2 medium's 384: 38.4 in), at most MATRIX_MAX."""
+    that is more (GPT-2 small's 144 heads: 18.7 in; GPT-2 medium's 384: 40 in), at most MATRIX_MAX."""
     return max(3.0, min(0.44 * n, 16.0), min(LABEL_PITCH * n, MATRIX_MAX))
 
 
@@ -520,25 +550,25 @@ def head_matrix(
     subtitle: str = "",
     vmin: float = 0.0,
     vmax: float = 1.0,
-    cmap: str = SEQUENTIAL_CMAP,
+    scale: str = SEQUENTIAL_SCALE,
     linkage: np.ndarray | None = None,
     cut: float | None = None,
     linkage_label: str = "",
 ) -> Figure:
-    """A heads × heads matrix (cosine or JS) with `L.H` labels, a colour bar labelled `colour_label`, values written
-    in when it is small. With `linkage` (scipy's linkage matrix; `matrix` and `labels` in its leaf order), the
-    dendrogram above it, its height axis titled `linkage_label`, with a dashed line at `cut` (where clusters are
-    cut)."""
+    """A heads × heads matrix (cosine or JS) with `L.H` labels, coloured by `scale` (output.scales) from `vmin` to
+    `vmax`, a colour bar labelled `colour_label`, values written in when it is small. With `linkage` (scipy's
+    linkage matrix; `matrix` and `labels` in its leaf order), the dendrogram above it, its height axis titled
+    `linkage_label`, with a dashed line at `cut` (where clusters are cut)."""
     n, side = len(labels), matrix_side(len(labels))
     clustered = linkage is not None and len(linkage) > 0
     margins = matrix_margins(clustered)
     figure = _figure(_with_margins((side, side), margins))
     axes = _place_axes(figure, margins)  # a square the size of the matrix: imshow fills it exactly
-    colours = matplotlib.colormaps[cmap]
+    colours = colour_map(scale)
     image = axes.imshow(matrix, cmap=colours, vmin=vmin, vmax=vmax, interpolation="none")
     _colour_bar(figure, axes, image, colour_label)
     fitting = 0.75 * side * 72 / n  # points: the largest font whose labels do not overlap
-    fontsize = max(5.0, min(8.0, fitting))
+    fontsize = max(TICK_MIN, min(8.0, fitting))
     step = int(np.ceil(fontsize / fitting))  # 1 up to MATRIX_MAX / LABEL_PITCH heads
     axes.set_xticks(range(0, n, step))
     axes.set_yticks(range(0, n, step))
@@ -579,9 +609,14 @@ def _dendrogram(figure: Figure, matrix_axes, linkage: np.ndarray, n: int, cut: f
     axes.set_gid("dendrogram")
 
 
-# ------------------------------------------------------------------------------------------------- line plots
+# ----------------------------------------------------------------------------------------------------------- line plots
 
 LINE_SIZE = (7.0, 4.2)
+# The lines of a plot, k-th series: the catalog's role palette (Okabe & Ito's, distinct under colour-vision
+# deficiencies; yellow, faint on white, last) and a distinct marker each, so that lines are told apart in grey too.
+SERIES_ROLES = ("previous-token", "induction", "local", "duplicate-token", "self", "next-token", "first-token", "broad")
+SERIES_COLOURS = tuple(PALETTE[role] for role in SERIES_ROLES)
+SERIES_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINE_MARGINS = (0.9, 0.3, TITLE_SPACE, 0.65)
 LEGEND_FONT = 8.0
 
@@ -609,22 +644,44 @@ def line_plot(
     log_x: bool = False,
     styles: dict[str, dict] | None = None,
     y_top: float | None = None,
+    spreads: dict[str, tuple[Sequence[float | None], Sequence[float | None]]] | None = None,
 ) -> Figure:
-    """One or more lines over the same x, with markers; None values are left out. `styles` gives a line's matplotlib
-    keywords (color, linestyle) by series name; lines without one take the next colour of the cycle. The y axis
-    starts at 0 (below it, with a line at 0, when a value is negative) and ends at `y_top` when given. The legend
-    (of two lines or more) sits to the right of the axes, where it hides no line."""
+    """One or more lines over the same x, with markers; None values are left out. The k-th line takes the k-th of
+    SERIES_COLOURS and SERIES_MARKERS unless `styles` gives its matplotlib keywords (color, linestyle, marker) by
+    series name. `spreads` gives, by series name, a (low, high) range at each point (the spread of the runs behind
+    it), drawn as an error bar in the line's colour; the lines are then moved apart a little along x (each by a
+    few percent, on a log axis), so that their bars do not hide one another. The y axis starts at 0 (below it, with
+    a line at 0, when a value is negative) and ends at `y_top` when given. The legend (of two lines or more) sits to
+    the right of the axes, where it hides no line."""
     extra = legend_width(list(series))
     figure = _figure(line_size(list(series)))
     axes = _place_axes(figure, (LINE_MARGINS[0], LINE_MARGINS[1] + extra, *LINE_MARGINS[2:]))
     lowest, highest = 0.0, 0.0
-    for name, values in series.items():
-        points = [(a, b) for a, b in zip(x, values, strict=True) if b is not None]
+    for index, (name, values) in enumerate(series.items()):
+        dodge = (index - (len(series) - 1) / 2) * 0.025 if spreads else 0.0  # a share of a unit of log2(x), or of x
+        shifted = [a * 2**dodge if log_x else a + dodge for a in x]
+        points = [(a, b) for a, b in zip(shifted, values, strict=True) if b is not None]
+        style = {
+            "color": SERIES_COLOURS[index % len(SERIES_COLOURS)],
+            "marker": SERIES_MARKERS[index % len(SERIES_MARKERS)],
+            **(styles or {}).get(name, {}),
+        }
         if points:
-            style = (styles or {}).get(name, {})
-            axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name, **style)
+            axes.plot([p[0] for p in points], [p[1] for p in points], label=name, **style)
             lowest = min(lowest, *(p[1] for p in points))
             highest = max(highest, *(p[1] for p in points))
+        if spreads and name in spreads:
+            low, high = spreads[name]
+            bars = [
+                (a, b, c, d) for a, b, c, d in zip(shifted, values, low, high, strict=True) if None not in (b, c, d)
+            ]
+            if bars:
+                xs, ys, lows, highs = (np.array(column, dtype=float) for column in zip(*bars, strict=True))
+                drawn = axes.errorbar(
+                    xs, ys, yerr=[ys - lows, highs - ys], fmt="none", ecolor=style["color"], elinewidth=1.0, capsize=3
+                )
+                drawn.lines[2][0].set_gid(f"spread:{name}")
+                highest = max(highest, *highs)
     if log_x:
         axes.set_xscale("log", base=2)
     axes.set_xticks(list(x))
@@ -650,71 +707,14 @@ def line_plot(
     return figure
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Figures of a result: what `--out` writes, the report page shows and a result's plot gives. Each takes an analysis
-# result (duck-typed: no import of the analyses) and returns a Figure.
+# ------------------------------------------------------------------------------------------------------ one text's maps
+# The maps of an AttentionMap (analyses.maps; read by duck typing), drawn by `heads --plot` and `show`.
 
 
-def score_matrix(heads: Sequence, name: str, n_layer: int, n_head: int) -> np.ndarray:
-    """(n_layer, n_head) of one score of every head record."""
-    matrix = np.full((n_layer, n_head), np.nan)
-    for record in heads:
-        value = record.scores[name]
-        matrix[record.layer, record.head] = np.nan if value is None else value
-    return matrix
-
-
-def score_colour_label(score: Score) -> str:
-    """A score's colour bar label: its unit (the title names the score)."""
-    if score.name == "entropy_normalized":
-        return "entropy / ln(keys seen): 1 = uniform"
-    if score.unit == NATS:
-        return "nats"
-    if score.unit == SIGNED:
-        return "lift: 0 = uniform, 1 = all in the window"
-    return FRACTION_LABEL
-
-
-def heads_role_map(result: Any) -> Figure:
-    """The layer × head map of roles of a HeadsResult, each cell labelled with the score that decided its role
-    (named in a mixed head's cell, where it is only the closest to its threshold)."""
-    n_layer, n_head = result.model["n_layer"], result.model["n_head"]
-    roles = [[""] * n_head for _ in range(n_layer)]
-    deciding = [[""] * n_head for _ in range(n_layer)]
-    for record in result.heads:
-        role = record.role
-        roles[record.layer][record.head] = role.role
-        named = f"{SCORE[role.metric].short} " if role.role == "mixed" else ""
-        deciding[record.layer][record.head] = f"{named}{role.score:.2f}"
-    return role_map(roles, deciding, "Head roles", describe_input(result.model, result.inputs))
-
-
-def drawn_scores(result: Any) -> list[str]:
-    """The scores of a HeadsResult that have a heatmap: those measured that differ between heads."""
-    return [name for name in result.measured if SCORE[name].per_head]
-
-
-def heads_score_heatmap(result: Any, name: str) -> Figure:
-    """One score of every head of a HeadsResult, layer × head: fractions on [0, 1], entropy from 0, a signed
-    score (local_lift) on a diverging map centred at 0."""
-    score = SCORE[name]
-    matrix = score_matrix(result.heads, name, result.model["n_layer"], result.model["n_head"])
-    if score.unit == SIGNED:
-        limits = {"vmin": None, "vmax": 1.0, "signed": True}  # a lift is at most 1
-    elif score.unit == FRACTION:
-        limits = {"vmin": 0.0, "vmax": 1.0}
-    else:
-        limits = {"vmin": 0.0, "vmax": None}
-    title = f"{_capital(score.label)} per head"
-    return score_heatmap(
-        matrix, title, score_colour_label(score), describe_input(result.model, result.inputs), **limits
-    )
-
-
-def _map_view(model: dict, attention: Any) -> tuple[np.ndarray, list[str], np.ndarray, str]:
+def map_view(model: dict, attention: Any) -> tuple[np.ndarray, list[str], np.ndarray, str]:
     """An AttentionMap (a layer's maps of one text) as drawn: the maps of its view (H, K, K: tokens, or words),
     their labels as tables show them, the keys no query sees, and the subtitle (the input; what `##` means where
-    a label uses it; that the view is by word). The view's unit ("token" or "word") is `_unit(attention)`."""
+    a label uses it; that the view is by word). The view's unit ("token" or "word") is `map_unit(attention)`."""
     maps, labels = attention.shown()  # (H, K, K)
     maps = np.asarray(maps, dtype=np.float32)
     hidden = hidden_keys(maps, model.get("kind") == "decoder")
@@ -728,163 +728,10 @@ def _map_view(model: dict, attention: Any) -> tuple[np.ndarray, list[str], np.nd
 
 def head_attention(model: dict, attention: Any, head: int, title: str | None = None) -> Figure:
     """One head's map from an AttentionMap, in its view (tokens or words)."""
-    maps, labels, hidden, subtitle = _map_view(model, attention)
+    maps, labels, hidden, subtitle = map_view(model, attention)
     title = title or f"Attention of head {attention.layer}.{head}"
-    return attention_heatmap(maps[head], labels, title, subtitle, hidden, _unit(attention))
+    return attention_heatmap(maps[head], labels, title, subtitle, hidden, map_unit(attention))
 
 
-def show_figure(result: Any) -> Figure:
-    """A ShowResult: every head of the layer in a grid, or its one head, larger."""
-    attention = result.attention
-    if result.head is not None:
-        return head_attention(result.model, attention, result.head)
-    maps, labels, hidden, subtitle = _map_view(result.model, attention)
-    heads = [f"head {attention.layer}.{head}" for head in range(maps.shape[0])]
-    title = f"Attention of every head of layer {attention.layer}"
-    return layer_grid(maps, labels, title, subtitle, heads, hidden, _unit(attention))
-
-
-def _unit(attention: Any) -> str:
+def map_unit(attention: Any) -> str:
     return "word" if attention.view == WORDS else "token"
-
-
-def diversity_matrix(result: Any, name: str) -> Figure:
-    """The `js` or `cosine` matrix of a DiversityResult: for all layers, in clustered order under the dendrogram of
-    the average linkage of JS; for one layer, in head order."""
-    clustered = result.layer is None
-    order = result.order if clustered else list(range(len(result.labels)))
-    labels = [result.labels[k] for k in order]
-    matrix = getattr(result, name)[np.ix_(order, order)]
-    scope = "all heads" if clustered else f"the heads of layer {result.layer}"
-    what = {
-        "js": ("Jensen–Shannon divergence between", "JS divergence (bits): 0 same, 1 disjoint", "viridis_r"),
-        "cosine": ("Cosine similarity between", "cosine similarity of the attention rows", "viridis"),
-    }[name]
-    title = f"{what[0]} {scope}" + (", in clustered order" if clustered else "")
-    linkage = getattr(result, "linkage", None) if clustered else None
-    return head_matrix(
-        matrix,
-        labels,
-        title,
-        what[1],
-        describe_input(result.model, result.inputs),
-        0.0,
-        1.0,
-        what[2],
-        linkage=linkage,
-        cut=result.cluster_at if linkage is not None else None,
-        linkage_label="JSD (bits),\naverage linkage",
-    )
-
-
-def diversity_per_layer(result: Any) -> Figure:
-    """The mean pairwise JSD of every layer's heads, a line over the layers (a DiversityResult of all layers), on
-    an axis from 0."""
-    layers = sorted(result.layer_scores)
-    return line_plot(
-        layers,
-        {"mean pairwise JSD": [result.layer_scores[layer] for layer in layers]},
-        "layer",
-        "mean JS divergence between the layer's heads (bits)",
-        "Head diversity per layer",
-        describe_input(result.model, result.inputs),
-    )
-
-
-def attend_figure(result: Any) -> Figure:
-    """An AttendResult, layer × head: the weight on the target or, without one, each head's largest weight with
-    the token it falls on written in the cell."""
-    source = result.from_name  # as tables name it: she@5, doctor@2-4
-    subtitle = describe_input(result.model, n_tokens=len(result.tokens))
-    if result.to_weight is not None:
-        targets = ", ".join(result.labels.describe(span) for span in result.to_words)
-        return score_heatmap(result.to_weight, f"Attention from {source} to {targets}", FRACTION_LABEL, subtitle)
-    n_layer, n_head = result.rows.shape[:2]
-    matrix = result.strength()
-    cells = [
-        [
-            f"{result.key_text(result.top_keys(layer, head, 1)[0][0])[:8]}\n{matrix[layer, head]:.2f}"
-            for head in range(n_head)
-        ]
-        for layer in range(n_layer)
-    ]
-    kind = "word" if result.view == WORDS else "token"
-    skipped = ", the first left out" if result.settings.get("skip_first") else ""
-    if result.view != WORDS and result.labels.continued:
-        subtitle += f"; {CONTINUED_LEGEND}"
-    title = f"Where {source} looks: each head's strongest {kind}{skipped} and its weight"
-    return score_heatmap(matrix, title, FRACTION_LABEL, subtitle, cell_text=cells)
-
-
-def ablate_importance(result: Any) -> Figure:
-    """An AblationResult's importance per head: the loss change (signed, centred at 0) or |dL/d gate| (from 0)."""
-    subtitle = describe_input(result.model, result.inputs)
-    if result.method == "loss":
-        label = "loss change (nats/token)"
-        title = "Head importance: loss change when each head is removed"
-        return score_heatmap(result.importance, title, label, subtitle, vmin=None, vmax=None, signed=True)
-    label = "|dL/d gate| (nats/token per unit)"
-    title = "Head importance: gradient of the loss by each head's gate"
-    return score_heatmap(result.importance, title, label, subtitle, vmin=0.0, vmax=None)
-
-
-def prune_curve(result: Any) -> Figure:
-    """An AblationResult's pruning: the loss increase over the full model as the least important heads go."""
-    removed = [0] + [step["removed"] for step in result.prune]
-    increase = [0.0] + [step["loss"] - result.baseline_loss for step in result.prune]
-    subtitle = f"{describe_input(result.model, result.inputs)}; full model {result.baseline_loss:.3f} nats/token"
-    return line_plot(
-        removed,
-        {"loss increase": increase},
-        "heads removed (least important first)",
-        "loss increase over the full model (nats/token)",
-        "Loss as heads are pruned",
-        subtitle,
-    )
-
-
-RANDOM_MHA_SERIES = {  # a row's key -> its line's name
-    "js": "JS divergence between heads (bits)",
-    "js_distance": "JS distance between heads (√bits)",
-    "cosine": "cosine similarity between heads",
-    "entropy_normalized": "normalised entropy of the rows",
-}
-
-
-def random_mha_figure(result: Any) -> Figure:
-    """A RandomMhaResult: each measure (all in [0, 1]) against the number of heads."""
-    rows, settings = result.rows, result.settings
-    heads = [row["heads"] for row in rows]
-    series = {label: [row[key] for row in rows] for key, label in RANDOM_MHA_SERIES.items()}
-    subtitle = (
-        f"random weights and inputs: d_model {settings['d_model']}, {settings['seq_len']} tokens, "
-        f"{settings['trials']} trials"
-    )
-    title = "Diversity of an untrained attention layer's heads, by their number"
-    return line_plot(
-        heads, series, "heads (d_head = d_model / heads)", "mean (0 to 1)", title, subtitle, log_x=True, y_top=1.0
-    )
-
-
-def bench_figure(result: Any) -> Figure:
-    """A BenchResult: tokens per second against sequence length, one line per method and batch size (a colour
-    per method, a line style per batch size), on an axis from 0."""
-    rows, machine = result.rows, result.settings
-    seqs = sorted({row["seq"] for row in rows})
-    colours = {method: f"C{index}" for index, method in enumerate(dict.fromkeys(row["method"] for row in rows))}
-    dashes = ("-", "--", ":", "-.")
-    batches = sorted({row["batch"] for row in rows})
-    line_styles = {batch: dashes[index % len(dashes)] for index, batch in enumerate(batches)}
-    series, styles = {}, {}
-    for row in rows:
-        label = f"{row['method']}, batch {row['batch']}"
-        series.setdefault(label, {})[row["seq"]] = row["tokens_per_s"]
-        styles[label] = {"color": colours[row["method"]], "linestyle": line_styles[row["batch"]]}
-    lines = {label: [values.get(seq) for seq in seqs] for label, values in series.items()}
-    threads = machine["cpu_threads"]
-    where = (
-        machine["device_name"] if machine["device"] != "cpu" else f"CPU, {threads} thread{'s' if threads != 1 else ''}"
-    )
-    subtitle = f"{result.model['name']} on {where}, {machine.get('dtype', '')}".rstrip(", ")
-    labels = ("sequence length (tokens)", "tokens per second")
-    return line_plot(seqs, lines, *labels, "Analysis speed by sequence length", subtitle, log_x=True, styles=styles)

@@ -52,6 +52,30 @@
     return [a[0] + (b[0] - a[0]) * f, a[1] + (b[1] - a[1]) * f, a[2] + (b[2] - a[2]) * f];
   }
   function css(rgb) { return "rgb(" + Math.round(rgb[0]) + "," + Math.round(rgb[1]) + "," + Math.round(rgb[2]) + ")"; }
+  // The colour scales of output/scales.py, from the page's data: the same stops and ends as the pictures' (a value
+  // has one colour in importance.png, js_matrix.png and here).
+  var SCALES = V.scales || {};
+  Object.keys(SCALES).forEach(function (name) {
+    SCALES[name].rgb = SCALES[name].stops.map(function (hex) {
+      return [parseInt(hex.slice(1, 3), 16), parseInt(hex.slice(3, 5), 16), parseInt(hex.slice(5, 7), 16)];
+    });
+  });
+  function scaleEnds(scale, largest) {  // ColourScale.limits
+    if (scale.signed) { var limit = Math.max(Math.abs(largest), scale.high || 0) || 1; return [-limit, limit]; }
+    var low = scale.low || 0, high = scale.high === null || scale.high === undefined ? largest : scale.high;
+    return [low, high > low ? high : low + 1];
+  }
+  function scaleColour(name, value, largest) {  // ColourScale.rgb
+    var scale = SCALES[name], ends = scaleEnds(scale, largest);
+    return ramp(scale.rgb, (value - ends[0]) / (ends[1] - ends[0]));
+  }
+  function inkOn(rgb) {  // black or white, whichever reads on `rgb` (WCAG relative luminance, as the pictures')
+    var c = rgb.map(function (v) { v /= 255; return v <= 0.04045 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); });
+    return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2] > 0.179 ? "#000" : "#fff";
+  }
+  function scaleBar(name) {
+    return el("span", { cls: "asv-bar", style: "background:linear-gradient(to right," + SCALES[name].stops.join(",") + ")" });
+  }
   function weightColour(value) { return isNaN(value) ? MASKED : ramp(BLUES, Math.sqrt(Math.max(value, 0))); }
   function label(li, hi) { return V.layer_ids[li] + "." + V.head_ids[hi]; }
   function indexOfLabel(text) {
@@ -132,8 +156,24 @@
     var canvas = el("canvas", { width: size, height: size });
     var draw = canvas.getContext("2d");
     var showLabels = options.labels !== false && cell >= 8;
+    var thinned = options.labels !== false && !showLabels && n > 1;  // a long text: every k-th label, as the PNGs
     var node = el("div", { cls: "asv-heat" });
     var rows = [], cols = [];
+    if (thinned) {
+      var ticks = thinnedTicks(n, Math.floor(size / THIN_PITCH)), half = THIN_FONT * 0.6;
+      node.appendChild(el("div"));
+      var above = el("div", { cls: "asv-cols asv-thin", style: "width:" + size + "px" });
+      var beside = el("div", { cls: "asv-rows asv-thin", style: "height:" + size + "px" });
+      ticks.forEach(function (i) {
+        var text = i + " " + labels[i], middle = i * cell + cell / 2 - half;  // the position too: `40 river`
+        var c = el("span", { text: text, title: labels[i] + " (key " + i + ")", style: "left:" + middle + "px;font-size:" + THIN_FONT + "px" });
+        var r = el("span", { text: text, title: labels[i] + " (query " + i + ")", style: "top:" + middle + "px;font-size:" + THIN_FONT + "px" });
+        c.addEventListener("mouseenter", function () { options.onHover && options.onHover({ key: i }); });
+        r.addEventListener("mouseenter", function () { options.onHover && options.onHover({ query: i }); });
+        above.appendChild(c); beside.appendChild(r); cols[i] = c; rows[i] = r;
+      });
+      node.appendChild(above); node.appendChild(beside);
+    }
     if (showLabels) {
       var font = Math.min(cell - 2, 12) + "px";
       node.appendChild(el("div"));
@@ -149,7 +189,7 @@
       node.appendChild(top); node.appendChild(left);
     }
     node.appendChild(canvas);
-    if (!showLabels) { node.style.gridTemplateColumns = "auto"; }
+    if (!showLabels && !thinned) { node.style.gridTemplateColumns = "auto"; }
     function at(event) {
       var box = canvas.getBoundingClientRect();
       var j = Math.floor((event.clientX - box.left) / cell), i = Math.floor((event.clientY - box.top) / cell);
@@ -176,6 +216,25 @@
     }
     highlight(null, null);
     return { node: node, highlight: highlight, canvas: canvas };
+  }
+
+  // Labels of a long text's map, thinned as the pictures thin theirs (output/figures.py thinned_ticks): every k-th
+  // token (k one of 1, 2, 5, 10, 20, ...) from the first, and the last, each at least THIN_PITCH pixels apart.
+  var THIN_FONT = 10, THIN_PITCH = 14;
+  function niceStep(atLeast) {
+    for (var power = 1; ; power *= 10) {
+      for (var k = 0; k < 3; k++) { if ([1, 2, 5][k] * power >= atLeast) { return [1, 2, 5][k] * power; } }
+    }
+  }
+  function thinnedTicks(n, fit) {
+    fit = Math.max(2, fit);
+    var ticks = [];
+    if (n <= fit) { for (var all = 0; all < n; all++) { ticks.push(all); } return ticks; }
+    var step = niceStep((n - 1) / (fit - 1));
+    for (var i = 0; i < n - 1; i += step) { ticks.push(i); }
+    if (ticks.length > 1 && (n - 1) - ticks[ticks.length - 1] <= step / 2) { ticks.pop(); }
+    ticks.push(n - 1);
+    return ticks;
   }
 
   function scaleKey() {
@@ -489,29 +548,25 @@
       var name = chooser.value;
       if (name === "role") {
         cells.forEach(function (cell) { cell.setAttribute("style", cell.dataset.style); cell.textContent = cell.dataset.short; });
-        key.textContent = "";
+        clear(key);
         return;
       }
       var score = scores[name], values = [];
       cells.forEach(function (cell) { values.push(records[cell.dataset.head][name]); });
       var top = Math.max.apply(null, values.map(Math.abs).concat([1e-12]));
-      var high = score.unit === "nats" ? top : 1;
+      // as the score's picture (score_<name>.png): fractions from 0 to 1, nats from 0 to the largest, a signed
+      // score centred at 0
+      var scale = score.unit === "signed" ? "signed_score" : "score", largest = score.unit === "nats" ? top : 1;
       cells.forEach(function (cell, k) {
-        var v = values[k], bg;
-        if (score.unit === "signed") {
-          var s = Math.max(-1, Math.min(1, v));
-          bg = s >= 0 ? "rgba(0,114,178," + s.toFixed(3) + ")" : "rgba(213,94,0," + (-s).toFixed(3) + ")";
-          cell.style.color = Math.abs(s) > 0.55 ? "#fff" : "#000";
-        } else {
-          var rgb = ramp(BLUES, v / high);
-          bg = css(rgb);
-          cell.style.color = v / high > 0.55 ? "#fff" : "#000";
-        }
-        cell.style.background = bg;
-        cell.textContent = fixed(v, 2);
+        var rgb = scaleColour(scale, values[k], largest);
+        cell.style.background = css(rgb);
+        cell.style.color = inkOn(rgb);
+        cell.textContent = fixed(values[k], 2);
       });
-      key.textContent = score.unit === "signed" ? "vermillion −1 … white 0 … blue 1" :
-        "white 0 … dark blue " + fixed(high, 2) + (score.unit === "nats" ? " nats" : "");
+      var ends = scaleEnds(SCALES[scale], largest);
+      clear(key).appendChild(el("span", { text: fixed(ends[0], 2) + " " }));
+      key.appendChild(scaleBar(scale));
+      key.appendChild(el("span", { text: " " + fixed(ends[1], 2) + (score.unit === "nats" ? " nats" : "") + " (" + SCALES[scale].key + ")" }));
     });
   }
 
@@ -567,9 +622,6 @@
     function paint(hover) {
       var draw = canvas.getContext("2d"), values = decoded[measure];
       draw.clearRect(0, 0, canvas.width, canvas.height);
-      var top = 0;
-      for (var a = 0; a < K; a++) { for (var b = 0; b < K; b++) { if (a !== b) { top = Math.max(top, values[a * K + b]); } } }
-      top = top || 1;
       for (var p = 0; p < K; p++) {
         var i = V.order[p];
         var r = records[labels[i]], colour = r && roles[r.role] ? roles[r.role].colour : "#ccc";
@@ -577,9 +629,7 @@
         draw.fillRect(lab, y0 + p * cell, strip - 1, cell);
         draw.fillRect(x0 + p * cell, tree, cell, strip - 1);
         for (var q = 0; q < K; q++) {
-          var v = values[i * K + V.order[q]];
-          var t = measure === "js" ? 1 - v / top : v;
-          draw.fillStyle = css(ramp(BLUES, t));
+          draw.fillStyle = css(scaleColour(measure, values[i * K + V.order[q]], 1));  // the pictures' js/cosine scale
           draw.fillRect(x0 + q * cell, y0 + p * cell, cell, cell);
         }
         if (lab) {
@@ -607,9 +657,9 @@
         draw.strokeRect(x0, y0 + hover[0] * cell, size, cell);
         draw.strokeRect(x0 + hover[1] * cell, y0, cell, size);
       }
-      clear(key).appendChild(document.createTextNode(measure === "js" ?
-        "dark = similar: JS divergence 0 (dark) … " + fixed(top, 3) + " bits (white), the largest between two heads" :
-        "dark = similar: cosine similarity 0 (white) … 1 (dark)"));
+      clear(key).appendChild(document.createTextNode(measure === "js" ? "JS divergence 0 " : "cosine similarity 0 "));
+      key.appendChild(scaleBar(measure));
+      key.appendChild(document.createTextNode((measure === "js" ? " 1 bit" : " 1") + " (" + SCALES[measure].key + ")"));
       key.appendChild(document.createTextNode("; dendrogram: average linkage of the JS divergence (top: " + fixed(highest, 3) + " bits)."));
     }
     function at(event) {
@@ -707,20 +757,20 @@
     V.layer_ids.forEach(function (layer, li) {
       var row = el("tr", {}, [el("th", { text: String(layer) })]);
       V.head_ids.forEach(function (_, hi) {
-        var name = label(li, hi), v = values[name], s = v / top;
-        var cell = el("td", { "data-head": name, title: name + ": loss +" + fixed(v, 4) + " nats without it", text: fixed(v, 3) });
-        cell.style.background = s >= 0 ? "rgba(0,114,178," + s.toFixed(3) + ")" : "rgba(213,94,0," + (-s).toFixed(3) + ")";
-        cell.style.color = Math.abs(s) > 0.55 ? "#fff" : "#000";
+        var name = label(li, hi), v = values[name], rgb = scaleColour("loss_change", v, top);  // as importance.png
+        var cell = el("td", { "data-head": name, title: name + ": loss " + (v >= 0 ? "+" : "") + fixed(v, 4) + " nats without it", text: fixed(v, 3) });
+        cell.style.background = css(rgb);
+        cell.style.color = inkOn(rgb);
         cell.addEventListener("click", function () { selectLabel(name, true); });
         row.appendChild(cell);
       });
       body.appendChild(row);
     });
     table.appendChild(body);
-    var bar = el("span", { cls: "asv-bar", style: "background:linear-gradient(to right, rgb(213,94,0), #fff, rgb(0,114,178))" });
     clear(holder);
     holder.appendChild(el("div", { cls: "wide" }, [table]));
-    holder.appendChild(el("div", { cls: "asv-key" }, [el("span", { text: "−" + fixed(top, 3) }), bar, el("span", { text: "+" + fixed(top, 3) + " nats (0 = white)" })]));
+    holder.appendChild(el("div", { cls: "asv-key" }, [el("span", { text: "−" + fixed(top, 3) }), scaleBar("loss_change"),
+      el("span", { text: "+" + fixed(top, 3) + " nats (" + SCALES.loss_change.key + ")" })]));
   }
 
   // ---------------------------------------------------------------------------------------------- the tables

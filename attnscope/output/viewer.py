@@ -11,7 +11,8 @@ Encodings (decoded by viewer.js; the tests decode them independently):
 - matrices (diversity): the pairs i < j of a symmetric (K, K) matrix with values in [0, 1], row by row, as
   little-endian uint16 (value · 65535), read back within 1/131070.
 
-Both are base64 text inside the page's `<script type="application/json">`.
+Both are base64 text inside the page's `<script type="application/json">`. The data of each page is built in its
+command's room: `output.report.report_viewer` (the report page), `output.show.show_viewer` (`show` in a notebook).
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.pipeline.tokens import Labels
 from attnscope.scores.catalog import ROLES, scores_for
-from attnscope.scores.words import CONTINUED_LEGEND
 
 HERE = Path(__file__).parent
 LEVELS = 255  # a map cell's levels (uint8)
@@ -68,9 +67,7 @@ def encode_matrix(matrix: Any) -> str:
     return _base64(codes.tobytes())
 
 
-def text_entry(
-    name: str, kind: str, labels: Labels, maps: Any, causal: bool, length: int | None = None
-) -> dict[str, Any]:
+def text_entry(name: str, kind: str, labels: Any, maps: Any, causal: bool, length: int | None = None) -> dict[str, Any]:
     """One text of the viewer: its labels, words and maps (L, H, n, n) encoded (see the module docstring)."""
     data, scales = encode_maps(maps, causal)
     n = len(labels.tokens)
@@ -117,70 +114,6 @@ def catalog_entries(kind: str, thresholds: dict[str, float]) -> dict[str, Any]:
         for score in scores_for(kind)
     ]
     return {"roles": roles, "scores": scores}
-
-
-def report_viewer(result: Any) -> dict[str, Any]:
-    """What the report page's viewer reads beside the heads, diversity and ablation documents: every head's maps
-    on the texts shown, which text each role is shown on first, the diversity matrices and their dendrogram."""
-    model = result.model
-    causal = model["kind"] == "decoder"
-    heads = result.heads
-    viewer: dict[str, Any] = {
-        "format": FORMAT,
-        "mode": "report",
-        "causal": causal,
-        "layer_ids": list(range(model["n_layer"])),
-        "head_ids": list(range(model["n_head"])),
-        "texts": [text_entry(t.name, t.kind, t.labels, t.maps, causal, t.length) for t in result.texts],
-        "examples": result.examples,
-        "characteristic": [record.label for record in result.characteristic],
-        "continued_legend": CONTINUED_LEGEND,
-        **catalog_entries(model["kind"], heads.settings["thresholds"]),
-        "map_notes": list(result.map_notes),
-    }
-    diversity = result.diversity
-    if diversity is not None:
-        viewer["matrices"] = {"js": encode_matrix(diversity.js), "cosine": encode_matrix(diversity.cosine)}
-        viewer["order"] = [int(k) for k in diversity.order]
-        viewer["linkage"] = [
-            [int(a), int(b), round(float(height), 6), int(size)] for a, b, height, size in np.asarray(result.linkage)
-        ]
-    return viewer
-
-
-def show_viewer(result: Any, max_tokens: int) -> tuple[dict[str, Any], bool]:
-    """The viewer data of a `show` result (one layer, every head or one, one text), its first `max_tokens` tokens;
-    and whether the text was cut."""
-    attention = result.attention
-    n = min(len(attention.tokens), max_tokens)
-    labels = attention.labels
-    if n < len(labels.tokens):  # the words wholly inside the first n tokens, then the word cut there (marked …)
-        words = [word for word in labels.words if word.stop <= n]
-        word_text = labels.word_text[: len(words)]
-        start = words[-1].stop if words else 0
-        if start < n:
-            words.append(range(start, n))
-            word_text.append(labels.word_text[len(word_text)] + "…")
-        labels = Labels(labels.tokens[:n], labels.shown[:n], words, word_text)
-    heads = list(range(attention.maps.shape[0])) if result.head is None else [result.head]
-    maps = attention.maps.numpy()[heads][None, :, :n, :n]  # (1, H, n, n)
-    causal = result.model["kind"] == "decoder"
-    viewer = {
-        "format": FORMAT,
-        "mode": "show",
-        "causal": causal,
-        "layer_ids": [attention.layer],
-        "head_ids": heads,
-        "texts": [text_entry(f"text {result.index}", "text", labels, maps, causal, len(attention.tokens))],
-        "examples": {},
-        "characteristic": [],
-        "continued_legend": CONTINUED_LEGEND,
-        "words": attention.view == "words",
-        "roles": [],
-        "scores": [],
-        "map_notes": [],
-    }
-    return viewer, n < len(attention.tokens)
 
 
 def script_json(data: Any) -> str:

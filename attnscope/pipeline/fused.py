@@ -1,4 +1,4 @@
-"""One Triton kernel for a layer's attention and the per-row summaries the statistics need (pipeline.capture's
+"""One Triton kernel for a layer's attention and the per-row summaries the statistics need (pipeline.blocks'
 LayerRows), in one pass over the keys: the logits never leave the chip.
 
 One program takes a block of BLOCK_M query rows of one query head of one window and walks its keys BLOCK_N at a
@@ -25,7 +25,7 @@ On a CUDA device the kernel is compiled by Triton; under Triton's interpreter (T
 imported: `interpreted()`) it runs on CPU tensors, with numpy, one program after another: exact, very slow, and how
 the tests check it without a GPU. Triton decides which when it is imported (it decorates its own functions, tl.sum
 and the like, then), so one process runs one or the other; the capture switches the interpreter on for the CPU when
-it can (pipeline.capture._import_fused).
+it can (pipeline.kernels.import_fused).
 
 This module imports triton at its top: the capture imports it only when the fused kernel runs.
 """

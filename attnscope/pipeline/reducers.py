@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from attnscope.pipeline.capture import AttentionBlock, LayerRows, Reducer
+from attnscope.pipeline.blocks import AttentionBlock, LayerRows, Reducer
 from attnscope.scores import pairs, rows
 from attnscope.scores.kinds import DEFAULT_WINDOW, Kind
 
@@ -30,7 +30,7 @@ class HeadStatistics(Reducer):
     # layer at 8 × 1024 tokens holds ~2.8 MiB, so it goes alone; a small model's many batches go together). Not more:
     # small tensors kept alive across batches pin the C heap under the batches' large temporaries (glibc cannot give
     # it back), and at 8 MiB a long run of the demo model peaked at 830 MB instead of 480 MB; at 1 MiB it stays at
-    # ~480 MB, as fast (scripts and figures in the README, "Small models").
+    # ~480 MB, as fast (scripts and figures in docs/performance.md, "Small models").
     PENDING_BYTES = 2**20
     # On a GPU, where the fused kernel leaves scoring's forty small kernels as a layer's main cost beside its
     # attention, a batch's layers are scored in one pass (GPT-2 small at 8 × 1024 tokens: 12 layers, 33 MB); no C
@@ -130,13 +130,44 @@ class ProbeStatistics(Reducer):
         return {name: means[..., k] for k, name in enumerate(rows.PROBE_SCORES)}
 
 
+class LayerBuffer:
+    """The attention of several layers of one batch, heads side by side, (B, L·H, n, n) for the layers `layers` in
+    their order: a pair of heads may span two layers whose attention exists at different moments of the forward
+    pass, so a reducer that compares them copies each block here (`add_block`) and reduces the whole batch once it
+    has run (`take`). The caller sizes batches so that this fits in memory (diversity's `layers_fit`)."""
+
+    def __init__(self, layers: Sequence[int]):
+        self.layers = list(layers)
+        self.maps: torch.Tensor | None = None  # (B, L·H, n, n), made by the batch's first block
+        self.lengths: torch.Tensor | None = None  # (B,)
+
+    def add_block(self, layer: int, block: AttentionBlock) -> None:
+        """Copy one block of query rows of `layer` (one of `layers`) into its place; keys the block did not reach
+        (after a causal block's last row) stay 0."""
+        attn, positions = block.probs, block.positions  # (B, H, b, k)
+        B, H, _, k = attn.shape
+        if self.maps is None:
+            n = block.n_keys
+            self.maps = torch.zeros(B, len(self.layers) * H, n, n, dtype=attn.dtype, device=attn.device)
+            self.lengths = block.lengths
+        first = self.layers.index(layer) * H
+        self.maps[:, first : first + H, int(positions[0]) : int(positions[-1]) + 1, :k] = attn
+
+    def take(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(maps (B, L·H, n, n), lengths (B,)) of the batch buffered, emptying the buffer; None when it is empty."""
+        if self.maps is None:
+            return None
+        taken = (self.maps, self.lengths)
+        self.maps, self.lengths = None, None
+        return taken
+
+
 class DiversityStatistics(Reducer):
     """Pairwise sums (dot products, JSD, sqrt JSD) between the heads of `layers`, over the scored rows of `kind`.
 
     One layer: each block the capture hands over holds all its heads, so pairs are summed block by block and
-    nothing is stored. Several layers: a pair may span two layers whose attention exists at different moments of
-    the forward pass, so those layers' blocks are copied into one buffer (B, L·H, n, n) until the batch ends
-    (`flush`, the capture's `on_batch`), then reduced; the caller sizes batches so that this stays within memory.
+    nothing is stored. Several layers: their blocks are copied into a LayerBuffer until the batch ends (`flush`, the
+    capture's `on_batch`), then reduced.
     """
 
     wants_blocks = True
@@ -150,8 +181,7 @@ class DiversityStatistics(Reducer):
         self.js = torch.zeros(K, K, dtype=torch.float64, device=device)
         self.js_root = torch.zeros(K, K, dtype=torch.float64, device=device)
         self.row_count = torch.zeros((), dtype=torch.long, device=device)
-        self.buffer: torch.Tensor | None = None  # (B, K, n, n) for several layers
-        self.lengths: torch.Tensor | None = None
+        self.buffer = LayerBuffer(self.layers)  # for several layers
 
     def _add(self, attn: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor) -> None:
         scored = self.kind.scored_rows(lengths, positions)  # (B, b)
@@ -165,24 +195,17 @@ class DiversityStatistics(Reducer):
     def add_block(self, layer: int, block: AttentionBlock) -> None:
         if layer not in self.layers:
             return
-        attn, positions = block.probs, block.positions  # (B, H, b, k), k = keys up to the block's last row
-        if len(self.layers) == 1:
-            self._add(attn, positions, block.lengths)
+        if len(self.layers) == 1:  # k = keys up to the block's last row
+            self._add(block.probs, block.positions, block.lengths)  # (B, H, b, k)
             return
-        B, H, _, k = attn.shape
-        if self.buffer is None:
-            n = block.n_keys
-            self.buffer = torch.zeros(B, len(self.layers) * H, n, n, dtype=attn.dtype, device=attn.device)
-            self.lengths = block.lengths
-        first = self.layers.index(layer) * H
-        self.buffer[:, first : first + H, int(positions[0]) : int(positions[-1]) + 1, :k] = attn
+        self.buffer.add_block(layer, block)
 
     def flush(self, _batch=None) -> None:
         """Reduce the buffered batch: heads of all layers side by side."""
-        if self.buffer is None:
-            return
-        maps, self.buffer = self.buffer, None
-        self._add(maps, torch.arange(maps.shape[2], device=maps.device), self.lengths)
+        buffered = self.buffer.take()
+        if buffered is not None:
+            maps, lengths = buffered  # (B, K, n, n), (B,)
+            self._add(maps, torch.arange(maps.shape[2], device=maps.device), lengths)
 
     def results(self) -> dict[str, torch.Tensor]:
         """(K, K) float64 on the host: cosine, js (mean JSD, bits), js_distance (mean sqrt JSD)."""
@@ -192,7 +215,7 @@ class DiversityStatistics(Reducer):
 class QueryRowReducer(Reducer):
     """Keeps rows `positions` of window 0's attention, every layer: rows[layer] is (H, P, n_keys) float32 on the
     host, one row per position asked for, in that order. In a causal model the keys after a query weigh exactly 0
-    (the capture leaves masked keys a weight of at most 1.6e-38, see capture.LOGIT_FLOOR)."""
+    (the capture leaves masked keys a weight of at most 1.6e-38, see blocks.LOGIT_FLOOR)."""
 
     wants_blocks = True
 

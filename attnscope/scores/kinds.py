@@ -130,7 +130,7 @@ class Kind:
 
     def layer_row_scores(self, rows: Any, window: int = DEFAULT_WINDOW) -> dict[str, torch.Tensor]:
         """The statistics of `row_scores` for every row of a layer, without any (n × n) tensor, from the capture's
-        per-row summaries `rows` (pipeline.capture.LayerRows: normalizer Z, expected_logit, gathered, visible,
+        per-row summaries `rows` (pipeline.blocks.LayerRows: normalizer Z, expected_logit, gathered, visible,
         gathered_visible, and peak and mass where the family has a sink). Exactly, with A_ij = exp(s_ij) / Z_i:
 
             A at a gathered key = exp(gathered) / Z_i

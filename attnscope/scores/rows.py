@@ -31,7 +31,7 @@ def sum_scored_rows(
     in the order of `kind.row_score_names`, local_uniform sum (scalar float64), scored row count (scalar)).
 
     With `layers` = L > 0 the windows are L layers' windows one layer after the other (B = L·B', layer-major, see
-    pipeline.capture.LayerRows.stack), and each layer keeps its own sums: (L, H, S), (L,) and (L,). (The L layers
+    pipeline.blocks.LayerRows.stack), and each layer keeps its own sums: (L, H, S), (L,) and (L,). (The L layers
     may be those of several batches of the same shape.)"""
     scored = kind.scored_rows(lengths, positions)  # (B, b)
     # scores side by side along a first dimension: a stack along the last one writes them element by element

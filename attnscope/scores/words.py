@@ -1,6 +1,6 @@
 """Attention between words: token maps summed over a word's keys and averaged over its queries.
 
-A word w is a span of consecutive token positions (pipeline.tokens.group_words). For a token map A (rows = queries,
+A word w is a span of consecutive token positions (pipeline.labels.group_words). For a token map A (rows = queries,
 columns = keys, each row a distribution over the keys it sees):
 
     attention to a word      A[i, w]  = Σ_{j ∈ w} A[i, j]                     (how much of row i lands on w)

@@ -84,11 +84,13 @@ def test_encoder_loss_and_gradient(cli, tiny_bert_dir):
 def test_top_is_the_number_of_rows_shown(cli, model_dir, top):
     code, out, err = cli("ablate", TEXT, "-m", model_dir, "--method", "gradient", "--top", top)
     assert code == 0, err
-    heads = _ablate(cli, TEXT, "-m", model_dir, "--method", "gradient", "--top", top)["heads"]
-    assert len(heads) == 8  # --top picks the table's rows; the JSON has every head
-    table = out.split("Most important heads")[1]
+    doc = _ablate(cli, TEXT, "-m", model_dir, "--method", "gradient", "--top", top)
+    heads = doc["heads"]
+    assert len(heads) == 8  # --top picks the ranked table's rows; the JSON has every head
+    grid, table = out.split("Most important heads")
+    assert len(re.findall(r"^\s*[01]\s+(?:-?\d+\s+){4}$", grid, re.MULTILINE)) == 2  # the grid: every head
     labels = re.findall(r"^\s*\d+\s+\d+\s+(\d+\.\d+)\s", table, re.MULTILINE)  # layer, head, label, ...
     by_rank = [h["label"] for h in sorted(heads, key=lambda h: h["rank"])]
-    assert labels == by_rank[:top]
+    assert labels == by_rank[:top] == doc["most_important"]  # the table, and its ranked list in the JSON
     importance = np.array([h["importance"] for h in heads])
     assert len(set(importance.round(6))) == 8  # distinct, so the order is the measurement's, not a tie's

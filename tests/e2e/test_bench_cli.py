@@ -13,13 +13,13 @@ import torch
 def test_bench_cli_reports_every_method_with_ratios(cli, tiny_model_dir, tmp_path):
     code, out, err = cli(
         "bench", "-m", tiny_model_dir, "--device", "cpu", "--seq-lens", "8,16", "--batch-sizes", "1,2",
-        "--repeats", "2", "--warmup", "0", "--json", "--out", tmp_path, "--no-micro",
+        "--repeats", "2", "--warmup", "0", "--json", "--out", tmp_path,
     )  # fmt: skip
     assert code == 0, err
     doc = json.loads(out)
     assert doc["command"] == "bench" and doc["settings"]["cpu_threads"] == torch.get_num_threads()
     assert (doc["settings"]["seq_lens"], doc["settings"]["batch_sizes"]) == ([8, 16], [1, 2])
-    assert doc["micro"] == []  # --no-micro
+    assert doc["micro"] == []  # off by default (--micro)
     rows = doc["results"]
     assert len(rows) == 4 * 2 * 2  # methods × batches × lengths
     assert {row["method"] for row in rows} == {"floor", "attnscope", "tutorial", "cache"}
@@ -46,10 +46,13 @@ def test_bench_times_all_head_diversity_exact_and_sampled(cli, tiny_model_dir):
     code, out, err = cli(
         "bench", "-m", tiny_model_dir, "--device", "cpu", "--seq-lens", "16", "--batch-sizes", "3",
         "--repeats", "1", "--warmup", "0", "--methods", "floor,diversity,diversity-sampled", "--sample-rows", "4",
-        "--no-micro", "--json",
+        "--micro", "--json",
     )  # fmt: skip
     assert code == 0, err
     doc = json.loads(out)
+    # --micro: the tutorials' width, whatever the model's, every head count at the one shape timed
+    assert doc["settings"]["micro_d_model"] == 512 and doc["model"]["d_model"] != 512
+    assert [(row["batch"], row["seq"], row["heads"]) for row in doc["micro"]] == [(3, 16, h) for h in (1, 4, 8, 16)]
     assert [row["method"] for row in doc["results"]] == ["floor", "diversity", "diversity-sampled"]
     assert doc["settings"]["sample_rows"] == 4
     assert all(row["time_vs_floor"] > 0 for row in doc["results"])

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from attnscope.pipeline.inputs import Text
-from attnscope.pipeline.tokens import batches, pad_id, probe_windows, tokenize
+from attnscope.pipeline.probe import probe_windows
+from attnscope.pipeline.tokens import batches, pad_id, tokenize
 from attnscope.scores import catalog, roles
 from attnscope.scores.rows import head_scores
 from tests.support import CAT, png_size, reference_maps
@@ -377,11 +378,18 @@ def test_every_command_is_listed_and_takes_the_output_options(cli):
     code, out, _ = cli("--help")
     assert code == 0
     assert all(command in out for command in COMMANDS)
+    from attnscope.cli import TOP_HELP
+
+    ranked = []
     for command in COMMANDS:
         code, out, err = cli(command, "--help")
         assert code == 0 and err == "", command
         for option in ("--json", "--csv", "--out", "--quiet"):
             assert option in out, (command, option)
+        if "--top" in out:  # one meaning, said the same way: the rows of each ranked table
+            ranked.append(command)
+            assert " ".join(TOP_HELP.split()) in " ".join(out.replace("│", " ").split()), command
+    assert ranked == ["heads", "diversity", "attend", "ablate"]
 
 
 @pytest.mark.parametrize(

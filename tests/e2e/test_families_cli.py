@@ -8,7 +8,8 @@ import json
 import pytest
 
 from attnscope.models.loading import load_model
-from attnscope.pipeline.tokens import token_labels, tokenize
+from attnscope.pipeline.labels import token_labels
+from attnscope.pipeline.tokens import tokenize
 from tests.support import FAMILY_MODELS, FAMILY_TEXTS
 
 EVERYDAY = {"llama", "modernbert"}

@@ -41,9 +41,7 @@ def test_a_full_disk_under_out_is_one_line_and_leaves_nothing(cli, tiny_model_di
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(path, data)
 
-    monkeypatch.setattr(files, "write_atomic", fill_up)
-    monkeypatch.setattr("attnscope.output.views.write_atomic", fill_up)
-    monkeypatch.setattr("attnscope.output.figures.write_atomic", fill_up, raising=False)
+    monkeypatch.setattr(files, "write_atomic", fill_up)  # every file of --out is written through it
     line = one_error_line(*cli("heads", CAT, "-m", tiny_model_dir, "--out", tmp_path / "results"))
     assert len(calls) == 3
     assert f"cannot write to --out {tmp_path / 'results'}: No space left on device" in line
@@ -137,7 +135,7 @@ def test_the_memory_estimate_is_below_what_a_forward_takes_and_grows_with_the_sh
     config = GPT2Config()
     weights = 4 * (config.vocab_size * 768 + 12 * 12 * 768 * 768)
     floor_8x1024 = estimated_bytes(config, 8, 1024, "floor", 4) - weights
-    # README: the floor's measured peak at 8 × 1024 is 1.4 GB; the estimate must not refuse what runs
+    # docs/performance.md: the floor's measured peak at 8 × 1024 is 1.4 GB; the estimate must not refuse what runs
     assert 0.8e9 < floor_8x1024 < 1.4e9
     assert estimated_bytes(config, 16, 1024, "floor", 4) > estimated_bytes(config, 8, 1024, "floor", 4)
     # the notebook ways run one text at a time, but keep every layer's maps of it

@@ -11,6 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
+from attnscope.output.scales import SCALES
 from tests.support import CAT
 
 BROWSER = shutil.which("chromium")
@@ -122,6 +123,7 @@ def test_page_is_self_contained_deterministic_and_carries_the_numbers(page, cli,
     assert data["diversity"]["command"] == "diversity" and "matrices" not in data["diversity"]
     assert data["diversity"]["order"] == diversity["order"]
     viewer = data["viewer"]
+    assert viewer["scales"] == {name: scale.as_data() for name, scale in SCALES.items()}  # the pictures' colours
     for name in ("js", "cosine"):
         expected = np.array(diversity["matrices"][name])
         np.fill_diagonal(expected, 0.0)
@@ -256,6 +258,31 @@ def test_clicking_a_head_shows_its_map_and_the_arrows_move(browser_page):
 
 
 @pytest.mark.slow
+def test_a_long_texts_map_keeps_its_labels_thinned_as_the_pictures_do(browser_page):
+    """The probe (101 tokens) is too long for a label per token: every k-th token is labelled with its position
+    (`40 river`), the first and the last kept, as output/figures.py thins a PNG's, none overlapping another."""
+    from attnscope.output.figures import thinned_ticks
+
+    page, _ = browser_page
+    data = _embedded(page.content())
+    induction = next(h for h in data["heads"]["heads"] if h["role"] == "induction")["label"]
+    page.click(f'table.rolemap td[data-head="{induction}"]')  # shown on the probe
+    probe = data["viewer"]["texts"][-1]
+    heat = page.locator('[data-viewer="head"] .asv-view .asv-heat').first
+    for side, along in (("cols", "x"), ("rows", "y")):
+        spans = heat.locator(f".asv-{side}.asv-thin span")
+        texts = spans.all_inner_texts()
+        positions = [int(text.split(" ")[0]) for text in texts]
+        assert len(positions) >= 5 and positions[0] == 0 and positions[-1] == probe["n"] - 1
+        assert positions == thinned_ticks(probe["n"], len(positions))  # the pictures' rule
+        assert all(text == f"{i} {probe['labels'][i]}" for i, text in zip(positions, texts, strict=True))
+        boxes = [spans.nth(k).bounding_box() for k in range(len(texts))]
+        extent = "width" if along == "x" else "height"
+        for before, after in zip(boxes, boxes[1:], strict=False):  # none overlaps the next
+            assert after[along] >= before[along] + before[extent] - 0.5
+
+
+@pytest.mark.slow
 def test_hovering_a_token_highlights_its_row_and_what_it_looks_at(browser_page):
     page, _ = browser_page
     page.click('table.rolemap td[data-head="0.2"]')  # the previous-token head
@@ -304,10 +331,26 @@ def test_no_console_error_no_request_and_the_ablation_grid(browser_page, demo_pa
     assert cells.count() == 8
     data = _embedded(page.content())
     strongest = max(data["ablation"]["heads"], key=lambda h: h["importance"])
-    colour = page.locator(f'table.asv-ablation td[data-head="{strongest["label"]}"]').evaluate(
-        "cell => getComputedStyle(cell).backgroundColor"
+    # every cell in the colour importance.png gives its value (output.scales' loss_change): the largest rise red
+    from types import SimpleNamespace
+
+    from attnscope.output.ablate import ablate_importance
+
+    importance = np.zeros((2, 4))
+    for head in data["ablation"]["heads"]:
+        importance[head["layer"], head["head"]] = head["importance"]
+    picture = ablate_importance(
+        SimpleNamespace(model={"name": "demo"}, inputs={}, importance=importance, method="loss")
     )
-    assert colour == "rgb(0, 114, 178)"  # the largest importance in the full blue of the diverging scale
+    image = picture.axes[0].images[0]
+    for head in data["ablation"]["heads"]:
+        colour = page.locator(f'table.asv-ablation td[data-head="{head["label"]}"]').evaluate(
+            "cell => getComputedStyle(cell).backgroundColor"
+        )
+        shown = np.array([int(c) for c in re.findall(r"\d+", colour)])
+        assert np.abs(shown - np.array(image.cmap(image.norm(head["importance"]))[:3]) * 255).max() <= 1.5, head
+        if head is strongest:
+            assert shown[0] > 150 > shown[2]  # red: the model needs this head most
     page.click(f'table.asv-ablation td[data-head="{strongest["label"]}"]')
     assert page.locator('[data-viewer="head"]').get_attribute("data-head") == strongest["label"]
     assert seen["console"] == []

@@ -116,7 +116,7 @@ def test_gpt2_small_parameter_count_from_its_config():
     import torch
     from transformers import GPT2Config, GPT2Model
 
-    from attnscope.models.loading import gpt2_parameter_count
+    from attnscope.models.facts import gpt2_parameter_count
 
     with torch.device("meta"):
         built = GPT2Model(GPT2Config())
@@ -127,7 +127,8 @@ def test_gpt2_small_parameter_count_from_its_config():
 
 def test_gpt2_formula_equals_the_loaded_model(tmp_path):
     """A GPT-2 unlike the tiny one of the other tests (which has the default MLP width, 4d): n_inner set."""
-    from attnscope.models.loading import load_model, model_facts
+    from attnscope.models.facts import model_facts
+    from attnscope.models.loading import load_model
 
     folder = build_tiny_gpt2(tmp_path, n_inner=48, n_layer=3, n_embd=24, n_head=3, n_positions=40)
     assert model_facts(str(folder), "cpu") == load_model(str(folder), "cpu").info()
@@ -135,7 +136,8 @@ def test_gpt2_formula_equals_the_loaded_model(tmp_path):
 
 def test_the_dtype_comes_from_the_weights_when_the_config_does_not_say(tmp_path, tiny_model_dir):
     """transformers' rule for `dtype="auto"`: the config's dtype, else the first floating-point tensor's."""
-    from attnscope.models.loading import load_model, model_facts
+    from attnscope.models.facts import model_facts
+    from attnscope.models.loading import load_model
 
     folder = tmp_path / "bf16"
     shutil.copytree(tiny_model_dir, folder)
@@ -162,7 +164,8 @@ FAST_FAMILIES = ["llama", "gemma2", "bert"]
 def test_info_of_every_family_equals_the_loaded_model(family_dir, family, tmp_path):
     """Counted on the architecture built on the meta device from config.json alone: every fact equals the model
     loaded with its weights (grouped-query attention, QK-norms, mixtures of experts, encoders' poolers)."""
-    from attnscope.models.loading import load_model, model_facts
+    from attnscope.models.facts import model_facts
+    from attnscope.models.loading import load_model
 
     shutil.copy(family_dir(family) / "config.json", tmp_path / "config.json")
     loaded = load_model(str(family_dir(family)), "cpu").info()

@@ -1,26 +1,23 @@
 """Words through the CLI, on the bundled demo model whose 4,096-entry vocabulary splits "doctor" into do|ct|or (the
 issue's example): `attend` from and to words of several tokens, WORD@K, errors that list tokens as tables show
-them, `--words` in `attend`, `show` and `heads --plot`, `--skip-first` and the sink note; and every `attend` and
-`show` example of the README, run on `-m demo`."""
+them, `--words` in `attend`, `show` and `heads --plot`, `--skip-first` and the sink note. (The docs' examples of
+`attend` and `show` run in tests/e2e/test_docs_examples.py.)"""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
-import re
-import shlex
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from attnscope.models.loading import load_model
 from attnscope.pipeline.inputs import Text
-from attnscope.pipeline.tokens import batches, pad_id, token_labels, tokenize
+from attnscope.pipeline.labels import token_labels
+from attnscope.pipeline.tokens import batches, pad_id, tokenize
 from tests.support import DOCTOR, png_size, reference_maps
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 DEMO = ("-m", "demo", "--device", "cpu")
 TWICE = "The doctor said that she would help the doctor."
 
@@ -168,34 +165,19 @@ def test_word_pictures_of_show_and_heads_plot(cli, tmp_path):
     for args in (
         ["show", DOCTOR, "--layer", "1", "--words"],
         ["show", DOCTOR, "--layer", "1", "--head", "0", "--words"],
+        ["show", DOCTOR, "--layer", "1"],  # the token picture, beside the words' (not over it)
     ):
         code, out, err = cli(*args, *DEMO, "--out", tmp_path / "show")
         assert code == 0, err
-    assert sorted(p.name for p in (tmp_path / "show").iterdir()) == ["attention_1.0.png", "attention_L1.png"]
+    assert sorted(p.name for p in (tmp_path / "show").iterdir()) == [
+        "attention_1.0_words.png",
+        "attention_L1.png",
+        "attention_L1_words.png",
+    ]
     for path in (tmp_path / "show").iterdir():
         png_size(path)
     code, out, err = cli("heads", DOCTOR, *DEMO, "--plot", "0.2", "--words", "--out", tmp_path / "heads")
     assert code == 0, err
-    png_size(tmp_path / "heads" / "attention_0.2.png")
+    png_size(tmp_path / "heads" / "attention_0.2_words.png")
     code, out, err = cli("heads", DOCTOR, *DEMO, "--words")
     assert code == 2 and "words (--words) draws the maps of plot (--plot L.H) word by word: give plot too" in err
-
-
-def _readme_examples(command: str) -> list[list[str]]:
-    """The README's example command lines of `command`, split as a shell would."""
-    lines = re.findall(rf"^ {{4}}attnscope {command} (.+)$", README.read_text(encoding="utf-8"), re.MULTILINE)
-    return [[command, *shlex.split(line)] for line in lines]
-
-
-def test_the_readme_shows_attend_and_show_examples():
-    assert len(_readme_examples("attend")) >= 3 and len(_readme_examples("show")) >= 3
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("command", ["attend", "show"])
-def test_every_readme_example_of_attend_and_show_runs_on_the_demo_model(cli, command, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # the examples write into relative folders
-    for args in _readme_examples(command):
-        code, out, err = cli(*args, *DEMO)
-        assert code == 0, (args, err)
-        assert "error" not in err, (args, err)

@@ -186,7 +186,7 @@ def test_notebook_html_of_every_command_escapes_the_texts(tiny, tmp_path):
 
 
 def test_show_lists_at_most_a_bounded_number_of_tokens(tiny):
-    from attnscope.output.notebook import MAX_MAP_TOKENS
+    from attnscope.output.show import MAX_MAP_TOKENS
 
     long_text = " ".join(["word"] * (MAX_MAP_TOKENS + 10))
     fragment = attnscope.show(tiny, long_text, layer=0, head=1)._repr_html_()

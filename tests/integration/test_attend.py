@@ -8,16 +8,8 @@ import pytest
 from attnscope.analyses.attend import Attend, find_word, parse_occurrence
 from attnscope.errors import AttnscopeError
 from attnscope.pipeline.inputs import Text
-from attnscope.pipeline.tokens import (
-    BYTE_LEVEL,
-    SENTENCEPIECE,
-    WORDPIECE,
-    Labels,
-    batches,
-    label_pieces,
-    pad_id,
-    tokenize,
-)
+from attnscope.pipeline.labels import BYTE_LEVEL, SENTENCEPIECE, WORDPIECE, Labels, label_pieces
+from attnscope.pipeline.tokens import batches, pad_id, tokenize
 from tests.support import reference_maps
 
 SENTENCE = "The doctor said that she would help the doctor."

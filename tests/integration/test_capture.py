@@ -8,6 +8,7 @@ import torch
 
 from attnscope.analyses.heads import analyze_heads
 from attnscope.pipeline import capture
+from attnscope.pipeline.blocks import Reducer
 from attnscope.pipeline.reducers import HeadStatistics
 from attnscope.pipeline.tokens import batches, pad_id, tokenize
 from attnscope.scores import rows
@@ -53,7 +54,7 @@ def test_a_decoder_capture_puts_no_weight_after_the_query(tiny):
     n = batch.input_ids.shape[1]
     above_diagonal = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
     for layer in range(tiny.n_layer):
-        # causal, padded rows included: a masked key weighs at most exp(-87) / Z (capture.LOGIT_FLOOR)
+        # causal, padded rows included: a masked key weighs at most exp(-87) / Z (blocks.LOGIT_FLOOR)
         assert float(captured[layer][..., above_diagonal].abs().max()) < 1e-37
 
 
@@ -97,7 +98,7 @@ def test_model_output_is_unchanged_by_the_capture(model, batch):
     outputs = []
     hook = model.model.register_forward_hook(lambda module, args, output: outputs.append(output.last_hidden_state))
     try:
-        capture.run(model.model, [batch], capture.Reducer())
+        capture.run(model.model, [batch], Reducer())
         capture.run(model.model, [batch], None)
     finally:
         hook.remove()

@@ -17,8 +17,10 @@ from attnscope.errors import AttnscopeError
 from attnscope.models.families import FAMILIES, family_of
 from attnscope.models.loading import load_model
 from attnscope.pipeline import capture
+from attnscope.pipeline.blocks import Reducer
+from attnscope.pipeline.probe import probe_windows
 from attnscope.pipeline.reducers import HeadStatistics
-from attnscope.pipeline.tokens import batches, pad_id, probe_windows, tokenize
+from attnscope.pipeline.tokens import batches, pad_id, tokenize
 from attnscope.scores import rows
 from tests.support import FAMILY_MODELS, FAMILY_TEXTS, WINDOW, visible_keys
 
@@ -136,7 +138,7 @@ def test_learned_sinks_leave_each_row_less_than_one(loaded):
     batch = _batch(model)
     totals = {}
 
-    class Totals(capture.Reducer):
+    class Totals(Reducer):
         wants_blocks = True
 
         def add_block(self, layer, block):
@@ -226,3 +228,36 @@ def test_a_layer_the_capture_misses_is_an_error_not_a_wrong_number(loaded, monke
     monkeypatch.setattr(attention, "layer_idx", 0)  # layer 1's attention now reports as layer 0's: layer 1 unseen
     with pytest.raises(AttnscopeError, match=r"the attention of layer 1 did not go through"):
         analyze_heads(model, FAMILY_TEXTS[:1], probe=False)
+
+
+def test_grouped_query_attention_shows_which_key_value_head_each_head_reads(loaded, tmp_path):
+    """A tiny Llama whose 4 query heads share 2 key/value heads: the heads table (terminal and notebook) and the
+    report page (its table of every head, its role map) say which key/value head each query head reads, h // 2 as
+    transformers' repeat_kv has it; GPT-2 (one key/value head per query head) shows no such column."""
+    import re
+
+    from rich.console import Console
+
+    from attnscope.analyses.heads import Heads
+    from attnscope.analyses.report import Report
+    from attnscope.output.views import view_of
+
+    model = loaded("llama")
+    assert (model.n_head, model.n_kv_head) == (4, 2)
+    result = Heads(probe=False).run(model, FAMILY_TEXTS[:1])
+    console = Console(width=160, record=True, color_system=None)
+    for item in view_of(result).terminal([]):
+        console.print(item)
+    text = console.export_text()
+    assert re.search(r"^\s*head\s+kv\s+role", text, re.M)
+    rows = [line.split() for line in text.splitlines() if re.match(r"\s*\d+\.\d+\s", line)]
+    assert [(row[0], row[1]) for row in rows] == [
+        (f"{layer}.{head}", str(head // 2)) for layer in (0, 1) for head in range(4)
+    ]
+    assert ">kv</th>" in view_of(result).notebook()
+    report = Report(Heads(probe=False), diversity=False).run(model, FAMILY_TEXTS[:1])
+    page = view_of(report).files(tmp_path)[0].read_text()
+    for layer in (0, 1):
+        for head in range(4):
+            assert f'<tr data-head="{layer}.{head}"><td>{layer}.{head}</td><td>{head // 2}</td>' in page
+    assert page.count('<th colspan="2" class="kv"') == 2 and "reads key/value head 1" in page

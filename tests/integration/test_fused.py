@@ -15,7 +15,8 @@ import torch
 from attnscope.analyses.heads import analyze_heads
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import load_model
-from attnscope.pipeline import capture
+from attnscope.pipeline import block_path, capture, kernels
+from attnscope.pipeline.blocks import Reducer
 from attnscope.pipeline.reducers import HeadStatistics
 from attnscope.pipeline.tokens import batches, pad_id, tokenize
 from attnscope.scores import rows
@@ -26,7 +27,7 @@ if torch.cuda.is_available() or not fused.interpreted():
     pytest.skip("the interpreter is off in this process (a GPU compiles the kernel)", allow_module_level=True)
 
 UNBOUNDED = fused.UNBOUNDED
-INTERPRETER_NOTES = [capture.INTERPRETER_NOTE]  # what a run wholly through the fused kernel says
+INTERPRETER_NOTES = [kernels.INTERPRETER_NOTE]  # what a run wholly through the fused kernel says
 
 
 # ------------------------------------------------------------------------------- the kernel, from scratch
@@ -112,7 +113,7 @@ def test_half_precision_inputs_keep_float32_statistics(dtype):
     """bfloat16 and float16 queries, keys and values: the logits and every statistic are float32 sums of exact
     products of the inputs, so they equal the from-scratch values of the same (rounded) inputs to 1e-5; the output
     has the input's dtype and is off by its rounding and the weights' (each rounded to that dtype before A·V, as
-    tensor cores take them): at most 2^-7 of the largest value (the README's bound)."""
+    tensor cores take them): at most 2^-7 of the largest value (the bound docs/gpu.md states)."""
     q, k, v, limits, wanted = _inputs(dtype)
     expected = reference(q, k, v, 0.3, limits, 5, 1, wanted)
     got = fused.fused_attention(q, k, v, 0.3, limits, 5, 1, wanted)
@@ -194,7 +195,7 @@ def test_reducers_that_want_blocks_take_the_block_path_with_a_note(tiny):
     kernel is asked for by name; asked for automatically, it goes unsaid."""
     batch = _one_batch(tiny, TEXTS[1:3])
 
-    class Blocks(capture.Reducer):
+    class Blocks(Reducer):
         wants_blocks = True
 
         def __init__(self):
@@ -203,7 +204,7 @@ def test_reducers_that_want_blocks_take_the_block_path_with_a_note(tiny):
         def add_block(self, layer, block):
             self.layers.append(layer)
 
-    for kernel, notes in (("fused", [capture.BLOCKS_WANTED]), ("auto", [])):
+    for kernel, notes in (("fused", [kernels.BLOCKS_WANTED]), ("auto", [])):
         reducer = Blocks()
         assert capture.run(tiny.model, [batch], reducer, kernel=kernel).notes == notes
         assert sorted(set(reducer.layers)) == [0, 1]  # every layer's blocks arrived
@@ -216,7 +217,7 @@ def test_kept_maps_take_the_block_path_and_the_other_layers_the_kernel(tiny):
     fused_model = dataclasses.replace(tiny, kernel="fused")
     got = analyze_heads(fused_model, TEXTS[1:3], plot=("1.2",), probe=False)
     expected = analyze_heads(tiny, TEXTS[1:3], plot=("1.2",), probe=False)
-    assert got.notes == [capture.INTERPRETER_NOTE, capture.BLOCKS_WANTED]  # layer 0 came first
+    assert got.notes == [kernels.INTERPRETER_NOTE, kernels.BLOCKS_WANTED]  # layer 0 came first
     assert torch.allclose(got.attention[1].maps, expected.attention[1].maps, atol=1e-5)  # layer 0 fed it
     for a, b in zip(got.heads, expected.heads, strict=True):
         for score in got.measured:
@@ -236,39 +237,43 @@ def test_a_mask_the_kernel_cannot_derive_falls_back_to_blocks_with_a_note(tiny_b
         assert torch.equal(kernel_means[score], value), score
 
 
-def test_the_kernel_setting_resolves_per_device(monkeypatch):
+def test_the_kernel_is_decided_per_device_once_in_a_process(monkeypatch, request):
+    kernels.decide.cache_clear()  # decide anew, as a fresh process would
+    request.addfinalizer(kernels.decide.cache_clear)  # and keep no decision made under the stubs below
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert capture.resolve_kernel("auto", cpu) == "blocks"  # the CPU's fast path
-    assert capture.resolve_kernel("blocks", cuda) == "blocks"
-    assert capture.resolve_kernel("fused", cpu) == "fused"  # under the interpreter
+    assert kernels.decide("auto", cpu) == "blocks"  # the CPU's fast path
+    assert kernels.decide("blocks", cuda) == "blocks"
+    assert kernels.decide("fused", cpu) == "fused"  # under the interpreter
     with pytest.raises(AttnscopeError, match="kernel 'flash': use one of auto, fused, blocks"):
-        capture.resolve_kernel("flash", cpu)
+        kernels.decide("flash", cpu)
     with pytest.raises(AttnscopeError, match="not on mps"):
-        capture.resolve_kernel("fused", torch.device("mps"))
+        kernels.decide("fused", torch.device("mps"))
     # Triton missing: fused is an error naming the extra to install, auto quietly the block path
     import attnscope.pipeline
 
     monkeypatch.delattr(attnscope.pipeline, "fused")
     monkeypatch.delitem(sys.modules, "attnscope.pipeline.fused")
     monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` now fails
-    assert capture.resolve_kernel("auto", cuda) == "blocks"
+    assert kernels.decide("fused", cpu) == "fused"  # decided once: the process's first answer stands
+    kernels.decide.cache_clear()  # a process without Triton
+    assert kernels.decide("auto", cuda) == "blocks"
     with pytest.raises(
         AttnscopeError, match=r"kernel fused: Triton cannot be imported .*pip install 'attnscope\[gpu\]'"
     ):
-        capture.resolve_kernel("fused", cpu)
+        kernels.decide("fused", cpu)
 
 
 def test_the_block_path_sizes_its_blocks_from_the_gpus_free_memory(monkeypatch):
     """On the CPU the measured constant; on a GPU an eighth of the free memory (torch's cache included) for the
     batch, within [BLOCK_BYTES per window, GPU_BLOCK_MAX]."""
     cuda = torch.device("cuda")
-    assert capture.block_bytes(torch.device("cpu"), 8) == capture.BLOCK_BYTES
+    assert block_path.block_bytes(torch.device("cpu"), 8) == block_path.BLOCK_BYTES
     memory = {"free": 64 * 2**30, "reserved": 2 * 2**30, "allocated": 2**30}
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (memory["free"], 80 * 2**30))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: memory["reserved"])
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: memory["allocated"])
-    assert capture.block_bytes(cuda, 8) == capture.GPU_BLOCK_MAX // 8  # 65 GiB / 8 is over the cap
+    assert block_path.block_bytes(cuda, 8) == block_path.GPU_BLOCK_MAX // 8  # 65 GiB / 8 is over the cap
     memory["free"] = 7 * 2**30
-    assert capture.block_bytes(cuda, 4) == 2**30 // 4  # (7 + 1) GiB / 8, over 4 windows
+    assert block_path.block_bytes(cuda, 4) == 2**30 // 4  # (7 + 1) GiB / 8, over 4 windows
     memory["free"], memory["reserved"] = 0, memory["allocated"]
-    assert capture.block_bytes(cuda, 64) == capture.BLOCK_BYTES  # never below the CPU's block
+    assert block_path.block_bytes(cuda, 64) == block_path.BLOCK_BYTES  # never below the CPU's block

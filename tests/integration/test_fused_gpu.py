@@ -30,7 +30,7 @@ def test_the_compiled_kernel_equals_the_block_path(model_dir, dtype):
     fused, notes = _means(loaded, batch, "fused")
     blocks, _ = _means(loaded, batch, "blocks")
     assert notes == []  # compiled, and no layer fell back
-    tolerance = 1e-5 if dtype == "float32" else 2e-2  # the block path rounds bfloat16 logits (README, "Using a GPU")
+    tolerance = 1e-5 if dtype == "float32" else 2e-2  # the block path rounds bfloat16 logits (docs/gpu.md)
     for score, value in blocks.items():
         assert torch.allclose(fused[score], value, atol=tolerance), score
 

@@ -8,7 +8,8 @@ from attnscope.analyses.maps import Show, attention_maps
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import load_model
 from attnscope.pipeline.inputs import Text
-from attnscope.pipeline.tokens import batches, pad_id, token_labels, tokenize
+from attnscope.pipeline.labels import token_labels
+from attnscope.pipeline.tokens import batches, pad_id, tokenize
 from tests.support import TEXTS, reference_maps
 
 
@@ -37,7 +38,7 @@ def test_the_maps_are_rows_of_probabilities_over_the_visible_keys(model):
     n = maps.shape[-1]
     assert float((maps.sum(-1) - 1).abs().max()) < 1e-5
     if model.kind.causal:
-        # a masked key weighs at most exp(-87) / Z (capture.LOGIT_FLOOR)
+        # a masked key weighs at most exp(-87) / Z (blocks.LOGIT_FLOOR)
         assert float(maps.triu(diagonal=1).abs().max()) < 1e-37
     else:
         assert float(maps.triu(diagonal=1).sum()) > 0.1 * n

@@ -10,7 +10,9 @@ from attnscope.analyses.ablate import Ablate
 from attnscope.analyses.diversity import analyze_diversity
 from attnscope.analyses.heads import Heads, analyze_heads
 from attnscope.analyses.report import Report
-from attnscope.pipeline.tokens import Window, batches, label_window, pad_id, probe_windows, tokenize
+from attnscope.pipeline.labels import label_window
+from attnscope.pipeline.probe import probe_windows
+from attnscope.pipeline.tokens import Window, batches, pad_id, tokenize
 from attnscope.scores.catalog import DEFAULT_THRESHOLDS, ROLES
 from tests.support import TEXTS, reference_maps
 

@@ -9,16 +9,9 @@ import torch
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import load_model
 from attnscope.pipeline.inputs import Text
-from attnscope.pipeline.tokens import (
-    PROBE_SEQUENCES,
-    batches,
-    default_bos,
-    pad_id,
-    probe_windows,
-    special_tokens,
-    token_labels,
-    tokenize,
-)
+from attnscope.pipeline.labels import token_labels
+from attnscope.pipeline.probe import PROBE_SEQUENCES, probe_windows
+from attnscope.pipeline.tokens import batches, default_bos, pad_id, special_tokens, tokenize
 from attnscope.scores.kinds import DECODER, ENCODER
 from tests.support import TEXTS, build_tiny_bert
 

@@ -16,17 +16,8 @@ from attnscope.analyses.maps import Show
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import demo_model_dir, load_model
 from attnscope.pipeline.inputs import Text
-from attnscope.pipeline.tokens import (
-    BYTE_LEVEL,
-    SENTENCEPIECE,
-    WORDPIECE,
-    batches,
-    label_window,
-    pad_id,
-    token_labels,
-    tokenize,
-    vocabulary_style,
-)
+from attnscope.pipeline.labels import BYTE_LEVEL, SENTENCEPIECE, WORDPIECE, label_window, token_labels, vocabulary_style
+from attnscope.pipeline.tokens import batches, pad_id, tokenize
 from tests.support import DOCTOR, TOKENIZER_DIR, TOKENIZERS
 
 SENTENCES = [

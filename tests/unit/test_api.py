@@ -18,7 +18,7 @@ from attnscope.analyses.heads import HeadRecord, Heads, HeadsResult
 from attnscope.errors import AttnscopeError
 from attnscope.output.notebook import html
 from attnscope.output.views import view_of
-from attnscope.pipeline.tokens import Labels
+from attnscope.pipeline.labels import Labels
 from attnscope.scores import catalog
 from attnscope.scores.kinds import DECODER
 from attnscope.scores.roles import Role, parse_thresholds

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnscope.analyses import bench
+from attnscope.analyses import bench, harness, micro_bench
 from attnscope.scores import rows
 from attnscope.scores.kinds import DECODER
 from attnscope.scores.reference import multi_head_attention, numpy_mha_batched, numpy_mha_loop
@@ -24,7 +24,7 @@ def test_records_ratios_are_the_ratios_of_the_medians():
         "tutorial": ([7.0, 5.0, 6.0], [400, 420, 410]),
         "cache": ([4.0, 4.4, 4.2], [500, 500, 600]),
     }
-    measurements = [bench.Measurement(name, 2, 16, times, peaks) for name, (times, peaks) in runs.items()]
+    measurements = [harness.Measurement(name, 2, 16, times, peaks) for name, (times, peaks) in runs.items()]
     records = {row["method"]: row for row in bench.records(measurements)}
     time = {name: statistics.median(times) for name, (times, _) in runs.items()}
     memory = {name: statistics.median(peaks) for name, (_, peaks) in runs.items()}
@@ -48,7 +48,7 @@ def test_records_ratios_are_the_ratios_of_the_medians():
 
 
 def test_records_without_a_floor_have_no_ratios_to_it():
-    alone = bench.records([bench.Measurement("attnscope", 1, 8, [1.0], [0])])[0]
+    alone = bench.records([harness.Measurement("attnscope", 1, 8, [1.0], [0])])[0]
     assert alone["time_vs_floor"] is None and alone["memory_vs_floor"] is None
     assert alone["speedup_vs_tutorial"] is None and alone["time_vs_tutorial"] is None
     assert alone["runs"] == 1 and alone["spread"] == 0.0  # one run: no spread to speak of (shown as '–')
@@ -56,10 +56,10 @@ def test_records_without_a_floor_have_no_ratios_to_it():
 
 def test_measure_runs_round_robin(monkeypatch):
     """Warm-up rounds, then each round runs every method once timed and once for memory, starting one later."""
-    monkeypatch.setattr(bench, "_release_freed_memory", lambda: None)  # a garbage collection per run: slow here
+    monkeypatch.setattr(harness, "_release_freed_memory", lambda: None)  # a garbage collection per run: slow here
     calls = []
     runs = {name: (lambda count, name=name: calls.extend([name] * count)) for name in bench.METHODS}
-    measured = bench.measure(runs, torch.device("cpu"), warmup=1, repeats=3)  # no sample_s: one call a sample
+    measured = harness.measure(runs, torch.device("cpu"), warmup=1, repeats=3)  # no sample_s: one call a sample
     f, a, t, c = bench.METHODS
     rounds = [[f, a, t, c], [a, t, c, f], [t, c, f, a]]
     assert calls == [f, a, t, c] + [name for order in rounds for name in order * 2]  # timed, then memory
@@ -69,7 +69,7 @@ def test_measure_runs_round_robin(monkeypatch):
 
 def test_a_short_call_is_timed_over_several_calls(monkeypatch):
     """A sample makes as many calls as fill sample_s by the warm-up's time, and reports the time of one call."""
-    monkeypatch.setattr(bench, "_release_freed_memory", lambda: None)
+    monkeypatch.setattr(harness, "_release_freed_memory", lambda: None)
     counts = {"short": [], "long": []}
 
     def run(name, seconds):
@@ -80,7 +80,7 @@ def test_a_short_call_is_timed_over_several_calls(monkeypatch):
         return calls
 
     runs = {"short": run("short", 0.002), "long": run("long", 0.03)}
-    measured = bench.measure(runs, torch.device("cpu"), warmup=1, repeats=2, sample_s=0.02)
+    measured = harness.measure(runs, torch.device("cpu"), warmup=1, repeats=2, sample_s=0.02)
     # warm-up: one call each; then per round one timed sample and one call for memory
     assert counts["long"] == [1, 1, 1, 1, 1]
     assert counts["short"][0] == 1 and counts["short"][2] == 1 and 2 <= counts["short"][1] <= 10
@@ -145,7 +145,7 @@ def test_numpy_attention_variants_agree_with_torch(causal):
 
 
 def test_micro_benchmark_follows_the_sizes_it_is_given():
-    rows_, notes = bench.micro_benchmark(d_model=32, heads=(1, 4), seqs=(8, 16), batches=(1, 3), repeats=1)
+    rows_, notes = micro_bench.micro_benchmark(d_model=32, heads=(1, 4), seqs=(8, 16), batches=(1, 3), repeats=1)
     assert notes == []
     shapes = [(row["batch"], row["seq"], row["heads"], row["d_head"]) for row in rows_]
     assert shapes == [(b, n, h, 32 // h) for b in (1, 3) for n in (8, 16) for h in (1, 4)]
@@ -162,16 +162,16 @@ def test_micro_benchmark_runs_every_sequence_of_a_batch(monkeypatch):
     monkeypatch.setattr(reference, "numpy_mha_loop", lambda x, w, b, h: seen.append(("loop", x.shape, h)))
     monkeypatch.setattr(reference, "numpy_mha_batched", lambda x, w, b, h: seen.append(("batched", x.shape, h)))
     monkeypatch.setattr(reference, "multi_head_attention", lambda x, w, b, h: seen.append(("torch", x.shape, h)))
-    bench.micro_benchmark(d_model=8, heads=(2,), seqs=(5,), batches=(3,), repeats=1, warmup=0)
+    micro_bench.micro_benchmark(d_model=8, heads=(2,), seqs=(5,), batches=(3,), repeats=1, warmup=0)
     assert sorted(set(seen)) == [("batched", (5, 8), 2), ("loop", (5, 8), 2), ("torch", (3, 5, 8), 2)]
     assert [name for name, *_ in seen].count("loop") == 3  # the batch's three sequences, one call
 
 
 def test_micro_benchmark_skips_a_shape_that_would_not_fit(monkeypatch):
-    monkeypatch.setattr(bench, "available_bytes", lambda device: 10 * 2**20)  # 10 MiB
-    rows_, notes = bench.micro_benchmark(d_model=16, heads=(2,), seqs=(8, 1024), batches=(1,), repeats=1)
+    monkeypatch.setattr(micro_bench, "available_bytes", lambda device: 10 * 2**20)  # 10 MiB
+    rows_, notes = micro_bench.micro_benchmark(d_model=16, heads=(2,), seqs=(8, 1024), batches=(1,), repeats=1)
     assert [row["seq"] for row in rows_] == [8]
-    need = bench.micro_bytes(1, 1024, 2) / 2**30  # 4 arrays of 2 × 1024² float32: 32 MiB
+    need = micro_bench.micro_bytes(1, 1024, 2) / 2**30  # 4 arrays of 2 × 1024² float32: 32 MiB
     assert notes == [
         f"micro-benchmark skipped at 1 × 1024: its attention would take about {need:,.1f} GiB on cpu, more than "
         "the 0.0 GiB available"

@@ -205,7 +205,7 @@ def _head_record(layer, head, role, **scores):
 
 def test_a_heads_record_holds_every_score_of_the_catalog_in_order():
     from attnscope.output.documents import to_csv, to_json
-    from attnscope.output.views import head_records
+    from attnscope.output.heads import head_records
 
     record = _head_record(1, 2, "mixed", previous_token=0.25, entropy=1.5, induction=0.125)
     [written] = head_records([record], {"n_head": 4, "n_kv_head": 2})

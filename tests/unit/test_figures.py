@@ -1,4 +1,5 @@
-"""Figures (output.figures): the properties a reader relies on, checked on the returned Figures, not on pixels.
+"""Figures (output.figures, and each command's in its room output/<command>.py): the properties a reader relies on,
+checked on the returned Figures, not on pixels.
 
 Each drawing function returns a matplotlib Figure; the tests read its parts (images and their norms, colour bars,
 tick labels, legends, axis limits) against values worked out by hand or by scipy.
@@ -6,12 +7,18 @@ tick labels, legends, axis limits) against values worked out by hand or by scipy
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ElementTree
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from attnscope.output import ablate as ablate_room
+from attnscope.output import bench as bench_room
+from attnscope.output import diversity as diversity_room
+from attnscope.output import heads as heads_room
+from attnscope.output import random_mha as random_mha_room
 from attnscope.scores.catalog import ROLE_NAMES, ROLES, SCORE, SCORE_NAMES
 
 LABELS = [f"{layer}.{head}" for layer in range(12) for head in range(12)]  # GPT-2 small's 144 heads
@@ -85,6 +92,56 @@ def test_vector_files_are_written_and_parse(tmp_path):
     assert b"CreationDate" not in data  # nothing that changes from run to run
 
 
+def test_the_words_view_of_a_map_has_a_file_name_of_its_own():
+    """`show --words` (and `heads --plot --words`) writes attention_L1_words.png: the token picture of the same
+    layer, in the same folder, is not overwritten."""
+    from attnscope.output.show import ShowView
+
+    for head, stem in ((None, "attention_L1"), (2, "attention_1.2")):
+        for view, suffix in (("tokens", ""), ("words", "_words")):
+            result = SimpleNamespace(head=head, attention=SimpleNamespace(layer=1, view=view))
+            assert ShowView(result).stem == stem + suffix
+
+
+def test_vector_files_keep_their_text_as_text_for_a_paper():
+    """A PDF embeds its fonts as TrueType (fonttype 42: a font program, /FontFile2), never as Type 3 (glyphs as
+    drawings, which journals' checks refuse); an SVG keeps every text as a <text> element, editable."""
+    figures = _figures()
+    pdf = figures.render(_small_figure(), "pdf")
+    assert b"/Type3" not in pdf and b"/FontFile2" in pdf
+    svg = ElementTree.fromstring(figures.render(_small_figure(), "svg"))
+    texts = ["".join(text.itertext()) for text in svg.iter("{http://www.w3.org/2000/svg}text")]
+    assert "Some score per head" in texts and "tiny, 3 texts" in texts
+
+
+def _tick_sizes(figure) -> list[float]:
+    """The font size of every tick label of `figure` that has text."""
+    return [
+        label.get_fontsize()
+        for axes in figure.axes
+        for label in [*axes.get_xticklabels(), *axes.get_yticklabels()]
+        if label.get_text() and label.get_visible()
+    ]
+
+
+def test_tick_labels_are_at_least_7_points_at_the_figures_size():
+    """At its size in inches (a print's), no figure labels a tick below 7 pt: long texts and many heads thin their
+    labels instead (every head of GPT-2 small's 144 still labelled, on a larger matrix: the test after next)."""
+    figures = _figures()
+    rng = np.random.default_rng(0)
+    tokens = [f"tok{k}" for k in range(90)]
+    drawn = [
+        figures.attention_heatmap(rng.random((90, 90)), tokens, "long"),  # thinned at 8 pt
+        figures.layer_grid(rng.random((2, 90, 90)), tokens, "layer"),  # thinned at 7 pt
+        figures.head_matrix(rng.random((40, 40)), LABELS[:40], "JS", "JS divergence (bits)"),  # 144: below
+        figures.score_heatmap(rng.random((48, 25)), "many", "fraction"),  # and the role map's axes, the same
+        bench_room.bench_figure(_bench_result()),  # and every line plot's axes, the same
+    ]
+    for figure in drawn:
+        sizes = _tick_sizes(figure)
+        assert sizes and min(sizes) >= figures.TICK_MIN == 7.0
+
+
 @pytest.mark.parametrize(
     "dpi", [50, pytest.param(150, marks=pytest.mark.slow), pytest.param(300, marks=pytest.mark.slow)]
 )
@@ -126,25 +183,68 @@ def test_a_signed_score_is_drawn_on_a_diverging_map_centred_at_zero():
     figures = _figures()
     lift = np.array([[-0.3, 0.2, 0.9, 0.0], [-0.1, 0.5, 0.4, 0.1]])  # (L, H)
     result = _heads_result([["local"] * 4, ["mixed"] * 4], {"local_lift": lift, "local": (lift + 1) / 2})
-    figure = figures.heads_score_heatmap(result, "local_lift")
+    figure = heads_room.heads_score_heatmap(result, "local_lift")
     image = figure.axes[0].images[0]
     assert image.norm(0.0) == pytest.approx(0.5)  # 0 in the middle of the map
     assert image.norm.vmin == pytest.approx(-image.norm.vmax) and image.norm.vmax >= 0.9
-    assert image.cmap.name.startswith(figures.DIVERGING_CMAP)
+    assert image.cmap.name == figures.DIVERGING_SCALE
     # a fraction stays on a sequential map from 0 to 1
-    image = figures.heads_score_heatmap(result, "local").axes[0].images[0]
-    assert (image.norm.vmin, image.norm.vmax) == (0.0, 1.0) and image.cmap.name.startswith(figures.SEQUENTIAL_CMAP)
+    image = heads_room.heads_score_heatmap(result, "local").axes[0].images[0]
+    assert (image.norm.vmin, image.norm.vmax) == (0.0, 1.0) and image.cmap.name == figures.SEQUENTIAL_SCALE
 
 
 def test_ablation_importance_is_centred_at_zero_for_the_loss_and_from_zero_for_the_gradient():
-    figures = _figures()
     importance = np.array([[0.5, -0.2, 0.1, 0.0], [0.05, 0.3, -0.4, 0.2]])
     loss = SimpleNamespace(model=MODEL, inputs=INPUTS, importance=importance, method="loss")
-    norm = figures.ablate_importance(loss).axes[0].images[0].norm
+    norm = ablate_room.ablate_importance(loss).axes[0].images[0].norm
     assert norm(0.0) == pytest.approx(0.5) and (norm.vmin, norm.vmax) == pytest.approx((-0.5, 0.5))
     gradient = SimpleNamespace(model=MODEL, inputs=INPUTS, importance=np.abs(importance), method="gradient")
-    norm = figures.ablate_importance(gradient).axes[0].images[0].norm
+    norm = ablate_room.ablate_importance(gradient).axes[0].images[0].norm
     assert (norm.vmin, norm.vmax) == pytest.approx((0.0, 0.5))
+
+
+def _rgb(image, value) -> np.ndarray:
+    """The colour (0-255) a figure's image gives `value`."""
+    return np.array(image.cmap(image.norm(value))[:3]) * 255
+
+
+def test_ablation_and_similarity_colours_mean_the_same_in_the_pictures_the_page_and_a_notebook():
+    """One scale per quantity (output.scales), read by the pictures, sent to the report page in its data, and used
+    by the notebook's grid: a loss that rises without a head is red everywhere, a JS divergence of 0 (the same
+    rows) and a cosine of 1 are dark everywhere."""
+    from attnscope.output.scales import SCALES
+
+    def luminance(rgb):
+        return float(np.dot(rgb, [0.2126, 0.7152, 0.0722]) / 255)
+
+    importance = np.array([[0.5, -0.2, 0.1, 0.0], [0.05, 0.3, -0.4, 0.2]])
+    loss = SimpleNamespace(model=MODEL, inputs=INPUTS, importance=importance, method="loss", notes=[])
+    image = loss_image = ablate_room.ablate_importance(loss).axes[0].images[0]
+    for value in (-0.5, -0.4, -0.1, 0.0, 0.05, 0.3, 0.5):
+        assert np.abs(_rgb(image, value) - SCALES["loss_change"].rgb(value, 0.5)).max() <= 1, value
+    red, _, blue = _rgb(image, 0.5)
+    assert red > 150 > blue  # the largest rise: red, as the page says
+    red, _, blue = _rgb(image, -0.5)
+    assert blue > 150 > red
+    result = _clustered_diversity()
+    for name, similar, distinct in (("js", 0.0, 1.0), ("cosine", 1.0, 0.0)):
+        image = diversity_room.diversity_matrix(result, name).axes[0].images[0]
+        for value in (0.0, 0.2, 0.55, 1.0):
+            assert np.abs(_rgb(image, value) - SCALES[name].rgb(value, 1.0)).max() <= 1, (name, value)
+        assert luminance(_rgb(image, similar)) < 0.2 < 0.6 < luminance(_rgb(image, distinct))  # dark = similar
+    # a notebook's ablation grid: each cell in the picture's colour
+    view = ablate_room.AblateView(
+        SimpleNamespace(
+            **{**vars(loss), "inputs": {**INPUTS, "predicted_tokens": 9}}, baseline_loss=1.0, settings={"top": 2},
+            ablated_loss=None, prune=[], ranked=lambda: sorted(np.ndindex(2, 4), key=lambda lh: -importance[lh]),
+        )
+    )  # fmt: skip
+    html = view.notebook()
+    picture = loss_image
+    for value in (0.5, -0.4, 0.0):
+        shown = re.search(rf"background:rgb\((\d+),(\d+),(\d+)\)[^>]*>{value:.2f}<", html)
+        assert shown is not None, value
+        assert np.abs(np.array([int(c) for c in shown.groups()]) - _rgb(picture, value)).max() <= 1, value
 
 
 def test_every_colour_bar_has_a_label_with_a_unit():
@@ -154,13 +254,15 @@ def test_every_colour_bar_has_a_label_with_a_unit():
     heads = _heads_result([["mixed"] * 4] * 2, scores)
     maps = rng.random((4, 6, 6)).astype(np.float32)
     js = np.abs(rng.random((4, 4)))
-    drawn = [figures.heads_score_heatmap(heads, name) for name in figures.drawn_scores(heads)]
+    drawn = [heads_room.heads_score_heatmap(heads, name) for name in heads_room.drawn_scores(heads)]
     drawn += [
         figures.attention_heatmap(maps[0], list("abcdef"), "one head"),
         figures.layer_grid(maps, list("abcdef"), "a layer"),
         figures.head_matrix(js, ["0.0", "0.1", "0.2", "0.3"], "JS", "JS divergence (bits)"),
-        figures.ablate_importance(SimpleNamespace(model=MODEL, inputs=INPUTS, importance=js[:2], method="loss")),
-        figures.ablate_importance(SimpleNamespace(model=MODEL, inputs=INPUTS, importance=js[:2], method="gradient")),
+        ablate_room.ablate_importance(SimpleNamespace(model=MODEL, inputs=INPUTS, importance=js[:2], method="loss")),
+        ablate_room.ablate_importance(
+            SimpleNamespace(model=MODEL, inputs=INPUTS, importance=js[:2], method="gradient")
+        ),
     ]
     for figure in drawn:
         labels = _colour_bar_labels(figure)
@@ -211,7 +313,7 @@ def test_masked_cells_are_drawn_apart_from_zero_attention():
 # ------------------------------------------------------------------------------------------------- tick labels
 
 
-@pytest.mark.parametrize("n, fit", [(300, 64), (300, 48), (101, 10), (12, 64), (2, 2), (1000, 7)])
+@pytest.mark.parametrize("n, fit", [(300, 64), (300, 48), (101, 10), (12, 64), (2, 2), (1000, 7), (44, 25)])
 def test_thinned_ticks_keep_the_first_and_last_and_fit(n, fit):
     ticks = _figures().thinned_ticks(n, fit)
     assert len(ticks) <= fit and ticks[0] == 0 and ticks[-1] == n - 1
@@ -223,7 +325,7 @@ def test_thinned_ticks_keep_the_first_and_last_and_fit(n, fit):
         assert len(steps) <= 1  # evenly spaced
         step = steps.pop() if steps else ticks[-1]
         assert str(step)[0] in "125" and set(str(step)[1:]) <= {"0"}  # 1, 2, 5, 10, 20, 50, ...
-        assert ticks[-1] - ticks[-2] >= step / 2  # the last is not crowded by the one before
+        assert ticks[-1] - ticks[-2] > step / 2  # the last is not crowded by the one before
 
 
 def test_token_labels_at_300_tokens_are_thinned_to_a_readable_pitch():
@@ -274,8 +376,57 @@ def test_the_role_legend_lists_only_the_roles_drawn_in_catalog_order():
 # ------------------------------------------------------------------------------------------------- line plots
 
 
+def _bench_result():
+    """Two methods at two sequence lengths, batch 1, each timed in three runs: its median and its extremes."""
+    rows = []
+    for method, scale in (("floor", 1.0), ("attnscope", 2.0)):
+        for seq in (128, 512):
+            median = scale * seq / 1e4
+            rows.append(
+                {"method": method, "batch": 1, "seq": seq, "runs": 3, "median_s": median, "min_s": 0.9 * median,
+                 "max_s": 1.25 * median, "tokens_per_s": seq / median}
+            )  # fmt: skip
+    return SimpleNamespace(
+        rows=rows, model={"name": "tiny"}, settings={"device": "cpu", "device_name": "cpu", "cpu_threads": 1}
+    )
+
+
+def test_the_speed_picture_shows_each_lines_spread_from_the_slowest_to_the_fastest_run():
+    bench = _bench_result()
+    figure = bench_room.bench_figure(bench)
+    axes = figure.axes[0]
+    bars = {collection.get_gid(): collection for collection in axes.collections if collection.get_gid()}
+    assert sorted(bars) == ["spread:attnscope, batch 1", "spread:floor, batch 1"]
+    for row in bench.rows:
+        segments = bars[f"spread:{row['method']}, batch 1"].get_segments()
+        (segment,) = [s for s in segments if abs(np.log2(s[0][0] / row["seq"])) < 0.1]  # the bar at this length
+        assert sorted(segment[:, 1]) == pytest.approx([row["seq"] / row["max_s"], row["seq"] / row["min_s"]])
+        assert (
+            segment[0, 1] < row["tokens_per_s"] < segment[1, 1] or segment[1, 1] < row["tokens_per_s"] < segment[0, 1]
+        )
+    assert "bars: the slowest to the fastest" in " ".join(text.get_text() for text in figure.texts)
+    assert [label.get_text() for label in axes.get_xticklabels()] == ["128", "512"]  # the lengths, where they are
+
+
+def test_random_mha_lines_are_told_apart_by_the_role_palette_and_their_markers():
+    import matplotlib.colors
+
+    from attnscope.scores.catalog import PALETTE
+
+    rows = [
+        {"heads": h, "js": 0.1 * h, "js_distance": 0.2, "cosine": 0.5, "entropy_normalized": 0.8} for h in (1, 2, 4)
+    ]
+    figure = random_mha_room.random_mha_figure(
+        SimpleNamespace(settings={"d_model": 64, "seq_len": 32, "trials": 2}, rows=rows)
+    )
+    lines = figure.axes[0].lines
+    colours = [matplotlib.colors.to_hex(line.get_color()).upper() for line in lines]
+    markers = [line.get_marker() for line in lines]
+    assert len(lines) == 4 and len(set(colours)) == 4 and len(set(markers)) == 4
+    assert set(colours) <= {colour.upper() for colour in PALETTE.values()}
+
+
 def test_value_axes_start_at_zero():
-    figures = _figures()
     diversity = SimpleNamespace(model=MODEL, inputs=INPUTS, layer_scores={0: 0.512, 1: 0.500, 2: 0.506})
     random_mha = SimpleNamespace(
         settings={"d_model": 64, "seq_len": 32, "trials": 2},
@@ -287,26 +438,19 @@ def test_value_axes_start_at_zero():
     ablation = SimpleNamespace(
         model=MODEL, inputs=INPUTS, baseline_loss=3.2, prune=[{"removed": 1, "loss": 3.25}, {"removed": 2, "loss": 3.4}]
     )
-    rows = [
-        {"method": method, "batch": 1, "seq": seq, "tokens_per_s": 1000.0 + seq}
-        for method in ("floor", "attnscope")
-        for seq in (128, 512)
-    ]
-    bench = SimpleNamespace(
-        rows=rows, model={"name": "tiny"}, settings={"device": "cpu", "device_name": "cpu", "cpu_threads": 1}
-    )
+    bench = _bench_result()
     for figure in (
-        figures.diversity_per_layer(diversity),
-        figures.random_mha_figure(random_mha),
-        figures.prune_curve(ablation),
-        figures.bench_figure(bench),
+        diversity_room.diversity_per_layer(diversity),
+        random_mha_room.random_mha_figure(random_mha),
+        ablate_room.prune_curve(ablation),
+        bench_room.bench_figure(bench),
     ):
         assert figure.axes[0].get_ylim()[0] == 0.0
-    axes = figures.prune_curve(ablation).axes[0]
+    axes = ablate_room.prune_curve(ablation).axes[0]
     assert [line.get_ydata().tolist() for line in axes.lines] == [pytest.approx([0.0, 0.05, 0.2])]  # the increase
     # a negative value takes the axis below 0, with a line at 0
     better = SimpleNamespace(model=MODEL, inputs=INPUTS, baseline_loss=3.2, prune=[{"removed": 1, "loss": 3.1}])
-    axes = figures.prune_curve(better).axes[0]
+    axes = ablate_room.prune_curve(better).axes[0]
     assert axes.get_ylim()[0] < -0.09 and any(list(line.get_ydata()) == [0.0, 0.0] for line in axes.lines)
 
 
@@ -331,10 +475,9 @@ def _clustered_diversity(n: int = 6, seed: int = 0):
 def test_the_clustered_matrix_has_its_dendrogram_in_the_matrix_order():
     from scipy.cluster.hierarchy import dendrogram
 
-    figures = _figures()
     result = _clustered_diversity()
     for name in ("js", "cosine"):
-        figure = figures.diversity_matrix(result, name)
+        figure = diversity_room.diversity_matrix(result, name)
         tree = [axes for axes in figure.axes if axes.get_gid() == "dendrogram"]
         assert len(tree) == 1
         matrix_axes = figure.axes[0]
@@ -350,7 +493,7 @@ def test_the_clustered_matrix_has_its_dendrogram_in_the_matrix_order():
         assert np.allclose(drawn, expected[np.ix_(result.order, result.order)])
     # one layer: head order, no dendrogram
     one_layer = SimpleNamespace(**{**vars(result), "layer": 1})
-    figure = figures.diversity_matrix(one_layer, "js")
+    figure = diversity_room.diversity_matrix(one_layer, "js")
     assert not [axes for axes in figure.axes if axes.get_gid() == "dendrogram"]
     assert "clustered" not in " ".join(text.get_text() for text in figure.texts)
 
@@ -363,8 +506,9 @@ def test_matrix_of_many_heads_gives_each_head_its_label():
     axes = figure.axes[0]
     assert [label.get_text() for label in axes.get_xticklabels()] == LABELS  # every head labelled, none skipped
     assert [label.get_text() for label in axes.get_yticklabels()] == LABELS
-    # 0.1 in per head: 16 in, + 2.5 in and 1.8 in of margins
-    assert tuple(figure.get_size_inches()) == pytest.approx((18.5, 17.8))
+    # 0.13 in per head (a 7 pt label each): 18.72 in, + 2.5 in and 1.8 in of margins
+    assert tuple(figure.get_size_inches()) == pytest.approx((21.22, 20.52))
+    assert all(label.get_fontsize() == pytest.approx(7.02, abs=0.01) for label in axes.get_xticklabels())  # 7 pt
 
 
 @pytest.mark.slow
@@ -374,13 +518,13 @@ def test_matrix_of_many_heads_renders_at_its_known_size(tmp_path):
     figures = _figures()
     matrix = np.random.default_rng(0).random((144, 144))
     figure = figures.head_matrix(matrix, LABELS, "JS", "JS divergence (bits)")
-    assert png_size(figures.save(figure, tmp_path / "m.png", dpi=100)) == (1850, 1780)
+    assert png_size(figures.save(figure, tmp_path / "m.png", dpi=100)) == (2122, 2052)
 
 
 def test_titles_say_what_in_words_and_the_model_and_input():
     figures = _figures()
     result = _heads_result([["mixed"] * 4] * 2, {"previous_token": np.zeros((2, 4))})
-    texts = [text.get_text() for text in figures.heads_score_heatmap(result, "previous_token").texts]
+    texts = [text.get_text() for text in heads_room.heads_score_heatmap(result, "previous_token").texts]
     assert texts == ["Previous-token attention per head", "tiny, 3 texts, 42 tokens"]
     assert figures.describe_input({"name": "demo"}, {"n_texts": 1, "n_tokens": 1}) == "demo, 1 text, 1 token"
     assert figures.describe_input({"name": "demo"}, text_index=2, n_tokens=1234) == "demo, text 2, 1,234 tokens"

@@ -1,9 +1,10 @@
-"""The shape of the package: the import direction between its stages, Typer kept to the CLI, a light `--help`,
-and tests that share code only through tests.support."""
+"""The shape of the package: the import direction between its stages, no import cycle between its modules, Typer
+kept to the CLI, a light `--help`, and tests that share code only through tests.support."""
 
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -13,11 +14,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "attnscope"
 TESTS = ROOT / "tests"
-# a module of a stage imports only modules of its own stage or of lower ones
-STAGES = ["base", "scores", "models", "pipeline", "analyses", "output", "api", "cli"]
-# The one exception: a result renders itself through its view (`result.to_records()`, `_repr_html_`), importing the
-# output stage inside its methods only, so that importing an analysis still loads no renderer.
-RENDERS_THROUGH_OUTPUT = "attnscope.analyses.result"
+# A module of a stage imports only modules of its own stage or of lower ones. Rendering (output) sits below the
+# analyses: a result hands itself to its view (`result.to_json()`, `_repr_html_`), and views read results by duck
+# typing, never importing a result class (see analyses/result.py).
+STAGES = ["base", "scores", "models", "pipeline", "output", "analyses", "api", "cli"]
 COMMANDS = ["heads", "show", "diversity", "random-mha", "attend", "ablate", "report", "bench", "info"]
 
 
@@ -39,10 +39,21 @@ def _stage(module: str) -> str:
     return parts[1]
 
 
+@functools.cache
+def _parsed(path: Path, text: str) -> ast.Module:
+    return ast.parse(text, filename=str(path))
+
+
+def _tree(path: Path) -> ast.Module:
+    """The module's syntax tree (parsed once per content: the checks below walk every module several times)."""
+    return _parsed(path, path.read_text(encoding="utf-8"))
+
+
+@functools.cache
 def _imports(path: Path, module: str, top_level_only: bool = False) -> list[tuple[str, int]]:
     """Every module an `import` or `from ... import` names, at any depth (inside functions too; only outside them
     with `top_level_only`), relative imports resolved: (module, line)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = _tree(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     inside = {
         id(node)
@@ -79,20 +90,62 @@ def _upward_imports(root: Path = ROOT) -> list[str]:
     wrong = []
     for path, module in modules:
         own = STAGES.index(_stage(module))
-        # RENDERS_THROUGH_OUTPUT may import the output stage inside its methods: not at its top level
-        excepted = (
-            set()
-            if module != RENDERS_THROUGH_OUTPUT
-            else set(_imports(path, module)) - set(_imports(path, module, True))
-        )
         for target, line in _imports(path, module):
             if target.split(".")[0] != "attnscope" or target not in known:  # `from m import name`: not a module
-                continue
-            if (target, line) in excepted and _stage(target) == "output":
                 continue
             if STAGES.index(_stage(target)) > own:
                 wrong.append(f"{path.relative_to(root)}:{line} ({_stage(module)}) imports {target}")
     return wrong
+
+
+def _import_cycles(root: Path = ROOT) -> list[list[str]]:
+    """The package's import cycles: every strongly connected set of two or more modules of the graph `module ->
+    each module it imports` (imports at any depth: inside functions and `if TYPE_CHECKING:` too), each sorted;
+    Tarjan's algorithm, iterative."""
+    modules = _package_modules(root)
+    known = {module for _, module in modules}
+    graph = {
+        module: sorted({target for target, _ in _imports(path, module) if target in known and target != module})
+        for path, module in modules
+    }
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for start in graph:
+        if start in order:
+            continue
+        work = [(start, iter(graph[start]))]
+        order[start] = low[start] = len(order)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            module, edges = work[-1]
+            target = next(edges, None)
+            if target is not None:
+                if target not in order:
+                    order[target] = low[target] = len(order)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(graph[target])))
+                elif target in on_stack:
+                    low[module] = min(low[module], order[target])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[module])
+            if low[module] == order[module]:
+                members = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    members.append(member)
+                    if member == module:
+                        break
+                if len(members) > 1:
+                    cycles.append(sorted(members))
+    return sorted(cycles)
 
 
 def test_every_module_belongs_to_a_stage():
@@ -103,28 +156,31 @@ def test_every_module_belongs_to_a_stage():
 
 
 def test_imports_point_down_the_stages():
-    """errors/__init__ < scores < models < pipeline < analyses < output < api < cli: a lower stage never imports a
-    higher one, not even inside a function (but for the results' faces, RENDERS_THROUGH_OUTPUT, inside methods)."""
+    """errors/__init__ < scores < models < pipeline < output < analyses < api < cli: a lower stage never imports a
+    higher one, not even inside a function."""
     assert _upward_imports() == []
 
 
-def test_the_results_reach_the_output_stage_only_inside_their_methods(tmp_path):
-    """The exception above is as narrow as it says: at the top of analyses/result.py an import of the output stage
-    is found, and the exception covers the output stage only."""
-    for name in ("__init__", "analyses/__init__", "analyses/result", "output/__init__", "output/views", "api"):
+def test_no_module_imports_itself_back():
+    """No import cycle anywhere in the package, whatever the stages: each folder's files import one way."""
+    assert _import_cycles() == []
+
+
+def test_the_cycle_check_finds_a_cycle_at_any_depth(tmp_path):
+    """The check above must not pass for want of looking: a cycle through an import inside a function, three
+    modules long, inside one stage, and a module importing itself (no cycle) beside an acyclic chain."""
+    files = {
+        "__init__": "",
+        "output/__init__": "",
+        "output/a": "from attnscope.output import b\n",
+        "output/b": "def draw():\n    if True:\n        from . import c\n",
+        "output/c": "from ..output.a import name\n",
+        "output/d": "from attnscope.output import d, a\n",
+    }
+    for name, text in files.items():
         (tmp_path / "attnscope" / f"{name}.py").parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "attnscope" / f"{name}.py").write_text("")
-    (tmp_path / "attnscope" / "analyses" / "result.py").write_text(
-        "from attnscope.output import views\n"
-        "def to_records():\n"
-        "    from attnscope.output import views\n"
-        "    from attnscope import api\n"
-    )
-    assert sorted(_upward_imports(tmp_path)) == [
-        "attnscope/analyses/result.py:1 (analyses) imports attnscope.output",
-        "attnscope/analyses/result.py:1 (analyses) imports attnscope.output.views",
-        "attnscope/analyses/result.py:4 (analyses) imports attnscope.api",
-    ]
+        (tmp_path / "attnscope" / f"{name}.py").write_text(text)
+    assert _import_cycles(tmp_path) == [["attnscope.output.a", "attnscope.output.b", "attnscope.output.c"]]
 
 
 def test_the_import_check_finds_an_upward_import_at_any_depth(tmp_path):
@@ -151,6 +207,27 @@ def test_the_import_check_finds_an_upward_import_at_any_depth(tmp_path):
     ]
 
 
+def test_every_command_has_one_room_and_every_result_its_view():
+    """Each command's rendering lives in one module, output/<command>.py, and the views table names, for every
+    result class of the analyses, a View of that folder (the view of a command's result is that command's room)."""
+    from attnscope.output.views import VIEWS, View, view_class
+
+    rooms = {path.stem for path in (PACKAGE / "output").glob("*.py")}
+    assert {command.replace("-", "_") for command in COMMANDS} <= rooms
+    results = sorted(
+        node.name
+        for path, _ in _package_modules()
+        if path.parent.name == "analyses"
+        for node in ast.walk(_tree(path))
+        if isinstance(node, ast.ClassDef) and any(getattr(base, "id", None) == "Result" for base in node.bases)
+    )
+    assert results == sorted(VIEWS)
+    for name in results:
+        view = view_class(name)
+        assert issubclass(view, View) and f"{view.__module__}.{view.__name__}" == VIEWS[name]
+        assert view.command and view.command.replace("-", "_") == view.__module__.rpartition(".")[2]
+
+
 def test_the_lazy_names_of_the_package_load_their_modules():
     """`attnscope/__init__` names a few things of higher stages by string, loaded when first used (not an import
     statement, so the package imports without torch)."""
@@ -168,16 +245,28 @@ def test_the_lazy_names_of_the_package_load_their_modules():
         attnscope.no_such_name  # noqa: B018
 
 
+HEAVY = "print(sorted(m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules))"
+# a result's faces: `attnscope info`'s JSON, through its view, which imports its own room and no other
+SHOWN = (
+    "from attnscope.analyses.info import InfoResult; InfoResult({'name': 'x'}).to_json(); "
+    "print(sorted(m for m in sys.modules if m.startswith('attnscope.output.') and m.count('.') == 2))"
+)
+ROOMS = ["documents", "files", "info", "notebook", "scales", "views"]  # the shared builders it uses, and its room
+
+
 @pytest.mark.parametrize("module", ["attnscope", "attnscope.api", "attnscope.analyses.result"])
 def test_importing_the_package_or_its_api_imports_no_heavy_library(module):
     """A notebook's `import attnscope` costs nothing: torch and transformers come with the first call, and a
-    result's faces never bring matplotlib unless a picture is drawn."""
-    code = (
-        f"import sys, {module}; print(sorted(m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules))"
-    )
+    result's faces never bring matplotlib unless a picture is drawn; showing one result loads the room of its
+    command (output/<command>.py) and no other."""
+    shown = module.endswith("result")
+    code = f"import sys, {module}; " + (f"{SHOWN}; " if shown else "") + HEAVY
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "[]"
+    if shown:
+        assert lines[0] == str([f"attnscope.output.{name}" for name in ROOMS])
 
 
 def test_only_the_cli_imports_typer_or_click():

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from attnscope.pipeline.capture import AttentionBlock
+from attnscope.pipeline.blocks import AttentionBlock
 from attnscope.pipeline.reducers import DiversityStatistics, ProbeStatistics
 from attnscope.scores import catalog, rows
 from attnscope.scores.kinds import DECODER, ENCODER

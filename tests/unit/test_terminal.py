@@ -8,6 +8,8 @@ import re
 import pytest
 from rich.console import Console
 
+from attnscope.output import bench as bench_room
+from attnscope.output import heads as heads_room
 from attnscope.output import terminal
 from attnscope.scores import catalog
 from attnscope.scores.catalog import DECODER, ENCODER, SCORE, counted, roles_for, table_columns
@@ -48,9 +50,19 @@ def rows_of(text: str) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------------ heads table
 
 
+def test_a_kv_column_says_which_key_value_head_a_head_reads_only_under_grouped_query_attention():
+    shared = render(heads_room.heads_table(HEADS, "Heads", DECODER, group=4), width=120)
+    assert re.search(r"^\s*head\s+kv\s+role\s", shared, re.M)
+    for label, line in rows_of(shared).items():
+        assert line.split()[1] == str(int(label.split(".")[1]) // 4)  # 11.11 reads key/value head 2
+    assert "kv the key/value head it reads (4 query heads share each)" in " ".join(shared.split())
+    alone = render(heads_room.heads_table(HEADS, "Heads", DECODER), width=120)
+    assert re.search(r"^\s*head\s+role\s", alone, re.M) and " kv " not in alone
+
+
 @pytest.mark.parametrize("width", WIDTHS)
 def test_every_row_names_its_head_and_role_at_any_width(width):
-    text = render(terminal.heads_table(HEADS, "Heads", DECODER), width=width)
+    text = render(heads_room.heads_table(HEADS, "Heads", DECODER), width=width)
     assert max(len(line.rstrip()) for line in text.splitlines()) <= width
     assert "…" not in text  # nothing cut
     lines = rows_of(text)
@@ -65,7 +77,7 @@ def test_columns_are_left_out_from_the_right_as_the_width_shrinks_and_the_key_sa
     columns = [score.short for score in table_columns(DECODER)]
     shown = {}
     for width in WIDTHS:
-        text = render(terminal.heads_table(HEADS, "Heads", DECODER), width=width)
+        text = render(heads_room.heads_table(HEADS, "Heads", DECODER), width=width)
         header = next(line for line in text.splitlines() if line.split()[:2] == ["head", "role"])
         shown[width] = header.split()[4:]  # after head, role, decided by
         assert shown[width] == columns[: len(shown[width])]
@@ -82,7 +94,7 @@ def test_columns_are_left_out_from_the_right_as_the_width_shrinks_and_the_key_sa
 def test_the_sorted_score_is_the_last_column_left_out():
     columns = [score.short for score in table_columns(DECODER)]
     for sort, kept in ((None, False), ("confidence", True)):
-        text = render(terminal.heads_table(HEADS, "Heads", DECODER, sort=sort), width=40)
+        text = render(heads_room.heads_table(HEADS, "Heads", DECODER, sort=sort), width=40)
         shown = next(line for line in text.splitlines() if line.split()[:2] == ["head", "role"]).split()[4:]
         assert ("conf" in shown) == kept
         assert shown == [short for short in columns if short in shown]  # in the table's order
@@ -92,9 +104,9 @@ def test_the_sorted_score_is_the_last_column_left_out():
 @pytest.mark.parametrize("sort", [None, "entropy", "local"])
 def test_the_key_names_every_header_in_words(kind, sort):
     records = [head(0, 0, previous_token=0.83)] if kind == DECODER else [head(0, 0, next_token=0.7)]
-    text = " ".join(render(terminal.heads_table(records, "Heads", kind, sort), width=120).split())
+    text = " ".join(render(heads_room.heads_table(records, "Heads", kind, sort), width=120).split())
     for score in table_columns(kind, sort):
-        assert f"{score.short} {terminal.SCORE_KEYS[score.name]}" in text
+        assert f"{score.short} {heads_room.SCORE_KEYS[score.name]}" in text
     assert "head layer.head, from 0" in text
     assert "for mixed, the score closest to its threshold" in text
     assert "share: of a row's attention, 0 to 1" in text
@@ -102,15 +114,15 @@ def test_the_key_names_every_header_in_words(kind, sort):
 
 def test_every_score_a_table_can_show_has_words_in_the_key():
     shown = {score.name for kind in (DECODER, ENCODER) for s in catalog.SCORE_NAMES for score in table_columns(kind, s)}
-    assert shown <= set(terminal.SCORE_KEYS)
+    assert shown <= set(heads_room.SCORE_KEYS)
 
 
 def test_the_key_gives_the_thresholds_the_table_was_decided_with():
     thresholds = dict(catalog.DEFAULT_THRESHOLDS) | {"previous-token": 0.6}
-    table = terminal.heads_table(HEADS, "Heads", DECODER, thresholds=thresholds)
+    table = heads_room.heads_table(HEADS, "Heads", DECODER, thresholds=thresholds)
     text = " ".join(render(table, width=120).split())
     assert "the score that passed its threshold, 0.5 (prev 0.6, Hnorm 0.8)" in text
-    default = " ".join(render(terminal.heads_table(HEADS, "Heads", DECODER), width=120).split())
+    default = " ".join(render(heads_room.heads_table(HEADS, "Heads", DECODER), width=120).split())
     assert "the score that passed its threshold, 0.5 (Hnorm 0.8)" in default
 
 
@@ -190,7 +202,7 @@ def test_bench_table_ratios_read_right_whether_faster_or_slower():
         bench_row("attnscope", 0.061, time_vs_floor=6.1, time_vs_tutorial=1.525),  # slower than the tutorial
         bench_row("tutorial", 0.040, time_vs_floor=4.0, time_vs_tutorial=1.0),
     ]
-    text = render(terminal.bench_table(rows, "bench"), width=80)
+    text = render(bench_room.bench_table(rows, "bench"), width=80)
     assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
     assert "faster than" not in text and "speed" not in text
     attnscope = next(line for line in text.splitlines() if " attnscope " in line)
@@ -202,7 +214,7 @@ def test_bench_table_ratios_read_right_whether_faster_or_slower():
 
 
 def test_one_run_has_no_spread():
-    text = render(terminal.bench_table([bench_row("floor", 0.01, runs=1, time_vs_floor=1.0)], "bench"), width=80)
+    text = render(bench_room.bench_table([bench_row("floor", 0.01, runs=1, time_vs_floor=1.0)], "bench"), width=80)
     row = next(line for line in text.splitlines() if " floor " in line).split()
     assert row[5] == "–" and "0%" not in row
     assert "('–': one run only)" in " ".join(text.split())

@@ -12,7 +12,7 @@ import pytest
 
 from attnscope.analyses.report import PROBE, TEXT, ShownText, example_texts, map_cells, plan_maps
 from attnscope.output.viewer import encode_maps, encode_matrix, script_json
-from attnscope.pipeline.tokens import Labels
+from attnscope.pipeline.labels import Labels
 
 
 def _causal_maps(generator, shape, n):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnscope.pipeline.tokens import BYTE_LEVEL, SENTENCEPIECE, WORDPIECE, group_words, label_pieces
+from attnscope.pipeline.labels import BYTE_LEVEL, SENTENCEPIECE, WORDPIECE, group_words, label_pieces
 from attnscope.scores.words import to_words, word_map
 
 

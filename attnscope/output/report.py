@@ -1,4 +1,5 @@
-"""`attnscope report`: one self-contained HTML page to explore a model's heads, offline.
+"""`attnscope report`, shown: one self-contained HTML page to explore a model's heads, offline; its JSON (the heads,
+diversity and ablation documents side by side); in a notebook, the heads' and diversity's fragments.
 
 Rendering only (the analysis is done by `analyses.report`). The page is static HTML (the role map, the tables, the
 inputs, the glossary: readable without scripts) plus one inline script, `output/viewer.js`, that draws every map in
@@ -7,17 +8,75 @@ document of `--json`, the `diversity` document without its matrices, the `ablati
 data: every head's maps on the texts shown, quantised, and the diversity matrices, see `output.viewer`). No picture,
 font, style sheet or script is fetched, and nothing is evaluated: the page reads the same from `file://` with no
 network.
+
+Reads a ReportResult (analyses.report) by duck typing: `heads` (a HeadsResult), `diversity`, `ablation`, `model`,
+`notes`, `texts` (each: name, kind, ids, labels, maps (L, H, n, n), length, cut), `examples`, `characteristic`,
+`top_per_role`, `linkage`, `map_notes`, `token_cap`.
 """
 
 from __future__ import annotations
 
 import html as escaping
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from attnscope import __version__
-from attnscope.output import viewer
+from attnscope.output import notebook, viewer
+from attnscope.output.ablate import AblateView
+from attnscope.output.diversity import DiversityView, diversity_document
+from attnscope.output.documents import document
+from attnscope.output.heads import HeadsView, head_records, heads_document, kv_group
+from attnscope.output.scales import SCALES
+from attnscope.output.views import View, picture_paths
 from attnscope.scores.catalog import ROLE, ROLES, SCORE, counted, table_columns
+from attnscope.scores.words import CONTINUED_LEGEND
+
+
+class ReportView(View):
+    command = "report"
+    names_files = True
+
+    def document(self) -> dict:
+        """The `heads` and `diversity` documents of `--json` (every head), side by side, and with `--ablate` the
+        `ablate` document (loss method) as `ablation`."""
+        result = self.result
+        heads = result.heads
+        return document(
+            "report",
+            heads.model,
+            heads.inputs,
+            {"diversity": result.diversity is not None, "ablate": result.ablation is not None},
+            result.notes,
+            heads=heads_document(heads, heads.heads),
+            diversity=None if result.diversity is None else diversity_document(result.diversity),
+            ablation=None if result.ablation is None else AblateView(result.ablation).document(),
+        )
+
+    def records(self) -> list[dict]:
+        return head_records(self.result.heads.heads, self.result.heads.model)
+
+    def files(self, stage: Path) -> list[Path]:
+        """report.html: one self-contained page."""
+        doc = self.document()
+        page = render(self.result, doc["heads"], doc["diversity"], doc["ablation"])
+        return [self.write(stage, "report.html", page)]
+
+    def terminal(self, written: Sequence[Path]) -> list[Any]:
+        return picture_paths(written)
+
+    def notebook(self) -> str:
+        """The heads' fragment and, when computed, the diversity's."""
+        result = self.result
+        parts = [HeadsView(result.heads).notebook()]
+        if result.diversity is not None:
+            parts.append(DiversityView(result.diversity).notebook())
+        return notebook.fragment(*parts)
+
+
+# ------------------------------------------------------------------------------------------------------------- the page
 
 
 def _text(value: Any) -> str:
@@ -112,10 +171,20 @@ def settings_rows(report: Any) -> list[tuple[str, str]]:
 
 def _role_map(report: Any) -> str:
     """Layers as rows, heads as columns, each cell in its role's colour with the role's short label; clicking one
-    selects the head (the script), a tooltip names it without the script."""
+    selects the head (the script), a tooltip names it without the script. With grouped-query attention a header
+    row above the heads spans the query heads that share each key/value head (`kv 0`, `kv 1`, ...)."""
     model = report.model
+    group = kv_group(model)
     records = {(record.layer, record.head): record for record in report.heads.heads}
     header = "".join(f"<th>{head}</th>" for head in range(model["n_head"]))
+    shared = ""
+    if group > 1:
+        spans = "".join(
+            f'<th colspan="{group}" class="kv" title="query heads {kv * group}-{kv * group + group - 1} read key/value '
+            f'head {kv}">kv {kv}</th>'
+            for kv in range(model["n_head"] // group)
+        )
+        shared = f'<tr><th title="key/value heads (grouped-query attention)">kv</th>{spans}</tr>'
     rows = []
     for layer in range(model["n_layer"]):
         cells = []
@@ -123,6 +192,7 @@ def _role_map(report: Any) -> str:
             record = records[(layer, head)]
             role = ROLE[record.role.role]
             tip = f"{record.label} {role.name}: {SCORE[record.role.metric].short} {record.role.score:.2f}"
+            tip += f"; reads key/value head {head // group}" if group > 1 else ""
             cells.append(
                 f'<td class="cell" data-head="{record.label}" data-role="{_text(role.name)}" title="{_text(tip)}" '
                 f'style="background:{role.colour};color:{role.ink}">{_text(role.short)}</td>'
@@ -136,7 +206,7 @@ def _role_map(report: Any) -> str:
         if role.name in present
     )
     return (
-        '<div class="wide"><table class="rolemap"><thead><tr><th title="layer \\ head">L\\H</th>'
+        f'<div class="wide"><table class="rolemap"><thead>{shared}<tr><th title="layer \\ head">L\\H</th>'
         f"{header}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
         f'<p class="legend">{legend}</p>'
     )
@@ -163,7 +233,9 @@ def _top_heads(report: Any) -> str:
 def _every_head(report: Any) -> str:
     heads = report.heads
     columns = table_columns(heads.kind.name)
-    header = "<th>head</th><th>role</th><th title='the score that decided the role'>by</th>" + "".join(
+    group = kv_group(heads.model)  # grouped-query attention: which key/value head each head reads, in its own column
+    kv = f"<th title='the key/value head it reads ({group} query heads share each)'>kv</th>" if group > 1 else ""
+    header = f"<th>head</th>{kv}<th>role</th><th title='the score that decided the role'>by</th>" + "".join(
         f'<th title="{_text(f"{s.label}: {s.description}")}">{_text(s.short)}</th>' for s in columns
     )
     rows = []
@@ -172,7 +244,8 @@ def _every_head(report: Any) -> str:
         cells = "".join(f"<td>{_number(record.scores[score.name])}</td>" for score in columns)
         rows.append(
             f'<tr data-head="{record.label}"><td>{record.label}</td>'
-            f'<td><span class="chip" style="background:{role.colour};color:{role.ink}">{_text(role.short)}</span>'
+            + (f"<td>{record.head // group}</td>" if group > 1 else "")
+            + f'<td><span class="chip" style="background:{role.colour};color:{role.ink}">{_text(role.short)}</span>'
             f"</td><td>{_text(SCORE[record.role.metric].short)} {record.role.score:.2f}</td>{cells}</tr>"
         )
     return (
@@ -232,8 +305,8 @@ def _ablation(report: Any) -> str:
         '<section id="ablation"><h2>Ablation</h2>'
         f"<p>The loss with each head's output removed, minus the loss of the whole model "
         f"({ablation.baseline_loss:.4f} nats per predicted token over {ablation.inputs['predicted_tokens']:,} "
-        "tokens): positive (blue) = the model needs the head, negative (vermillion) = it does better without it. "
-        "The colour scale is centred at 0. Click a head to show it.</p>"
+        "tokens): positive (red) = the model needs the head, negative (blue) = it does better without it, as in "
+        "importance.png. The colour scale is centred at 0. Click a head to show it.</p>"
         '<div data-viewer="ablation"><p class="fallback">The grid needs the page\'s script.</p></div>'
         "<h3>Most important heads</h3>" + _table(("head", "loss increase (nats)"), top[:10], "pick") + "</section>"
     )
@@ -264,7 +337,8 @@ def _inputs(report: Any) -> str:
         f"{counted(len([t for t in report.texts if t.kind == 'text']), 'input text')}, each cut to at most "
         f"{report.token_cap} tokens, and, for a decoder with the probe on, on "
         "the probe's first repeated sequence. The maps are stored with one byte per weight (see the "
-        "README's report section); the scores and roles use every token of every text.</p>"
+        "report's page in the documentation, docs/commands/report.md); the scores and roles use every token of "
+        "every text.</p>"
         f"{f'<ul class=notes>{map_notes}</ul>' if map_notes else ''}{shown}"
         f"<h3>Model</h3>{_facts(model_facts(report.model))}<h3>Settings</h3>{_facts(settings_rows(report))}"
         f"{f'<h3>Notes</h3><ul class=notes>{notes}</ul>' if notes else ''}</section>"
@@ -345,7 +419,7 @@ def render(report: Any, heads_doc: dict, diversity_doc: dict | None, ablation_do
     embedded = {"heads": heads_doc, "diversity": diversity_doc, "ablation": ablation_doc}
     if diversity_doc is not None:
         embedded["diversity"] = {key: value for key, value in diversity_doc.items() if key != "matrices"}
-    embedded["viewer"] = viewer.report_viewer(report)
+    embedded["viewer"] = report_viewer(report)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -354,3 +428,36 @@ def render(report: Any, heads_doc: dict, diversity_doc: dict | None, ablation_do
         f'<script type="application/json" id="attnscope-data" class="asv-data">{viewer.script_json(embedded)}</script>'
         f"<script>{viewer.code()}</script></body></html>\n"
     )
+
+
+# ----------------------------------------------------------------------------------------------- the page's viewer data
+
+
+def report_viewer(result: Any) -> dict[str, Any]:
+    """What the report page's viewer reads beside the heads, diversity and ablation documents: every head's maps
+    on the texts shown, which text each role is shown on first, the diversity matrices and their dendrogram."""
+    model = result.model
+    causal = model["kind"] == "decoder"
+    heads = result.heads
+    data: dict[str, Any] = {
+        "format": viewer.FORMAT,
+        "mode": "report",
+        "causal": causal,
+        "layer_ids": list(range(model["n_layer"])),
+        "head_ids": list(range(model["n_head"])),
+        "texts": [viewer.text_entry(t.name, t.kind, t.labels, t.maps, causal, t.length) for t in result.texts],
+        "examples": result.examples,
+        "characteristic": [record.label for record in result.characteristic],
+        "continued_legend": CONTINUED_LEGEND,
+        **viewer.catalog_entries(model["kind"], heads.settings["thresholds"]),
+        "map_notes": list(result.map_notes),
+        "scales": {name: scale.as_data() for name, scale in SCALES.items()},  # the pictures' colours (output.scales)
+    }
+    diversity = result.diversity
+    if diversity is not None:
+        data["matrices"] = {"js": viewer.encode_matrix(diversity.js), "cosine": viewer.encode_matrix(diversity.cosine)}
+        data["order"] = [int(k) for k in diversity.order]
+        data["linkage"] = [
+            [int(a), int(b), round(float(height), 6), int(size)] for a, b, height, size in np.asarray(result.linkage)
+        ]
+    return data

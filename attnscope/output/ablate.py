@@ -1,0 +1,147 @@
+"""`attnscope ablate`, shown: every head's importance as JSON and CSV, the importance grid and the pruning curve as
+pictures, the terminal's and notebook's grid and tables.
+
+Reads an AblationResult (analyses.ablate) by duck typing: `model`, `inputs`, `settings`, `notes`, `method`,
+`baseline_loss`, `importance` (L, H), `ablated_loss`, `prune`, `ranked()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from attnscope.output import notebook
+from attnscope.output.documents import document
+from attnscope.output.views import View
+
+
+def ablate_records(result: Any) -> list[dict]:
+    """One flat record per head, layer.head order: importance, rank (1 = most important) and, with the loss method,
+    the loss with the head removed."""
+    rank = {lh: k for k, lh in enumerate(result.ranked(), start=1)}
+    n_layer, n_head = result.importance.shape
+    records = []
+    for layer in range(n_layer):
+        for head in range(n_head):
+            record: dict[str, Any] = {
+                "layer": layer,
+                "head": head,
+                "label": f"{layer}.{head}",
+                "importance": float(result.importance[layer, head]),
+                "rank": rank[(layer, head)],
+            }
+            if result.ablated_loss is not None:
+                record["loss_without_head"] = float(result.ablated_loss[layer, head])
+            records.append(record)
+    return records
+
+
+class AblateView(View):
+    command = "ablate"
+
+    def document(self) -> dict:
+        """The baseline loss, one record per head, the most important heads (the ranked table's rows, --top) and the
+        pruning curve."""
+        result = self.result
+        return document(
+            "ablate",
+            result.model,
+            result.inputs,
+            result.settings,
+            result.notes,
+            baseline_loss=result.baseline_loss,
+            heads=ablate_records(result),
+            most_important=[f"{layer}.{head}" for layer, head in result.ranked()[: result.settings["top"]]],
+            prune=result.prune,
+        )
+
+    def records(self) -> list[dict]:
+        return ablate_records(self.result)
+
+    def figures(self) -> dict[str, Any]:
+        """importance (layer × head) and, with pruning, prune (the loss against the heads removed)."""
+        drawn = {"importance": ablate_importance(self.result)}
+        if self.result.prune:
+            drawn["prune"] = prune_curve(self.result)
+        return drawn
+
+    def terminal(self, written: Sequence[Path]) -> list[Any]:
+        from attnscope.output import terminal
+
+        result = self.result
+        unit = "loss increase (nats)" if result.method == "loss" else "|dL/d gate|"
+        by_label = {record["label"]: record for record in self.records()}
+        ranked = [by_label[f"{layer}.{head}"] for layer, head in result.ranked()[: result.settings["top"]]]
+        shown = [
+            f"baseline loss {result.baseline_loss:.4f} nats/token over {result.inputs['predicted_tokens']} predicted "
+            "tokens",
+            terminal.layer_head_grid(result.importance, f"Head importance, {unit}", unit_range=False),
+            terminal.records_table(ranked, f"Most important heads ({result.method})"),
+        ]
+        if result.prune:
+            shown.append(terminal.records_table(result.prune, "Loss as the least important heads are removed"))
+        return shown
+
+    def notebook(self) -> str:
+        result = self.result
+        unit = "loss increase (nats)" if result.method == "loss" else "|dL/d gate|"
+        scale = max(float(abs(result.importance).max()), 1e-300)
+        by_label = {record["label"]: record for record in self.records()}
+        ranked = [by_label[f"{layer}.{head}"] for layer, head in result.ranked()[: result.settings["top"]]]
+        parts = [
+            notebook.note_lines(self.notes),
+            notebook.paragraph(
+                f"baseline loss {result.baseline_loss:.4f} nats/token over {result.inputs['predicted_tokens']} "
+                "predicted tokens"
+            ),
+            notebook.layer_head_grid(
+                result.importance.tolist(),
+                f"Head importance, {unit}",
+                scale,
+                "loss_change" if result.method == "loss" else "score",  # as importance.png
+            ),
+            notebook.records_table(ranked, f"Most important heads ({result.method})"),
+        ]
+        if result.prune:
+            parts.append(notebook.records_table(result.prune, "Loss as the least important heads are removed"))
+        return notebook.fragment(*parts)
+
+
+# -------------------------------------------------------------------------------------------------------------- figures
+
+
+def ablate_importance(result: Any) -> Any:
+    """An AblationResult's importance per head: the loss change (signed, centred at 0: red where the loss rises
+    without the head, blue where it falls; output.scales' loss_change) or |dL/d gate| (from 0)."""
+    from attnscope.output import figures
+
+    subtitle = figures.describe_input(result.model, result.inputs)
+    if result.method == "loss":
+        label = "loss change (nats/token)"
+        title = "Head importance: loss change when each head is removed"
+        return figures.score_heatmap(
+            result.importance, title, label, subtitle, vmin=None, vmax=None, signed=True, scale="loss_change"
+        )
+    label = "|dL/d gate| (nats/token per unit)"
+    title = "Head importance: gradient of the loss by each head's gate"
+    return figures.score_heatmap(result.importance, title, label, subtitle, vmin=0.0, vmax=None)
+
+
+def prune_curve(result: Any) -> Any:
+    """An AblationResult's pruning: the loss increase over the full model as the least important heads go."""
+    from attnscope.output import figures
+
+    removed = [0] + [step["removed"] for step in result.prune]
+    increase = [0.0] + [step["loss"] - result.baseline_loss for step in result.prune]
+    subtitle = (
+        f"{figures.describe_input(result.model, result.inputs)}; full model {result.baseline_loss:.3f} nats/token"
+    )
+    return figures.line_plot(
+        removed,
+        {"loss increase": increase},
+        "heads removed (least important first)",
+        "loss increase over the full model (nats/token)",
+        "Loss as heads are pruned",
+        subtitle,
+    )
