@@ -288,12 +288,16 @@ def _call(command: str, keyword: str, value, monkeypatch, tmp_path):
     from attnscope.analyses.bench import Bench
     from attnscope.analyses.info import Info
     from attnscope.analyses.random_mha import RandomMha
+    from attnscope.pipeline import kernels
 
     def stop(*args, **kwargs):
         raise _Checked
 
     monkeypatch.setattr(api, "_check_shape", lambda *args: None)
     monkeypatch.setattr(api, "_model", stop)
+    # whether a kernel can run here is not an option's domain; and kernels.decide remembers its answers, which a
+    # later test of a machine without Triton must not be given
+    monkeypatch.setattr(kernels, "decide", lambda setting, device: "blocks")
     for settings in (Bench, Info, RandomMha):
         monkeypatch.setattr(settings, "run", stop)
     keywords = {**REQUIRED.get(command, {}), RENAMED.get(keyword, keyword): value}
