@@ -24,6 +24,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from attnscope import options
 from attnscope.errors import AttnscopeError
 
 if TYPE_CHECKING:
@@ -43,7 +44,8 @@ if TYPE_CHECKING:
     TextsGiven = str | Text | Iterable[str | Text] | Texts | None
     Progress = Callable[[int, int, float], None] | None
 
-DEVICE_MAPS = ("auto", "balanced", "sequential")
+DEVICE_MAPS = options.DEVICE_MAPS
+KERNELS = options.KERNELS
 
 # The keywords several functions share, described once and appended to each function's docstring (`_keywords`).
 SHARED = {
@@ -113,9 +115,9 @@ def load(
     from attnscope.models import loading
     from attnscope.pipeline import distributed, kernels
 
-    if device_map is not None and device_map not in DEVICE_MAPS:
-        raise AttnscopeError(f"device map '{device_map}': use one of {', '.join(DEVICE_MAPS)}")
-    kernels.check_setting(kernel)
+    _check_name(name)
+    _check_loading(device=device, dtype=dtype, revision=revision, device_map=device_map, kernel=kernel)
+    options.FLAG.check(lm_head, "lm_head")
     place = distributed.world()
     if place.size > 1 and loading.resolve_device(device).type == "cuda":
         device = f"cuda:{place.local_rank}"
@@ -127,12 +129,46 @@ def load(
     return loaded
 
 
+def _check_name(name: Any) -> None:
+    """A model's name: a non-empty string or path."""
+    if isinstance(name, bytes) or not isinstance(name, (str, os.PathLike)) or not os.fspath(name).strip():
+        raise AttnscopeError(
+            f"model {name!r}: expected a model from attnscope.load or a name ('demo', a Hub id, a folder)"
+        )
+
+
+def _check_loading(**loading: Any) -> None:
+    """The keywords that say how a model given by name is loaded, each in its domain."""
+    domains = {
+        "device": options.TEXT,  # its form is checked by loading.resolve_device, against this machine
+        "dtype": options.DTYPE,
+        "revision": options.TEXT.or_none(),
+        "device_map": options.DEVICE_MAP,
+        "kernel": options.KERNEL,
+    }
+    for key, value in loading.items():
+        domains[key].check(value, key)
+
+
+def _check_shape(analysis: Any, model: ModelGiven, revision: str | None) -> None:
+    """Settings that depend on the model's shape (`--layer 99`, a head that does not exist), checked from the
+    config of a model given by name before its weights load."""
+    if isinstance(model, (str, os.PathLike)) and hasattr(analysis, "check_shape"):
+        from attnscope.models.facts import config_shape
+
+        _check_name(model)
+        shape = config_shape(os.fspath(model), revision)
+        if shape is not None:
+            analysis.check_shape(shape)
+
+
 def _model(given: ModelGiven, lm_head: bool = False, **loading: str | None) -> LoadedModel:
     """The model to run on: `given` itself, or loaded by name with `loading` (device, dtype, revision, device_map),
     which a model already loaded cannot take."""
     from attnscope.models.loading import LoadedModel
 
     if isinstance(given, (str, os.PathLike)):
+        _check_loading(**{key: value for key, value in loading.items() if value is not None})
         chosen = {key: value for key, value in loading.items() if value is not None}
         device, dtype = chosen.pop("device", "auto"), chosen.pop("dtype", "auto")
         return load(given, device, dtype, **chosen, lm_head=lm_head)
@@ -170,6 +206,8 @@ def _texts(texts: TextsGiven, file: str | os.PathLike | None) -> Texts:
 
     if texts is not None and file is not None:
         raise AttnscopeError("give texts or file, not both")
+    if file is not None and (isinstance(file, bytes) or not isinstance(file, (str, os.PathLike))):
+        raise AttnscopeError(f"file {file!r}: expected the path of a file of texts (a string or a path)")
     if file is not None:
         gathered: Texts = read_file(os.fspath(file))
     elif texts is None:
@@ -190,7 +228,12 @@ def _texts(texts: TextsGiven, file: str | os.PathLike | None) -> Texts:
 def _run(analysis: Any, model: ModelGiven, texts: TextsGiven, file: Any, progress: Progress, **loading: Any) -> Any:
     """The CLI's flow without its printing: settings (checked when `analysis` was built), then the texts, then the
     model, then the analysis. Each step fails with one AttnscopeError before the next, costlier one begins."""
+    if progress is not None and not callable(progress):
+        raise AttnscopeError(f"progress {progress!r}: expected a function of (texts, tokens, share), or None")
     gathered = _texts(texts, file)
+    if isinstance(model, (str, os.PathLike)):
+        _check_loading(**{key: value for key, value in loading.items() if value is not None})
+    _check_shape(analysis, model, loading.get("revision"))
     loaded = _model(model, getattr(analysis, "needs_lm_head", False), **loading)
     return analysis.run(loaded, gathered, progress)
 
@@ -526,6 +569,7 @@ def info(
     from attnscope.analyses.info import Info
 
     if isinstance(model, (str, os.PathLike)):
+        _check_name(model)
         if device_map is not None:
             raise AttnscopeError("info reads the config only: device_map is not for info")
         return Info(os.fspath(model), device or "auto", dtype or "auto", revision).run()
@@ -552,7 +596,7 @@ def random_mha(
     """
     from attnscope.analyses.random_mha import RandomMha
 
-    return RandomMha(d_model, tuple(heads), seq_len, trials, seed).run()
+    return RandomMha(d_model, heads, seq_len, trials, seed).run()
 
 
 def bench(
@@ -592,15 +636,15 @@ def bench(
 
     if not isinstance(model, (str, os.PathLike)):
         raise AttnscopeError("bench loads the model itself (or builds it with random weights): give its name")
-    methods = (methods,) if isinstance(methods, str) else tuple(methods)
+    _check_name(model)
     analysis = Bench(
         os.fspath(model),
         random_weights,
         device,
         dtype,
         revision,
-        tuple(seq_lens),
-        tuple(batch_sizes),
+        seq_lens,
+        batch_sizes,
         repeats,
         warmup,
         methods,

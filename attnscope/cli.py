@@ -23,7 +23,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import typer
 
@@ -32,9 +32,9 @@ try:  # typer >= 0.25 carries its own copy of click
 except ImportError:  # older typer runs on click itself
     from click import exceptions as click_errors
 
-from attnscope import __version__
+from attnscope import __version__, options
 from attnscope.errors import AttnscopeError
-from attnscope.output.files import DPI, DPI_RANGE, PICTURE_FORMATS, Pictures
+from attnscope.output.files import DPI, Pictures
 from attnscope.scores import catalog
 
 app = typer.Typer(
@@ -48,12 +48,39 @@ app = typer.Typer(
 
 
 # ------------------------------------------------------------------------------------------ option domains
+# Each option's domain is declared once, in attnscope.options, which the settings classes check their fields
+# against too; here an option reads its parser (the domain's check, in attnscope's words) and, for --help, its range
+# or choices from there.
+
+
+class _OptionError(typer.BadParameter):
+    """A value outside its option's domain: shown as `--window 0: must be a whole number from 1 to 100,000`."""
+
+
+def _domain(option: options.Option) -> dict[str, Any]:
+    """The typer.Option keywords of an option whose domain is `option`: its parser and its range or choices."""
+
+    def parse(text: Any) -> Any:
+        if not isinstance(text, str):  # a default, already a value
+            return text
+        try:
+            return option.parse(text)
+        except AttnscopeError as error:
+            raise _OptionError(str(error)) from None
+
+    parse.option = option  # what tests/unit/test_api.py ties to the API's checks
+    if option.kind in ("count", "number"):
+        return {"parser": parse, "min": option.low, "max": option.high}
+    if option.kind == "choice":
+        metavar = f"<{'|'.join(option.choices)}>"  # as typer shows a Literal, which docs/hooks/generate.py reads
+        return {"parser": parse, "metavar": metavar, "autocompletion": lambda: list(option.choices)}
+    return {"parser": parse}
 
 
 def _device(text: str) -> str:
     spec = text.strip().lower()
-    if re.fullmatch(r"auto|cpu|cuda(:\d+)?", spec) is None:
-        raise typer.BadParameter(f"'{text}': use auto, cpu, cuda or cuda:N")
+    if re.fullmatch(options.DEVICE_PATTERN, spec) is None:
+        raise _OptionError(f"{options.shown_text(text)}: use auto, cpu, cuda or cuda:N")
     return spec
 
 
@@ -66,8 +93,8 @@ class Names(tuple):
     """Comma-separated names (`floor,attnscope`) as one option value."""
 
 
-def _numbers(low: int, high: int) -> Callable[[str | tuple], Numbers]:
-    """A parser of comma-separated whole numbers (`128,512,1024`), each from `low` to `high`."""
+def _numbers(option: options.Option) -> Callable[[str | tuple], Numbers]:
+    """A parser of comma-separated whole numbers (`128,512,1024`), each in `option`'s domain."""
 
     def parse(text: str | tuple) -> Numbers:
         if isinstance(text, tuple):  # a default given as a tuple
@@ -75,26 +102,28 @@ def _numbers(low: int, high: int) -> Callable[[str | tuple], Numbers]:
         try:
             values = Numbers(int(part) for part in text.split(",") if part.strip())
         except ValueError:
-            raise typer.BadParameter(f"'{text}': expected comma-separated whole numbers") from None
+            raise _OptionError(f"{options.shown_text(text)}: expected comma-separated whole numbers") from None
         if not values:
-            raise typer.BadParameter("give at least one number")
+            raise _OptionError(f"{options.shown_text(text)}: give at least one number")
         for value in values:
-            if not low <= value <= high:
-                raise typer.BadParameter(f"{value}: each value must be from {low:,} to {high:,}")
+            problem = option.problem(value)
+            if problem is not None:
+                raise _OptionError(f"{value}: {problem}")
         return values
 
+    parse.option = option
     return parse
 
 
 def _methods(text: str | tuple) -> Names:
-    from attnscope.analyses.bench import ALL_METHODS  # imports torch: only when the option is given
-
     if isinstance(text, tuple):
         return Names(text)
     chosen = Names(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
-    unknown = [name for name in chosen if name not in ALL_METHODS]
+    unknown = [name for name in chosen if name not in options.ALL_BENCH_METHODS]
     if unknown or not chosen:
-        raise typer.BadParameter(f"'{text}': use some of {', '.join(ALL_METHODS)}, comma-separated")
+        raise _OptionError(
+            f"{options.shown_text(text)}: use some of {', '.join(options.ALL_BENCH_METHODS)}, comma-separated"
+        )
     return chosen
 
 
@@ -103,31 +132,37 @@ def _folder(text: str | Path) -> Path:
     if isinstance(text, Path):
         return text
     if not text.strip():
-        raise typer.BadParameter("an empty folder name; give a folder, e.g. --out results/ (or . for this one)")
+        raise _OptionError(f"{text!r}: an empty folder name; give a folder, e.g. --out results/ (or . for this one)")
     return Path(text)
 
 
 def _sort(text: str) -> str:
     score = catalog.score_named(text)
     if score is None:
-        raise typer.BadParameter(f"'{text}': use one of {', '.join(catalog.SCORE_NAMES)} (or a column header)")
+        raise _OptionError(
+            f"{options.shown_text(text)}: use one of {', '.join(catalog.SCORE_NAMES)} (or a column header)"
+        )
     return score.name
 
 
 def _layer_or_all(text: str) -> str:
-    if text.strip().lower() != "all" and not text.strip().isdigit():
-        raise typer.BadParameter(f"'{text}': expected a layer number (0-based) or 'all'")
-    return text.strip().lower()
+    chosen = text.strip().lower()
+    if chosen != "all":
+        try:
+            options.LAYER.parse(chosen)
+        except AttnscopeError:
+            raise _OptionError(f"{options.shown_text(text)}: expected a layer number (0-based) or 'all'") from None
+    return chosen
 
 
 def _sort_names(incomplete: str) -> list[str]:
     return [name for name in catalog.SCORE_NAMES if name.startswith(incomplete)]
 
 
-SEED_MAX = 2**32 - 1
-LENGTH_MAX = 100_000  # tokens: beyond every model's context, and small enough that nothing sized by it overflows
-BATCH_MAX = 65_536  # texts in one bench batch: far beyond any memory at any useful length
-D_MODEL_MAX = 4096  # random-mha's width, and so its most heads
+SEED_MAX = options.SEED_MAX
+LENGTH_MAX = options.LENGTH_MAX
+BATCH_MAX = options.BATCH_MAX
+D_MODEL_MAX = options.D_MODEL_MAX
 
 # ------------------------------------------------------------------------------------------ shared options
 # Options shared by several commands are declared once, in groups; `_options` adds a group's options to a command
@@ -275,6 +310,7 @@ MODEL = _group(
             typer.Option(
                 "--model",
                 "-m",
+                **_domain(options.TEXT),
                 metavar="NAME|PATH",
                 help="'demo': the small GPT-2 bundled with attnscope (no download, works offline); or a Hugging "
                 "Face id (fetched once into the Hugging Face cache); or a directory saved with save_pretrained.",
@@ -297,8 +333,8 @@ MODEL = _group(
     ),
     dtype=(
         Annotated[
-            Literal["auto", "float32", "float16", "bfloat16"],
-            typer.Option("--dtype", help="auto: the checkpoint's own (float32 for GPT-2)."),
+            str,
+            typer.Option("--dtype", **_domain(options.DTYPE), help="auto: the checkpoint's own (float32 for GPT-2)."),
         ],
         "auto",
     ),
@@ -307,6 +343,7 @@ MODEL = _group(
             str | None,
             typer.Option(
                 "--revision",
+                **_domain(options.TEXT),
                 metavar="REV",
                 help="A Hub branch, tag or commit of --model (e.g. Pythia's training checkpoints: step1000).",
             ),
@@ -315,9 +352,10 @@ MODEL = _group(
     ),
     device_map=(
         Annotated[
-            Literal["auto", "balanced", "sequential"] | None,
+            str | None,
             typer.Option(
                 "--device-map",
+                **_domain(options.DEVICE_MAP),
                 help="Spread a model too large for one device over all of them (needs: pip install 'attnscope[big]').",
             ),
         ],
@@ -325,9 +363,10 @@ MODEL = _group(
     ),
     kernel=(
         Annotated[
-            Literal["auto", "fused", "blocks"],
+            str,
             typer.Option(
                 "--kernel",
+                **_domain(options.KERNEL),
                 help="What computes attention and its statistics: fused (one Triton kernel on a GPU; needs pip install "
                 "'attnscope[gpu]'; on the CPU Triton's interpreter, very slow, for testing), blocks (PyTorch, blocks "
                 "of query rows), auto (fused on CUDA when Triton imports, else blocks). Maps, diversity and the probe "
@@ -344,8 +383,7 @@ BATCHING = _group(
             int,
             typer.Option(
                 "--batch-size",
-                min=1,
-                max=LENGTH_MAX,
+                **_domain(options.BATCH_SIZE),
                 metavar="N",
                 help="Windows per forward pass (padded, length-bucketed).",
             ),
@@ -357,8 +395,7 @@ BATCHING = _group(
             int,
             typer.Option(
                 "--max-tokens",
-                min=1,
-                max=100 * LENGTH_MAX,
+                **_domain(options.MAX_TOKENS),
                 metavar="N",
                 help="Padded tokens per batch at most (a long window still runs alone).",
             ),
@@ -374,8 +411,7 @@ ROLES = _group(  # the settings of `heads` that decide scores and roles, shared 
             typer.Option(
                 "--window",
                 "-w",
-                min=1,
-                max=LENGTH_MAX,
+                **_domain(options.WINDOW),
                 metavar="W",
                 help="Local window: the current token and the W before it.",
             ),
@@ -409,8 +445,7 @@ ROLES = _group(  # the settings of `heads` that decide scores and roles, shared 
             int | None,
             typer.Option(
                 "--probe-len",
-                min=3,
-                max=LENGTH_MAX,
+                **_domain(options.PROBE_LEN),
                 metavar="T",
                 help="Period T of the probe: T random tokens, then again. [default: 50]",
             ),
@@ -421,7 +456,7 @@ ROLES = _group(  # the settings of `heads` that decide scores and roles, shared 
         Annotated[
             int,
             typer.Option(
-                "--probe-seed", min=0, max=SEED_MAX, metavar="SEED", help="Seed of the probe's random tokens."
+                "--probe-seed", **_domain(options.SEED), metavar="SEED", help="Seed of the probe's random tokens."
             ),
         ],
         0,
@@ -468,8 +503,12 @@ DRAWING_OUTPUT = _group(  # the output options of a command that draws pictures:
     **OUTPUT_OPTIONS,
     format=(
         Annotated[
-            Literal[PICTURE_FORMATS],
-            typer.Option("--format", help="File format of the pictures of --out (svg and pdf: vector, for print)."),
+            str,
+            typer.Option(
+                "--format",
+                **_domain(options.FORMAT),
+                help="File format of the pictures of --out (svg and pdf: vector, for print).",
+            ),
         ],
         "png",
     ),
@@ -478,8 +517,7 @@ DRAWING_OUTPUT = _group(  # the output options of a command that draws pictures:
             int,
             typer.Option(
                 "--dpi",
-                min=DPI_RANGE[0],
-                max=DPI_RANGE[1],
+                **_domain(options.DPI),
                 metavar="N",
                 help="Dots per inch of PNG pictures: pixels = the figure's inches × N (300 for print).",
             ),
@@ -487,13 +525,15 @@ DRAWING_OUTPUT = _group(  # the output options of a command that draws pictures:
         DPI,
     ),
 )
-IndexOpt = Annotated[int, typer.Option("--index", min=0, metavar="I", help="Which input text (0-based).")]
+IndexOpt = Annotated[
+    int, typer.Option("--index", **_domain(options.INDEX), metavar="I", help="Which input text (0-based).")
+]
 # --top means one thing in every command that has it: how many rows each ranked table shows (heads: the heads table;
 # diversity: the most redundant and the most distinct pairs; attend: the strongest heads; ablate: the most important
 # heads), wherever it is shown (the terminal, a notebook, the ranked lists of --json); grids with a cell per head,
 # maps and the files of --out show every head.
 TOP_HELP = "Rows of each ranked table: the first K (grids, maps and the files of --out keep every head)."
-TopOpt = Annotated[int, typer.Option("--top", min=1, metavar="K", help=TOP_HELP)]
+TopOpt = Annotated[int, typer.Option("--top", **_domain(options.TOP), metavar="K", help=TOP_HELP)]
 WordsOpt = Annotated[
     bool,
     typer.Option(
@@ -513,13 +553,34 @@ SkipFirstOpt = Annotated[
 
 
 def _note(message: str) -> None:
-    print(f"note: {message}", file=sys.stderr)
+    print(_one_line(f"note: {message}"), file=sys.stderr)
+
+
+LINE_MAX = 4000  # characters of one line on stderr; a longer one repeats a value nobody reads whole
+
+
+def _one_line(text: str) -> str:
+    """`text` as one line of a terminal: control characters (a newline in a file name, an escape sequence in a
+    model's name) written as escapes, and at most LINE_MAX characters."""
+    line = "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+    return line if len(line) <= LINE_MAX else f"{line[: LINE_MAX - 1]}…"
 
 
 def _console(stderr: bool = False):
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False)
+    return Console(stderr=stderr, highlight=False, width=_width())
+
+
+def _width() -> int | None:
+    """The terminal's width where COLUMNS says nothing usable (0, -5, 'wide', 10^9): rich would take `COLUMNS=0` for
+    a width of 0 and print nothing at all. None: rich's own answer (COLUMNS, the terminal's width, or 80)."""
+    import shutil
+
+    columns = os.environ.get("COLUMNS")
+    if columns is None or (columns.strip().isdigit() and 1 <= int(columns) <= 10_000):
+        return None
+    return min(max(shutil.get_terminal_size((80, 24)).columns, 20), 10_000)
 
 
 def _on_terminal(quiet: bool) -> bool:
@@ -644,6 +705,12 @@ def _run(
     gathered = texts.gather() if texts is not None else None
     folder = output.folder(default_out)
     own_model = getattr(analysis, "loads_its_model", False)  # bench loads (or builds) its own, and says what it does
+    if model is not None and hasattr(analysis, "check_shape"):  # `--layer 99`: from the config, before the weights
+        from attnscope.models.facts import config_shape
+
+        shape = config_shape(model.name, model.revision)
+        if shape is not None:
+            analysis.check_shape(shape)
     with _Status(output.quiet) as status:
         loaded = None if model is None else _load(model, getattr(analysis, "needs_lm_head", False), status)
         if own_model:
@@ -721,10 +788,10 @@ def heads(
             help="Sort the table by this score, descending (a score name or a column header).",
         ),
     ] = None,
-    top: Annotated[int | None, typer.Option("--top", min=1, metavar="K", help=TOP_HELP)] = None,
+    top: Annotated[int | None, typer.Option("--top", **_domain(options.TOP), metavar="K", help=TOP_HELP)] = None,
     layer: Annotated[
         int | None,
-        typer.Option("--layer", "-l", min=0, metavar="L", help="Show only the heads of this layer."),
+        typer.Option("--layer", "-l", **_domain(options.LAYER), metavar="L", help="Show only the heads of this layer."),
     ] = None,
     plot: Annotated[
         list[str] | None,
@@ -745,8 +812,6 @@ def heads(
 
     if plot and output.out is None:
         raise AttnscopeError("--plot draws into the folder of --out: give --out DIR too")
-    if words and not plot:
-        raise AttnscopeError("--words draws the maps of --plot by word: give --plot L.H too")
     analysis = Heads(**roles, bos=texts.bos, **batching, plot=plot, words=words, layer=layer, sort=sort, top=top)
     _run(analysis, output, texts, model)
 
@@ -757,8 +822,12 @@ def show(
     texts,
     model,
     output,
-    layer: Annotated[int, typer.Option("--layer", "-l", min=0, metavar="L", help="Layer to draw (0-based).")] = ...,
-    head: Annotated[int | None, typer.Option("--head", min=0, metavar="H", help="Draw only this head, larger.")] = None,
+    layer: Annotated[
+        int, typer.Option("--layer", "-l", **_domain(options.LAYER), metavar="L", help="Layer to draw (0-based).")
+    ] = ...,
+    head: Annotated[
+        int | None, typer.Option("--head", **_domain(options.HEAD), metavar="H", help="Draw only this head, larger.")
+    ] = None,
     index: IndexOpt = 0,
     words: WordsOpt = False,
 ) -> None:
@@ -789,13 +858,19 @@ def diversity(
     redundant: Annotated[
         float,
         typer.Option(
-            "--redundant", min=0.0, max=1.0, metavar="BITS", help="JSD below which two heads are near-duplicates."
+            "--redundant",
+            **_domain(options.JS_BITS),
+            metavar="BITS",
+            help="JSD below which two heads are near-duplicates.",
         ),
     ] = 0.1,
     cluster_at: Annotated[
         float,
         typer.Option(
-            "--cluster-at", min=0.0, max=1.0, metavar="BITS", help="JSD below which average-linkage clusters merge."
+            "--cluster-at",
+            **_domain(options.JS_BITS),
+            metavar="BITS",
+            help="JSD below which average-linkage clusters merge.",
         ),
     ] = 0.3,
     top: TopOpt = 5,
@@ -803,14 +878,14 @@ def diversity(
         int,
         typer.Option(
             "--sample-rows",
-            min=0,
-            max=2**31 - 1,
+            **_domain(options.SAMPLE_ROWS),
             metavar="N",
             help="Estimate JS on N random scored rows per window, with standard errors (0: every row, exact).",
         ),
     ] = 0,
     seed: Annotated[
-        int, typer.Option("--seed", min=0, max=SEED_MAX, metavar="SEED", help="Seed of the rows --sample-rows draws.")
+        int,
+        typer.Option("--seed", **_domain(options.SEED), metavar="SEED", help="Seed of the rows --sample-rows draws."),
     ] = 0,
 ) -> None:
     """How different are the heads? Cosine and Jensen–Shannon between every pair of heads of a layer (or all).
@@ -840,24 +915,28 @@ def diversity(
 @_options(output=DRAWING_OUTPUT)
 def random_mha(
     output,
-    d_model: Annotated[int, typer.Option("--d-model", min=1, max=D_MODEL_MAX, metavar="D", help="Model width.")] = 64,
+    d_model: Annotated[
+        int, typer.Option("--d-model", **_domain(options.D_MODEL), metavar="D", help="Model width.")
+    ] = 64,
     heads: Annotated[
         Numbers,
         typer.Option(
             "--heads",
-            parser=_numbers(1, D_MODEL_MAX),
+            parser=_numbers(options.HEAD_COUNT),
             metavar="H,H,...",
             help=f"Head counts (1-{D_MODEL_MAX}), each dividing --d-model.",
         ),
     ] = "1,2,4,8",
     seq_len: Annotated[
-        int, typer.Option("--seq-len", min=2, max=4096, metavar="N", help="Tokens per random sequence.")
+        int, typer.Option("--seq-len", **_domain(options.SEQ_LEN), metavar="N", help="Tokens per random sequence.")
     ] = 32,
     trials: Annotated[
-        int, typer.Option("--trials", min=1, metavar="N", help="Random layers averaged per head count.")
+        int,
+        typer.Option("--trials", **_domain(options.TRIALS), metavar="N", help="Random layers averaged per head count."),
     ] = 4,
     seed: Annotated[
-        int, typer.Option("--seed", min=0, max=SEED_MAX, metavar="SEED", help="Seed of the random weights and inputs.")
+        int,
+        typer.Option("--seed", **_domain(options.SEED), metavar="SEED", help="Seed of the random weights and inputs."),
     ] = 0,
 ) -> None:
     """The tutorials' experiment: how different are the heads of a random (untrained) attention layer, by their
@@ -895,19 +974,27 @@ def attend(
     ] = None,
     from_index: Annotated[
         int | None,
-        typer.Option("--from-index", min=0, metavar="K", help="Which occurrence of --from (0-based), as WORD@K."),
+        typer.Option(
+            "--from-index",
+            **_domain(options.INDEX),
+            metavar="K",
+            help="Which occurrence of --from (0-based), as WORD@K.",
+        ),
     ] = None,
     to_index: Annotated[
         int | None,
         typer.Option(
             "--to-index",
-            min=0,
+            **_domain(options.INDEX),
             metavar="K",
             help="Which occurrence of --to (0-based), as WORD@K; default: all the query sees, summed.",
         ),
     ] = None,
     tokens: Annotated[
-        int, typer.Option("--tokens", min=1, metavar="K", help="Top keys listed per head (tokens, or words).")
+        int,
+        typer.Option(
+            "--tokens", **_domain(options.TOKENS), metavar="K", help="Top keys listed per head (tokens, or words)."
+        ),
     ] = 3,
     top: TopOpt = 10,
     index: IndexOpt = 0,
@@ -935,14 +1022,18 @@ def ablate(
     batching,
     output,
     method: Annotated[
-        Literal["loss", "gradient"],
-        typer.Option("--method", help="loss: remove each head and measure the loss; gradient: |dL/d gate| (fast)."),
+        str,
+        typer.Option(
+            "--method",
+            **_domain(options.ABLATION_METHOD),
+            help="loss: remove each head and measure the loss; gradient: |dL/d gate| (fast).",
+        ),
     ] = "loss",
     prune: Annotated[
         int,
         typer.Option(
             "--prune",
-            min=0,
+            **_domain(options.PRUNE),
             metavar="K",
             help="Also remove the K least important heads one after another.",
         ),
@@ -1006,7 +1097,7 @@ def bench(
         Numbers,
         typer.Option(
             "--seq-lens",
-            parser=_numbers(2, LENGTH_MAX),
+            parser=_numbers(options.BENCH_SEQ_LEN),
             metavar="N,N,...",
             help=f"Sequence lengths (2-{LENGTH_MAX:,}, at most the model's context).",
         ),
@@ -1015,7 +1106,7 @@ def bench(
         Numbers,
         typer.Option(
             "--batch-sizes",
-            parser=_numbers(1, BATCH_MAX),
+            parser=_numbers(options.BENCH_BATCH),
             metavar="B,B,...",
             help=f"Batch sizes (1-{BATCH_MAX:,}; a shape that would not fit in memory is refused before it runs).",
         ),
@@ -1024,13 +1115,14 @@ def bench(
         int,
         typer.Option(
             "--repeats",
-            min=1,
+            **_domain(options.REPEATS),
             metavar="N",
             help="Rounds, each running every method once timed and once for memory (medians reported).",
         ),
     ] = 3,
     warmup: Annotated[
-        int, typer.Option("--warmup", min=0, metavar="N", help="Untimed rounds of every method first.")
+        int,
+        typer.Option("--warmup", **_domain(options.WARMUP), metavar="N", help="Untimed rounds of every method first."),
     ] = 1,
     methods: Annotated[
         Names,
@@ -1053,8 +1145,7 @@ def bench(
         int,
         typer.Option(
             "--sample-rows",
-            min=2,
-            max=2**31 - 1,
+            **_domain(options.BENCH_SAMPLE_ROWS),
             metavar="N",
             help="Rows per window on which the diversity-sampled method estimates JS.",
         ),
@@ -1122,38 +1213,56 @@ _MEMORY_ADVICE = {
     "random-mha": "try a smaller --seq-len, --d-model or fewer --heads",
 }
 _MEMORY_ADVICE_DEFAULT = "try a smaller --batch-size or --max-tokens, shorter texts, or a smaller --dtype"
-_interrupted = False  # set by the SIGINT handler: whatever a library makes of the interrupt, it was Ctrl-C
+# The signal that stopped the run (SIGINT: Ctrl-C; SIGTERM: `kill`; SIGHUP: the terminal closed), 0 while none
+# did: whatever a library makes of the interrupt, it was that signal.
+_interrupted = 0
+STOPPING_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 
 
 def _on_interrupt(signum: int, frame: Any) -> None:
-    """Ctrl-C: remember it, then interrupt as Python does. Code that catches the KeyboardInterrupt and raises
-    something else (an import cut short turns into an ImportError inside transformers) still ends as Ctrl-C."""
+    """Ctrl-C, SIGTERM or SIGHUP: remember which, then interrupt as Python does for Ctrl-C, so that every `finally`
+    runs (the staging folder of --out and the folders it made are removed). Code that catches the
+    KeyboardInterrupt and raises something else (an import cut short turns into an ImportError inside
+    transformers) still ends as interrupted."""
     global _interrupted
-    _interrupted = True
+    _interrupted = _interrupted or signum
     raise KeyboardInterrupt
+
+
+def _stopped() -> int:
+    """Say, in one line, that the run was interrupted, and return the exit status of a program killed by that
+    signal (128 + its number: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP)."""
+    import signal
+
+    signum = _interrupted or signal.SIGINT
+    name = "" if signum == signal.SIGINT else f" ({signal.Signals(signum).name})"
+    try:
+        print(f"attnscope: interrupted{name}", file=sys.stderr)
+    except (OSError, ValueError):  # SIGHUP: the terminal that stderr was is gone
+        pass
+    return 128 + signum
 
 
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI on `argv` and return its exit status: the one error boundary for every command."""
     global _interrupted
-    _interrupted = False
+    _interrupted = 0
+    _usable_matplotlib_folder()
     try:
         # Commands return None; typer returns an exit status instead when one stopped early: 130 for Ctrl-C
         # (it turns KeyboardInterrupt into that itself), 0 after --help.
         status = app(args=argv, prog_name="attnscope", standalone_mode=False)
         if status == 130 or _interrupted:
-            print("attnscope: interrupted", file=sys.stderr)
-            return 130
+            return _stopped()
         return status if isinstance(status, int) else 0
     except BaseException as error:
         if _interrupted or isinstance(error, (typer.Abort, KeyboardInterrupt)):
-            print("attnscope: interrupted", file=sys.stderr)
-            return 130
+            return _stopped()
         message, status = _user_error(error, (argv or [""])[0] if argv else "")
         if message is None:
             raise  # a bug keeps its traceback, for the bug report
         if message:
-            print(message, file=sys.stderr)
+            print(_one_line(message), file=sys.stderr)
         return status
 
 
@@ -1164,6 +1273,9 @@ def _user_error(error: BaseException, command: str) -> tuple[str | None, int]:
     if isinstance(error, click_errors.NoArgsIsHelpError):  # `attnscope` alone prints the help
         error.show()
         return "", 0
+    if isinstance(error, _OptionError) and error.param is not None:  # `--window 0: must be ...`
+        hint = f" (see: attnscope {error.ctx.info_name} --help)" if error.ctx is not None and error.ctx.parent else ""
+        return f"attnscope: error: {max(error.param.opts, key=len)} {error.message}{hint}", 2
     if isinstance(error, click_errors.UsageError):
         hint = f" (see: attnscope {error.ctx.info_name} --help)" if error.ctx is not None and error.ctx.parent else ""
         return f"attnscope: error: {error.format_message()}{hint}", 2
@@ -1201,19 +1313,110 @@ def _out_of_memory(error: BaseException) -> bool:
     )
 
 
+def _usable_matplotlib_folder() -> None:
+    """Point MPLCONFIGDIR at a folder of this user's own when matplotlib's would not be usable (MPLCONFIGDIR or HOME
+    naming a file, a read-only home): matplotlib would add two warnings to stderr at every run, and build its font
+    cache again each time. Nothing is imported; a usable folder is left as it is."""
+    if "matplotlib" in sys.modules:
+        return
+    configured = os.environ.get("MPLCONFIGDIR")
+    try:
+        home = Path.home()
+        folders = (
+            [Path(configured)]
+            if configured
+            else [
+                Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config", "matplotlib"),
+                Path(os.environ.get("XDG_CACHE_HOME") or home / ".cache", "matplotlib"),
+            ]
+        )
+        if all(_writable_folder(folder) for folder in folders):
+            return
+    except RuntimeError:  # no home folder at all
+        pass
+    import tempfile
+
+    fallback = Path(tempfile.gettempdir(), f"attnscope-matplotlib-{os.getuid() if hasattr(os, 'getuid') else 0}")
+    try:
+        fallback.mkdir(mode=0o700, exist_ok=True)
+        owned = fallback.lstat()
+        if fallback.is_symlink() or (hasattr(os, "getuid") and owned.st_uid != os.getuid()):
+            fallback = Path(tempfile.mkdtemp(prefix="attnscope-matplotlib-"))  # not ours: a private one instead
+    except OSError:
+        return  # no usable temporary folder either: matplotlib says so itself
+    os.environ["MPLCONFIGDIR"] = str(fallback)
+
+
+def _writable_folder(folder: Path) -> bool:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
+
+
+def _standard_streams() -> bool:
+    """Give each standard stream the program was started without (`2>&-`, `>&-`, `<&-`) /dev/null, so that no file
+    opened later takes its number (an error line would be written into a picture); returns whether stdout was
+    open. Without this, a closed stderr turned every error into exit status 1 and usage errors went to stdout."""
+    closed = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            closed.append(fd)
+    if 2 in closed or sys.stderr is None:
+        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+    if 1 in closed or sys.stdout is None:
+        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+    return 1 not in closed
+
+
+def _unicode_streams() -> None:
+    """In an ASCII locale (LC_ALL=C without Python's UTF-8 mode), write stdout and stderr as UTF-8, as the files of
+    --out are and as JSON must be: a token or a source with one accented letter would otherwise end the run with a
+    traceback."""
+    import codecs
+
+    for stream in (sys.stdout, sys.stderr):
+        encoding = getattr(stream, "encoding", None)
+        if encoding and codecs.lookup(encoding).name == "ascii" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(encoding="utf-8", errors="backslashreplace" if stream is sys.stderr else "strict")
+
+
 def main() -> None:
     """Console-script entry point (`attnscope`, `python -m attnscope`)."""
     import signal
 
-    # Ctrl-C must stop a run even when the parent started us with SIGINT ignored (as shells do for `&` jobs).
+    stdout_open = _standard_streams()
+    _unicode_streams()
+    # Ctrl-C must stop a run even when the parent started us with SIGINT ignored (as shells do for `&` jobs); SIGTERM
+    # and SIGHUP stop it the same way, unless they were ignored on purpose (nohup ignores SIGHUP).
     signal.signal(signal.SIGINT, _on_interrupt)
+    for name in STOPPING_SIGNALS[1:]:
+        if hasattr(signal, name) and signal.getsignal(getattr(signal, name)) is not signal.SIG_IGN:
+            signal.signal(getattr(signal, name), _on_interrupt)
+    if not stdout_open:
+        print(
+            "attnscope: error: standard output is closed (>&-): attnscope writes its results there; redirect it "
+            "to a file, or to /dev/null",
+            file=sys.stderr,
+        )
+        sys.exit(2)
     status = run(sys.argv[1:])
-    if status == 130:
-        # End the way an interrupted Unix program does, killed by SIGINT (the shell shows 130 and stops a script's
-        # loop). This is also the only deterministic ending: CPython itself re-raises SIGINT at exit when the
-        # interrupt landed in an `exec` (e.g. a dataclass being built during an import), and exits 130 otherwise.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
+    if status - 128 in {getattr(signal, name) for name in STOPPING_SIGNALS if hasattr(signal, name)}:
+        # End the way an interrupted Unix program does, killed by its signal (the shell shows 128 + its number and
+        # stops a script's loop). This is also the only deterministic ending: CPython itself re-raises SIGINT at
+        # exit when the interrupt landed in an `exec` (e.g. a dataclass being built during an import).
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except OSError:
+            pass
+        signal.signal(status - 128, signal.SIG_DFL)
+        os.kill(os.getpid(), status - 128)
     sys.exit(status)

@@ -23,26 +23,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
+from attnscope import options
 from attnscope.analyses.common import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_TOKENS,
     check_finite,
-    check_positive,
     damaged_weights,
     first_non_finite_weight,
 )
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
+from attnscope.models.checks import Shape
 from attnscope.models.families import CAUSAL_LM
 from attnscope.models.loading import LoadedModel, fastest_attention
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.tokens import Window, WindowStream, batches, pad_id
 
-METHODS = ("loss", "gradient")
+METHODS = options.ABLATION_METHODS
 DEFAULT_TOP = 10  # heads listed, most important first
 MASK_FRACTION = 0.15  # of an encoder window's scored rows, replaced by [MASK] for the masked-LM loss
 MASK_SEED = 0
@@ -258,14 +259,22 @@ class Ablate:
     max_tokens: int | None = DEFAULT_MAX_TOKENS
     top: int = DEFAULT_TOP
     needs_lm_head = True
+    OPTIONS: ClassVar[dict[str, options.Option]] = {
+        "method": options.ABLATION_METHOD,
+        "prune": options.PRUNE,
+        "bos": options.BOS,
+        "batch_size": options.BATCH_SIZE,
+        "max_tokens": options.MAX_TOKENS.or_none(),
+        "top": options.TOP,
+    }
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise AttnscopeError(f"method '{self.method}': use one of {', '.join(METHODS)}")
-        check_positive("prune", self.prune, 0)
-        check_positive("batch size", self.batch_size)
-        check_positive("max tokens", self.max_tokens)
-        check_positive("top", self.top)
+        options.check_fields(self, self.OPTIONS)
+
+    def check_shape(self, shape: Shape) -> None:
+        """No more heads pruned than the model has: checked from its config before the weights load, and again."""
+        if self.prune > shape.n_layer * shape.n_head:
+            raise AttnscopeError(f"prune {self.prune}: this model has {shape.n_layer * shape.n_head} heads")
 
     @property
     def batching(self) -> tuple[int, int | None]:
@@ -277,8 +286,7 @@ class Ablate:
         if loaded.lm_model is None:
             raise AttnscopeError("ablation needs the model's language-model head: load it with lm_head=True")
         L, H = loaded.n_layer, loaded.n_head
-        if self.prune > L * H:
-            raise AttnscopeError(f"prune {self.prune}: this model has {L * H} heads")
+        self.check_shape(loaded.shape)
         # SDPA, which the losses run with, turns a NaN head's output into zeros: a damaged head would pass for an
         # ablated one, so the weights are checked first (a scan costs less than one of the forward passes here)
         damaged = first_non_finite_weight(loaded.lm_model)

@@ -15,11 +15,12 @@ import re
 import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from attnscope.analyses.common import check_finite, check_index, check_positive
+from attnscope import options
+from attnscope.analyses.common import check_finite, check_index
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
@@ -221,8 +222,21 @@ class Attend:
     top: int = DEFAULT_TOP
     words: bool = False
     skip_first: bool = False
+    OPTIONS: ClassVar[dict[str, options.Option]] = {
+        "from_index": options.INDEX.or_none(),
+        "to_index": options.INDEX.or_none(),
+        "index": options.INDEX,
+        "bos": options.BOS,
+        "tokens": options.TOKENS,
+        "top": options.TOP,
+        "words": options.FLAG,
+        "skip_first": options.FLAG,
+    }
 
     def __post_init__(self) -> None:
+        options.check_text(self.from_token, "from_token")
+        options.check_text(self.to_token, "to_token", optional=True)
+        options.check_fields(self, self.OPTIONS)
         for role in ("from", "to"):
             spec, given = getattr(self, f"{role}_token"), getattr(self, f"{role}_index")
             if spec is None:
@@ -230,19 +244,17 @@ class Attend:
             word, occurrence = parse_occurrence(spec)
             if occurrence is not None and given is not None and occurrence != given:
                 raise AttnscopeError(
-                    f"{role} word {spec!r} names occurrence {occurrence}, and {role} occurrence is {given}: give one"
+                    f"{role} word {options.shown(spec)} names occurrence {occurrence}, and {role} occurrence is "
+                    f"{given}: give one"
                 )
             if not word.strip():
-                raise AttnscopeError(f"{role} word {spec!r}: give a word of the text")
+                raise AttnscopeError(f"{role} word {options.shown(spec)}: give a word of the text")
             object.__setattr__(self, f"{role}_token", word)
             object.__setattr__(self, f"{role}_index", occurrence if occurrence is not None else given)
         if self.from_index is None:
             object.__setattr__(self, "from_index", 0)
-        check_positive("from occurrence", self.from_index, 0)
-        check_positive("to occurrence", self.to_index, 0)
-        check_positive("text index", self.index, 0)
-        check_positive("tokens", self.tokens)
-        check_positive("top", self.top)
+        options.INDEX.check(self.from_index, "from occurrence")  # the K of WORD@K, checked as --from-index is
+        options.INDEX.or_none().check(self.to_index, "to occurrence")
         if self.to_index is not None and self.to_token is None:
             raise AttnscopeError(
                 f"to occurrence {self.to_index} picks one occurrence of the to word: give the to word too (--to)"

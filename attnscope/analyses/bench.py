@@ -31,11 +31,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
+from attnscope import options
 from attnscope.analyses.harness import Measurement, available_bytes, measure
 from attnscope.analyses.micro_bench import MICRO_D_MODEL, micro_benchmark
 from attnscope.analyses.result import Result
@@ -44,10 +45,10 @@ from attnscope.models.families import family_of
 from attnscope.models.loading import fastest_attention, load_config, load_model, resolve_device, resolve_dtype
 from attnscope.pipeline import capture, kernels
 
-METHODS = ("floor", "attnscope", "tutorial", "cache")  # the default set
-DIVERSITY_METHODS = ("diversity", "diversity-sampled")
-KERNEL_METHODS = ("fused", "blocks")  # the analysis with one kernel or the other
-ALL_METHODS = METHODS + KERNEL_METHODS + DIVERSITY_METHODS
+METHODS = options.BENCH_METHODS  # the default set
+DIVERSITY_METHODS = options.BENCH_DIVERSITY_METHODS
+KERNEL_METHODS = options.BENCH_KERNEL_METHODS  # the analysis with one kernel or the other
+ALL_METHODS = options.ALL_BENCH_METHODS
 DEFAULT_SAMPLE_ROWS = 32  # rows per window of `diversity-sampled`
 # A timed sample lasts at least this long (calls of a short forward are repeated to fill it; see harness.measure),
 # and makes at most harness.MAX_CALLS calls.
@@ -334,12 +335,26 @@ class Bench:
     loads_its_model = True  # a class attribute, not a setting: the CLI hands it no model, and a status line instead
     kernel: str = "auto"  # of the `attnscope` method: auto, fused or blocks (pipeline.kernels)
 
+    OPTIONS: ClassVar[dict[str, options.Option]] = {
+        "random_weights": options.FLAG,
+        "dtype": options.DTYPE,
+        "repeats": options.REPEATS,
+        "warmup": options.WARMUP,
+        "micro": options.FLAG,
+        "sample_rows": options.BENCH_SAMPLE_ROWS,
+        "kernel": options.KERNEL,
+    }
+
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.methods) - set(ALL_METHODS))
-        if unknown or not self.methods:
-            raise AttnscopeError(f"methods {', '.join(unknown) or '(none)'}: use some of {', '.join(ALL_METHODS)}")
-        if self.sample_rows < 2:
-            raise AttnscopeError(f"sample rows {self.sample_rows}: must be at least 2")
+        options.check_text(self.model, "model")
+        options.check_text(self.device, "device")
+        options.check_text(self.revision, "revision", optional=True)
+        options.check_fields(self, self.OPTIONS)
+        object.__setattr__(self, "seq_lens", options.check_numbers(self.seq_lens, options.BENCH_SEQ_LEN, "seq_lens"))
+        object.__setattr__(
+            self, "batch_sizes", options.check_numbers(self.batch_sizes, options.BENCH_BATCH, "batch_sizes")
+        )
+        object.__setattr__(self, "methods", options.check_names(self.methods, ALL_METHODS, "methods"))
         check_settings(self.seq_lens, self.batch_sizes, self.repeats, self.warmup)
         resolve_dtype(self.dtype)
         device = resolve_device(self.device)  # --device cuda on a machine without CUDA stops here, before any model

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
+from attnscope import options
 from attnscope.analyses import common
 from attnscope.analyses.common import Progress
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
+from attnscope.models.checks import Shape
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import distributed
 from attnscope.pipeline.blocks import AttentionBlock
@@ -186,12 +188,14 @@ def window_seed(seed: int, window: int) -> int:
 
 def parse_layer_choice(text: str | int | None) -> int | None:
     """A layer number, or `all` (None)."""
-    if text is None or isinstance(text, int):
-        return text
-    if text.strip().lower() == "all":
+    if text is None:
         return None
-    if not text.strip().isdigit():
-        raise AttnscopeError(f"layer '{text}': expected a layer number (0-based) or 'all'")
+    if isinstance(text, str) and text.strip().lower() == "all":
+        return None
+    if isinstance(text, str) and text.strip().isdigit() and len(text.strip()) <= 9:  # the CLI's, as typed
+        text = int(text)
+    if isinstance(text, str) or options.LAYER.problem(text) is not None:
+        raise AttnscopeError(f"layer {options.shown(text)}: expected a layer number (0-based) or 'all'")
     return int(text)
 
 
@@ -208,25 +212,30 @@ class Diversity:
     top: int = DEFAULT_TOP
     sample_rows: int = 0  # 0: every scored row (exact); N: JS estimated on N random scored rows per window
     seed: int = 0  # of the row sample
+    OPTIONS: ClassVar[dict[str, options.Option]] = {
+        "bos": options.BOS,
+        "batch_size": options.BATCH_SIZE,
+        "max_tokens": options.MAX_TOKENS.or_none(),
+        "redundant": options.JS_BITS,
+        "cluster_at": options.JS_BITS,
+        "top": options.TOP,
+        "sample_rows": options.SAMPLE_ROWS,
+        "seed": options.SEED,
+    }
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layer", parse_layer_choice(self.layer))
-        common.check_positive("batch size", self.batch_size)
-        common.check_positive("max tokens", self.max_tokens)
-        common.check_positive("top", self.top)
-        if self.sample_rows != 0:
-            common.check_positive("sample rows", self.sample_rows, low=2)  # a standard error needs two rows
-        if not 0 <= self.seed < 2**32:
-            raise AttnscopeError(f"seed {self.seed}: must be between 0 and {2**32 - 1}")
-        for name, value in (("redundant", self.redundant), ("cluster-at", self.cluster_at)):
-            if not 0.0 < value <= 1.0:
-                raise AttnscopeError(f"{name} {value}: a JS divergence in bits, above 0 and at most 1")
+        options.check_fields(self, self.OPTIONS)
+
+    def check_shape(self, shape: Shape) -> None:
+        """The layer exists: checked from the model's config before its weights load, and again."""
+        if self.layer is not None:
+            common.check_layer(self.layer, shape.n_layer)
 
     def run(
         self, model: LoadedModel, texts: Texts | Sequence[Text], progress: Progress | None = None
     ) -> DiversityResult:
-        if self.layer is not None:
-            common.check_layer(self.layer, model.n_layer)
+        self.check_shape(model.shape)
         layers = list(range(model.n_layer)) if self.layer is None else [self.layer]
         windows = WindowStream(model, texts, self.bos)
         fits = None

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from attnscope import options
 from attnscope.analyses.common import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_TOKENS,
     Progress,
     check_finite,
     check_layer,
-    check_positive,
+    check_plot,
     input_summary,
     parse_head,
     run_windows,
@@ -29,6 +30,7 @@ from attnscope.analyses.common import (
 from attnscope.analyses.maps import AttentionMap, with_words
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
+from attnscope.models.checks import Shape
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture, distributed
 from attnscope.pipeline.inputs import Text, Texts
@@ -91,12 +93,13 @@ def sort_score(sort: str) -> catalog.Score:
     return score
 
 
-def check_sort(sort: str | None, kind: Kind, probe: bool) -> str | None:
-    """The score `sort` names, checked against what this kind of model, with or without the probe, measures."""
+def check_sort(sort: str | None, kind: Kind | str, probe: bool) -> str | None:
+    """The score `sort` names, checked against what this kind of model (a Kind or its name), with or without the
+    probe, measures."""
     if sort is None:
         return None
     score = sort_score(sort)
-    if kind.name not in score.kinds:
+    if getattr(kind, "name", kind) not in score.kinds:
         measured = " and ".join(f"{name}s" for name in sorted(score.kinds))
         raise AttnscopeError(f"sort by {sort}: that score is measured for {measured} only")
     if score.source == catalog.PROBE and not probe:
@@ -123,25 +126,42 @@ class Heads:
     sort: str | None = None
     top: int | None = None
     words: bool = False  # the plotted maps also word by word (see scores.words)
+    OPTIONS: ClassVar[dict[str, options.Option]] = {
+        "window": options.WINDOW,
+        "bos": options.BOS,
+        "batch_size": options.BATCH_SIZE,
+        "max_tokens": options.MAX_TOKENS.or_none(),
+        "probe": options.FLAG,
+        "probe_len": options.PROBE_LEN.or_none(),
+        "probe_seed": options.SEED,
+        "layer": options.LAYER.or_none(),
+        "top": options.TOP.or_none(),
+        "words": options.FLAG,
+    }
 
     def __post_init__(self) -> None:
+        options.check_fields(self, self.OPTIONS)
         object.__setattr__(self, "thresholds", roles.parse_thresholds(self.thresholds))
-        object.__setattr__(self, "plot", (self.plot,) if isinstance(self.plot, str) else tuple(self.plot or ()))
-        check_positive("window", self.window)
-        check_positive("batch size", self.batch_size)
-        check_positive("max tokens", self.max_tokens)
-        check_positive("probe period", self.probe_len, MIN_PROBE_LEN)
-        check_positive("probe seed", self.probe_seed, 0)
-        check_positive("top", self.top)
+        object.__setattr__(self, "plot", check_plot(self.plot))
         if self.sort is not None:  # stored under its name, whichever spelling was given
-            object.__setattr__(self, "sort", sort_score(self.sort).name)
+            object.__setattr__(self, "sort", sort_score(options.check_text(self.sort, "sort")).name)
+        if self.words and not self.plot:
+            raise AttnscopeError("words (--words) draws the maps of plot (--plot L.H) word by word: give plot too")
+
+    def check_shape(self, shape: Shape) -> None:
+        """What these settings ask of the model's shape (a layer, the plotted heads, a score its kind measures),
+        checked from its config before the weights load, and again on the model loaded."""
+        if self.layer is not None:
+            check_layer(self.layer, shape.n_layer)
+        for label in self.plot:
+            parse_head(label, shape.n_layer, shape.n_head)
+        if shape.kind_name is not None:
+            check_sort(self.sort, shape.kind_name, self.probe)
 
     def run(self, model: LoadedModel, texts: Texts | Sequence[Text], progress: Progress | None = None) -> HeadsResult:
         """Every head's statistics over `texts` and its role; full maps of the plotted heads' layers."""
         kind = model.kind
-        if self.layer is not None:
-            check_layer(self.layer, model.n_layer)
-        check_sort(self.sort, kind, self.probe)
+        self.check_shape(model.shape)
         # each head drawn once, in the order first asked for
         plotted = list(dict.fromkeys(parse_head(label, model.n_layer, model.n_head) for label in self.plot))
         windows = WindowStream(model, texts, self.bos)

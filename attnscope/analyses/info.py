@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnscope import options
 from attnscope.analyses.result import Result
 from attnscope.models.facts import model_facts
 from attnscope.models.loading import LoadedModel
@@ -25,6 +26,12 @@ class Info:
     device: str = "auto"
     dtype: str = "auto"
     revision: str | None = None
+
+    def __post_init__(self) -> None:
+        options.check_text(self.name, "model")
+        options.check_text(self.device, "device")
+        options.check_fields(self, {"dtype": options.DTYPE})
+        options.check_text(self.revision, "revision", optional=True)
 
     def run(self, model: LoadedModel | None = None, texts: Any = None, progress: Any = None) -> InfoResult:
         """The facts of `model` when one is given (loaded already), else read from the config of `name`."""

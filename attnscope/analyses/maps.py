@@ -8,10 +8,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any
+from typing import Any, ClassVar
 
+from attnscope import options
 from attnscope.analyses.common import check_finite, check_index, check_layer, parse_head
 from attnscope.analyses.result import Result
+from attnscope.models.checks import Shape
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text, Texts
@@ -106,12 +108,26 @@ class Show:
     index: int = 0
     bos: bool | None = None
     words: bool = False
+    OPTIONS: ClassVar[dict[str, options.Option]] = {
+        "layer": options.LAYER,
+        "head": options.HEAD.or_none(),
+        "index": options.INDEX,
+        "bos": options.BOS,
+        "words": options.FLAG,
+    }
+
+    def __post_init__(self) -> None:
+        options.check_fields(self, self.OPTIONS)
+
+    def check_shape(self, shape: Shape) -> None:
+        """The layer (and head) exist: checked from the model's config before its weights load, and again."""
+        check_layer(self.layer, shape.n_layer)
+        if self.head is not None:
+            parse_head(f"{self.layer}.{self.head}", shape.n_layer, shape.n_head)
 
     def run(self, model: LoadedModel, texts: Texts | Sequence[Text], progress: Any = None) -> ShowResult:
+        self.check_shape(model.shape)
         text = check_index(self.index, texts)
-        check_layer(self.layer, model.n_layer)
-        if self.head is not None:
-            parse_head(f"{self.layer}.{self.head}", model.n_layer, model.n_head)
         maps, notes = attention_maps(model, text, [self.layer], self.bos)
         attention = maps[self.layer]
         check_finite(model, "attention", attention.maps[None], [self.layer])

@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from attnscope import options
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.scores import pairs
@@ -25,6 +26,9 @@ MAX_SEQ_LEN = 4096
 MAX_SEED = 2**32 - 1
 BATCH = 8  # random sequences per trial
 MAX_ATTENTION_BYTES = 512 * 2**20  # one trial's attention maps, held at once (8 sequences of 4096 tokens, 1 head)
+# Pairwise comparisons of a run (trials × sequences × Σ heads² × seq_len², the term that dominates its time): about
+# 3·10^7 a second on 2 CPU cores, so this is hours; beyond it a run is refused rather than left to run for days.
+MAX_COMPARISONS = 10**12
 
 
 def check_settings(d_model: int, heads: Sequence[int], seq_len: int, batch: int, trials: int, seed: int) -> None:
@@ -44,6 +48,13 @@ def check_settings(d_model: int, heads: Sequence[int], seq_len: int, batch: int,
             raise AttnscopeError(f"head count {count}: must be at least 1")
         if d_model % count:
             raise AttnscopeError(f"head count {count}: must divide d_model {d_model}")
+    comparisons = trials * batch * sum(count * count for count in heads) * seq_len**2
+    if comparisons > MAX_COMPARISONS:
+        raise AttnscopeError(
+            f"{counted(trials, 'trial')} of head counts {', '.join(map(str, heads))} at sequence length {seq_len} make "
+            f"{comparisons:.2g} pairwise comparisons (trials × {batch} sequences × heads² × length²; at most "
+            f"{MAX_COMPARISONS:.0g}, already hours): use fewer --trials or heads, or shorter sequences"
+        )
     attention_bytes = batch * max(heads) * seq_len**2 * 4  # (B, H, n, n) float32 of the most heads
     if attention_bytes > MAX_ATTENTION_BYTES:
         raise AttnscopeError(
@@ -112,9 +123,17 @@ class RandomMha:
     seq_len: int = 32
     trials: int = 4
     seed: int = 0
+    OPTIONS: ClassVar[dict[str, options.Option]] = {
+        "d_model": options.D_MODEL,
+        "seq_len": options.SEQ_LEN,
+        "trials": options.TRIALS,
+        "seed": options.SEED,
+    }
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "heads", tuple(sorted(set(self.heads))))  # each count once, like the plot's axis
+        options.check_fields(self, self.OPTIONS)
+        heads = options.check_numbers(self.heads, options.HEAD_COUNT, "heads")
+        object.__setattr__(self, "heads", tuple(sorted(set(heads))))  # each count once, like the plot's axis
         check_settings(self.d_model, self.heads, self.seq_len, BATCH, self.trials, self.seed)
 
     def run(self, model: Any = None, texts: Any = None, progress: Any = None) -> RandomMhaResult:

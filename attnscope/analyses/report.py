@@ -21,11 +21,14 @@ from typing import Any
 
 import numpy as np
 
+from attnscope import options
 from attnscope.analyses.ablate import Ablate, AblationResult
 from attnscope.analyses.common import Progress, check_finite
 from attnscope.analyses.diversity import Diversity, DiversityResult
 from attnscope.analyses.heads import HeadRecord, Heads, HeadsResult
 from attnscope.analyses.result import Result
+from attnscope.errors import AttnscopeError
+from attnscope.models.checks import Shape
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text, Texts
@@ -248,9 +251,18 @@ class Report:
     diversity: bool = True
     ablate: bool = False
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.heads, Heads):
+            raise AttnscopeError(f"heads: expected the settings of a heads analysis (Heads), not {self.heads!r}")
+        options.check_fields(self, {"diversity": options.FLAG, "ablate": options.FLAG})
+
     @property
     def needs_lm_head(self) -> bool:
         return self.ablate
+
+    def check_shape(self, shape: Shape) -> None:
+        """What the heads' settings ask of the model's shape, before its weights load."""
+        self.heads.check_shape(shape)
 
     def run(self, model: LoadedModel, texts: Texts | Sequence[Text], progress: Progress | None = None) -> ReportResult:
         ablation_settings = None

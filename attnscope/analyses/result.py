@@ -63,6 +63,8 @@ class Result:
         """Write the files `--out` writes (JSON, CSV, pictures) into the folder `out`, made if needed, all at once
         (nothing half-written on an error); returns their paths. `format` (png, svg or pdf) and `dpi` are the
         pictures' (--format, --dpi; dpi None: output.files.DPI)."""
+        if isinstance(out, bytes) or not isinstance(out, (str, os.PathLike)) or not os.fspath(out).strip():
+            raise AttnscopeError(f"out {out!r}: give a folder to write into, e.g. save('results/') ('.': this one)")
         view = view_of(self, files.Pictures(format, files.DPI if dpi is None else dpi))
         return files.write_all(files.prepare_out_dir(out), view.files)
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from attnscope.errors import AttnscopeError
+from attnscope.models import checks
 from attnscope.models.families import Family, family_of
 
 # where a model is found and how a missing one is said: the loader's own rules (package-private helpers)
@@ -21,6 +21,8 @@ from attnscope.models.loading import (
     DTYPES,
     LoadedModel,
     _check_config_directory,
+    _check_revision,
+    _expanded,
     _hub_reachable,
     _is_not_found,
     _looks_like_path,
@@ -54,12 +56,8 @@ def model_facts(name: str, device: str = "auto", dtype: str = "auto", revision: 
     - `device`: where `load_model` would put the model (asking torch only when CUDA could be there).
     """
     folder = _config_folder(name, revision)
-    try:
-        raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise AttnscopeError(f"cannot read the config.json of model '{name}': {error}") from None
-    if not isinstance(raw, dict):
-        raise AttnscopeError(f"the config.json of model '{name}' is not a JSON object")
+    raw = checks.read_raw_config(folder, name)
+    checks.check_config(raw, name)  # nonsense is refused, not printed as facts
     family = family_of(
         SimpleNamespace(
             model_type=raw.get("model_type"), use_bidirectional_attention=raw.get("use_bidirectional_attention")
@@ -70,16 +68,32 @@ def model_facts(name: str, device: str = "auto", dtype: str = "auto", revision: 
     return {**facts, "device": _device_name(device), "dtype": _dtype_name(dtype, raw, folder)}
 
 
+def config_shape(name: str, revision: str | None = None) -> checks.Shape:
+    """The layers, heads and kind of model `name` from its config.json alone (checked), for the settings to be
+    checked against before any weights load: `--layer 99` is refused in a second, not after the load. None when
+    the config leaves them to a default it does not name."""
+    folder = _config_folder(name, revision)
+    raw = checks.read_raw_config(folder, name)
+    checks.check_config(raw, name)
+    family = family_of(
+        SimpleNamespace(
+            model_type=raw.get("model_type"), use_bidirectional_attention=raw.get("use_bidirectional_attention")
+        )
+    )
+    return checks.config_shape(raw, name, family.kind_name)
+
+
 def _config_folder(name: str, revision: str | None) -> Path:
     """The folder that holds `name`'s config.json: the demo's, a local directory, or the Hugging Face cache's
     snapshot (config.json fetched alone when the Hub is reachable and it is not cached)."""
+    _check_revision(name, revision)
     if name == DEMO:
         path = demo_model_dir()
         if not (path / "config.json").exists():
             raise AttnscopeError(f"the demo model is not bundled in this installation ({path} has no config.json)")
         return path
     if _looks_like_path(name):
-        path = Path(name).expanduser()
+        path = _expanded(name)
         _check_config_directory(path)
         return path
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
@@ -218,16 +232,11 @@ def _weights_dtype(folder: Path) -> str | None:
     when there are no weights there."""
     path = folder / "model.safetensors"
     index = folder / "model.safetensors.index.json"
-    try:
-        if not path.exists() and index.exists():
+    if not path.exists() and index.exists():
+        try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
             path = folder / weight_map[min(weight_map)]
-        with open(path, "rb") as file:
-            (length,) = struct.unpack("<Q", file.read(8))
-            header = json.loads(file.read(length))
-    except (OSError, ValueError, KeyError, struct.error):
-        return None
-    for tensor in sorted(key for key in header if key != "__metadata__"):
-        if header[tensor].get("dtype") in SAFETENSORS_DTYPES:
-            return SAFETENSORS_DTYPES[header[tensor]["dtype"]]
-    return None
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            return None
+    header = checks.safetensors_header(path)
+    return None if header is None else checks.first_dtype(header, SAFETENSORS_DTYPES)

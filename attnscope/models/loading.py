@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from attnscope import options
 from attnscope.errors import AttnscopeError
+from attnscope.models import checks
 from attnscope.models.families import CAUSAL_LM, Family, family_of
 
 if TYPE_CHECKING:
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 DEMO = "demo"  # --model demo: the small GPT-2 trained by scripts/train_demo_model.py, shipped in the package
 # Said by every error that means "this model cannot be had": the one model that is always there.
 DEMO_HINT = "--model demo runs the small GPT-2 bundled with attnscope, with no download"
-DTYPES = ("auto", "float32", "float16", "bfloat16")
+DTYPES = options.DTYPES
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt")  # the vocabulary: any fast tokenizer, GPT-2, BERT
 
@@ -85,6 +87,11 @@ class LoadedModel:
     def dtype(self) -> Any:
         return next(self.model.parameters()).dtype
 
+    @property
+    def shape(self) -> checks.Shape:
+        """What settings are checked against (layers, heads, kind), as `config_shape` gives before a load."""
+        return checks.Shape(self.n_layer, self.n_head, self.kind.name)
+
     def info(self) -> dict[str, Any]:
         """Model facts for `attnscope info` and the `model` section of every JSON output.
 
@@ -134,7 +141,7 @@ def resolve_device(spec: str) -> Any:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if spec == "cpu":
         return torch.device("cpu")
-    match = re.fullmatch(r"cuda(?::(\d+))?", spec)
+    match = re.fullmatch(options.DEVICE_PATTERN, spec)
     if match is None:
         raise AttnscopeError(f"unknown device '{spec}': use auto, cpu, cuda or cuda:N")
     if not torch.cuda.is_available():
@@ -165,6 +172,19 @@ def _looks_like_path(name: str) -> bool:
         or name in (".", "..")
         or os.path.exists(name)
     )
+
+
+def _check_revision(name: str, revision: str | None) -> None:
+    """A revision is a Hub model's: transformers would ignore it for a folder, silently analysing what is there."""
+    if revision is not None and (name == DEMO or _looks_like_path(name)):
+        raise AttnscopeError(
+            f"--revision {revision}: model '{name}' is a folder on this machine, which has no revisions; --revision "
+            "picks a branch, tag or commit of a model on the Hugging Face Hub"
+        )
+
+
+def _expanded(name: str) -> Path:
+    return options.expanded_path(name, "--model")
 
 
 def _check_config_directory(path: Path) -> list[str]:
@@ -250,13 +270,20 @@ def load_config(name: str, revision: str | None = None) -> Any | None:
     """The model's config without its weights, or None when it cannot be had (offline and not cached)."""
     from transformers import AutoConfig
 
+    shown = name
+    _check_revision(name, revision)
     if name == DEMO:
         name = str(demo_model_dir())
+    _check_stored_config(shown, str(_expanded(name)) if _looks_like_path(name) else name, revision)
     local_only = not _looks_like_path(name) and not _hub_reachable()  # offline: the cache answers at once
     try:
-        return AutoConfig.from_pretrained(name, trust_remote_code=False, local_files_only=local_only, revision=revision)
+        config = AutoConfig.from_pretrained(
+            name, trust_remote_code=False, local_files_only=local_only, revision=revision
+        )
     except (OSError, ValueError):
         return None
+    checks.check_config_object(config, shown)
+    return config
 
 
 def _check_accelerate() -> None:
@@ -307,6 +334,23 @@ def _from_pretrained(name: str, loader: Any, source: str, local_only: bool, **op
         raise AttnscopeError(f"cannot load model '{name}': {cause}") from error
 
 
+def _check_stored_config(name: str, source: str, revision: str | None) -> None:
+    """Check the config.json that `source` (a folder, or a Hub id whose config is in the cache) holds, before
+    transformers builds anything from it (see models.checks); a Hub id not cached yet is checked once loaded."""
+    folder = Path(source)
+    if not folder.is_dir():
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            cached = try_to_load_from_cache(source, "config.json", revision=revision)
+        except ValueError:  # not a repository name: from_pretrained says so
+            return
+        if not isinstance(cached, str):
+            return
+        folder = Path(cached).parent
+    checks.check_config(checks.read_raw_config(folder, name), name)
+
+
 def load_model(
     name: str,
     device: str = "auto",
@@ -322,6 +366,7 @@ def load_model(
 
     Raises AttnscopeError, with one line saying what to do, for every failure a user can cause.
     """
+    _check_revision(name, revision)
     if device_map is not None:
         _check_accelerate()
     torch_device = resolve_device(device)
@@ -336,7 +381,7 @@ def load_model(
             )
         source = str(path)
     elif _looks_like_path(name):
-        path = Path(name).expanduser()
+        path = _expanded(name)
         _check_local_directory(path)
         source = str(path)
     else:
@@ -347,6 +392,7 @@ def load_model(
         if local_only and not _is_cached(name, revision):
             raise AttnscopeError(_offline_message(name, revision))
 
+    _check_stored_config(name, source, revision)
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -354,6 +400,7 @@ def load_model(
     hf_logging.disable_progress_bar()
     at_revision = {} if revision is None else {"revision": revision}
     config = _from_pretrained(name, AutoConfig, source, local_only, **at_revision)
+    checks.check_config_object(config, name)
     family = family_of(config)
     tokenizer = _from_pretrained(name, AutoTokenizer, source, local_only, **at_revision)
     # Finding no tokenizer file, transformers builds an empty tokenizer (one special token at most) instead of failing.
@@ -374,20 +421,14 @@ def load_model(
         attn_implementation="eager",  # SDPA returns no attention weights (see docs/capture.md)
         use_safetensors=True,
         dtype=torch_dtype,
-        output_loading_info=lm_head,
+        output_loading_info=True,  # what transformers could not load, it would start from random numbers
+        ignore_mismatched_sizes=True,  # a weight of another shape is reported in the loading info, and refused
         **at_revision,
         **({} if device_map is None else {"device_map": device_map}),
     )
-    model = loaded[0] if lm_head else loaded
-    if lm_head and loaded[1]["missing_keys"]:
-        # transformers would start the missing head from random weights: every loss would be noise
-        missing = sorted(loaded[1]["missing_keys"])
-        raise AttnscopeError(
-            f"model '{name}' has no {'masked' if family.lm_head != CAUSAL_LM else 'next-token'} language-model head "
-            f"to measure a loss with ({len(missing)} weight{'s' if len(missing) != 1 else ''} missing, e.g. "
-            f"{missing[0]}); use a checkpoint saved with "
-            "its head (an ELECTRA generator, not its discriminator)"
-        )
+    model, loading_info = loaded
+    head = ("next-token" if family.lm_head == CAUSAL_LM else "masked") if lm_head else None
+    checks.check_loaded_weights(name, loading_info, model, head)
     model.eval()
     family.prepare(model.base_model)
     if device_map is None:

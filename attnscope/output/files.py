@@ -4,20 +4,22 @@ interrupted leaves nothing half-written behind."""
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnscope import options
 from attnscope.errors import AttnscopeError
 
 # How pictures are written (`--format`, `--dpi`). Here, not in output.figures, so that the CLI can declare the
 # options without importing matplotlib.
-PICTURE_FORMATS = ("png", "svg", "pdf")
+PICTURE_FORMATS = options.PICTURE_FORMATS
 # 150 dots per inch: sharp on a high-density screen and in a draft print, at 2.25 times the pixels of 100 dpi
 # (which print showed blocky); a journal's 300 is --dpi 300, or --format pdf/svg, which do not depend on it.
 DPI = 150
-DPI_RANGE = (50, 1200)
+DPI_RANGE = options.DPI_RANGE
 
 
 @dataclass(frozen=True)
@@ -29,10 +31,7 @@ class Pictures:
     dpi: int = DPI
 
     def __post_init__(self) -> None:
-        if self.format not in PICTURE_FORMATS:
-            raise AttnscopeError(f"picture format {self.format!r}: use one of {', '.join(PICTURE_FORMATS)}")
-        if not DPI_RANGE[0] <= self.dpi <= DPI_RANGE[1]:
-            raise AttnscopeError(f"dpi {self.dpi}: must be from {DPI_RANGE[0]} to {DPI_RANGE[1]}")
+        options.check_fields(self, {"format": options.FORMAT, "dpi": options.DPI})
 
     def file_name(self, stem: str) -> str:
         """`stem` with this format's suffix: attention_0.1 -> attention_0.1.svg."""
@@ -56,7 +55,9 @@ def _remove_empty(folders: list[Path]) -> None:
 def prepare_out_dir(path: str | os.PathLike) -> Path:
     """Prove that `path` can be created and written to before any work is done, and leave the disk as it was: the
     folder is made when the files are written (`write_all`), so a run that fails leaves no empty folder behind."""
-    folder = Path(path).expanduser()
+    folder = options.expanded_path(path, "--out")
+    if folder.exists() and not folder.is_dir():
+        raise AttnscopeError(f"cannot write to --out {path}: it is a file, not a folder")
     missing = _missing_folders(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -69,13 +70,19 @@ def prepare_out_dir(path: str | os.PathLike) -> Path:
     return folder
 
 
+# Signals that stop a run (Ctrl-C, `kill`, a closed terminal): held back while the files land, so that they land
+# together (the CLI turns each into one line and the exit status of a program killed by it).
+STOPPING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
 def write_all(folder: Path, write: Callable[[Path], Sequence[Path]]) -> list[Path]:
     """Run `write(stage)`, which writes its files into `stage`, a hidden folder inside `folder`, then move them
-    all into `folder`. An error or Ctrl-C while writing leaves nothing behind (no file, no folder this created);
-    the moves are renames on one file system, with Ctrl-C held back until the last is done, so the files land
-    together. Returns the paths in `folder`."""
+    all into `folder`: all of them or none. Every destination is checked before the first move (a folder in the
+    way is refused), and a move that still fails (a file another user owns in a sticky folder, ...) puts back what
+    the earlier ones replaced. An error, Ctrl-C, SIGTERM or SIGHUP while writing leaves nothing behind (no file, no
+    folder this created); the moves are renames on one file system, with those signals held back until the last is
+    done, so the files land together. Returns the paths in `folder`."""
     import shutil
-    import signal
 
     missing = _missing_folders(folder)
     try:
@@ -90,10 +97,10 @@ def write_all(folder: Path, write: Callable[[Path], Sequence[Path]]) -> list[Pat
             written = list(write(stage))
         except OSError as error:  # a full disk, a quota, a folder that went read-only: nothing is left behind
             raise AttnscopeError(f"cannot write to --out {folder}: {error.strerror or error}") from None
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        _check_destinations(folder, written)
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, set(STOPPING_SIGNALS))
         try:
-            for path in written:
-                os.replace(path, folder / path.name)
+            _move_all(folder, stage, written)
             landed = True
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
@@ -102,6 +109,45 @@ def write_all(folder: Path, write: Callable[[Path], Sequence[Path]]) -> list[Pat
         if not landed:
             _remove_empty(missing)
     return [folder / path.name for path in written]
+
+
+def _check_destinations(folder: Path, written: Sequence[Path]) -> None:
+    """Refuse, before anything is moved, a destination that a file cannot replace: a folder of that name."""
+    for path in written:
+        destination = folder / path.name
+        if destination.is_dir() and not destination.is_symlink():
+            raise AttnscopeError(
+                f"cannot write to --out {folder}: {destination} is a folder, and {path.name} would replace it; move "
+                "it away or choose another --out (nothing was written)"
+            )
+
+
+def _move_all(folder: Path, stage: Path, written: Sequence[Path]) -> None:
+    """Move every staged file into `folder`, keeping what each replaces in `stage` until all have moved; on a
+    failure, undo the moves made (the replaced files back in place) and refuse in one line."""
+    done: list[tuple[Path, Path | None]] = []  # (destination, the file it replaced, kept in the stage)
+    destination = folder
+    try:
+        for number, path in enumerate(written):
+            destination = folder / path.name
+            kept = None
+            if os.path.lexists(destination):
+                kept = stage / f".replaced-{number}"
+                os.replace(destination, kept)
+            done.append((destination, kept))
+            os.replace(path, destination)
+    except OSError as error:
+        for moved, kept in reversed(done):
+            try:
+                if kept is not None:
+                    os.replace(kept, moved)
+                elif os.path.lexists(moved):
+                    os.unlink(moved)
+            except OSError:
+                pass  # best effort: the first error is the one to report
+        raise AttnscopeError(
+            f"cannot write to --out {folder}: {destination.name}: {error.strerror or error}; nothing was changed"
+        ) from None
 
 
 def _umask() -> int:

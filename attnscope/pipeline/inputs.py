@@ -35,6 +35,7 @@ BLOCK_BYTES = 1 << 20  # bytes read, decoded and split at a time
 # A line of nothing but white space longer than this is not waited on to tell whether it is blank: it is text.
 # (Without a bound, a file of 1 GB of spaces would be held whole while deciding.)
 LONGEST_BLANK_LINE = 1 << 16
+LONGEST_JSON_LINE = 1 << 26  # characters of one line of a .jsonl file, which is parsed whole
 
 
 @dataclass(frozen=True)
@@ -62,12 +63,41 @@ def valid_text(text: str, where: str) -> str:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
         char = text[error.start]
+        if 0xDC80 <= ord(char) <= 0xDCFF and _ascii_locale() and _utf8_bytes(text):
+            raise AttnscopeError(
+                f"{where} holds bytes that are not ASCII (0x{ord(char) - 0xDC00:02x} at character {error.start}), "
+                f"and the locale's encoding is ASCII ({_locale_name()}), so Python could not read them as text: use "
+                "a UTF-8 locale (e.g. LC_ALL=C.UTF-8) or PYTHONUTF8=1"
+            ) from None
         if 0xDC80 <= ord(char) <= 0xDCFF:  # surrogateescape: the byte the operating system passed
             what = f"byte 0x{ord(char) - 0xDC00:02x} at character {error.start} is not UTF-8"
         else:
             what = f"character {error.start} is a lone surrogate (U+{ord(char):04X}), not a character"
         raise AttnscopeError(f"{where} is not valid text: {what}") from None
     return text
+
+
+def _ascii_locale() -> bool:
+    """Whether Python reads command-line arguments as ASCII (LC_ALL=C or POSIX without Python's UTF-8 mode)."""
+    import codecs
+
+    return codecs.lookup(sys.getfilesystemencoding()).name == "ascii"
+
+
+def _utf8_bytes(text: str) -> bool:
+    """Whether the bytes an argument was given as (its undecodable bytes kept as lone surrogates) are UTF-8."""
+    try:
+        os.fsencode(text).decode("utf-8")
+    except (UnicodeError, ValueError):
+        return False
+    return True
+
+
+def _locale_name() -> str:
+    for variable in ("LC_ALL", "LC_CTYPE", "LANG"):
+        if os.environ.get(variable):
+            return f"{variable}={os.environ[variable]}"
+    return "no LANG or LC_ALL set"
 
 
 class Texts:
@@ -176,7 +206,8 @@ class TextFile(Texts):
         written as `\\n` (as Python's universal newlines: `\\r\\n` and `\\r` too)."""
         with self.open_binary() as raw:
             self._file = raw
-            reader = io.TextIOWrapper(raw, encoding="utf-8-sig", newline=None)
+            # the bytes that were checked, no more: a file that grows while it is read (a log being written) ends
+            reader = io.TextIOWrapper(io.BufferedReader(_Bounded(raw, self.size)), encoding="utf-8-sig", newline=None)
             try:
                 while block := reader.read(BLOCK_BYTES):
                     yield block
@@ -197,18 +228,28 @@ class TextFile(Texts):
             yield Piece(index, f"{self.label}#{index}", text)
 
     def _records(self) -> Iterator[tuple[int, str]]:
-        """(line number, text) of every non-empty line of a JSON-lines file, each checked."""
-        pending = ""
-        number = 0
+        """(line number, text) of every non-empty line of a JSON-lines file, each checked. A line is parsed whole,
+        so one longer than LONGEST_JSON_LINE characters is refused rather than held in memory however long."""
+        parts: list[str] = []  # the line being read, in pieces
+        held, number = 0, 0
         for block in self._blocks():
-            lines = (pending + block).split("\n")
-            pending = lines.pop()
-            for line in lines:
+            lines = block.split("\n")
+            for end in lines[:-1]:
+                line = "".join([*parts, end])
+                parts, held = [], 0
                 number += 1
                 if line.strip():
                     yield number, self._record(line, number)
-        if pending.strip():
-            yield number + 1, self._record(pending, number + 1)
+            parts.append(lines[-1])
+            held += len(lines[-1])
+            if held > LONGEST_JSON_LINE:
+                raise AttnscopeError(
+                    f"{self.name}:{number + 1}: a line longer than {LONGEST_JSON_LINE:,} characters; a JSON line is "
+                    "read whole: split the text over several records, or give it as a plain text file"
+                )
+        line = "".join(parts)
+        if line.strip():
+            yield number + 1, self._record(line, number + 1)
 
     def _record(self, line: str, number: int) -> str:
         where = f"{self.name}:{number}"
@@ -218,6 +259,8 @@ class TextFile(Texts):
             raise AttnscopeError(f"{where}: not valid JSON ({error.msg})") from None
         except RecursionError:
             raise AttnscopeError(f"{where}: JSON nested too deeply") from None
+        except ValueError as error:  # a number of more than 4,300 digits (Python's limit on int conversion)
+            raise AttnscopeError(f"{where}: cannot read its JSON ({str(error).split(':')[0]})") from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise AttnscopeError(f'{where}: expected an object with a string "text" field')
         return valid_text(record["text"], f'{where}: the "text" field')
@@ -225,37 +268,67 @@ class TextFile(Texts):
     def check(self) -> None:
         """One pass over the raw bytes: UTF-8 throughout (the first bad byte named by its offset), no NUL byte
         (a binary file), and at least one text; a JSON-lines file has every line parsed and checked."""
-        decoder = codecs.getincrementaldecoder("utf-8")()
-        offset, has_text = 0, False
+        checked = _ByteCheck(self.name)
         with self.open_binary() as raw:
             while True:
                 try:
                     data = raw.read(BLOCK_BYTES)
                 except OSError as error:
                     raise AttnscopeError(f"cannot read {self.name}: {error.strerror or error}") from None
-                nul = data.find(b"\0")
-                if nul >= 0:
-                    raise AttnscopeError(
-                        f"{self.name} looks like a binary file (a NUL byte at byte {offset + nul}), not text"
-                    )
-                buffered = len(decoder.getstate()[0])
-                try:
-                    text = decoder.decode(data, final=not data)
-                except UnicodeDecodeError as error:
-                    bad = offset - buffered + error.start
-                    raise AttnscopeError(f"{self.name} is not UTF-8 text (byte {bad} cannot be decoded)") from None
-                if not has_text:
-                    visible = text.replace("\ufeff", "")  # a byte-order mark is not text
-                    has_text = bool(visible) and not visible.isspace()
+                checked.feed(data)
                 if not data:
                     break
-                offset += len(data)
+        self.size = checked.offset  # what is read from now on: the bytes checked
+        has_text = checked.has_text
         if self.jsonl:  # every line parsed, not only those up to the first text
             has_text = False
             for _, text in self._records():
                 has_text = has_text or bool(text.strip())
         if not has_text:
             raise AttnscopeError(f"{self.name} holds no text (it is empty or only whitespace)")
+
+
+class _Bounded(io.RawIOBase):
+    """The first `limit` bytes of a binary file, as a raw stream."""
+
+    def __init__(self, raw: BinaryIO, limit: int):
+        self.raw, self.left = raw, limit
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.raw.read(min(len(buffer), self.left)) if self.left > 0 else b""
+        buffer[: len(data)] = data
+        self.left -= len(data)
+        return len(data)
+
+
+class _ByteCheck:
+    """The checks of raw input bytes, fed a block at a time: no NUL byte (a binary file), UTF-8 throughout (the
+    first bad byte named by its offset); `has_text` once a character that is not white space was seen. Feed b""
+    at the end."""
+
+    def __init__(self, name: str):
+        self.name, self.offset, self.has_text = name, 0, False
+        self.decoder = codecs.getincrementaldecoder("utf-8")()
+
+    def feed(self, data: bytes) -> None:
+        nul = data.find(b"\0")
+        if nul >= 0:
+            raise AttnscopeError(
+                f"{self.name} looks like a binary file (a NUL byte at byte {self.offset + nul}), not text"
+            )
+        buffered = len(self.decoder.getstate()[0])
+        try:
+            text = self.decoder.decode(data, final=not data)
+        except UnicodeDecodeError as error:
+            bad = self.offset - buffered + error.start
+            raise AttnscopeError(f"{self.name} is not UTF-8 text (byte {bad} cannot be decoded)") from None
+        if not self.has_text:
+            visible = text.replace("\ufeff", "")  # a byte-order mark is not text
+            self.has_text = bool(visible) and not visible.isspace()
+        self.offset += len(data)
 
 
 def _split_blank_lines(blocks: Iterator[str]) -> Iterator[tuple[int, str]]:
@@ -296,17 +369,42 @@ def _open_path(path: str) -> BinaryIO:
         raise AttnscopeError(f"cannot read {path}: {error.strerror or error}") from None
 
 
+# Standard input and named pipes are copied to a temporary file before they are read (they can be read only once);
+# past this size the copy stops, and a file given with --file (read in place) is the way.
+SPOOL_MAX_BYTES = 16 * 2**30
+
+
 def _spool(source: BinaryIO, name: str) -> tuple[Callable[[], BinaryIO], int]:
-    """Copy a stream that can be read only once (stdin, a pipe) to an anonymous temporary file, a block at a time;
-    returns how to open the copy (each open reads it from the start) and its size."""
+    """Copy a stream that can be read only once (stdin, a pipe) to an anonymous temporary file, a block at a time,
+    checking each block as it comes (a NUL byte or a byte that is not UTF-8 stops the copy at once: `< /dev/zero`
+    is refused at its first block, not after filling the disk) and stopping at SPOOL_MAX_BYTES; returns how to open
+    the copy (each open reads it from the start) and its size."""
     spool = tempfile.TemporaryFile(prefix="attnscope-input-")  # noqa: SIM115 (lives as long as the process)
+    checked = _ByteCheck(name)
     try:
-        while data := source.read(BLOCK_BYTES):
-            spool.write(data)
-    except OSError as error:
+        while True:
+            try:
+                data = source.read(BLOCK_BYTES)
+            except OSError as error:
+                raise AttnscopeError(f"cannot read {name}: {error.strerror or error}") from None
+            checked.feed(data)
+            if not data:
+                break
+            if checked.offset > SPOOL_MAX_BYTES:
+                raise AttnscopeError(
+                    f"{name} holds more than {SPOOL_MAX_BYTES / 2**30:g} GiB, the most attnscope copies from a stream; "
+                    "save it to a file and give that with --file, which is read in place"
+                )
+            try:
+                spool.write(data)
+            except OSError as error:
+                raise AttnscopeError(
+                    f"cannot copy {name} to a temporary file ({tempfile.gettempdir()}): {error.strerror or error}"
+                ) from None
+        spool.flush()
+    except BaseException:
         spool.close()
-        raise AttnscopeError(f"cannot read {name}: {error.strerror or error}") from None
-    spool.flush()
+        raise
     size = spool.tell()
 
     def reopen() -> BinaryIO:

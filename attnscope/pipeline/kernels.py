@@ -22,9 +22,10 @@ from typing import Any
 
 import torch
 
+from attnscope import options
 from attnscope.errors import AttnscopeError
 
-KERNELS = ("auto", "fused", "blocks")
+KERNELS = options.KERNELS
 # Notes: why the run's layers left the fused kernel (said only when the fused kernel was asked for by name, unless
 # the reason concerns the layer itself), and the interpreter's slowness.
 # Notes: why the run's layers left the fused kernel (reasons said only when the fused kernel was asked for by name

@@ -120,6 +120,8 @@ class WindowStream:
         self.n_texts = self.n_windows = self.n_tokens = self.text_tokens = 0
         self.split_texts = self.rough_cuts = self.unknown = 0
         self.sources: list[str] = []
+        self.coverage = Coverage()
+        self._text = (0, "")  # the text being tokenized: its index and source, for messages
 
     def share(self) -> float:
         """How much of the input the current iteration has read (0 to 1)."""
@@ -141,6 +143,7 @@ class WindowStream:
 
     def _windows(self, index: int, source: str, parts: Iterator[str]) -> Iterator[Window]:
         """The windows of one text, from its pieces."""
+        self._text = (index, source)
         pending: list[int] = []  # tokens not yet in a window
         start = 0  # offset of pending[0] among the text's tokens
         for ids in self._token_chunks(parts):
@@ -182,7 +185,11 @@ class WindowStream:
             yield self._tokens(text)
 
     def _tokens(self, text: str) -> list[int]:
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        fast = getattr(self.tokenizer, "is_fast", False)
+        encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=fast)
+        ids = encoded["input_ids"]
+        if fast:
+            self.coverage.count(text, encoded["offset_mapping"], self.tokenizer, ids, *self._text)
         if ids and self.vocabulary is not None and max(ids) >= self.vocabulary:
             bad = max(ids)
             token = self.tokenizer.convert_ids_to_tokens(bad)
@@ -211,6 +218,7 @@ class WindowStream:
                 f"of {CHUNK_CHARS if self.exact_cuts else WHOLE_TEXT_CHARS:,} characters; a token at each cut may "
                 "differ from the text tokenized whole"
             )
+        notes.extend(self.coverage.notes())
         if self.unknown:
             token = self.tokenizer.unk_token
             share = self.unknown / max(self.text_tokens, 1)
@@ -233,6 +241,60 @@ class WindowStream:
         if self.n_texts > len(self.sources):
             summary["sources_listed"] = len(self.sources)
         return summary
+
+
+class Coverage:
+    """How much of the texts the tokens represent: the characters (other than white space) that no token's span
+    covers were dropped by the tokenizer, which has no unknown token and no byte fallback for them (a vocabulary
+    without them analyses "The cat sat on the mat." as `a a a`). A text that loses most of its characters is
+    refused; fewer are counted for a note. A tokenizer's [UNK] covers the word it replaces (counted apart)."""
+
+    EXAMPLES = 5
+
+    def __init__(self) -> None:
+        self.visible = self.dropped = 0
+        self.examples: list[str] = []
+
+    def count(
+        self, text: str, offsets: Sequence[tuple[int, int]], tokenizer: Any, ids: list[int], index: int, source: str
+    ) -> None:
+        gaps, covered_to = [], 0
+        for start, end in offsets:
+            if start > covered_to:
+                gaps.append(text[covered_to:start])
+            covered_to = max(covered_to, end)
+        gaps.append(text[covered_to:])
+        gap_chars = "".join("".join(gaps).split())  # the characters of the gaps, white space left out
+        dropped = len(gap_chars)
+        visible = len("".join(text.split()))
+        self.visible += visible
+        if not dropped:
+            return
+        self.dropped += dropped
+        seen = tokenizer.decode(ids) if ids else ""
+        # the examples: characters of the gaps that the tokens never give back (a tokenizer's offsets can be off
+        # where it dropped characters; its decoding can lowercase, or write [UNK], where it dropped none)
+        missing = [char for char in dict.fromkeys(gap_chars) if char not in seen]
+        self.examples.extend(char for char in missing if char not in self.examples)
+        del self.examples[self.EXAMPLES :]
+        if 2 * dropped > visible:
+            shown = ", ".join(repr(char) for char in missing[: self.EXAMPLES])
+            raise AttnscopeError(
+                f"the tokenizer cannot represent {dropped:,} of the {visible:,} characters of text {index} "
+                f"({source}){f', e.g. {shown}' if shown else ''}: it has no unknown token and no byte fallback for "
+                f"them, so the model would see another text ({seen[:60]!r}); use a model whose tokenizer covers it"
+            )
+
+    def notes(self) -> list[str]:
+        if not self.dropped:
+            return []
+        share = self.dropped / max(self.visible, 1)
+        examples = f", e.g. {', '.join(repr(char) for char in self.examples)}" if self.examples else ""
+        return [
+            f"{self.dropped:,} of {self.visible:,} characters of the texts ({share:.1%}) are represented by no "
+            f"token{examples}: the tokenizer drops them (no unknown token, no byte fallback), so the model never saw "
+            "them"
+        ]
 
 
 def tokenize(model: LoadedModel, texts: Texts | Sequence[Text], bos: bool | None = None) -> Tokenized:

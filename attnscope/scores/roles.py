@@ -21,10 +21,11 @@ Rules, in order (`scores.catalog.ROLES` gives each role its deciding score and t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from attnscope.errors import AttnscopeError
+from attnscope.options import shown
 from attnscope.scores.catalog import DEFAULT_THRESHOLDS, ROLES, role_named
 
 PATTERNS = tuple(role for role in ROLES if role.rule in ("pattern", "sink"))
@@ -45,6 +46,10 @@ def parse_thresholds(items: Mapping[str, float] | Sequence[str] | str | None) ->
     CLI's, e.g. `previous-token=0.6`) or a mapping `{ROLE: VALUE}` (Python's); a role's short label works too."""
     if isinstance(items, Mapping):
         pairs = [(f"{name}={value}", str(name), value) for name, value in items.items()]
+    elif items is not None and (isinstance(items, bytes) or not isinstance(items, (str, Iterable))):
+        raise AttnscopeError(
+            f"thresholds {items!r}: expected {{ROLE: VALUE}} or ROLE=VALUE strings, e.g. {{'previous-token': 0.6}}"
+        )
     else:
         strings = [str(item) for item in ([items] if isinstance(items, str) else items or [])]
         pairs = [(item, *item.split("=", 1)) if "=" in item else (item, None, None) for item in strings]
@@ -53,14 +58,14 @@ def parse_thresholds(items: Mapping[str, float] | Sequence[str] | str | None) ->
         role = None if name is None else role_named(name)
         if role is None or role.threshold is None:
             raise AttnscopeError(
-                f"threshold '{item}': expected ROLE=VALUE with ROLE one of {', '.join(DEFAULT_THRESHOLDS)}"
+                f"threshold {shown(item)}: expected ROLE=VALUE with ROLE one of {', '.join(DEFAULT_THRESHOLDS)}"
             )
         try:
             number = float(value)
         except (TypeError, ValueError):
-            raise AttnscopeError(f"threshold '{item}': '{value}' is not a number") from None
+            raise AttnscopeError(f"threshold {shown(item)}: {shown(str(value))} is not a number") from None
         if not 0.0 <= number <= 1.0:
-            raise AttnscopeError(f"threshold '{item}': thresholds lie between 0 and 1")
+            raise AttnscopeError(f"threshold {shown(item)}: thresholds lie between 0 and 1")
         thresholds[role.name] = number
     return thresholds
 

@@ -75,20 +75,21 @@ def test_random_weights_need_no_download(cli):
 BENCH_MISTAKES = [
     (
         ["--methods", "magic"],
-        "Invalid value for '--methods': 'magic': use some of floor, attnscope, tutorial, cache, fused, blocks, "
-        "diversity, diversity-sampled",
+        "--methods magic: use some of floor, attnscope, tutorial, cache, fused, blocks, diversity, diversity-sampled",
     ),
-    (["--sample-rows", "1"], "Invalid value for '--sample-rows'"),
-    (["--seq-lens", "0"], "Invalid value for '--seq-lens': 0: each value must be from 2 to 100,000"),
-    (["--seq-lens", "8,1"], "Invalid value for '--seq-lens': 1: each value must be from 2"),
-    (["--seq-lens", "8,100001"], "Invalid value for '--seq-lens': 100001: each value must be from 2 to 100,000"),
+    (["--sample-rows", "1"], "--sample-rows 1: must be a whole number from 2 to 2,147,483,647"),
+    (["--seq-lens", "0"], "--seq-lens 0: must be a whole number from 2 to 100,000"),
+    (["--seq-lens", "8,1"], "--seq-lens 1: must be a whole number from 2"),
+    (["--seq-lens", "8,100001"], "--seq-lens 100001: must be a whole number from 2 to 100,000"),
     (["--seq-lens", "4096"], "sequence length 4096: longer than the model's context, 128 tokens"),  # its config
-    (["--seq-lens", "a,b"], "Invalid value for '--seq-lens': 'a,b': expected comma-separated whole numbers"),
-    (["--batch-sizes", "0", "--seq-lens", "8"], "Invalid value for '--batch-sizes': 0: each value must be from 1"),
-    (["--batch-sizes", "65537"], "Invalid value for '--batch-sizes': 65537: each value must be from 1 to 65,536"),
-    (["--repeats", "0"], "Invalid value for '--repeats'"),
-    (["--warmup", "-1"], "Invalid value for '--warmup'"),
-    (["--dtype", "float8"], "Invalid value for '--dtype'"),
+    (["--seq-lens", "a,b"], "--seq-lens a,b: expected comma-separated whole numbers"),
+    (["--batch-sizes", "0", "--seq-lens", "8"], "--batch-sizes 0: must be a whole number from 1"),
+    (["--batch-sizes", "65537"], "--batch-sizes 65537: must be a whole number from 1 to 65,536"),
+    (["--repeats", "0"], "--repeats 0: must be a whole number from 1 to 1,000"),
+    (["--repeats", "1000000000000"], "--repeats 1000000000000: must be a whole number from 1 to 1,000"),
+    (["--warmup", "-1"], "--warmup -1: must be a whole number from 0 to 100"),
+    (["--warmup", "101"], "--warmup 101: must be a whole number from 0 to 100"),
+    (["--dtype", "float8"], "--dtype float8: use one of auto, float32, float16, bfloat16"),
     (["--seq", "8"], "No such option: --seq"),  # renamed: --seq-lens
     (["--batch", "1"], "No such option: --batch"),  # renamed: --batch-sizes
 ]

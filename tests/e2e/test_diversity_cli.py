@@ -88,7 +88,9 @@ def test_sampled_rows_report_standard_errors(cli, tiny_model_dir):
     assert exact["settings"]["sample_rows"] == 0 and "js_se" not in exact["matrices"]
 
 
-@pytest.mark.parametrize("value, message", [("1", "sample rows 1: must be at least 2"), ("-1", "--sample-rows")])
+@pytest.mark.parametrize(
+    "value, message", [("1", "--sample-rows 1: must be 0 (every row, exact) or from 2"), ("-1", "--sample-rows -1")]
+)
 def test_sample_rows_below_two_are_refused(cli, tiny_model_dir, value, message):
     code, out, err = cli("diversity", CAT, "-m", tiny_model_dir, "--layer", "1", "--sample-rows", value)
     assert code == 2 and out == "" and message in err and len(err.strip().splitlines()) == 1, err

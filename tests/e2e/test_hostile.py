@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import typing
 from pathlib import Path
 
 import pytest
 import torch
 
+from attnscope.errors import AttnscopeError
 from tests.support import CAT, build_tiny_gpt2
 
 
@@ -221,3 +224,538 @@ def test_a_csv_with_no_rows_still_has_its_header(cli, tmp_path):
     assert code == 0, err
     reader = csv.DictReader(io.StringIO(out))
     assert list(reader) == [] and reader.fieldnames[:2] == ["a", "b"] and "js" in reader.fieldnames
+
+
+# ====================================================================================================================
+# Issue 23, by kind. Each kind: what must never happen, tested on the listed case and on others of its kind.
+
+# ------------------------------------------------------------------------------- silently wrong: configs and weights
+
+
+def _copy_with_config(source: Path, folder: Path, **changes) -> Path:
+    """A model folder whose weights and tokenizer are `source`'s (linked, not copied) and whose config.json has
+    `changes` (None removes a key)."""
+    import json
+
+    folder.mkdir(parents=True)
+    for entry in source.iterdir():
+        if entry.name != "config.json":
+            (folder / entry.name).symlink_to(entry)
+    config = json.loads((source / "config.json").read_text())
+    config.update(changes)
+    config = {key: value for key, value in config.items() if value is not None}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+BAD_CONFIGS = {
+    "n_head 0": ({"n_head": 0}, "n_head is 0: a layer has at least one attention head"),
+    "n_head -4": ({"n_head": -4}, "n_head is -4: a layer has at least one attention head"),
+    'n_head "4"': ({"n_head": "4"}, 'n_head is "4", not a whole number'),
+    "n_head true": ({"n_head": True}, "n_head is True, not a whole number"),
+    "n_head 3 of 32": ({"n_head": 3}, "n_embd 32 is not divisible by n_head 3: the heads cannot share the width"),
+    "dtype float99": ({"dtype": "float99"}, 'dtype "float99" is not a floating-point type'),
+    "n_layer 0": ({"n_layer": 0}, "n_layer is 0: a model has at least one layer"),
+    "n_layer huge": ({"n_layer": 10**30}, "n_layer is a number of more than 20 digits: a model has at least one"),
+    "n_positions 0": ({"n_positions": 0}, "n_positions is 0: the context holds at least one token"),
+    "vocab 1.5": ({"vocab_size": 1.5}, "vocab_size is 1.5, not a whole number"),
+    "n_inner -1": ({"n_inner": -1}, "n_inner is -1: the feed-forward width is at least 1"),
+    "model_type 7": ({"model_type": 7}, "model_type is 7, not a name such as 'gpt2'"),
+}
+
+
+@pytest.mark.parametrize("changes, problem", BAD_CONFIGS.values(), ids=BAD_CONFIGS)
+def test_a_config_that_describes_no_model_is_refused_before_anything_is_built(
+    cli, tiny_model_dir, tmp_path, monkeypatch, changes, problem
+):
+    """`info` does not print its nonsense as facts (heads −4, a negative parameter count, d_head 10.67); the
+    analyses refuse it before the weights, through the same check; so does the library's loader."""
+    from attnscope.models import loading
+
+    folder = _copy_with_config(tiny_model_dir, tmp_path / "bad", **changes)
+    expected = f"attnscope: error: the config.json of model '{folder}' does not describe a model: {problem}"
+    line = one_error_line(*cli("info", "-m", folder))
+    assert line.startswith(expected), line
+    monkeypatch.setattr(loading, "_from_pretrained", lambda *a, **k: pytest.fail("transformers read the config"))
+    assert one_error_line(*cli("heads", CAT, "-m", folder)).startswith(expected)
+    with pytest.raises(AttnscopeError, match=re.escape(problem)):
+        loading.load_model(str(folder), "cpu")
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["heads", CAT, "--layer", "99"], "layer 99 is out of range (this model has layers 0-1)"),
+        (["heads", CAT, "--plot", "0.9", "--out", "OUT"], "head '0.9': head 9 is out of range"),
+        (["show", CAT, "--layer", "0", "--head", "4"], "head '0.4': head 4 is out of range"),
+        (["diversity", CAT, "--layer", "2"], "layer 2 is out of range"),
+        (["ablate", CAT, "--prune", "9"], "prune 9: this model has 8 heads"),
+        (["report", CAT, "--threshold", "prev=0.5", "--sort", "prev"], "No such option: --sort"),
+    ],
+)
+def test_the_models_shape_is_checked_from_its_config_before_the_weights_load(
+    cli, tiny_model_dir, tmp_path, monkeypatch, args, expected
+):
+    from attnscope.models import loading
+
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("the weights loaded before the check"))
+    args = [str(tmp_path / "out") if arg == "OUT" else arg for arg in args]
+    assert expected in one_error_line(*cli(*args, "-m", tiny_model_dir))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_api_checks_the_models_shape_from_its_config_before_the_weights_load(tiny_model_dir, monkeypatch):
+    import attnscope
+    from attnscope.models import loading
+
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("the weights loaded before the check"))
+    with pytest.raises(AttnscopeError, match=r"^layer 99 is out of range \(this model has layers 0-1\)$"):
+        attnscope.heads(tiny_model_dir, CAT, layer=99)
+    with pytest.raises(AttnscopeError, match=r"^head '1.7': head 7 is out of range"):
+        attnscope.show(tiny_model_dir, CAT, layer=1, head=7)
+
+
+def _drop_weights(folder: Path, prefix: str) -> None:
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(folder / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if prefix not in k}, folder / "model.safetensors", {"format": "pt"})
+
+
+@pytest.fixture(scope="module")
+def damaged_models(tmp_path_factory) -> dict[str, Path]:
+    """Checkpoints that transformers loads with some weights started from random numbers: weights missing, a
+    config over other weights, a checkpoint with a layer its config lacks, a config wider than the weights."""
+    import json
+    import shutil
+
+    root = tmp_path_factory.mktemp("damaged")
+    base = build_tiny_gpt2(root / "base")
+    made = {}
+    made["missing"] = Path(shutil.copytree(base, root / "missing"))
+    _drop_weights(made["missing"], "h.1.attn.c_attn")
+    made["bert config"] = _copy_with_config(base, root / "bert-config", model_type="bert", architectures=["BertModel"])
+    made["extra layer"] = build_tiny_gpt2(root / "three-layers", n_layer=3)
+    config = json.loads((made["extra layer"] / "config.json").read_text())
+    (made["extra layer"] / "config.json").write_text(json.dumps({**config, "n_layer": 2}))
+    made["wider config"] = _copy_with_config(base, root / "wider", n_embd=40)
+    return made
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "damage, command, expected",
+    [
+        ("missing", "heads", "the checkpoint lacks 2 weights of the model its config describes (h.1.attn.c_attn.bias"),
+        ("missing", "ablate", "the checkpoint lacks 2 weights of the model its config describes (transformer.h.1.attn"),
+        ("bert config", "heads", "the checkpoint lacks 197 weights of the model its config describes (embeddings."),
+        # 11 of layer 2's 12: transformers ignores any `attn.bias`, the name of old GPT-2 checkpoints' mask buffer
+        ("extra layer", "heads", "the checkpoint holds 11 weights the config does not describe (transformer.h.2.attn"),
+        ("extra layer", "ablate", "the checkpoint holds 11 weights the config does not describe (transformer.h.2.attn"),
+        ("wider config", "heads", "the checkpoint's h.0.attn.c_attn.bias has shape (96,), but the config makes it"),
+    ],
+)
+def test_weights_that_would_be_initialised_rather_than_loaded_are_refused_naming_them(
+    cli, damaged_models, damage, command, expected
+):
+    """Today's checkpoints load with such weights filled at random: exit 0, other numbers at every run. `ablate`
+    says the checkpoint is damaged, not that it has no language-model head."""
+    line = one_error_line(*cli(command, CAT, "-m", damaged_models[damage]))
+    assert expected in line, line
+    assert "transformers would start them from random numbers" in line or "which would be left out" in line
+    assert "language-model head" not in line
+
+
+def test_a_base_models_unused_pooler_is_not_taken_for_a_damaged_checkpoint(tiny_bert_dir):
+    """BertModel has a pooler that BertForMaskedLM checkpoints do not save: no analysis reads it."""
+    from attnscope.models.loading import load_model
+
+    assert load_model(str(tiny_bert_dir), "cpu").n_layer == 2
+
+
+# ------------------------------------------------------------------------------------ silently wrong: tokenizers
+
+
+def _letter_a_tokenizer():
+    """A vocabulary of `a` and `b` alone, with no unknown token and no byte fallback: it drops every other
+    character, so "The cat sat on the mat." becomes `a a a`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(vocab={"<|endoftext|>": 0, "a": 1, "b": 2}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+
+
+def test_text_that_the_tokenizer_drops_is_refused_or_counted():
+    from types import SimpleNamespace
+
+    from attnscope.pipeline.inputs import Text
+    from attnscope.pipeline.tokens import WindowStream
+    from attnscope.scores.kinds import DECODER
+
+    model = SimpleNamespace(
+        tokenizer=_letter_a_tokenizer(), n_ctx=64, kind=DECODER, model=SimpleNamespace(get_input_embeddings=None)
+    )
+    model.model = SimpleNamespace()  # no embeddings to compare ids with
+    with pytest.raises(AttnscopeError) as raised:
+        list(WindowStream(model, [Text("The cat sat on the mat.", "argument")]))
+    assert str(raised.value).startswith(
+        "the tokenizer cannot represent 15 of the 18 characters of text 0 (argument), e.g. 'T', 'h', 'e', 't', 'o': "
+        "it has no unknown token and no byte fallback for them, so the model would see another text ('a a a')"
+    )
+    stream = WindowStream(model, [Text("a b a b ab ba. a", "argument")])
+    assert [len(window.ids) for window in stream] == [1 + 9]
+    assert stream.notes()[0].startswith("1 of 10 characters of the texts (10.0%) are represented by no token, e.g. '.'")
+
+
+@pytest.mark.slow
+def test_a_model_whose_tokenizer_drops_the_text_is_refused(cli, tiny_model_dir, tmp_path):
+    folder = tmp_path / "letter-a"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (folder / name).symlink_to(tiny_model_dir / name)
+    _letter_a_tokenizer().save_pretrained(folder)
+    line = one_error_line(*cli("heads", "The cat sat on the mat.", "-m", folder))
+    assert "the tokenizer cannot represent 15 of the 18 characters of text 0 (argument)" in line
+
+
+# ----------------------------------------------------------------------------------------- half-written output
+
+
+def test_a_folder_in_the_way_of_a_file_stops_the_write_before_any_file_moves(tmp_path):
+    from attnscope.output import files
+
+    out = tmp_path / "o"
+    (out / "b.png").mkdir(parents=True)
+    (out / "a.json").write_text("earlier")
+
+    def write(stage):
+        return [files.write_atomic(stage / name, "new") for name in ("a.json", "b.png", "c.csv")]
+
+    with pytest.raises(AttnscopeError, match=r"o/b.png is a folder, and b.png would replace it"):
+        files.write_all(out, write)
+    assert sorted(path.name for path in out.iterdir()) == ["a.json", "b.png"]  # no stage left, nothing moved
+    assert (out / "a.json").read_text() == "earlier"
+
+
+def test_a_move_that_fails_midway_puts_back_what_the_earlier_moves_replaced(tmp_path, monkeypatch):
+    from attnscope.output import files
+
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "a.json").write_text("earlier")
+    real = os.replace
+
+    def refuse_the_third(source, destination):
+        if Path(destination) == out / "c.csv":  # as a file another user owns in a sticky folder
+            raise PermissionError(errno.EPERM, "Operation not permitted", str(source), None, str(destination))
+        return real(source, destination)
+
+    monkeypatch.setattr(files.os, "replace", refuse_the_third)
+
+    def write(stage):
+        return [files.write_atomic(stage / name, "new") for name in ("a.json", "b.png", "c.csv")]
+
+    with pytest.raises(AttnscopeError, match=r"cannot write to --out .*o: c.csv: Operation not permitted; nothing was"):
+        files.write_all(out, write)
+    assert sorted(path.name for path in out.iterdir()) == ["a.json"]
+    assert (out / "a.json").read_text() == "earlier"
+
+
+_WRITES_SLOWLY = """
+import sys, time
+from pathlib import Path
+from attnscope.output import files
+real, cue = files.write_all, Path(sys.argv[1])
+def write_all(folder, write):
+    def slowly(stage):
+        written = write(stage)
+        cue.write_text("writing")  # the test's cue: the files are staged, none has moved yet
+        time.sleep(60)
+        return written
+    return real(folder, slowly)
+files.write_all = write_all
+sys.argv = ["attnscope", *sys.argv[2:]]
+from attnscope.cli import main
+main()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="sends signals")
+def test_sigterm_and_sighup_while_writing_end_like_ctrl_c_and_leave_nothing(tmp_path):
+    """Killed while --out is being written: one line, the staging folder and the parent folders it made removed,
+    and the exit status of a program killed by that signal (143, 129), as a shell reports it."""
+    runs = {}
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        cue, out = tmp_path / f"cue-{stop.name}", tmp_path / stop.name / "deep" / "out"
+        args = ["random-mha", "--d-model", "8", "--heads", "1,2", "--seq-len", "4", "--trials", "1", "--out", out]
+        process = subprocess.Popen(
+            [sys.executable, "-c", _WRITES_SLOWLY, cue, *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        runs[stop] = (process, cue, out)
+    for stop, (process, cue, _) in runs.items():
+        deadline = time.monotonic() + 120
+        while not cue.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cue.exists(), process.communicate()[1]
+        process.send_signal(stop)
+    for stop, (process, _, _) in runs.items():
+        _, err = process.communicate(timeout=60)
+        assert process.returncode == -stop, err
+        assert err.strip().splitlines() == [f"attnscope: interrupted ({stop.name})"]
+        assert not (tmp_path / stop.name).exists()  # no stage, no file, not even the folders --out made
+
+
+# --------------------------------------------------------------------------------------------------- unbounded
+
+
+def test_stdin_and_fifos_are_checked_while_copied():
+    """`< /dev/zero` is refused at its first block, not after copying gigabytes; a stream past the cap stops."""
+    from attnscope.pipeline import inputs
+
+    with open("/dev/zero", "rb") as zeros:
+        with pytest.raises(AttnscopeError, match=r"^standard input looks like a binary file \(a NUL byte at byte 0\)"):
+            inputs._spool(zeros, "standard input")
+        assert zeros.tell() <= inputs.BLOCK_BYTES
+
+
+def test_a_stream_past_the_cap_is_refused(monkeypatch):
+    import io
+
+    from attnscope.pipeline import inputs
+
+    monkeypatch.setattr(inputs, "SPOOL_MAX_BYTES", 3 * inputs.BLOCK_BYTES)
+    endless = io.BytesIO(b"word " * (inputs.BLOCK_BYTES))  # 5 blocks
+    with pytest.raises(AttnscopeError, match=r"^standard input holds more than .* GiB, the most attnscope copies"):
+        inputs._spool(endless, "standard input")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_a_fifo_fed_zeros_is_refused_at_its_first_block(cli, tmp_path):
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        try:
+            with open(fifo, "wb") as pipe:
+                while True:
+                    pipe.write(b"\0" * 65536)
+        except (BrokenPipeError, OSError):
+            return
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    line = one_error_line(*cli("heads", "--file", fifo, "-m", tmp_path / "no-model"))
+    assert line.endswith("fifo looks like a binary file (a NUL byte at byte 0), not text")
+    feeder.join(timeout=10)
+    assert not feeder.is_alive()
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["random-mha", "--trials", "99999999999999999999"], "--trials 99999999999999999999: must be a whole number"),
+        (["bench", "--repeats", "1000000000000"], "--repeats 1000000000000: must be a whole number from 1 to 1,000"),
+        (["bench", "--warmup", "1000"], "--warmup 1000: must be a whole number from 0 to 100"),
+        (["heads", CAT, "--top", "9" * 5000], "--top " + "9" * 37 + "...: must be a whole number"),
+        (["attend", CAT, "--from", "cat", "--tokens", "10000000"], "--tokens 10000000: must be a whole number"),
+        (["ablate", CAT, "--prune", "10000000"], "--prune 10000000: must be a whole number from 0 to 1,000,000"),
+        (["random-mha", "--trials", "10000", "--seq-len", "4096", "--heads", "1"], "pairwise comparisons"),
+    ],
+)
+def test_every_count_is_bounded(cli, tmp_path, args, expected):
+    code, out, err = cli(*args, *([] if args[0] == "random-mha" else ["-m", tmp_path / "no-model"]))
+    assert expected in one_error_line(code, out, err)
+
+
+def test_a_file_that_grows_while_read_is_read_as_it_was_checked(tmp_path):
+    """A log another program keeps writing would otherwise be read for ever."""
+    from attnscope.pipeline import inputs
+
+    log = tmp_path / "growing.txt"
+    log.write_text("The cat sat.\n\nThe dog ran.\n")
+    texts = inputs.read_file(str(log))
+    texts.check()
+    with open(log, "a") as more:
+        more.write("\nWritten later.\n" * 1000)
+    assert [text.text for text in texts] == ["The cat sat.", "The dog ran."]
+
+
+# -------------------------------------------------------------------------------------------------- tracebacks
+
+
+def test_a_jsonl_line_with_a_5000_digit_integer_is_one_line(cli, tmp_path):
+    corpus = tmp_path / "big.jsonl"
+    corpus.write_text('{"text": "The cat", "n": ' + "9" * 5000 + "}\n")
+    line = one_error_line(*cli("heads", "--file", corpus, "-m", tmp_path / "no-model"))
+    assert line.startswith(f"attnscope: error: {corpus}:1: cannot read its JSON (Exceeds the limit (4300 digits)")
+
+
+def test_a_jsonl_line_without_end_is_held_to_a_bound(tmp_path, monkeypatch):
+    from attnscope.pipeline import inputs
+
+    monkeypatch.setattr(inputs, "LONGEST_JSON_LINE", 1000)
+    corpus = tmp_path / "long.jsonl"
+    corpus.write_text('{"text": "ok"}\n{"text": "' + "a" * 5000)
+    with pytest.raises(AttnscopeError, match=r"long.jsonl:2: a line longer than 1,000 characters"):
+        inputs.read_file(str(corpus)).check()
+
+
+@pytest.mark.parametrize("option", ["--out", "--model"])
+def test_a_home_folder_of_no_user_is_one_line(cli, option):
+    args = ["heads", CAT, "--out", "~nosuchuser-attnscope/x"] if option == "--out" else ["info"]
+    if option == "--model":
+        args += ["--model", "~nosuchuser-attnscope/m"]
+    line = one_error_line(*cli(*args))
+    assert f"{option} ~nosuchuser-attnscope/" in line and "cannot expand ~nosuchuser-attnscope (no such user" in line
+
+
+@pytest.mark.parametrize("header", [b"\xff" * 8, (10).to_bytes(8, "little") + b'["a", "b"]'], ids=["0xFF...", "list"])
+def test_a_safetensors_header_of_nonsense_is_no_traceback(cli, tiny_model_dir, tmp_path, header):
+    import json
+
+    folder = tmp_path / "damaged"
+    folder.mkdir()
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "dtype"}))
+    (folder / "model.safetensors").write_bytes(header + b"\0" * 64)
+    code, out, err = cli("info", "-m", folder, "--json")
+    assert code == 0 and json.loads(out)["model"]["dtype"] == "float32", err  # the header says nothing: the default
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("closed", ["stdout", "stderr"])
+def test_a_closed_standard_stream_is_one_line_and_status_2(closed):
+    """`info --model demo >&-` printed a traceback; with `2>&-` every command exited 1 before doing anything and
+    usage errors went to stdout."""
+    if closed == "stdout":
+        finished = subprocess.run(
+            f"exec {sys.executable} -m attnscope info --model demo >&-", shell=True, stderr=subprocess.PIPE, text=True
+        )
+        assert finished.returncode == 2
+        assert finished.stderr.strip().splitlines() == [
+            "attnscope: error: standard output is closed (>&-): attnscope writes its results there; redirect it to a "
+            "file, or to /dev/null"
+        ]
+        return
+    command = f"exec {sys.executable} -m attnscope"
+    good = subprocess.run(f"{command} info --model demo --json 2>&-", shell=True, stdout=subprocess.PIPE, text=True)
+    assert good.returncode == 0 and '"n_layer": 2' in good.stdout
+    usage = subprocess.run(f"{command} info --model demo --bogus 2>&-", shell=True, stdout=subprocess.PIPE, text=True)
+    assert usage.returncode == 2 and usage.stdout == ""
+
+
+# ---------------------------------------------------------------------------------- messages and quiet failures
+
+
+def test_a_revision_of_a_folder_is_refused_rather_than_ignored(cli, tiny_model_dir):
+    """transformers ignores a revision for a folder: the analysis would be of what is there, not of step1000."""
+    for command in (["info"], ["heads", CAT]):
+        line = one_error_line(*cli(*command, "-m", tiny_model_dir, "--revision", "step1000"))
+        assert "--revision step1000: model" in line and "is a folder on this machine, which has no revisions" in line
+
+
+def test_control_characters_and_long_values_keep_the_message_one_readable_line(cli, tmp_path):
+    line = one_error_line(*cli("heads", CAT, "-m", "no\nsuch\x1b[2J/"))
+    assert "no\\nsuch\\x1b[2J" in line  # written as escapes: no second line, no cleared screen
+    line = one_error_line(*cli("heads", CAT, "-m", tmp_path / "no-model", "--threshold", "a" * 100_000 + "=1"))
+    assert len(line) < 300 and "threshold 'aaaa" in line
+
+
+@pytest.mark.parametrize("columns", ["0", "-5", "wide", "99999999999"])
+def test_an_unusable_columns_still_prints_the_table(cli, monkeypatch, columns):
+    monkeypatch.setenv("COLUMNS", columns)
+    code, out, err = cli("info", "-m", "demo")
+    assert code == 0 and "heads per layer" in out, err
+
+
+def test_non_ascii_bytes_in_an_ascii_locale_blame_the_locale(monkeypatch):
+    from attnscope.pipeline import inputs
+
+    # how Python passes UTF-8 bytes it read as ASCII (LC_ALL=C, PYTHONUTF8=0): each byte a lone surrogate
+    argument = "Ça va".encode().decode("ascii", "surrogateescape")
+    monkeypatch.setattr(sys, "getfilesystemencoding", lambda: "ascii")
+    monkeypatch.setenv("LC_ALL", "C")
+    with pytest.raises(AttnscopeError) as raised:
+        inputs.valid_text(argument, "the TEXT argument")
+    assert str(raised.value) == (
+        "the TEXT argument holds bytes that are not ASCII (0xc3 at character 0), and the locale's encoding is ASCII "
+        "(LC_ALL=C), so Python could not read them as text: use a UTF-8 locale (e.g. LC_ALL=C.UTF-8) or PYTHONUTF8=1"
+    )
+
+
+def test_redundant_and_cluster_at_accept_0_as_help_says():
+    from attnscope.analyses.diversity import Diversity
+
+    for name in ("redundant", "cluster_at"):
+        parameter = next(p for p in _diversity_options() if p.name == name)
+        assert typing.get_args(parameter.annotation)[1].parser("0") == 0.0
+    assert Diversity(1, redundant=0, cluster_at=0).redundant == 0.0
+
+
+def _diversity_options():
+    import inspect
+
+    from attnscope import cli as cli_module
+
+    command = next(
+        info.callback for info in cli_module.app.registered_commands if info.callback.__name__ == "diversity"
+    )
+    return inspect.signature(command).parameters.values()
+
+
+@pytest.mark.slow
+def test_redundant_and_cluster_at_0_mean_no_pair_and_no_cluster(cli, tiny_model_dir):
+    import json
+
+    code, out, err = cli(
+        "diversity", CAT, "-m", tiny_model_dir, "--layer", "all", "--redundant", "0", "--cluster-at", "0", "--json"
+    )
+    assert code == 0, err
+    document = json.loads(out)
+    assert document["settings"]["redundant"] == 0.0 and document["settings"]["cluster_at"] == 0.0
+    # no divergence lies below 0: no pair is a near-duplicate, no cluster merges
+    assert document["redundant_groups"] == [] and document["clusters"] == []
+
+
+@pytest.mark.parametrize("variable", ["MPLCONFIGDIR", "HOME"])
+def test_an_unusable_matplotlib_folder_is_replaced_without_a_word(tmp_path, monkeypatch, variable):
+    from attnscope import cli as cli_module
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    monkeypatch.delenv("MPLCONFIGDIR", raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv(variable, str(a_file))
+    monkeypatch.delitem(sys.modules, "matplotlib", raising=False)
+    cli_module._usable_matplotlib_folder()
+    chosen = Path(os.environ["MPLCONFIGDIR"])
+    assert chosen != a_file and chosen.is_dir() and os.access(chosen, os.W_OK)
+
+
+@pytest.mark.slow
+def test_a_hostile_environment_adds_nothing_to_stderr(tmp_path):
+    """An ASCII locale, COLUMNS=0 and a file where matplotlib keeps its folder: the run is what it is anywhere."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "COLUMNS": "0", "MPLCONFIGDIR": str(a_file)}
+    env.pop("LANG", None)
+    args = ["random-mha", "--d-model", "8", "--heads", "1,2", "--seq-len", "4", "--trials", "1"]
+    finished = subprocess.run(
+        [sys.executable, "-m", "attnscope", *args, "--out", tmp_path / "o"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stderr.strip().splitlines() == [f"note: wrote 2 files to {tmp_path / 'o'}"]
+    assert "heads" in finished.stdout  # the table, at the terminal's width rather than none

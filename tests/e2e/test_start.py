@@ -234,7 +234,7 @@ def test_a_status_line_wider_than_the_terminal_is_cut(cli, tiny_model_dir, termi
 @pytest.mark.slow
 def test_bench_says_what_it_times(cli, tiny_model_dir, terminal):
     terminal()
-    args = ("--seq-lens", "8,12", "--batch-sizes", "1", "--repeats", "1", "--warmup", "0", "--device", "cpu")
+    args = ("--seq-lens", "8,12", "--batch-sizes", "1", "--repeats", "1", "--warmup", "0", "--device", "cpu", "--micro")
     code, _, err = cli("bench", "-m", tiny_model_dir, *args, "--methods", "floor,attnscope", "--json")
     assert code == 0
     assert f"loading {tiny_model_dir} …" in err

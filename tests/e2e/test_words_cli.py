@@ -180,4 +180,4 @@ def test_word_pictures_of_show_and_heads_plot(cli, tmp_path):
     assert code == 0, err
     png_size(tmp_path / "heads" / "attention_0.2_words.png")
     code, out, err = cli("heads", DOCTOR, *DEMO, "--words")
-    assert code == 2 and "--words draws the maps of --plot by word: give --plot L.H too" in err
+    assert code == 2 and "words (--words) draws the maps of plot (--plot L.H) word by word: give plot too" in err

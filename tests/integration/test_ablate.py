@@ -206,9 +206,10 @@ def test_model_without_its_head_and_bad_prune_are_refused(model, lm):
     "settings, message",
     [
         ({"method": "magic"}, "method 'magic': use one of loss, gradient"),
-        ({"prune": -1}, "prune -1: must be at least 0"),
-        ({"batch_size": 0}, "batch size 0: must be at least 1"),
-        ({"top": 0}, "top 0: must be at least 1"),
+        ({"prune": -1}, "prune -1: must be a whole number from 0 to 1,000,000"),
+        ({"batch_size": 0}, "batch_size 0: must be a whole number from 1 to 100,000"),
+        ({"top": 0}, "top 0: must be a whole number from 1 to 1,000,000"),
+        ({"top": 2.0}, "top 2.0: expected a whole number from 1 to 1,000,000, not a float"),
     ],
 )
 def test_bad_settings_are_refused_on_construction(settings, message):

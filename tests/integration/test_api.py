@@ -77,7 +77,7 @@ def test_a_model_by_name_is_loaded_with_the_keywords_given(tiny_model_dir, tiny)
 def test_load_takes_the_clis_model_options(tiny_model_dir):
     model = attnscope.load(tiny_model_dir, "cpu", "bfloat16")
     assert model.info()["dtype"] == "bfloat16" and model.info()["device"] == "cpu"
-    with pytest.raises(AttnscopeError, match="device map 'everywhere': use one of auto, balanced, sequential"):
+    with pytest.raises(AttnscopeError, match="device_map 'everywhere': use one of auto, balanced, sequential"):
         attnscope.load(tiny_model_dir, device_map="everywhere")
 
 
@@ -107,7 +107,7 @@ def test_ablate_asks_for_the_language_model_head(tiny, tiny_model_dir):
 
 
 def test_settings_are_checked_before_the_texts_are_read(tiny):
-    with pytest.raises(AttnscopeError, match="window 0: must be at least 1"):
+    with pytest.raises(AttnscopeError, match="window 0: must be a whole number from 1 to 100,000"):
         attnscope.heads(tiny, file="no-such-file.txt", window=0)
     with pytest.raises(AttnscopeError, match="layer 'some': expected a layer number"):
         attnscope.diversity(tiny, CAT, layer="some")

@@ -144,9 +144,10 @@ def test_attend_sees_later_tokens_in_an_encoder(tiny_bert):
             {"from_token": "she", "to_index": 0},
             r"to occurrence 0 picks one occurrence of the to word: give the to word too \(--to\)",
         ),
-        ({"from_token": "she", "tokens": 0}, "tokens 0: must be at least 1"),
-        ({"from_token": "she", "top": 0}, "top 0: must be at least 1"),
-        ({"from_token": "she", "from_index": -1}, "from occurrence -1: must be at least 0"),
+        ({"from_token": "she", "tokens": 0}, "tokens 0: must be a whole number from 1 to 1,000,000"),
+        ({"from_token": "she", "top": 0}, "top 0: must be a whole number from 1 to 1,000,000"),
+        ({"from_token": "she", "from_index": -1}, "from_index -1: must be a whole number from 0 to 2,147,483,647"),
+        ({"from_token": 5}, "from_token 5: expected a string, not an int"),
     ],
 )
 def test_bad_settings_are_refused_on_construction(settings, message):

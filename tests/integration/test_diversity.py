@@ -110,11 +110,11 @@ def test_a_text_with_no_scored_row_is_refused(model, kind):
 @pytest.mark.parametrize(
     "settings, message",
     [
-        ({"redundant": 0.0}, "redundant 0.0: a JS divergence in bits, above 0 and at most 1"),
-        ({"cluster_at": 2.0}, "cluster-at 2.0: a JS divergence in bits, above 0 and at most 1"),
-        ({"top": 0}, "top 0: must be at least 1"),
-        ({"sample_rows": 1}, "sample rows 1: must be at least 2"),
-        ({"seed": -1}, "seed -1: must be between 0 and 4294967295"),
+        ({"redundant": -0.1}, "redundant -0.1: must be a number from 0 to 1"),
+        ({"cluster_at": 2.0}, "cluster_at 2.0: must be a number from 0 to 1"),
+        ({"top": 0}, "top 0: must be a whole number from 1 to 1,000,000"),
+        ({"sample_rows": 1}, "sample_rows 1: must be 0 \\(every row, exact\\) or from 2 to 2,147,483,647"),
+        ({"seed": -1}, "seed -1: must be a whole number from 0 to 4,294,967,295"),
     ],
 )
 def test_bad_settings_are_refused_on_construction(settings, message):

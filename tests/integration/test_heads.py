@@ -194,11 +194,12 @@ def test_the_canonical_sort_name_reaches_the_result(tiny):
 @pytest.mark.parametrize(
     "settings, message",
     [
-        ({"window": 0}, "window 0: must be at least 1"),
-        ({"batch_size": 0}, "batch size 0: must be at least 1"),
-        ({"probe_len": 2}, "probe period 2: must be at least 3"),
-        ({"probe_seed": -1}, "probe seed -1: must be at least 0"),
-        ({"top": 0}, "top 0: must be at least 1"),
+        ({"window": 0}, "window 0: must be a whole number from 1 to 100,000"),
+        ({"batch_size": 0}, "batch_size 0: must be a whole number from 1 to 100,000"),
+        ({"probe_len": 2}, "probe_len 2: must be a whole number from 3 to 100,000"),
+        ({"probe_seed": -1}, "probe_seed -1: must be a whole number from 0 to 4,294,967,295"),
+        ({"top": 0}, "top 0: must be a whole number from 1 to 1,000,000"),
+        ({"words": True}, "words \\(--words\\) draws the maps of plot \\(--plot L.H\\) word by word: give plot too"),
     ],
 )
 def test_bad_settings_are_refused_on_construction(settings, message):

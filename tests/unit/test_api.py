@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import typing
 from html.parser import HTMLParser
 
 import numpy as np
@@ -248,3 +249,180 @@ def test_attend_html_escapes_its_tokens_and_shades_its_grid():
     assert "<script>@1: 1.00, <bos>@0: 0.00" in parsed.text
     assert "background:rgba(0,114,178,1.00);color:#fff" in fragment  # the full weight, dark with white text
     assert "background:rgba(0,114,178,0.25)" in fragment
+
+
+# ---------------------------------------------------------------------------------- the same checks, both ways
+
+# What each command's function needs besides the keyword under test
+REQUIRED = {
+    "show": {"layer": 0},
+    "diversity": {"layer": 0},
+    "attend": {"from_token": "cat", "to_token": "mat"},
+    "random-mha": {"heads": [1]},  # dividing any d_model
+}
+NEEDS_MODEL = {"heads", "show", "diversity", "attend", "ablate", "report", "info", "bench"}
+REFUSED = {("info", "device_map")}  # info reads the config only: both refuse any device map
+
+
+class _Checked(Exception):
+    """Raised in place of loading a model or running an analysis: every check before it passed."""
+
+
+def _domain(parameter: inspect.Parameter):
+    """The attnscope.options domain a CLI option reads its parser from (None: the option has none)."""
+    info = typing.get_args(parameter.annotation)[1]
+    return getattr(getattr(info, "parser", None), "option", None)
+
+
+def _outside(option) -> list:
+    """Values just outside a domain, and a value of the wrong type."""
+    if option.kind == "count":
+        return [option.low - 1, option.high + 1, float(option.low)]
+    if option.kind == "number":
+        return [option.low - 0.01, option.high + 0.01, float("nan"), str(option.low)]
+    return ["nonsense", 1]
+
+
+def _call(command: str, keyword: str, value, monkeypatch, tmp_path):
+    """The command's function with `keyword=value`, stopped (by _Checked) where it would load or run."""
+    from attnscope.analyses.bench import Bench
+    from attnscope.analyses.info import Info
+    from attnscope.analyses.random_mha import RandomMha
+    from attnscope.pipeline import kernels
+
+    def stop(*args, **kwargs):
+        raise _Checked
+
+    monkeypatch.setattr(api, "_check_shape", lambda *args: None)
+    monkeypatch.setattr(api, "_model", stop)
+    # whether a kernel can run here is not an option's domain; and kernels.decide remembers its answers, which a
+    # later test of a machine without Triton must not be given
+    monkeypatch.setattr(kernels, "decide", lambda setting, device: "blocks")
+    for settings in (Bench, Info, RandomMha):
+        monkeypatch.setattr(settings, "run", stop)
+    keywords = {**REQUIRED.get(command, {}), RENAMED.get(keyword, keyword): value}
+    positional = [str(tmp_path / "no-model")] if command in NEEDS_MODEL else []
+    if command in ("heads", "show", "diversity", "attend", "ablate", "report"):
+        positional.append("The cat sat on the mat.")
+    return FUNCTIONS[command](*positional, **keywords)
+
+
+@pytest.mark.parametrize("command", FUNCTIONS)
+def test_every_option_is_checked_the_same_way_by_the_cli_and_the_api(command, monkeypatch, tmp_path):
+    """Each option with a domain (a range or choices) declares it in attnscope.options; its CLI parser and the API
+    keyword refuse the same values, in the same words, and accept the ends of its range."""
+    for name, parameter in _cli_parameters(command).items():
+        if name in OUTPUT_OPTIONS or (command, name) in LEFT_OUT | REFUSED:
+            continue
+        option = _domain(parameter)
+        base = typing.get_args(parameter.annotation)[0]
+        if base in (int, float, int | None, float | None):  # no number declares its range by hand
+            assert option is not None, f"{command} --{name}: its range is not read from attnscope.options"
+        if option is None or option.kind == "text":
+            continue
+        parser = typing.get_args(parameter.annotation)[1].parser
+        listed = base in (cli.Numbers,)
+        for value in _outside(option):
+            with pytest.raises(AttnscopeError) as raised:
+                _call(command, name, [value] if listed else value, monkeypatch, tmp_path)
+            keyword = RENAMED.get(name, name)
+            assert str(raised.value).startswith(f"{keyword} "), (command, name, str(raised.value))
+            said = isinstance(value, str if option.kind == "choice" else int if listed else (int, float))
+            if said:  # what a command line can say, and the command line reads as the API does
+                with pytest.raises(cli._OptionError) as refused:
+                    parser(str(value))
+                # the same problem, named as each side spells the option: `window 0: ...`, `--window 0: ...` (Python
+                # also names the type it got)
+                problem = refused.value.message.split(": ", 1)[1]
+                assert str(raised.value).split(": ", 1)[1].startswith(problem), (command, name, problem)
+        ends = [option.low, option.high] if option.kind in ("count", "number") else list(option.choices)
+        for value in ends:
+            if command == "random-mha" and name in ("d_model", "seq_len", "heads") and value == option.high:
+                continue  # the largest sizes together are refused by random-mha's memory estimate, as they should
+            with pytest.raises(_Checked):
+                _call(command, name, [value] if listed else value, monkeypatch, tmp_path)
+            assert parser(str(value)) == ((value,) if listed else value)
+
+
+def test_pictures_take_the_domains_of_format_and_dpi():
+    from attnscope import options
+    from attnscope.output.files import Pictures
+
+    for name, option in (("format", options.FORMAT), ("dpi", options.DPI)):
+        parameter = _cli_parameters("show")[name]
+        assert _domain(parameter) is option
+    with pytest.raises(AttnscopeError, match="^dpi '300': expected a whole number from 50 to 1,200, not a str$"):
+        Pictures(dpi="300")
+    with pytest.raises(AttnscopeError, match="^format 'jpg': use one of png, svg, pdf$"):
+        Pictures(format="jpg")
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: api.heads("m", window="3"), "window '3': expected a whole number"),
+        (lambda: api.heads("m", window=3.5), "window 3.5: expected a whole number"),
+        (lambda: api.heads("m", window=float("nan")), "window nan: expected a whole number"),
+        (lambda: api.heads("m", batch_size="8"), "batch_size '8': expected a whole number"),
+        (lambda: api.heads("m", thresholds=5), "thresholds 5: expected {ROLE: VALUE} or ROLE=VALUE strings"),
+        (lambda: api.heads("m", plot=[1]), "plot 1: expected a head such as '4.11'"),
+        (lambda: api.heads("m", probe_seed=1.5), "probe_seed 1.5: expected a whole number"),
+        (lambda: api.heads("m", probe_seed=2**70), "probe_seed 1180591620717411303424: must be a whole number"),
+        (lambda: api.heads("m", layer="1"), "layer '1': expected a whole number from 0"),
+        (lambda: api.heads("m", bos="no"), "bos 'no': expected True or False (or None), not a str"),
+        (lambda: api.heads("m", words=True), "words (--words) draws the maps of plot (--plot L.H) word by word"),
+        (lambda: api.attend("m", from_token=5), "from_token 5: expected a string, not an int"),
+        (lambda: api.random_mha(heads="1,2"), "heads '1,2': expected a list of whole numbers"),
+        (lambda: api.random_mha(trials=10**20), "trials 100000000000000000000: must be a whole number from 1"),
+        (lambda: api.bench("m", repeats=10**12), "repeats 1000000000000: must be a whole number from 1 to 1,000"),
+        (lambda: api.load(None), "model None: expected a model from attnscope.load or a name"),
+        (lambda: api.load("m", dtype="float99"), "dtype 'float99': use one of auto, float32, float16, bfloat16"),
+        (lambda: api.heads("m", progress=5), "progress 5: expected a function"),
+        (lambda: api.heads("m", file=3), "file 3: expected the path of a file"),
+    ],
+)
+def test_the_api_refuses_wrong_types_and_values_in_one_line(call, message):
+    """Not a TypeError from deep inside, nor a value the CLI would refuse taken as it is (`bos="no"` recorded)."""
+    with pytest.raises(AttnscopeError) as raised:
+        call()
+    assert str(raised.value).startswith(message), str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "out, dpi, message", [(None, None, "out None"), ("", None, "out ''"), (".", "300", "dpi '300'")]
+)
+def test_save_refuses_what_the_cli_refuses(tmp_path, monkeypatch, out, dpi, message):
+    monkeypatch.chdir(tmp_path)
+    result = api.random_mha(d_model=8, heads=(1, 2), seq_len=4, trials=1)
+    with pytest.raises(AttnscopeError, match=f"^{re.escape(message)}"):
+        result.save(out, dpi=dpi)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_promises_page_lists_the_bounds_of_every_number_option():
+    """docs/promises.md's table of bounds says what the options check (a new option, or a moved bound, fails here
+    until the page says it too)."""
+    from pathlib import Path
+
+    page = (Path(__file__).parents[2] / "docs" / "promises.md").read_text(encoding="utf-8")
+    rows = []
+    for line in page.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`--"):
+            flags = re.findall(r"`(--[\w-]+)`", cells[0])
+            first = [re.match(r"[\d,.]+", cell).group().replace(",", "") for cell in cells[2:]]
+            rows.append((flags, {name.strip() for name in cells[1].split(",")}, *(float(v) for v in first)))
+    for info in cli.app.registered_commands:
+        command = info.name or info.callback.__name__
+        for parameter in inspect.signature(info.callback).parameters.values():
+            option = _domain(parameter) if typing.get_args(parameter.annotation)[1:] else None
+            if option is None or option.kind not in ("count", "number"):
+                continue
+            declared = typing.get_args(parameter.annotation)[1]
+            flag = max((d for d in (declared.default, *declared.param_decls) if str(d).startswith("--")), key=len)
+            listed = [
+                (low, high)
+                for flags, commands, low, high in rows
+                if flag in flags and (command in commands or commands == {"every command that draws"})
+            ]
+            assert (float(option.low), float(option.high)) in listed, (command, flag, listed)
