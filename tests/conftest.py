@@ -52,6 +52,15 @@ def _one_call_a_bench_sample(monkeypatch):
     monkeypatch.setattr(bench, "SAMPLE_S", 0.0)
 
 
+@pytest.fixture(autouse=True)
+def _kernel_decided_afresh():
+    """`kernels.decide` remembers its answer for the process (Triton does not come and go in a real one); a test
+    that takes Triton away must not read an answer an earlier test cached with Triton there."""
+    from attnscope.pipeline import kernels
+
+    kernels.decide.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory) -> dict[str, Path]:
     """kind -> the folder of a tiny model of that kind (built once per session)."""
