@@ -569,7 +569,8 @@ def _one_line(text: str) -> str:
 def _console(stderr: bool = False):
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, width=_width())
+    # markup off: a model's name, a text or a folder holding `[red]` is shown as it is, not as a style
+    return Console(stderr=stderr, highlight=False, markup=False, width=_width())
 
 
 def _width() -> int | None:
@@ -743,7 +744,8 @@ def _emit(result: Any, output: Output, folder: Path | None) -> None:
         else:
             console = _console()
             for item in view.terminal(written):
-                console.print(item)
+                # a line of text (a file's path above all) is never cut in two: scripts read it back
+                console.print(item, soft_wrap=isinstance(item, str))
         sys.stdout.flush()
     except BrokenPipeError:
         raise

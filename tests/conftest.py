@@ -30,6 +30,10 @@ import torch  # noqa: E402  (torch itself does not import triton)
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# The suite runs in one worker per core (pytest-xdist, `-n auto` in pyproject.toml): each worker's torch gets its
+# share of the cores, not all of them, so that two workers on two cores do not fight over four threads.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 from tests.support import BUILDERS, build_family_model, build_tiny_gpt2  # noqa: E402  (after the offline variables)
 

@@ -759,3 +759,13 @@ def test_a_hostile_environment_adds_nothing_to_stderr(tmp_path):
     assert finished.returncode == 0, finished.stderr
     assert finished.stderr.strip().splitlines() == [f"note: wrote 2 files to {tmp_path / 'o'}"]
     assert "heads" in finished.stdout  # the table, at the terminal's width rather than none
+
+
+def test_a_long_path_with_brackets_is_printed_whole_on_one_line(cli, tiny_model_dir, tmp_path):
+    """The paths `show` prints are read back by scripts: a path longer than the terminal is not cut in two, and a
+    folder named like a rich style (`[red]`) is printed as it is, not taken for markup."""
+    folder = tmp_path / ("a" * 100) / "[red]b"
+    code, out, err = cli("show", CAT, "--layer", "1", "-m", tiny_model_dir, "--out", folder)
+    assert code == 0, err
+    assert out == f"{folder / 'attention_L1.png'}\n"
+    assert (folder / "attention_L1.png").is_file()
