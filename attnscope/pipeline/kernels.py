@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 from typing import Any
 
@@ -66,6 +67,21 @@ def decide(setting: str, device: torch.device | str) -> str:
     raise AttnscopeError(f"kernel fused: {why}")
 
 
+def old_interpreter() -> str | None:
+    """Why Triton's interpreter cannot run here, or None: before Triton 3.7 it fails with numpy 2 at the kernel's
+    first loop (`only 0-dimensional arrays can be converted to Python scalars`), seen with Triton 3.6."""
+    import numpy
+    import triton
+
+    version = tuple(int(part) for part in re.findall(r"\d+", triton.__version__)[:2])
+    if version < (3, 7) and int(numpy.__version__.split(".")[0]) >= 2:
+        return (
+            f"on the CPU it runs under Triton's interpreter, and Triton {triton.__version__}'s fails with numpy "
+            f"{numpy.__version__}: pip install 'triton>=3.7'"
+        )
+    return None
+
+
 def import_fused(device: torch.device) -> tuple[Any, str | None]:
     """(pipeline.fused, None), or (None, why the fused kernel cannot run on `device` in this process).
 
@@ -81,6 +97,8 @@ def import_fused(device: torch.device) -> tuple[Any, str | None]:
         from attnscope.pipeline import fused
     except Exception as error:  # ImportError, or a broken install failing in its own way
         return None, f"Triton cannot be imported ({error}); install it with: pip install 'attnscope[gpu]'"
+    if device.type == "cpu" and (why := old_interpreter()) is not None:
+        return None, why
     if device.type == "cpu" and not fused.interpreted():
         return None, (
             "on the CPU it runs under Triton's interpreter, which must be switched on before Triton is imported, and "

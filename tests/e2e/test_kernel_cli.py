@@ -10,10 +10,23 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.support import CAT
 
 INTERPRETER = "the fused kernel ran under Triton's interpreter"
+
+
+def _needs_the_interpreter(in_this_process: bool) -> None:
+    """Skip where Triton's interpreter cannot run the kernel on the CPU: no Triton, a Triton too old for numpy 2, or
+    (in this process) a GPU machine, where the conftest leaves the interpreter off so that the GPU compiles."""
+    pytest.importorskip("triton", reason="needs triton")
+    from attnscope.pipeline import kernels
+
+    if (why := kernels.old_interpreter()) is not None:
+        pytest.skip(why)
+    if in_this_process and torch.cuda.is_available():
+        pytest.skip("the interpreter is off in this process (a GPU compiles the kernel)")
 
 
 def _scores(doc):
@@ -34,6 +47,7 @@ def test_kernel_blocks_is_what_the_cpu_ran_before(cli, tiny_model_dir):
 
 @pytest.mark.slow
 def test_kernel_fused_on_the_cpu_runs_the_interpreter_and_says_so(cli, tiny_model_dir):
+    _needs_the_interpreter(in_this_process=True)
     common = ("heads", CAT, "-m", tiny_model_dir, "--device", "cpu", "--no-probe", "--json")
     code, out, err = cli(*common, "--kernel", "fused")
     assert code == 0, err
@@ -74,6 +88,7 @@ def test_commands_that_capture_no_attention_refuse_a_kernel(cli, tiny_model_dir,
 def test_a_fresh_process_switches_the_interpreter_on_by_itself(tiny_model_dir):
     """Triton reads TRITON_INTERPRET when it is imported: without the variable (the tests' conftest sets it), the
     command sets it before anything imports Triton."""
+    _needs_the_interpreter(in_this_process=False)
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     result = subprocess.run(
         [sys.executable, "-m", "attnscope", "show", CAT, "-m", str(tiny_model_dir), "--device", "cpu", "--layer", "1",
@@ -98,3 +113,19 @@ def test_bench_times_either_kernel(cli, tiny_model_dir):
     assert doc["settings"]["kernel"] == "blocks"  # the attnscope row's, auto on the CPU
     assert any(INTERPRETER in note for note in doc["notes"])
     assert all(row["median_s"] > 0 for row in doc["results"])
+
+
+def test_a_triton_too_old_for_numpy_2_is_one_error_line_on_the_cpu(cli, tiny_model_dir, monkeypatch):
+    """Triton 3.6's interpreter fails inside the kernel with numpy 2 (seen on a GPU machine's image): on the CPU the
+    fused kernel is refused before anything runs, naming the versions, rather than ending in a traceback."""
+    triton = pytest.importorskip("triton", reason="needs triton")
+    import numpy
+
+    if int(numpy.__version__.split(".")[0]) < 2:
+        pytest.skip("numpy 1 runs the old interpreter")
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    code, out, err = cli("heads", CAT, "-m", tiny_model_dir, "--device", "cpu", "--kernel", "fused")
+    assert code == 2 and out == ""
+    [line] = err.strip().splitlines()
+    assert line.startswith("attnscope: error: kernel fused: on the CPU it runs under Triton's interpreter")
+    assert "Triton 3.6.0's fails with numpy" in line and line.endswith("pip install 'triton>=3.7'")
