@@ -2,7 +2,7 @@
 # The checks that need a CUDA GPU, as one script for a lent machine (PyTorch, Triton and transformers installed;
 # no network): the CUDA tests, the CLI on cuda against the CPU, and bench's figures on GPT-2-small-sized random
 # weights; the circuit and compare timings. Results go to $OUT (default ./gpu-out).
-#     bash scripts/gpu_check.sh [tests] [bench] [timings]      (all three when none is named)
+#     bash scripts/gpu_check.sh [tests] [bench] [large] [timings]      (all when none is named)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
@@ -16,10 +16,16 @@ import shutil, torch
 from transformers import GPT2Config, GPT2LMHeadModel
 torch.manual_seed(0)
 GPT2LMHeadModel(GPT2Config()).save_pretrained("/tmp/gpt2s")
-for name in ("vocab.json", "merges.txt"):
-    shutil.copy(f"tests/data/gpt2-tokenizer/{name}", "/tmp/gpt2s")
+# Llama 3.2 1B's shape (GPT-2's vocabulary): a config alone, for --random-weights
+from transformers import LlamaConfig
+LlamaConfig(vocab_size=50257, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+            num_key_value_heads=8, max_position_embeddings=8192, bos_token_id=50256, eos_token_id=50256,
+            tie_word_embeddings=True).save_pretrained("/tmp/llama1b")
+for folder in ("/tmp/gpt2s", "/tmp/llama1b"):
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copy(f"tests/data/gpt2-tokenizer/{name}", folder)
 PY
-stages=${*:-tests bench timings}
+stages=${*:-tests bench large timings}
 if [[ $stages == *tests* ]]; then
 echo "== CUDA tests"
 timeout 240 python3 -m pytest -p no:cacheprovider -n 0 -q -m "" -x tests/integration/test_fused_gpu.py \
@@ -46,6 +52,20 @@ doc = json.load(open(f"{sys.argv[1]}/bench.json"))
 print(json.dumps(doc["model"])[:300])
 for row in doc["results"]:
     print({k: row[k] for k in ("method", "batch", "seq", "median_s", "spread", "tokens_per_s", "time_vs_floor", "peak_mb")})
+PY
+fi
+if [[ $stages == *large* ]]; then
+echo "== bench, larger shapes"
+timeout 120 python3 -m attnscope bench -m /tmp/gpt2s --random-weights --device cuda --dtype bfloat16 \
+  --methods floor,fused,blocks --seq-lens 1024 --batch-sizes 32 --repeats 3 --json > "$OUT/bench_gpt2_32.json"
+timeout 200 python3 -m attnscope bench -m /tmp/llama1b --random-weights --device cuda --dtype bfloat16 \
+  --methods floor,fused,blocks --seq-lens 1024,4096 --batch-sizes 1,8 --repeats 3 --json > "$OUT/bench_llama.json"
+python3 - "$OUT" <<'PY'
+import json, sys
+for name in ("bench_gpt2_32", "bench_llama"):
+    doc = json.load(open(f"{sys.argv[1]}/{name}.json"))
+    for row in doc["results"]:
+        print(name, {k: row[k] for k in ("method", "batch", "seq", "median_s", "spread", "time_vs_floor", "peak_mb")})
 PY
 fi
 if [[ $stages == *timings* ]]; then
