@@ -28,7 +28,7 @@ PY
 stages=${*:-tests bench large timings}
 if [[ $stages == *tests* ]]; then
 echo "== CUDA tests"
-timeout 240 python3 -m pytest -p no:cacheprovider -n 0 -q -m "" -x tests/integration/test_fused_gpu.py \
+timeout 240 python3 -m pytest -p no:cacheprovider -n 0 -q --tb=line -m "" tests/integration/test_fused_gpu.py \
   tests/integration/test_capture.py tests/integration/test_loading.py tests/e2e/test_kernel_cli.py 2>&1 | tail -25
 echo "== the same JSON on cuda and cpu"
 for device in cpu cuda; do
