@@ -729,19 +729,23 @@
     drawEdges(table, name, found);
   }
 
-  // Arrows over the role map, from a head to the head that depends on it, coloured by the change, thicker for a
-  // larger one.
+  // Arrows over the role map (a canvas laid over it), from a head to the head that depends on it, coloured by the
+  // change, thicker for a larger one; the canvas lists them in data-edges ("0.2>1.0 0.2>1.3").
   function drawEdges(table, name, found) {
-    var wrap = table.parentNode, SVG = "http://www.w3.org/2000/svg";
-    var old = wrap.querySelector("svg.asv-edges");
-    if (old) { wrap.removeChild(old); }
-    wrap.style.position = "relative";
-    var svg = document.createElementNS(SVG, "svg");
-    svg.setAttribute("class", "asv-edges");
-    svg.setAttribute("width", String(table.offsetWidth));
-    svg.setAttribute("height", String(table.offsetHeight));
-    svg.style.left = table.offsetLeft + "px";
-    svg.style.top = table.offsetTop + "px";
+    var wrap = table.parentNode;
+    var canvas = wrap.querySelector("canvas.asv-edges");
+    if (!canvas) {
+      canvas = el("canvas", { cls: "asv-edges" });
+      wrap.style.position = "relative";
+      wrap.appendChild(canvas);
+    }
+    var scale = window.devicePixelRatio || 1, width = table.offsetWidth, height = table.offsetHeight;
+    canvas.width = Math.round(width * scale); canvas.height = Math.round(height * scale);
+    canvas.style.width = width + "px"; canvas.style.height = height + "px";
+    canvas.style.left = table.offsetLeft + "px"; canvas.style.top = table.offsetTop + "px";
+    var draw = canvas.getContext("2d");
+    draw.setTransform(scale, 0, 0, scale, 0, 0);
+    draw.clearRect(0, 0, width, height);
     var box = table.getBoundingClientRect();
     function centre(head) {
       var cell = table.querySelector('td.cell[data-head="' + head + '"]');
@@ -751,6 +755,7 @@
     }
     var edges = found.upstream.map(function (d) { return [d.on, name, d.change]; })
       .concat(found.downstream.map(function (d) { return [name, d.label, d.change]; }));
+    var drawn = [];
     edges.forEach(function (edge) {
       var a = centre(edge[0]), b = centre(edge[1]);
       if (!a || !b) { return; }
@@ -761,28 +766,30 @@
       var tx = b[0] - cx, ty = b[1] - cy, tl = Math.sqrt(tx * tx + ty * ty) || 1;
       tx /= tl; ty /= tl;  // the direction the curve arrives in
       var size = 8, x2 = b[0] - tx * 6, y2 = b[1] - ty * 6;  // the tip stops short of the cell's centre
-      var d = "M" + a[0].toFixed(1) + "," + a[1].toFixed(1) + " Q" + cx.toFixed(1) + "," + cy.toFixed(1) + " " +
-        (x2 - tx * size).toFixed(1) + "," + (y2 - ty * size).toFixed(1);
-      var width = 1.5 + 2.5 * Math.min(1, Math.abs(edge[2]) / CHANGE_TOP);
-      [["#fff", width + 2.5], [colour, width]].forEach(function (stroke) {  // a white halo, then the arrow
-        var path = document.createElementNS(SVG, "path");
-        path.setAttribute("d", d);
-        path.setAttribute("fill", "none");
-        path.setAttribute("stroke", stroke[0]);
-        path.setAttribute("stroke-width", stroke[1].toFixed(2));
-        path.setAttribute("stroke-linecap", "round");
-        if (stroke[0] !== "#fff") { path.setAttribute("data-from", edge[0]); path.setAttribute("data-to", edge[1]); }
-        svg.appendChild(path);
+      var width_ = 1.5 + 2.5 * Math.min(1, Math.abs(edge[2]) / CHANGE_TOP);
+      draw.lineCap = "round";
+      [["#fff", width_ + 2.5], [colour, width_]].forEach(function (stroke) {  // a white halo, then the arrow
+        draw.strokeStyle = stroke[0];
+        draw.lineWidth = stroke[1];
+        draw.beginPath();
+        draw.moveTo(a[0], a[1]);
+        draw.quadraticCurveTo(cx, cy, x2 - tx * size, y2 - ty * size);
+        draw.stroke();
       });
-      var head = document.createElementNS(SVG, "polygon"), px = -ty, py = tx;
-      head.setAttribute("points", [[x2, y2], [x2 - tx * size + px * size / 2, y2 - ty * size + py * size / 2],
-        [x2 - tx * size - px * size / 2, y2 - ty * size - py * size / 2]].map(function (p) { return p[0].toFixed(1) + "," + p[1].toFixed(1); }).join(" "));
-      head.setAttribute("fill", colour);
-      head.setAttribute("stroke", "#fff");
-      head.setAttribute("stroke-width", "1");
-      svg.appendChild(head);
+      var px = -ty, py = tx;  // the arrow's head at the dependent head
+      draw.beginPath();
+      draw.moveTo(x2, y2);
+      draw.lineTo(x2 - tx * size + px * size / 2, y2 - ty * size + py * size / 2);
+      draw.lineTo(x2 - tx * size - px * size / 2, y2 - ty * size - py * size / 2);
+      draw.closePath();
+      draw.fillStyle = colour;
+      draw.strokeStyle = "#fff";
+      draw.lineWidth = 1;
+      draw.fill();
+      draw.stroke();
+      drawn.push(edge[0] + ">" + edge[1]);
     });
-    wrap.appendChild(svg);
+    canvas.dataset.edges = drawn.join(" ");
   }
 
   // ---------------------------------------------------------------------------------------------- the gallery

@@ -38,8 +38,8 @@ def _roles(doc):
 def test_report_json_is_heads_and_diversity_and_writes_no_page(cli, model_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     doc = _json(cli, "report", CAT, "-m", model_dir)
-    assert doc["command"] == "report" and doc["settings"] == {"diversity": True, "ablate": False}
-    assert doc["ablation"] is None
+    assert doc["command"] == "report" and doc["settings"] == {"diversity": True, "ablate": False, "circuit": False}
+    assert doc["ablation"] is None and doc["models"] is None and doc["by_model"] is None and doc["dependencies"] is None
     assert doc["heads"]["command"] == "heads" and doc["diversity"]["command"] == "diversity"
     heads = _json(cli, "heads", CAT, "-m", model_dir)
     assert doc["heads"]["heads"] == heads["heads"]
