@@ -606,16 +606,21 @@ def _run_several(
         label, given, revision = models[0]
         return _run(analysis, given, texts, file, progress, revision=revision, **loading)
     analysis.check_several()
+    from attnscope.analyses.report import check_same_shape
+    from attnscope.models.facts import config_shape
+
     gathered = _texts(texts, file)
-    sources = []
+    sources, shapes = [], []
     for k, (label, given, revision) in enumerate(models):
         lm_head = k == 0 and getattr(analysis, "needs_lm_head", False)  # the ablation is the first model's
         if isinstance(given, (str, os.PathLike)):
             _check_loading(**{key: value for key, value in loading.items() if value is not None}, revision=revision)
             _check_shape(analysis, given, revision)
+            shapes.append((label, config_shape(os.fspath(given), revision)))
             sources.append((label, functools.partial(_model, given, lm_head, revision=revision, **loading)))
         else:
             sources.append((label, _model(given, lm_head, revision=revision, **loading)))
+    check_same_shape(shapes)  # before any weight loads
     return analysis.run_models(sources, gathered, progress)
 
 

@@ -818,10 +818,13 @@ def _run_several(
     analysis.check_several()
     gathered = texts.gather()
     folder = output.folder(default_out)
-    for _, model in models:
-        shape = config_shape(model.name, model.revision)
+    from attnscope.analyses.report import check_same_shape
+
+    shapes = [(label, config_shape(model.name, model.revision)) for label, model in models]
+    for _, shape in shapes:
         if shape is not None:
             analysis.check_shape(shape)
+    check_same_shape(shapes)  # before any weight loads
     lm_head = getattr(analysis, "needs_lm_head", False)  # the first model's (its ablation)
     sources = [(label, functools.partial(_load, model, lm_head and k == 0)) for k, (label, model) in enumerate(models)]
     with _ProgressBar(output.quiet, type(analysis).__name__.lower()) as bar:

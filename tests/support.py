@@ -702,3 +702,17 @@ def circuit_stand_in(monkeypatch, records=DEPENDENCIES):
     monkeypatch.setitem(sys.modules, "attnscope.analyses.circuit", module)
     monkeypatch.setattr(attnscope.analyses, "circuit", module, raising=False)
     return built
+
+
+def save_without_head(source: Path, folder: Path, layer: int, head: int) -> Path:
+    """A copy of the GPT-2 saved in `source`, saved to `folder`, with head `layer.head` removed by hand: its rows of
+    the input side of c_proj (a Conv1D, weight (in, out)) zeroed."""
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel.from_pretrained(source)
+    d_head = model.config.n_embd // model.config.n_head
+    with torch.no_grad():
+        model.transformer.h[layer].attn.c_proj.weight[head * d_head : (head + 1) * d_head] = 0.0
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(source).save_pretrained(folder)
+    return folder

@@ -78,6 +78,31 @@ def model_labels(names: Sequence[str], revisions: Sequence[str] | None = None) -
     return short if len(set(short)) == len(short) else given
 
 
+def check_same_shape(shapes: Sequence[tuple[str, Shape | None]]) -> None:
+    """Models of one report read from their configs before any weight loads, `(label, shape)` (None: not known):
+    refused in one line where one's kind of attention or layers × heads differ from the first's (the rest is checked
+    once they load, by `check_comparable`)."""
+    known = [(label, shape) for label, shape in shapes if shape is not None]
+    if not known:
+        return
+    first_label, first = known[0]
+    for label, shape in known[1:]:
+        problem = None
+        if first.kind_name and shape.kind_name and first.kind_name != shape.kind_name:
+            problem = f"{first_label} is {_a(first.kind_name)}, {label} {_a(shape.kind_name)}"
+        elif (first.n_layer, first.n_head) != (shape.n_layer, shape.n_head):
+            problem = (
+                f"{first_label} has {first.n_layer} layers × {first.n_head} heads, {label} {shape.n_layer} layers × "
+                f"{shape.n_head} heads"
+            )
+        if problem:
+            raise AttnscopeError(f"models {first_label} and {label} cannot be compared: {problem}")
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
+
+
 def circuit_module() -> Any:
     """The circuit analysis (`attnscope circuit`), imported when first needed; one line where it is missing."""
     try:

@@ -551,7 +551,7 @@ def report_viewer(result: Any) -> dict[str, Any]:
             {
                 "label": page.label,
                 "name": page.heads.model["name"],
-                "heads": head_records(page.heads.heads, page.heads.model),
+                "heads": heads_document(page.heads, page.heads.heads)["heads"],  # as the page's `heads`: rounded
                 "characteristic": [record.label for record in page.characteristic],
                 "maps": None if k == 0 else [_maps_entry(text, causal) for text in page.texts],
             }
