@@ -681,7 +681,7 @@
       var node = el("span", { cls: "asv-dep", "data-head": other, title: d.label + "'s " + d.score + " score: " + fixed(d.with, 2) +
         " with " + d.on + ", " + fixed(d.without, 2) + " without it" }, [
         el("span", { cls: "chip", text: other, style: "background:" + css(rgb) + ";color:" + inkOn(rgb) }),
-        " " + d.score + " " + fixed(d.with, 2) + " → " + fixed(d.without, 2) + " (" + (d.change >= 0 ? "+" : "−") + fixed(Math.abs(d.change), 2) + ")"]);
+        " " + (scores[d.score] ? scores[d.score].short : d.score) + " " + fixed(d.with, 2) + " → " + fixed(d.without, 2) + " (" + (d.change >= 0 ? "+" : "−") + fixed(Math.abs(d.change), 2) + ")"]);
       node.addEventListener("click", function () { selectLabel(other); });
       return node;
     }
@@ -695,8 +695,10 @@
     if (!found.downstream.length) { down.appendChild(el("span", { cls: "small", text: " none among the dependencies kept" })); }
     box.appendChild(up);
     box.appendChild(down);
-    box.appendChild(el("div", { cls: "asv-key" }, [el("span", { text: "−" + fixed(CHANGE_TOP, 2) }), scaleBar("score_change"),
-      el("span", { text: "+" + fixed(CHANGE_TOP, 2) + ": the dependent head's score without the other, minus with it (" + SCALES.score_change.key + ")" })]));
+    box.appendChild(el("div", { cls: "asv-key" }, [el("span", { text: "change −" + fixed(CHANGE_TOP, 2) }), scaleBar("score_change"),
+      el("span", { text: "+" + fixed(CHANGE_TOP, 2) })]));
+    box.appendChild(el("div", { cls: "small", text: "The change: the dependent head's score without the other head, minus " +
+      "with it (" + SCALES.score_change.key + "); the largest changes of each head, as attnscope circuit measures them." }));
     return box;
   }
 
