@@ -575,16 +575,22 @@ def _several_models(
             raise AttnscopeError(
                 "revisions (--revisions) are revisions of one model given by name (a Hub id): give one model's name"
             )
-        if len(revisions) == 1:
-            return [(revisions[0], model, revisions[0])]
         return [(label, model, label) for label in model_labels([], [r.strip() for r in revisions])]
     if not isinstance(model, (list, tuple)):
         return None
     if not model:
         raise AttnscopeError("model []: give at least one model")
-    if len(model) == 1:
-        return None if revision is None else [(os.fspath(model[0]), model[0], revision)]
-    names = [given if isinstance(given, (str, os.PathLike)) else getattr(given, "name", repr(given)) for given in model]
+    names: list[str] = []
+    for k, given in enumerate(model):
+        if isinstance(given, (str, os.PathLike)):
+            names.append(os.fspath(given))
+            continue
+        if any(given is other for other in model[:k]):
+            raise AttnscopeError(f"model {getattr(given, 'name', given)!r} is given twice: give each model once")
+        name = os.fspath(getattr(given, "name", type(given).__name__))  # a loaded model: its folder's name
+        name = os.path.basename(os.path.normpath(name)) if os.path.isdir(name) else name
+        copies = sum(other == name or other.startswith(f"{name} (") for other in names)
+        names.append(f"{name} ({copies + 1})" if copies else name)  # copies of one model, changed in memory
     return [(label, given, revision) for label, given in zip(model_labels(names), model, strict=True)]
 
 
@@ -602,7 +608,7 @@ def _run_several(
 
     if progress is not None and not callable(progress):
         raise AttnscopeError(f"progress {progress!r}: expected a function of (texts, tokens, share), or None")
-    if len(models) == 1:  # one revision: a report of one model
+    if len(models) == 1:  # one model in a list, or one revision: a report of one model
         label, given, revision = models[0]
         return _run(analysis, given, texts, file, progress, revision=revision, **loading)
     analysis.check_several()

@@ -3,6 +3,8 @@ the ablation, on both kinds of model."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -252,3 +254,30 @@ def test_several_models_share_the_map_budget(tiny, monkeypatch):
         assert cells <= budget
         assert [text.ids for text in page.texts] == [text.ids for text in report.texts]
     assert any("share" in note for note in report.map_notes)
+
+
+def test_the_api_takes_a_list_of_models_and_refuses_in_one_line(tiny, two_models):
+    """`report([a, b])`: loaded models are reported as they are (labelled by their folders, not freed); a list of one
+    is a report of one model; what cannot be is refused before any model loads."""
+    import attnscope
+    from attnscope.errors import AttnscopeError
+
+    settings, without, _ = two_models
+    thresholds = dict(settings.thresholds)
+    both = attnscope.report([tiny, without], TEXTS, diversity=False, thresholds=thresholds)
+    name = Path(tiny.name).name
+    assert [page.label for page in both.models] == [name, f"{name} (2)"]  # a copy of one folder, changed in memory
+    assert both.models[1].heads.heads == two_models[2].models[1].heads.heads
+    assert next(tiny.model.parameters()).device.type == "cpu"  # a model given loaded stays loaded
+    assert attnscope.report([tiny], TEXTS, diversity=False).models == []
+    for given, says in [
+        ({"model": tiny, "revisions": ["a", "b"]}, "revisions (--revisions) are revisions of one model given by name"),
+        ({"model": "gpt2", "revision": "main", "revisions": "a,b"}, "revision and revisions"),
+        ({"model": ["demo", "demo"]}, "model 'demo' is given twice"),
+        ({"model": [tiny, tiny]}, f"model {tiny.name!r} is given twice"),
+        ({"model": []}, "model []: give at least one model"),
+        ({"model": "gpt2", "revisions": [1, 2]}, "revisions [1, 2]: expected revisions of one model"),
+    ]:
+        with pytest.raises(AttnscopeError) as raised:
+            attnscope.report(**given)
+        assert str(raised.value).startswith(says), raised.value
