@@ -25,6 +25,7 @@ CIRCUIT_TOP heads A whose removal changes B's deciding score most, as `attnscope
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,8 +66,6 @@ def model_labels(names: Sequence[str], revisions: Sequence[str] | None = None) -
     """The labels of a report's models, in order: the revisions (`revisions`, of one repository), else each model's
     folder name (a folder) or its name as given (a Hub id, "demo"); where two would be the same, the names as given.
     A model or revision given twice is refused."""
-    import os
-
     given = list(revisions) if revisions is not None else [os.fspath(name) for name in names]
     twice = next((name for k, name in enumerate(given) if name in given[:k]), None)
     if twice is not None:
@@ -233,8 +232,8 @@ def _loaded(given: LoadedModel | Callable[[], LoadedModel]) -> LoadedModel:
 
 
 def _released(loaded: LoadedModel) -> LoadedModel:
-    """A model loaded for one step of a report of several, its weights freed (moved to torch's `meta` device: no
-    memory) so that the next model does not share memory with it; its config and tokenizer stay."""
+    """A model loaded for one step of a report of several, its weights freed (moved to torch's `meta` device, which
+    holds no data) so that two models are never in memory at once; its config and tokenizer stay."""
     import gc
 
     import torch
