@@ -474,8 +474,8 @@ class Report:
             f"{counted(len(pages), 'model')} ({', '.join(labels)}): the role map and the head panel follow the "
             f"model chosen; the tables, the diversity and the ablation are the first model's ({first_label})"
         ]
-        if budget < MAP_CELLS:
-            result.map_notes = list(result.map_notes) + [
-                f"the {len(pages)} models share {MULTI_MAP_CELLS:,} map cells ({budget:,} each)"
-            ]
+        each = "as a one-model page" if budget >= MAP_CELLS else f"a one-model page holds {MAP_CELLS:,}"
+        result.map_notes = list(result.map_notes) + [
+            f"the {len(pages)} models share {MULTI_MAP_CELLS:,} map cells: {budget:,} each ({each})"
+        ]
         return result

@@ -639,6 +639,12 @@ def test_the_model_slider_redraws_the_role_map_and_keeps_the_head(browser, pair)
         assert role["name"] in panel.locator(".asv-title").first.inner_text()
         now = _pixels(page, map_canvas)
         assert (now == drawn) == (model == 0)  # the map of the model shown
+    page.select_option(".colour-by select", "induction")  # coloured by a score: the model's own values
+    for model in (1, 0):
+        page.click(f'[data-viewer="models"] button[data-value="{model}"]')
+        value = next(h["induction"] for h in viewer["models"][model]["heads"] if h["label"] == head)
+        assert page.locator(cell).inner_text() == f"{value:.2f}"
+    page.select_option(".colour-by select", "role")
     unchanged = next(label for label in records[0] if label.startswith("0."))  # layer 0: the same in both
     page.click(f'table.rolemap td.cell[data-head="{unchanged}"]')
     first = _pixels(page, map_canvas)
