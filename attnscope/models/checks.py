@@ -326,9 +326,12 @@ def check_comparable(first: LoadedModel, other: LoadedModel, first_label: str, o
     def shape(model: Any) -> str:
         return f"{model.n_layer} layers × {model.n_head} heads"
 
+    def a_or_an(noun: str) -> str:
+        return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
+
     problems = []
     if first.kind.name != other.kind.name:
-        problems.append(f"{first_label} is {_a(first.kind.name)}, {other_label} {_a(other.kind.name)}")
+        problems.append(f"{first_label} is {a_or_an(first.kind.name)}, {other_label} {a_or_an(other.kind.name)}")
     elif (first.n_layer, first.n_head) != (other.n_layer, other.n_head):
         problems.append(f"{first_label} has {shape(first)}, {other_label} {shape(other)}")
     elif first.tokenizer.get_vocab() != other.tokenizer.get_vocab():
@@ -344,7 +347,3 @@ def check_comparable(first: LoadedModel, other: LoadedModel, first_label: str, o
             problems.append(f"{first_label} and {other_label} tokenize the same text differently")
     if problems:
         raise AttnscopeError(f"models {first_label} and {other_label} cannot be compared: {problems[0]}")
-
-
-def _a(noun: str) -> str:
-    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
