@@ -498,11 +498,13 @@ def ablate(
 
 @_keywords("texts", "batching", "model", "progress")
 def report(
-    model: ModelGiven,
+    model: ModelGiven | Sequence[ModelGiven],
     texts: TextsGiven = None,
     *,
     diversity: bool = True,
     ablate: bool = False,
+    circuit: bool = False,
+    revisions: Sequence[str] | str | None = None,
     window: int = 3,
     thresholds: Mapping[str, float] | Sequence[str] | None = None,
     probe: bool = True,
@@ -522,9 +524,15 @@ def report(
     """Everything the report page shows (`attnscope report`): `save(folder)` writes report.html; a notebook shows
     the role map, the heads and the diversity.
 
+    model       one model, or a list of models (loaded or names) to show on one page with a slider over them: the
+                same texts through each, one at a time (--model, repeated); they must share layers × heads and the
+                tokenizer
+    revisions   revisions of one Hub repository (`model` its name), each a model of the page, labelled by its
+                revision: a list, or "step0,step512,step1000" (--revisions)
     diversity   include the diversity of all heads: one more pass (--diversity/--no-diversity)
     ablate      also the loss with each head removed, as `ablate` (--ablate); a model already loaded must have been
                 loaded with `load(..., lm_head=True)`
+    circuit     also which heads each head depends on, as `attnscope circuit` (--circuit; one model)
     window, thresholds, probe, probe_len, probe_seed: as for `heads`
     """
     from attnscope.analyses.heads import Heads
@@ -540,19 +548,86 @@ def report(
         probe_len=probe_len,
         probe_seed=probe_seed,
     )
-    analysis = Report(settings, diversity, ablate)
-    return _run(
-        analysis,
-        model,
-        texts,
-        file,
-        progress,
-        device=device,
-        dtype=dtype,
-        revision=revision,
-        device_map=device_map,
-        kernel=kernel,
-    )
+    analysis = Report(settings, diversity, ablate, circuit)
+    loading = {"device": device, "dtype": dtype, "device_map": device_map, "kernel": kernel}
+    several = _several_models(model, revision, revisions)
+    if several is None:
+        return _run(analysis, model, texts, file, progress, revision=revision, **loading)
+    return _run_several(analysis, several, texts, file, progress, **loading)
+
+
+def _several_models(
+    model: Any, revision: str | None, revisions: Sequence[str] | str | None
+) -> list[tuple[str, Any, str | None]] | None:
+    """The models of a report of several, `(label, model, revision)` in order, or None for one model."""
+    from attnscope.analyses.report import model_labels
+
+    if revisions is not None:
+        if isinstance(revisions, str):
+            revisions = [part.strip() for part in revisions.split(",")]
+        if not isinstance(revisions, Sequence) or not revisions or not all(isinstance(r, str) for r in revisions):
+            raise AttnscopeError(f"revisions {revisions!r}: expected revisions of one model, e.g. ['step0', 'step512']")
+        if any(not r.strip() for r in revisions):
+            raise AttnscopeError(f"revisions {list(revisions)!r}: a revision is empty")
+        if revision is not None:
+            raise AttnscopeError("revision and revisions (--revision, --revisions): give one or the other")
+        if not isinstance(model, (str, os.PathLike)):
+            raise AttnscopeError(
+                "revisions (--revisions) are revisions of one model given by name (a Hub id): give one model's name"
+            )
+        return [(label, model, label) for label in model_labels([], [r.strip() for r in revisions])]
+    if not isinstance(model, (list, tuple)):
+        return None
+    if not model:
+        raise AttnscopeError("model []: give at least one model")
+    names: list[str] = []
+    for k, given in enumerate(model):
+        if isinstance(given, (str, os.PathLike)):
+            names.append(os.fspath(given))
+            continue
+        if any(given is other for other in model[:k]):
+            raise AttnscopeError(f"model {getattr(given, 'name', given)!r} is given twice: give each model once")
+        name = os.fspath(getattr(given, "name", type(given).__name__))  # a loaded model: its folder's name
+        name = os.path.basename(os.path.normpath(name)) if os.path.isdir(name) else name
+        copies = sum(other == name or other.startswith(f"{name} (") for other in names)
+        names.append(f"{name} ({copies + 1})" if copies else name)  # copies of one model, changed in memory
+    return [(label, given, revision) for label, given in zip(model_labels(names), model, strict=True)]
+
+
+def _run_several(
+    analysis: Any,
+    models: list[tuple[str, Any, str | None]],
+    texts: TextsGiven,
+    file: Any,
+    progress: Progress,
+    **loading: Any,
+) -> Any:
+    """`_run` for a report of several models: every setting and every model's config checked first, then each model
+    loaded in turn by the analysis (a model given loaded is used as it is)."""
+    import functools
+
+    if progress is not None and not callable(progress):
+        raise AttnscopeError(f"progress {progress!r}: expected a function of (texts, tokens, share), or None")
+    if len(models) == 1:  # one model in a list, or one revision: a report of one model
+        label, given, revision = models[0]
+        return _run(analysis, given, texts, file, progress, revision=revision, **loading)
+    analysis.check_several()
+    from attnscope.analyses.report import check_same_shape
+    from attnscope.models.facts import config_shape
+
+    gathered = _texts(texts, file)
+    sources, shapes = [], []
+    for k, (label, given, revision) in enumerate(models):
+        lm_head = k == 0 and getattr(analysis, "needs_lm_head", False)  # the ablation is the first model's
+        if isinstance(given, (str, os.PathLike)):
+            _check_loading(**{key: value for key, value in loading.items() if value is not None}, revision=revision)
+            _check_shape(analysis, given, revision)
+            shapes.append((label, config_shape(os.fspath(given), revision)))
+            sources.append((label, functools.partial(_model, given, lm_head, revision=revision, **loading)))
+        else:
+            sources.append((label, _model(given, lm_head, revision=revision, **loading)))
+    check_same_shape(shapes)  # before any weight loads
+    return analysis.run_models(sources, gathered, progress)
 
 
 @_keywords("model")

@@ -376,6 +376,92 @@ MODEL = _group(
         "auto",
     ),
 )
+
+
+@dataclass(frozen=True)
+class Models:
+    """`report`'s models: --model given once or more, or --revisions of one model; each model is loaded as MODEL's
+    options say (`each`: (label, Model) in order)."""
+
+    names: tuple[str, ...]
+    device: str
+    dtype: str
+    revision: str | None = None
+    revisions: str | None = None
+    device_map: str | None = None
+    kernel: str = "auto"
+
+    def each(self) -> list[tuple[str, Model]]:
+        from attnscope.analyses.report import model_labels
+
+        loading = {"device": self.device, "dtype": self.dtype, "device_map": self.device_map, "kernel": self.kernel}
+        if self.revisions is not None:
+            if len(self.names) > 1:
+                raise AttnscopeError("--revisions are revisions of one model: give --model once (a Hub id)")
+            if self.revision is not None:
+                raise AttnscopeError("give --revision or --revisions, not both")
+            revisions = [part.strip() for part in self.revisions.split(",")]
+            if any(not part for part in revisions):
+                raise AttnscopeError(f"--revisions {options.shown_text(self.revisions)}: a revision is empty")
+            labels = model_labels([], revisions)
+            return [(label, Model(self.names[0], revision=label, **loading)) for label in labels]
+        labels = model_labels(self.names)
+        return [
+            (label, Model(name, revision=self.revision, **loading))
+            for label, name in zip(labels, self.names, strict=True)
+        ]
+
+
+def _models(name: list[str], revisions: str | None, **model: Any) -> Models:
+    names = tuple(name or ["gpt2"])
+    for given in names:
+        try:
+            options.TEXT.parse(given)
+        except AttnscopeError as error:
+            raise _OptionError(f"--model {error}") from None
+    return Models(names, revisions=revisions, **model)
+
+
+MODELS = Group(  # MODEL's options, --model repeatable, and --revisions (report: several models on one page)
+    tuple(
+        parameter.replace(
+            annotation=Annotated[
+                list[str],
+                typer.Option(
+                    "--model",
+                    "-m",
+                    metavar="NAME|PATH",
+                    help="'demo': the small GPT-2 bundled with attnscope (no download, works offline); or a Hugging "
+                    "Face id (fetched once into the Hugging Face cache); or a directory saved with save_pretrained. "
+                    "Repeat it for several models on one page (the same texts through each; the same layers × heads "
+                    "and tokenizer).",
+                ),
+            ],
+            default=["gpt2"],
+        )
+        if parameter.name == "name"
+        else parameter
+        for parameter in MODEL.parameters
+    )
+    + (
+        inspect.Parameter(
+            "revisions",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=Annotated[
+                str | None,
+                typer.Option(
+                    "--revisions",
+                    **_domain(options.TEXT),
+                    metavar="REV,REV,...",
+                    help="Several revisions of --model (one Hub repository), each a model of the page, labelled by "
+                    "its revision (e.g. Pythia's checkpoints: step0,step512,step1000).",
+                ),
+            ],
+        ),
+    ),
+    _models,
+)
 BATCHING = _group(
     dict,
     batch_size=(
@@ -723,6 +809,31 @@ def _run(
         _emit(result, output, folder)
 
 
+def _run_several(
+    analysis: Any, output: Output, texts: Texts, models: list[tuple[str, Model]], default_out: Path | None = None
+) -> None:
+    """`_run` for an analysis of several models (`report --model A --model B`): every model's config checked before
+    any weight loads, then the analysis loads each model in turn (`run_models`), and the same ending."""
+    from attnscope.models.facts import config_shape
+
+    analysis.check_several()
+    gathered = texts.gather()
+    folder = output.folder(default_out)
+    from attnscope.analyses.report import check_same_shape
+
+    shapes = [(label, config_shape(model.name, model.revision)) for label, model in models]
+    for _, shape in shapes:
+        if shape is not None:
+            analysis.check_shape(shape)
+    check_same_shape(shapes)  # before any weight loads
+    lm_head = getattr(analysis, "needs_lm_head", False)  # the first model's (its ablation)
+    sources = [(label, functools.partial(_load, model, lm_head and k == 0)) for k, (label, model) in enumerate(models)]
+    with _ProgressBar(output.quiet, type(analysis).__name__.lower()) as bar:
+        result = analysis.run_models(sources, gathered, bar.callback)
+    if _is_main():
+        _emit(result, output, folder)
+
+
 def _emit(result: Any, output: Output, folder: Path | None) -> None:
     """The common ending: notes on stderr, the files into `folder`, then --json, --csv or the terminal view."""
     from attnscope.output.documents import to_csv, to_json
@@ -1055,7 +1166,7 @@ def ablate(
 
 
 @app.command()
-@_options(texts=TEXTS, model=MODEL, batching=BATCHING, roles=ROLES, output=OUTPUT)
+@_options(texts=TEXTS, model=MODELS, batching=BATCHING, roles=ROLES, output=OUTPUT)
 def report(
     texts,
     model,
@@ -1071,12 +1182,21 @@ def report(
             "--ablate", help="Also remove each head in turn and measure the loss (as `ablate`; one pass per head)."
         ),
     ] = False,
+    circuit: Annotated[
+        bool,
+        typer.Option(
+            "--circuit",
+            help="Also which heads each head depends on (as `attnscope circuit`): click a head to see them, marked "
+            "in the role map. One model.",
+        ),
+    ] = False,
 ) -> None:
     """Write one self-contained HTML page to explore every head, offline: roles, maps, diversity, ablation.
 
     Click a head to see its attention on each text, hover a token to see where it looks; the page needs no network
     and no other file. It is report.html in --out (default: attnscope-report/), and its path is printed; with
-    --json or --csv the numbers are printed instead, and the page is written only with --out.
+    --json or --csv the numbers are printed instead, and the page is written only with --out. Several models
+    (--model repeated, or --revisions): a slider on the page switches the role map and the head's maps between them.
 
     Example: attnscope report --model demo --out report/
     """
@@ -1084,7 +1204,12 @@ def report(
     from attnscope.analyses.report import Report
 
     settings = Heads(**roles, bos=texts.bos, **batching)
-    _run(Report(settings, with_diversity, ablate), output, texts, model, default_out=Path("attnscope-report"))
+    analysis = Report(settings, with_diversity, ablate, circuit)
+    models = model.each()
+    if len(models) == 1:
+        _run(analysis, output, texts, models[0][1], default_out=Path("attnscope-report"))
+    else:
+        _run_several(analysis, output, texts, models, default_out=Path("attnscope-report"))
 
 
 @app.command()

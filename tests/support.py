@@ -668,3 +668,51 @@ def close(mine, theirs, real, what, tolerance=2e-4):
     a, b = mine.float()[mask], theirs.float()[mask]
     error = float((a - b).abs().max() / b.abs().max().clamp_min(1e-6))
     assert error < tolerance, f"{what}: relative error {error:.2e}"
+
+
+# ---------------------------------------------------------------------------------------- report --circuit
+# attnscope circuit's records as its JSON has them; the report's page reads exactly these keys
+DEPENDENCIES = [
+    {"label": "1.0", "on": "0.2", "score": "induction", "with": 0.96, "without": 0.43, "change": -0.53},
+    {"label": "1.0", "on": "0.1", "score": "induction", "with": 0.96, "without": 0.84, "change": -0.12},
+    {"label": "1.3", "on": "0.2", "score": "induction", "with": 0.92, "without": 0.30, "change": -0.62},
+]
+
+
+def circuit_stand_in(monkeypatch, records=DEPENDENCIES):
+    """attnscope.analyses.circuit replaced by a module whose Circuit returns `records` (and one key more, which the
+    report leaves out); returns the settings each Circuit was built with."""
+    import sys
+    import types
+    from types import SimpleNamespace
+
+    import attnscope.analyses
+
+    built = []
+
+    class Circuit:
+        def __init__(self, **settings):
+            built.append(settings)
+
+        def run(self, loaded, texts, progress=None):
+            return SimpleNamespace(dependencies=[{**record, "extra": 1} for record in records])
+
+    module = types.ModuleType("attnscope.analyses.circuit")
+    module.Circuit = Circuit
+    monkeypatch.setitem(sys.modules, "attnscope.analyses.circuit", module)
+    monkeypatch.setattr(attnscope.analyses, "circuit", module, raising=False)
+    return built
+
+
+def save_without_head(source: Path, folder: Path, layer: int, head: int) -> Path:
+    """A copy of the GPT-2 saved in `source`, saved to `folder`, with head `layer.head` removed by hand: its rows of
+    the input side of c_proj (a Conv1D, weight (in, out)) zeroed."""
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel.from_pretrained(source)
+    d_head = model.config.n_embd // model.config.n_head
+    with torch.no_grad():
+        model.transformer.h[layer].attn.c_proj.weight[head * d_head : (head + 1) * d_head] = 0.0
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(source).save_pretrained(folder)
+    return folder

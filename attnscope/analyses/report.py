@@ -11,11 +11,22 @@ Which maps the page holds (every head of every layer on each text shown, one byt
 
 Each text runs through the model alone, its maps kept for every layer (L · H · n² float32 at most, one text at a
 time), so memory stays bounded whatever the corpus.
+
+Several models (`run_models`: checkpoints of one run, a model and its fine-tune): the same texts through each model,
+one at a time (loaded, run, what the page needs kept, freed), each checked comparable with the first
+(`models.checks.check_comparable`: the same layers × heads and tokenizer). Each model's heads are scored and its
+maps drawn on the same texts, cut to the same cap; the models share one budget of MULTI_MAP_CELLS cells (twice a
+one-model page's: two models keep a one-model page's maps each, more models share it, their texts cut shorter).
+The diversity, the ablation and the tables of the page are the first model's.
+
+With `circuit`, the page also carries the circuit analysis's dependencies (`circuit_records`): for every head B its
+CIRCUIT_TOP heads A whose removal changes B's deciding score most, as `attnscope circuit`'s JSON records them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +39,7 @@ from attnscope.analyses.diversity import Diversity, DiversityResult
 from attnscope.analyses.heads import HeadRecord, Heads, HeadsResult
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
-from attnscope.models.checks import Shape
+from attnscope.models.checks import Shape, check_comparable
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text, Texts
@@ -45,8 +56,77 @@ MAX_TEXTS = 8  # input texts the page draws maps of (the first ones)
 MAX_TOKENS = 128  # tokens of a text drawn at most (its first window, cut)
 MIN_TOKENS = 16  # the token cap is never lowered below this to fit MAP_CELLS
 MAP_CELLS = 3 * 2**20  # map cells the page holds at most, all heads and texts together (one byte each)
+MULTI_MAP_CELLS = 2 * MAP_CELLS  # map cells of a page of several models, all models together
+CIRCUIT_TOP = 5  # with `circuit`: the dependencies the page keeps per head (the largest changes)
 COPYING_ROLES = ("induction", "duplicate-token")  # shown on a text that repeats itself
 PROBE, TEXT = "probe", "text"
+
+
+def model_labels(names: Sequence[str], revisions: Sequence[str] | None = None) -> list[str]:
+    """The labels of a report's models, in order: the revisions (`revisions`, of one repository), else each model's
+    folder name (a folder) or its name as given (a Hub id, "demo"); where two would be the same, the names as given.
+    A model or revision given twice is refused."""
+    given = list(revisions) if revisions is not None else [os.fspath(name) for name in names]
+    twice = next((name for k, name in enumerate(given) if name in given[:k]), None)
+    if twice is not None:
+        what = "revision" if revisions is not None else "model"
+        raise AttnscopeError(f"{what} {twice!r} is given twice: give each model once")
+    if revisions is not None:
+        return given
+    short = [os.path.basename(os.path.normpath(name)) if os.path.isdir(name) else name for name in given]
+    return short if len(set(short)) == len(short) else given
+
+
+def check_same_shape(shapes: Sequence[tuple[str, Shape | None]]) -> None:
+    """Models of one report read from their configs before any weight loads, `(label, shape)` (None: not known):
+    refused in one line where one's kind of attention or layers × heads differ from the first's (the rest is checked
+    once they load, by `check_comparable`)."""
+    known = [(label, shape) for label, shape in shapes if shape is not None]
+    if not known:
+        return
+    first_label, first = known[0]
+    for label, shape in known[1:]:
+        problem = None
+        if first.kind_name and shape.kind_name and first.kind_name != shape.kind_name:
+            problem = f"{first_label} is {_a(first.kind_name)}, {label} {_a(shape.kind_name)}"
+        elif (first.n_layer, first.n_head) != (shape.n_layer, shape.n_head):
+            problem = (
+                f"{first_label} has {first.n_layer} layers × {first.n_head} heads, {label} {shape.n_layer} layers × "
+                f"{shape.n_head} heads"
+            )
+        if problem:
+            raise AttnscopeError(f"models {first_label} and {label} cannot be compared: {problem}")
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
+
+
+def circuit_module() -> Any:
+    """The circuit analysis (`attnscope circuit`), imported when first needed; one line where it is missing."""
+    try:
+        from attnscope.analyses import circuit
+    except ImportError:
+        raise AttnscopeError("report --circuit needs attnscope circuit (attnscope.analyses.circuit)") from None
+    return circuit
+
+
+def circuit_records(loaded: LoadedModel, texts: Texts | Sequence[Text], settings: Heads) -> list[dict]:
+    """The page's head-to-head dependencies: `attnscope circuit`'s JSON records (`{"label": "1.0", "on": "0.2",
+    "score": "induction", "with": 0.96, "without": 0.43, "change": -0.53}`: head `label`'s deciding score with and
+    without head `on`), the CIRCUIT_TOP largest changes of each head, on the report's texts and probe settings.
+    The page reads exactly these keys."""
+    circuit = circuit_module()
+    analysis = circuit.Circuit(
+        top=CIRCUIT_TOP,
+        bos=settings.bos,
+        batch_size=settings.batch_size,
+        max_tokens=settings.max_tokens,
+        probe_len=settings.probe_len,
+        probe_seed=settings.probe_seed,
+    )
+    records = analysis.run(loaded, texts).dependencies
+    return [{key: record[key] for key in ("label", "on", "score", "with", "without", "change")} for record in records]
 
 
 def characteristic_heads(heads: Sequence[HeadRecord]) -> list[HeadRecord]:
@@ -139,6 +219,36 @@ def _cut(window: Window, limit: int, prefix: int, suffix: int) -> Window:
     return Window(window.text_index, window.ids[:prefix] + body + window.ids[len(window.ids) - suffix :], window.start)
 
 
+def _probe(model: LoadedModel, heads: HeadsResult) -> Window | None:
+    """The probe's first sequence as the heads analysis ran it, or None with the probe off."""
+    if "probe" not in heads.inputs:
+        return None
+    summary = heads.inputs["probe"]
+    return probe_windows(model.tokenizer, summary["period"], model.n_ctx, summary["seed"], count=1)[0]
+
+
+def _loaded(given: LoadedModel | Callable[[], LoadedModel]) -> LoadedModel:
+    return given if isinstance(given, LoadedModel) else given()
+
+
+def _released(loaded: LoadedModel) -> LoadedModel:
+    """A model loaded for one step of a report of several, its weights freed (moved to torch's `meta` device, which
+    holds no data) so that two models are never in memory at once; its config and tokenizer stay."""
+    import gc
+
+    import torch
+
+    owner = loaded.lm_model if loaded.lm_model is not None else loaded.model
+    try:
+        owner.to("meta")
+    except (RuntimeError, ValueError, NotImplementedError):  # a model spread by accelerate: dropped, not moved
+        pass
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return loaded
+
+
 def _all_layer_maps(model: LoadedModel, window: Window) -> Any:
     """(L, H, n, n) float32 numpy: every layer's attention of one window, from one forward pass."""
     layers = range(model.n_layer)
@@ -223,6 +333,17 @@ def example_texts(shown: Sequence[ShownText]) -> dict[str, int]:
 
 
 @dataclass
+class ReportModel:
+    """One model of a report of several: its `label` (the revision, the folder's name or the name given), its heads,
+    its characteristic heads and its maps on the report's texts (the same texts, tokens and cut for every model)."""
+
+    label: str
+    heads: HeadsResult
+    characteristic: list[HeadRecord]
+    texts: list[ShownText]
+
+
+@dataclass
 class ReportResult(Result):
     heads: HeadsResult
     diversity: DiversityResult | None  # None with the diversity pass off
@@ -235,6 +356,8 @@ class ReportResult(Result):
     ablation: AblationResult | None = None  # with `ablate`
     map_notes: list[str] = field(default_factory=list)  # what the page's maps leave out
     token_cap: int = MAX_TOKENS  # the texts drawn were cut to this many tokens at most
+    models: list[ReportModel] = field(default_factory=list)  # several models: each one's heads and maps, in order
+    dependencies: list[dict] | None = None  # with `circuit`: the circuit analysis's records (see circuit_records)
 
     @property
     def model(self) -> dict[str, Any]:
@@ -250,31 +373,45 @@ class Report:
     heads: Heads = field(default_factory=Heads)
     diversity: bool = True
     ablate: bool = False
+    circuit: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.heads, Heads):
             raise AttnscopeError(f"heads: expected the settings of a heads analysis (Heads), not {self.heads!r}")
-        options.check_fields(self, {"diversity": options.FLAG, "ablate": options.FLAG})
+        options.check_fields(self, {"diversity": options.FLAG, "ablate": options.FLAG, "circuit": options.FLAG})
+        if self.circuit:  # before any model loads
+            circuit_module()
 
     @property
     def needs_lm_head(self) -> bool:
         return self.ablate
 
+    def check_several(self) -> None:
+        """What a report of several models refuses, before any of them loads."""
+        if self.circuit:
+            raise AttnscopeError(
+                "circuit (--circuit) explains one model's heads: give one model (a page of several would need a "
+                "circuit pass per model, and its arrows would belong to one of them)"
+            )
+
     def check_shape(self, shape: Shape) -> None:
         """What the heads' settings ask of the model's shape, before its weights load."""
         self.heads.check_shape(shape)
 
-    def run(self, model: LoadedModel, texts: Texts | Sequence[Text], progress: Progress | None = None) -> ReportResult:
+    def run(
+        self,
+        model: LoadedModel,
+        texts: Texts | Sequence[Text],
+        progress: Progress | None = None,
+        budget: int = MAP_CELLS,
+    ) -> ReportResult:
+        """The report of one model; `budget`: the map cells its maps may take."""
         ablation_settings = None
         if self.ablate:  # checked before any pass
             settings = self.heads
             ablation_settings = Ablate("loss", 0, settings.bos, settings.batch_size, settings.max_tokens)
         heads = self.heads.run(model, texts, progress)
-        probe = None
-        if "probe" in heads.inputs:
-            summary = heads.inputs["probe"]
-            probe = probe_windows(model.tokenizer, summary["period"], model.n_ctx, summary["seed"], count=1)[0]
-        shown, map_notes, cap = shown_texts(model, texts, self.heads.bos, probe)
+        shown, map_notes, cap = shown_texts(model, texts, self.heads.bos, _probe(model, heads), budget=budget)
         diversity = linkage = None
         if self.diversity:
             settings = Diversity(None, self.heads.bos, self.heads.batch_size, self.heads.max_tokens, top=PAIRS)
@@ -282,6 +419,7 @@ class Report:
             linkage = groups.average_linkage(diversity.js).merges
         ablation = ablation_settings.run(model, texts, progress) if ablation_settings is not None else None
         notes = list(heads.notes) + ([] if ablation is None else [n for n in ablation.notes if n not in heads.notes])
+        dependencies = circuit_records(model, texts, self.heads) if self.circuit else None
         return ReportResult(
             heads,
             diversity,
@@ -294,4 +432,50 @@ class Report:
             ablation,
             map_notes,
             cap,
+            dependencies=dependencies,
         )
+
+    def run_models(
+        self,
+        models: Sequence[tuple[str, LoadedModel | Callable[[], LoadedModel]]],
+        texts: Texts | Sequence[Text],
+        progress: Progress | None = None,
+    ) -> ReportResult:
+        """The report of several models, `(label, model)` in order, a model given loaded or as a function that loads
+        it (then freed once read): the first model's report, with every model's heads and maps in `models`."""
+        if len(models) < 2:
+            raise AttnscopeError("a report of several models needs at least two")
+        self.check_several()
+        labels = [label for label, _ in models]
+        budget = MULTI_MAP_CELLS // len(models)
+        first_label, source = models[0]
+        first = _loaded(source)
+        result = self.run(first, texts, progress, budget=budget)
+        pages = [ReportModel(first_label, result.heads, result.characteristic, result.texts)]
+        first_ids = [text.ids for text in result.texts]
+        # a model this report loaded is freed once read; its config and tokenizer stay, to check the others against
+        reference = first if isinstance(source, LoadedModel) else _released(first)
+        for label, given in models[1:]:
+            loaded = _loaded(given)
+            check_comparable(reference, loaded, first_label, label)
+            heads = self.heads.run(loaded, texts, progress)
+            shown, _, _ = shown_texts(loaded, texts, self.heads.bos, _probe(loaded, heads), budget=budget)
+            if [text.ids for text in shown] != first_ids:
+                raise AttnscopeError(
+                    f"models {first_label} and {label} cannot be compared: the texts drawn are not the same tokens "
+                    "in both (a different tokenizer, context or probe)"
+                )
+            pages.append(ReportModel(label, heads, characteristic_heads(heads.heads), shown))
+            if loaded is not given:
+                _released(loaded)
+            del loaded
+        result.models = pages
+        result.notes = list(result.notes) + [
+            f"{counted(len(pages), 'model')} ({', '.join(labels)}): the role map and the head panel follow the "
+            f"model chosen; the tables, the diversity and the ablation are the first model's ({first_label})"
+        ]
+        each = "as a one-model page" if budget >= MAP_CELLS else f"a one-model page holds {MAP_CELLS:,}"
+        result.map_notes = list(result.map_notes) + [
+            f"the {len(pages)} models share {MULTI_MAP_CELLS:,} map cells: {budget:,} each ({each})"
+        ]
+        return result

@@ -312,3 +312,38 @@ def read_raw_config(folder: Path, name: str) -> dict[str, Any]:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+# A fixed text whose tokens two tokenizers must agree on (words, digits, punctuation, spaces, a non-ASCII letter).
+TOKENIZER_PROBE = "The cat sat on the mat. 12 + 34 = 46; naïve café, (x) => y\n\tend"
+
+
+def check_comparable(first: LoadedModel, other: LoadedModel, first_label: str, other_label: str) -> None:  # noqa: F821
+    """Whether `other` can be read beside `first`, head by head and token by token: the same kind of attention, the
+    same layers × heads, and the same tokenizer (the same vocabulary, special tokens and tokens of a fixed text).
+    Refused in one line naming what differs. (A minimal version for the report; `compare` brings the full one.)"""
+
+    def shape(model: Any) -> str:
+        return f"{model.n_layer} layers × {model.n_head} heads"
+
+    def a_or_an(noun: str) -> str:
+        return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
+
+    problems = []
+    if first.kind.name != other.kind.name:
+        problems.append(f"{first_label} is {a_or_an(first.kind.name)}, {other_label} {a_or_an(other.kind.name)}")
+    elif (first.n_layer, first.n_head) != (other.n_layer, other.n_head):
+        problems.append(f"{first_label} has {shape(first)}, {other_label} {shape(other)}")
+    elif first.tokenizer.get_vocab() != other.tokenizer.get_vocab():
+        problems.append(f"{first_label} and {other_label} have different tokenizers (vocabularies)")
+    else:
+        special = ("bos_token_id", "eos_token_id", "cls_token_id", "sep_token_id")
+        differing = [
+            name for name in special if getattr(first.tokenizer, name, None) != getattr(other.tokenizer, name, None)
+        ]
+        if differing:
+            problems.append(f"{first_label} and {other_label} have different special tokens ({', '.join(differing)})")
+        elif first.tokenizer(TOKENIZER_PROBE)["input_ids"] != other.tokenizer(TOKENIZER_PROBE)["input_ids"]:
+            problems.append(f"{first_label} and {other_label} tokenize the same text differently")
+    if problems:
+        raise AttnscopeError(f"models {first_label} and {other_label} cannot be compared: {problems[0]}")

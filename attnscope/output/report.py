@@ -9,9 +9,16 @@ data: every head's maps on the texts shown, quantised, and the diversity matrice
 font, style sheet or script is fetched, and nothing is evaluated: the page reads the same from `file://` with no
 network.
 
+Several models (`report --model A --model B`): the page gets a slider over the models (labelled) that redraws the role
+map, the examples and the head panel for the model chosen, the selected head staying selected; the viewer's data
+then carries each model's records and maps (`models`, see `report_viewer`). With `--circuit`, the records of
+`attnscope circuit` (`dependencies`) travel in the page, and clicking a head lists what it depends on and what
+depends on it, and marks those heads in the role map.
+
 Reads a ReportResult (analyses.report) by duck typing: `heads` (a HeadsResult), `diversity`, `ablation`, `model`,
 `notes`, `texts` (each: name, kind, ids, labels, maps (L, H, n, n), length, cut), `examples`, `characteristic`,
-`top_per_role`, `linkage`, `map_notes`, `token_cap`.
+`top_per_role`, `linkage`, `map_notes`, `token_cap`, `models` (each: label, heads, characteristic, texts; empty for
+one model), `dependencies` (None without --circuit).
 """
 
 from __future__ import annotations
@@ -44,19 +51,33 @@ class ReportView(View):
         `ablate` document (loss method) as `ablation`."""
         result = self.result
         heads = result.heads
+        several = _several(result)
         return document(
             "report",
             heads.model,
             heads.inputs,
-            {"diversity": result.diversity is not None, "ablate": result.ablation is not None},
+            {
+                "diversity": result.diversity is not None,
+                "ablate": result.ablation is not None,
+                "circuit": result.dependencies is not None,
+            },
             result.notes,
             heads=heads_document(heads, heads.heads),
             diversity=None if result.diversity is None else diversity_document(result.diversity),
             ablation=None if result.ablation is None else AblateView(result.ablation).document(),
+            models=[page.label for page in several] if several else None,
+            by_model=[heads_document(page.heads, page.heads.heads) for page in several] if several else None,
+            dependencies=result.dependencies,
         )
 
     def records(self) -> list[dict]:
-        return head_records(self.result.heads.heads, self.result.heads.model)
+        """One row per head; with several models, one per head and model (long form, `model` first)."""
+        several = _several(self.result)
+        if not several:
+            return head_records(self.result.heads.heads, self.result.heads.model)
+        return [
+            {"model": page.label, **row} for page in several for row in head_records(page.heads.heads, page.heads.model)
+        ]
 
     def files(self, stage: Path) -> list[Path]:
         """report.html: one self-contained page."""
@@ -70,10 +91,16 @@ class ReportView(View):
     def notebook(self) -> str:
         """The heads' fragment and, when computed, the diversity's."""
         result = self.result
-        parts = [HeadsView(result.heads).notebook()]
+        parts = [HeadsView(page.heads).notebook() for page in _several(result)] or [HeadsView(result.heads).notebook()]
         if result.diversity is not None:
             parts.append(DiversityView(result.diversity).notebook())
         return notebook.fragment(*parts)
+
+
+def _several(report: Any) -> list[Any]:
+    """The models of a report of several (each: label, heads, characteristic, texts); [] for one model."""
+    models = list(getattr(report, "models", None) or [])
+    return models if len(models) > 1 else []
 
 
 # ------------------------------------------------------------------------------------------------------------- the page
@@ -376,6 +403,66 @@ def _glossary(report: Any) -> str:
     )
 
 
+def _models_line(several: Sequence[Any]) -> str:
+    if not several:
+        return ""
+    labels = ", ".join(_text(page.label) for page in several)
+    return (
+        f"<p>{counted(len(several), 'model')}, the same texts through each: {labels}. The slider above the role map "
+        "chooses the model the role map and the head panel show.</p>"
+    )
+
+
+def _of_first(several: Sequence[Any]) -> str:
+    return f" ({_text(several[0].label)}, the first model)" if several else ""
+
+
+def _model_slider(several: Sequence[Any]) -> str:
+    """The holder of the slider over the models (drawn by the script); without the script, the models' names."""
+    if not several:
+        return ""
+    labels = ", ".join(_text(page.label) for page in several)
+    return (
+        f'<div class="asv-models" data-viewer="models"><p class="fallback">The role map shows the first of '
+        f"{len(several)} models ({labels}); the page's script switches between them.</p></div>"
+    )
+
+
+def _circuit_key(report: Any) -> str:
+    if report.dependencies is None:
+        return ""
+    return (
+        '<p class="small asv-circuit-key">With a head chosen, the heads it depends on are outlined (solid) and the '
+        "heads that depend on it outlined (dashed), in the colour of the change in the dependent head's score "
+        "without the other (blue: it falls; red: it rises); arrows run from a head to the head that depends on it."
+        "</p>"
+    )
+
+
+def _circuit(report: Any) -> str:
+    """The dependencies of `attnscope circuit` as a table (readable without the script): for each head, the heads
+    whose removal changes its deciding score most, the largest changes first."""
+    records = report.dependencies
+    if records is None:
+        return ""
+    ordered = sorted(records, key=lambda r: (-abs(r["change"]), r["label"], r["on"]))
+    rows = "".join(
+        f'<tr data-head="{_text(r["label"])}"><td>{_text(r["label"])}</td><td>{_text(r["on"])}</td>'
+        f"<td>{_text(r['score'])}</td><td>{_number(r['with'])}</td><td>{_number(r['without'])}</td>"
+        f"<td>{r['change']:+.3f}</td></tr>"
+        for r in ordered
+    )
+    return (
+        '<section id="circuit"><h2>Circuit</h2><p>Which heads each head depends on: its deciding score with every '
+        "head, and without one earlier head (its output removed, as <code>attnscope ablate</code> removes it), as "
+        "<code>attnscope circuit</code> measures it; the largest changes of each head, the largest of all first. Click "
+        "a row (or a head in the role map) to see the head's dependencies in both directions.</p>"
+        '<div class="wide tall"><table class="pick"><thead><tr><th>head</th><th>without</th><th>score</th>'
+        f"<th>with it</th><th>without it</th><th>change</th></tr></thead><tbody>{rows}</tbody></table></div>"
+        "</section>"
+    )
+
+
 def render(report: Any, heads_doc: dict, diversity_doc: dict | None, ablation_doc: dict | None = None) -> str:
     """The report page of a ReportResult; `heads_doc`, `diversity_doc` and `ablation_doc` are the JSON documents
     embedded in the page (the diversity's matrices travel encoded in the viewer's data instead)."""
@@ -383,7 +470,9 @@ def render(report: Any, heads_doc: dict, diversity_doc: dict | None, ablation_do
     model = heads.model
     name = model["name"]
     inputs = heads.inputs
+    several = _several(report)
     sections = [("explore", "Heads"), ("top-heads", "Top heads per role")]
+    sections += [("circuit", "Circuit")] if report.dependencies is not None else []
     sections += [("diversity", "Diversity")] + ([("ablation", "Ablation")] if report.ablation is not None else [])
     sections += [("every-head", "Every head"), ("inputs", "Inputs"), ("glossary", "Roles and scores")]
     nav = " · ".join(f'<a href="#{anchor}">{title}</a>' for anchor, title in sections)
@@ -393,8 +482,10 @@ def render(report: Any, heads_doc: dict, diversity_doc: dict | None, ablation_do
         "see its attention on each text; ← → move between heads, ↑ ↓ between layers; hover a token to see where it "
         "looks and what looks at it.</p>"
         '<div class="explore" tabindex="0"><div class="overview">'
+        f"{_model_slider(several)}"
         '<p class="colour-by"></p>'
         f"{_role_map(report)}"
+        f"{_circuit_key(report)}"
         '<h3>One head per role</h3><p class="small">The head that fills each role best, on the text that shows '
         "the role: the probe's repeated tokens for copying heads, prose for the others.</p>"
         '<div data-viewer="gallery"></div></div>'
@@ -405,14 +496,15 @@ def render(report: Any, heads_doc: dict, diversity_doc: dict | None, ablation_do
         f"<header><h1>attnscope report: {_text(name)}</h1>"
         f"<p>{counted(inputs['n_texts'], 'text')}, {counted(inputs['n_tokens'], 'token')}; "
         f"{counted(model['n_layer'], 'layer')} × {counted(model['n_head'], 'head')}; attnscope "
-        f"{_text(__version__)}.</p><nav>{nav}</nav></header>"
+        f"{_text(__version__)}.</p>{_models_line(several)}<nav>{nav}</nav></header>"
         + notes
         + explore
-        + f'<section id="top-heads"><h2>Top heads per role</h2><p>The heads with the highest score of each role\'s '
-        f"rule, whatever role they were given.</p>{_top_heads(report)}</section>"
-        + _diversity(report)
-        + _ablation(report)
-        + f'<section id="every-head"><h2>Every head</h2>{_every_head(report)}</section>'
+        + f'<section id="top-heads"><h2>Top heads per role{_of_first(several)}</h2><p>The heads with the highest '
+        f"score of each role's rule, whatever role they were given.</p>{_top_heads(report)}</section>"
+        + _circuit(report)
+        + _diversity(report).replace("<h2>Diversity</h2>", f"<h2>Diversity{_of_first(several)}</h2>", 1)
+        + _ablation(report).replace("<h2>Ablation</h2>", f"<h2>Ablation{_of_first(several)}</h2>", 1)
+        + f'<section id="every-head"><h2>Every head{_of_first(several)}</h2>{_every_head(report)}</section>'
         + _inputs(report)
         + _glossary(report)
     )
@@ -453,6 +545,20 @@ def report_viewer(result: Any) -> dict[str, Any]:
         "map_notes": list(result.map_notes),
         "scales": {name: scale.as_data() for name, scale in SCALES.items()},  # the pictures' colours (output.scales)
     }
+    several = _several(result)
+    if several:  # each model's records and characteristic heads; its maps on the same texts (the first's: `texts`)
+        data["models"] = [
+            {
+                "label": page.label,
+                "name": page.heads.model["name"],
+                "heads": heads_document(page.heads, page.heads.heads)["heads"],  # as the page's `heads`: rounded
+                "characteristic": [record.label for record in page.characteristic],
+                "maps": None if k == 0 else [_maps_entry(text, causal) for text in page.texts],
+            }
+            for k, page in enumerate(several)
+        ]
+    if result.dependencies is not None:
+        data["dependencies"] = list(result.dependencies)
     diversity = result.diversity
     if diversity is not None:
         data["matrices"] = {"js": viewer.encode_matrix(diversity.js), "cosine": viewer.encode_matrix(diversity.cosine)}
@@ -461,3 +567,9 @@ def report_viewer(result: Any) -> dict[str, Any]:
             [int(a), int(b), round(float(height), 6), int(size)] for a, b, height, size in np.asarray(result.linkage)
         ]
     return data
+
+
+def _maps_entry(text: Any, causal: bool) -> dict[str, Any]:
+    """A text's maps of one more model: `maps` and `scale` encoded as a text entry's (output.viewer)."""
+    data, scales = viewer.encode_maps(text.maps, causal)
+    return {"scale": scales.tolist(), "maps": viewer.base64_text(data)}

@@ -1,6 +1,7 @@
 /* attnscope's attention viewer: the report page and `show` in a notebook. No library, no network, no eval.
    It reads the JSON data element (class asv-data) inside its root (the element this script sits in) and draws
-   into the elements of that root marked data-viewer="head" | "gallery" | "matrix" | "compare" | "ablation".
+   into the elements of that root marked data-viewer="head" | "gallery" | "matrix" | "compare" | "ablation" |
+   "models" (the slider over the models of a report of several).
    The data's encodings are described in attnscope/output/viewer.py. */
 (function () {
   "use strict";
@@ -12,8 +13,12 @@
   var data = JSON.parse(source.textContent);
   var V = data.viewer;
   var HEADS = V.head_ids.length;
+  // A report of several models: V.models[m] holds model m's records, characteristic heads and maps (the first
+  // model's maps are the texts' own); `records` and V.characteristic are the model shown's.
+  var MODELS = V.models && V.models.length > 1 ? V.models : null;
   var records = {};
-  ((data.heads && data.heads.heads) || []).forEach(function (r) { records[r.label] = r; });
+  function useRecords(list) { records = {}; (list || []).forEach(function (r) { records[r.label] = r; }); }
+  useRecords(MODELS ? MODELS[0].heads : data.heads && data.heads.heads);
   var roles = {};
   V.roles.forEach(function (r) { roles[r.name] = r; });
   var scores = {};
@@ -91,17 +96,18 @@
 
   // --------------------------------------------------------------------------------------------------- maps
   var cache = {}, cacheKeys = [];
-  function tokenMap(t, li, hi) {
-    var text = V.texts[t], n = text.n;
-    if (!text.bytes) { text.bytes = bytesOf(text.maps); }
+  function mapsOf(t, model) { return model > 0 ? MODELS[model].maps[t] : V.texts[t]; }  // {maps, scale}
+  function tokenMap(t, li, hi, model) {
+    var text = V.texts[t], n = text.n, source = mapsOf(t, model);
+    if (!source.bytes) { source.bytes = bytesOf(source.maps); }
     var cells = V.causal ? n * (n + 1) / 2 : n * n;
-    var base = (li * HEADS + hi) * cells, scale = text.scale[li][hi];
+    var base = (li * HEADS + hi) * cells, scale = source.scale[li][hi];
     var m = new Float32Array(n * n);
     for (var i = 0; i < n; i++) {
       var row = V.causal ? base + i * (i + 1) / 2 : base + i * n;
       for (var j = 0; j < n; j++) {
         if (V.causal && j > i) { m[i * n + j] = NaN; continue; }
-        var x = text.bytes[row + j] / 255;
+        var x = source.bytes[row + j] / 255;
         m[i * n + j] = scale * x * x;
       }
     }
@@ -124,10 +130,11 @@
     }
     return out;
   }
-  function matrix(t, li, hi, unit) {
-    var key = t + ":" + li + ":" + hi + ":" + unit;
+  function matrix(t, li, hi, unit, model) {  // model: the one shown when not given
+    model = model === undefined ? state.model : model;
+    var key = model + ":" + t + ":" + li + ":" + hi + ":" + unit;
     if (cache[key]) { return cache[key]; }
-    var m = tokenMap(t, li, hi);
+    var m = tokenMap(t, li, hi, model);
     if (unit === "words") { m = wordMap(t, m); }
     cache[key] = m;
     cacheKeys.push(key);
@@ -298,7 +305,7 @@
   }
 
   // ----------------------------------------------------------------------------------------------- the state
-  var state = { li: 0, hi: 0, text: "auto", unit: V.words ? "words" : "tokens", view: "map", scope: "head", hover: null };
+  var state = { li: 0, hi: 0, text: "auto", unit: V.words ? "words" : "tokens", view: "map", scope: "head", hover: null, model: 0 };
   var explore = root.querySelector(".explore") || root.querySelector('[data-viewer="head"]');
   var panel = root.querySelector('[data-viewer="head"]');
   var shown = [];  // what the panel draws now: {highlight} components
@@ -394,6 +401,10 @@
     panel.dataset.text = String(t);
     var title = el("div", { cls: "asv-title" }, ["Head " + name + " "]);
     if (r) { title.appendChild(roleChip(r.role)); title.appendChild(document.createTextNode(" " + r.role)); }
+    if (MODELS) {
+      panel.dataset.model = MODELS[state.model].label;
+      title.appendChild(el("span", { cls: "asv-model-tag", text: MODELS[state.model].label }));
+    }
     panel.appendChild(title);
     if (V.mode === "show") {
       var buttons = el("div", { cls: "asv-heads" }, ["Head: "]);
@@ -414,6 +425,7 @@
       });
       panel.appendChild(list);
     }
+    if (V.dependencies) { panel.appendChild(circuitPanel(name)); }
     var controls = el("div", { cls: "asv-controls" });
     if (V.texts.length > 1) {
       var select_ = el("select", { "aria-label": "text" });
@@ -505,6 +517,7 @@
       cell.classList.toggle("sel", cell.dataset.head === label(li, hi));
     });
     renderHead();
+    markCircuit();
     if (scroll && explore) { explore.scrollIntoView({ block: "start" }); }
     if (explore) { explore.focus({ preventScroll: true }); }
   }
@@ -530,6 +543,7 @@
   }
 
   // -------------------------------------------------------------------------------------- the role map's colours
+  var colouring = "role";  // what the role map's cells show: the role, or a score's name
   function colourBy() {
     var holder = root.querySelector(".colour-by");
     var cells = root.querySelectorAll("table.rolemap td.cell");
@@ -540,34 +554,244 @@
       var any = Object.keys(records).some(function (k) { return records[k][s.name] !== null && records[k][s.name] !== undefined; });
       if (s.per_head && any) { chooser.appendChild(el("option", { value: s.name, text: s.label + " (" + s.short + ")" })); }
     });
-    var key = el("span", { cls: "small" });
     holder.appendChild(el("label", {}, ["Colour the map by ", chooser, " "]));
-    holder.appendChild(key);
-    cells.forEach(function (cell) { cell.dataset.style = cell.getAttribute("style"); cell.dataset.short = cell.textContent; });
-    chooser.addEventListener("change", function () {
-      var name = chooser.value;
-      if (name === "role") {
-        cells.forEach(function (cell) { cell.setAttribute("style", cell.dataset.style); cell.textContent = cell.dataset.short; });
-        clear(key);
-        return;
-      }
-      var score = scores[name], values = [];
-      cells.forEach(function (cell) { values.push(records[cell.dataset.head][name]); });
-      var top = Math.max.apply(null, values.map(Math.abs).concat([1e-12]));
-      // as the score's picture (score_<name>.png): fractions from 0 to 1, nats from 0 to the largest, a signed
-      // score centred at 0
-      var scale = score.unit === "signed" ? "signed_score" : "score", largest = score.unit === "nats" ? top : 1;
-      cells.forEach(function (cell, k) {
-        var rgb = scaleColour(scale, values[k], largest);
-        cell.style.background = css(rgb);
-        cell.style.color = inkOn(rgb);
-        cell.textContent = fixed(values[k], 2);
+    holder.appendChild(el("span", { cls: "small asv-colour-key" }));
+    cells.forEach(function (cell) {  // with grouped-query attention, the tooltip's key/value head stays
+      var kv = (cell.getAttribute("title") || "").match(/; reads .*$/);
+      cell.dataset.kv = kv ? kv[0] : "";
+    });
+    chooser.addEventListener("change", function () { colouring = chooser.value; paintRoleMap(); });
+  }
+
+  // The role map's cells from the records of the model shown: each head's role (colour, short name, tooltip), or
+  // its value of the score chosen, on the score's picture's scale.
+  function paintRoleMap() {
+    var cells = root.querySelectorAll("table.rolemap td.cell");
+    var key = root.querySelector(".asv-colour-key");
+    if (!cells.length) { return; }
+    if (colouring === "role") {
+      cells.forEach(function (cell) {
+        var r = records[cell.dataset.head], role = r && roles[r.role];
+        if (!role) { return; }
+        var metric = scores[r.role_metric];
+        cell.style.background = role.colour;
+        cell.style.color = role.ink;
+        cell.textContent = role.short;
+        cell.dataset.role = r.role;
+        cell.title = r.label + " " + r.role + ": " + (metric ? metric.short : r.role_metric) + " " + fixed(r.role_score, 2) + (cell.dataset.kv || "");
       });
+      if (key) { clear(key); }
+      return;
+    }
+    var name = colouring, score = scores[name], values = [];
+    cells.forEach(function (cell) { values.push(records[cell.dataset.head][name]); });
+    var top = Math.max.apply(null, values.map(Math.abs).concat([1e-12]));
+    // as the score's picture (score_<name>.png): fractions from 0 to 1, nats from 0 to the largest, a signed
+    // score centred at 0
+    var scale = score.unit === "signed" ? "signed_score" : "score", largest = score.unit === "nats" ? top : 1;
+    cells.forEach(function (cell, k) {
+      var rgb = scaleColour(scale, values[k], largest);
+      cell.style.background = css(rgb);
+      cell.style.color = inkOn(rgb);
+      cell.textContent = fixed(values[k], 2);
+      cell.dataset.role = records[cell.dataset.head].role;
+    });
+    if (key) {
       var ends = scaleEnds(SCALES[scale], largest);
       clear(key).appendChild(el("span", { text: fixed(ends[0], 2) + " " }));
       key.appendChild(scaleBar(scale));
       key.appendChild(el("span", { text: " " + fixed(ends[1], 2) + (score.unit === "nats" ? " nats" : "") + " (" + SCALES[scale].key + ")" }));
+    }
+  }
+
+  // The legend under the role map: the roles of the model shown, in the catalog's order.
+  function paintLegend() {
+    var legend = root.querySelector("table.rolemap") && root.querySelector("p.legend");
+    if (!legend) { return; }
+    var present = {};
+    Object.keys(records).forEach(function (k) { present[records[k].role] = true; });
+    clear(legend);
+    V.roles.forEach(function (role) {
+      if (!present[role.name]) { return; }
+      legend.appendChild(roleChip(role.name));
+      legend.appendChild(document.createTextNode(" " + role.name + "\u2002"));
     });
+  }
+
+  // ------------------------------------------------------------------------------------------------- the models
+  // A report of several models: a slider (and a button per model, labelled) that shows one model at a time in the
+  // role map, the examples and the head panel; the head chosen stays chosen.
+  function modelSlider() {
+    var holder = root.querySelector('[data-viewer="models"]');
+    if (!holder || !MODELS) { return; }
+    var last = MODELS.length - 1;
+    var slider = el("input", { type: "range", min: "0", max: String(last), step: "1", value: "0", "aria-label": "model" });
+    var named = el("span", { cls: "asv-model-name" });
+    var buttons = toggle(MODELS.map(function (m, k) { return [String(k), m.label]; }), "0", function (v) { showModel(Number(v)); });
+    buttons.classList.add("asv-model-buttons");
+    slider.addEventListener("input", function () { showModel(Number(slider.value)); });
+    clear(holder);
+    holder.appendChild(el("div", { cls: "asv-controls" }, [el("label", {}, ["Model ", slider]), named]));
+    holder.appendChild(buttons);
+    holder.show = function (m) {
+      slider.value = String(m);
+      named.textContent = "model " + (m + 1) + " of " + MODELS.length + ": " + MODELS[m].label +
+        (MODELS[m].name !== MODELS[m].label ? " (" + MODELS[m].name + ")" : "");
+      buttons.querySelectorAll("button").forEach(function (b) { b.classList.toggle("on", b.dataset.value === String(m)); });
+    };
+    holder.show(0);
+  }
+
+  function showModel(m) {
+    if (!MODELS || m < 0 || m >= MODELS.length) { return; }
+    if (state.text === "auto") { state.text = currentText(); }  // the same head on the same text, model after model
+    state.model = m;
+    useRecords(MODELS[m].heads);
+    V.characteristic = MODELS[m].characteristic;
+    var holder = root.querySelector('[data-viewer="models"]');
+    if (holder && holder.show) { holder.show(m); }
+    root.dataset.model = MODELS[m].label;
+    paintRoleMap();
+    paintLegend();
+    gallery();
+    renderHead();
+    markCircuit();
+  }
+
+  // ------------------------------------------------------------------------------------------------- the circuit
+  // attnscope circuit's records ({label, on, score, with, without, change}: head `label`'s score without head `on`):
+  // the selected head's dependencies in both directions, in the panel and marked in the role map.
+  function dependenciesOf(name) {
+    var upstream = [], downstream = [];
+    (V.dependencies || []).forEach(function (d) {
+      if (d.label === name) { upstream.push(d); }
+      if (d.on === name) { downstream.push(d); }
+    });
+    function byChange(a, b) { return Math.abs(b.change) - Math.abs(a.change) || (a.label + a.on < b.label + b.on ? -1 : 1); }
+    return { upstream: upstream.sort(byChange), downstream: downstream.sort(byChange) };
+  }
+  var CHANGE_TOP = (V.dependencies || []).reduce(function (top, d) { return Math.max(top, Math.abs(d.change)); }, 1e-9);
+  // the circuit's scale (output/scales.py score_change), its ends at ± the largest change of the page
+  function changeColour(change) { return scaleColour("score_change", change, CHANGE_TOP); }
+
+  function circuitPanel(name) {
+    var found = dependenciesOf(name), box = el("div", { cls: "asv-circuit" });
+    function item(d, other) {
+      var rgb = changeColour(d.change);
+      var node = el("span", { cls: "asv-dep", "data-head": other, title: d.label + "'s " + d.score + " score: " + fixed(d.with, 2) +
+        " with " + d.on + ", " + fixed(d.without, 2) + " without it" }, [
+        el("span", { cls: "chip", text: other, style: "background:" + css(rgb) + ";color:" + inkOn(rgb) }),
+        " " + (scores[d.score] ? scores[d.score].short : d.score) + " " + fixed(d.with, 2) + " → " + fixed(d.without, 2) + " (" + (d.change >= 0 ? "+" : "−") + fixed(Math.abs(d.change), 2) + ")"]);
+      node.addEventListener("click", function () { selectLabel(other); });
+      return node;
+    }
+    var up = el("div", { cls: "asv-deps", "data-direction": "upstream" }, [el("b", { text: "Depends on" }),
+      " (its score without each head):"]);
+    found.upstream.forEach(function (d) { up.appendChild(item(d, d.on)); });
+    if (!found.upstream.length) { up.appendChild(el("span", { cls: "small", text: state.li === 0 ? " none (no layer before it)" : " none among the dependencies kept" })); }
+    var down = el("div", { cls: "asv-deps", "data-direction": "downstream" }, [el("b", { text: "Depended on by" }),
+      " (their scores without " + name + "):"]);
+    found.downstream.forEach(function (d) { down.appendChild(item(d, d.label)); });
+    if (!found.downstream.length) { down.appendChild(el("span", { cls: "small", text: " none among the dependencies kept" })); }
+    box.appendChild(up);
+    box.appendChild(down);
+    box.appendChild(el("div", { cls: "asv-key" }, [el("span", { text: "change −" + fixed(CHANGE_TOP, 2) }), scaleBar("score_change"),
+      el("span", { text: "+" + fixed(CHANGE_TOP, 2) })]));
+    box.appendChild(el("div", { cls: "small", text: "The change: the dependent head's score without the other head, minus " +
+      "with it (" + SCALES.score_change.key + "); the largest changes of each head, as attnscope circuit measures them." }));
+    return box;
+  }
+
+  function markCircuit() {
+    var table = root.querySelector("table.rolemap");
+    if (!table || !V.dependencies) { return; }
+    var name = label(state.li, state.hi), found = dependenciesOf(name), marks = {};
+    found.upstream.forEach(function (d) { marks[d.on] = { change: d.change, direction: "upstream" }; });
+    found.downstream.forEach(function (d) { marks[d.label] = { change: d.change, direction: "downstream" }; });
+    var any = Object.keys(marks).length > 0;
+    table.querySelectorAll("td.cell").forEach(function (cell) {
+      var mark = marks[cell.dataset.head], own = cell.dataset.head === name;
+      // the heads on the path stand out: the others fade; each marked head is ringed in white inside an outline in
+      // the colour of its change (solid: the chosen head depends on it; dashed: it depends on the chosen head)
+      cell.classList.toggle("asv-faded", any && !mark && !own);
+      if (mark && !own) {
+        cell.dataset.circuit = mark.direction;
+        cell.dataset.change = mark.change.toFixed(4);
+        cell.style.outline = "3px " + (mark.direction === "upstream" ? "solid " : "dashed ") + css(changeColour(mark.change));
+        cell.style.outlineOffset = "-3px";
+        cell.style.boxShadow = "inset 0 0 0 5px #fff";
+      } else {
+        cell.removeAttribute("data-circuit");
+        cell.removeAttribute("data-change");
+        cell.style.outline = "";
+        cell.style.outlineOffset = "";
+        cell.style.boxShadow = "";
+      }
+    });
+    drawEdges(table, name, found);
+  }
+
+  // Arrows over the role map (a canvas laid over it), from a head to the head that depends on it, coloured by the
+  // change, thicker for a larger one; the canvas lists them in data-edges ("0.2>1.0 0.2>1.3").
+  function drawEdges(table, name, found) {
+    var wrap = table.parentNode;
+    var canvas = wrap.querySelector("canvas.asv-edges");
+    if (!canvas) {
+      canvas = el("canvas", { cls: "asv-edges" });
+      wrap.style.position = "relative";
+      wrap.appendChild(canvas);
+    }
+    var scale = window.devicePixelRatio || 1, width = table.offsetWidth, height = table.offsetHeight;
+    canvas.width = Math.round(width * scale); canvas.height = Math.round(height * scale);
+    canvas.style.width = width + "px"; canvas.style.height = height + "px";
+    canvas.style.left = table.offsetLeft + "px"; canvas.style.top = table.offsetTop + "px";
+    var draw = canvas.getContext("2d");
+    draw.setTransform(scale, 0, 0, scale, 0, 0);
+    draw.clearRect(0, 0, width, height);
+    var box = table.getBoundingClientRect();
+    function centre(head) {
+      var cell = table.querySelector('td.cell[data-head="' + head + '"]');
+      if (!cell) { return null; }
+      var b = cell.getBoundingClientRect();
+      return [b.left - box.left + b.width / 2, b.top - box.top + b.height / 2];
+    }
+    var edges = found.upstream.map(function (d) { return [d.on, name, d.change]; })
+      .concat(found.downstream.map(function (d) { return [name, d.label, d.change]; }));
+    var drawn = [];
+    edges.forEach(function (edge) {
+      var a = centre(edge[0]), b = centre(edge[1]);
+      if (!a || !b) { return; }
+      var colour = css(changeColour(edge[2])), dx = b[0] - a[0], dy = b[1] - a[1];
+      var length = Math.sqrt(dx * dx + dy * dy) || 1, ux = dx / length, uy = dy / length;
+      // a gentle curve (its control point off the straight line), so that arrows over one row stay apart
+      var bend = Math.min(24, 0.25 * length), cx = (a[0] + b[0]) / 2 - uy * bend, cy = (a[1] + b[1]) / 2 + ux * bend;
+      var tx = b[0] - cx, ty = b[1] - cy, tl = Math.sqrt(tx * tx + ty * ty) || 1;
+      tx /= tl; ty /= tl;  // the direction the curve arrives in
+      var size = 8, x2 = b[0] - tx * 6, y2 = b[1] - ty * 6;  // the tip stops short of the cell's centre
+      var width_ = 1.5 + 2.5 * Math.min(1, Math.abs(edge[2]) / CHANGE_TOP);
+      draw.lineCap = "round";
+      [["#fff", width_ + 2.5], [colour, width_]].forEach(function (stroke) {  // a white halo, then the arrow
+        draw.strokeStyle = stroke[0];
+        draw.lineWidth = stroke[1];
+        draw.beginPath();
+        draw.moveTo(a[0], a[1]);
+        draw.quadraticCurveTo(cx, cy, x2 - tx * size, y2 - ty * size);
+        draw.stroke();
+      });
+      var px = -ty, py = tx;  // the arrow's head at the dependent head
+      draw.beginPath();
+      draw.moveTo(x2, y2);
+      draw.lineTo(x2 - tx * size + px * size / 2, y2 - ty * size + py * size / 2);
+      draw.lineTo(x2 - tx * size - px * size / 2, y2 - ty * size - py * size / 2);
+      draw.closePath();
+      draw.fillStyle = colour;
+      draw.strokeStyle = "#fff";
+      draw.lineWidth = 1;
+      draw.fill();
+      draw.stroke();
+      drawn.push(edge[0] + ">" + edge[1]);
+    });
+    canvas.dataset.edges = drawn.join(" ");
   }
 
   // ---------------------------------------------------------------------------------------------- the gallery
@@ -724,10 +948,10 @@
     var grid = el("div", { cls: "asv-grid" });
     [a, b].forEach(function (text, k) {
       var r = records[text];
-      var map = Heatmap(matrix(t, at[k][0], at[k][1], "tokens"), names, 380, { onHover: function (h) {
+      var map = Heatmap(matrix(t, at[k][0], at[k][1], "tokens", 0), names, 380, { onHover: function (h) {
         maps.forEach(function (other) { other.highlight(h ? h.query : null, h ? h.key : null); });
         line.textContent = h && h.query !== undefined ? "query “" + names[h.query] + "”@" + h.query + (h.key !== undefined ?
-          " → “" + names[h.key] + "”@" + h.key + ": " + text + " " + fixed(matrix(t, at[k][0], at[k][1], "tokens")[h.query * names.length + h.key], 3) : "") :
+          " → “" + names[h.key] + "”@" + h.key + ": " + text + " " + fixed(matrix(t, at[k][0], at[k][1], "tokens", 0)[h.query * names.length + h.key], 3) : "") :
           "Hover a row or a cell to highlight it in both maps.";
       } });
       maps.push(map);
@@ -805,6 +1029,7 @@
   var fallback = root.querySelector(".asv-fallback");
   if (fallback) { fallback.style.display = "none"; }
   colourBy();
+  modelSlider();
   gallery();
   diversity();
   ablation();
@@ -815,6 +1040,11 @@
   if (V.texts.length && panel) {
     root.querySelectorAll("table.rolemap td.cell").forEach(function (cell) { cell.classList.toggle("sel", cell.dataset.head === label(state.li, state.hi)); });
     renderHead();
+    markCircuit();
+  }
+  if (MODELS) { root.dataset.model = MODELS[0].label; }
+  if (V.dependencies && typeof window !== "undefined") {
+    window.addEventListener("resize", function () { markCircuit(); });
   }
   root.dataset.ready = "yes";
 })();

@@ -8,6 +8,8 @@ Encodings (decoded by viewer.js; the tests decode them independently):
   0), an encoder's whole square. A weight a of a map whose largest weight is s (`scale`, one per head and text) is
   stored as q = round(255 · sqrt(a / s)) and read back as s · (q / 255)²: the square root spends the levels on the
   small weights a broad head is made of (a weight of 0.01 is read back within 0.0008, one of 0.25 within 0.004).
+- several models (a report of several): each model after the first has, per text, its own `maps` and `scale` in the
+  same layout (`models[m].maps[t]`); the first model's are the text's own.
 - matrices (diversity): the pairs i < j of a symmetric (K, K) matrix with values in [0, 1], row by row, as
   little-endian uint16 (value · 65535), read back within 1/131070.
 
@@ -34,6 +36,11 @@ FORMAT = 1  # the viewer data's layout version
 
 def _base64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
+
+
+def base64_text(data: bytes) -> str:
+    """Bytes as the page's JSON carries them (base64 text)."""
+    return _base64(data)
 
 
 def _scale(value: float) -> float:

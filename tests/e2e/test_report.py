@@ -38,8 +38,8 @@ def _roles(doc):
 def test_report_json_is_heads_and_diversity_and_writes_no_page(cli, model_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     doc = _json(cli, "report", CAT, "-m", model_dir)
-    assert doc["command"] == "report" and doc["settings"] == {"diversity": True, "ablate": False}
-    assert doc["ablation"] is None
+    assert doc["command"] == "report" and doc["settings"] == {"diversity": True, "ablate": False, "circuit": False}
+    assert doc["ablation"] is None and doc["models"] is None and doc["by_model"] is None and doc["dependencies"] is None
     assert doc["heads"]["command"] == "heads" and doc["diversity"]["command"] == "diversity"
     heads = _json(cli, "heads", CAT, "-m", model_dir)
     assert doc["heads"]["heads"] == heads["heads"]
@@ -402,3 +402,299 @@ def test_a_gpt2_small_sized_page_is_within_five_megabytes(tmp_path):
     data = _embedded(page.read_text(encoding="utf-8"))
     assert len(data["viewer"]["texts"]) == 7 and not any(text["n"] < text["length"] for text in data["viewer"]["texts"])
     assert page.stat().st_size <= 5_000_000
+
+
+# ------------------------------------------------------------------------------------------ several models
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """The demo model and a copy of it with head 0.2 (its previous-token head) removed by hand; the page of both
+    (twice) and the page of each alone, as (folder, {name: embedded data})."""
+    from attnscope.cli import run
+    from attnscope.models.loading import demo_model_dir
+    from tests.support import save_without_head
+
+    folder = tmp_path_factory.mktemp("pair")
+    without = save_without_head(demo_model_dir(), folder / "demo-without-0.2", 0, 2)
+    pages = {}
+    runs = {"both": ["demo", without], "again": ["demo", without], "demo": ["demo"], "without": [without]}
+    for name, models in runs.items():
+        given = [part for model in models for part in ("-m", str(model))]
+        assert run(["report", *given, "--no-diversity", "--out", str(folder / name), "-q"]) == 0
+        pages[name] = _embedded((folder / name / "report.html").read_text(encoding="utf-8"))
+    return folder, pages
+
+
+@pytest.mark.slow
+def test_a_page_of_several_models_carries_each_models_own_report(pair):
+    """Each model's records and maps on the page are those of its own one-model page; the first model's maps are
+    the texts' own; head 0.2 removed leaves layer 0's maps alone and changes layer 1's; the page is the same on
+    every run."""
+    folder, pages = pair
+    both, demo, without = pages["both"], pages["demo"], pages["without"]
+    assert (folder / "both" / "report.html").read_bytes() == (folder / "again" / "report.html").read_bytes()
+    viewer = both["viewer"]
+    assert [m["label"] for m in viewer["models"]] == ["demo", "demo-without-0.2"]
+    assert viewer["models"][0]["heads"] == demo["heads"]["heads"] == both["heads"]["heads"]
+    assert viewer["models"][1]["heads"] == without["heads"]["heads"]
+    assert viewer["models"][1]["characteristic"] == without["viewer"]["characteristic"]
+    assert viewer["models"][0]["maps"] is None and viewer["texts"] == demo["viewer"]["texts"]
+    entries = without["viewer"]["texts"]
+    assert viewer["models"][1]["maps"] == [{"scale": t["scale"], "maps": t["maps"]} for t in entries]
+    changed = 0
+    for text, other in zip(viewer["texts"], viewer["models"][1]["maps"], strict=True):
+        first = _decoded_maps(text, 2, 4, causal=True)
+        second = _decoded_maps({**text, **other}, 2, 4, causal=True)
+        np.testing.assert_array_equal(first[0], second[0])  # below the head removed: the same attention
+        changed += np.nanmax(np.abs(first[1] - second[1])) > 0.01
+    assert changed == len(viewer["texts"])
+    roles = [{h["label"]: h["role"] for h in m["heads"]} for m in viewer["models"]]
+    assert roles[0]["1.0"] == "induction" and roles[1]["1.0"] != "induction"  # the circuit broken by hand
+    assert (folder / "both" / "report.html").stat().st_size <= 2 * (folder / "demo" / "report.html").stat().st_size
+
+
+@pytest.mark.slow
+def test_several_models_json_and_csv_are_each_models_heads(cli, fresh_loads, tiny_model_dir, tmp_path):
+    """`--json`: the models' labels in order and each model's `heads` document as `heads --json` gives it; `--csv`:
+    one row per head and model. (fresh_loads: a report of several frees each model it loaded.)"""
+    from tests.support import save_without_head
+
+    without = save_without_head(tiny_model_dir, tmp_path / "tiny-without-0.1", 0, 1)
+    given = ["-m", tiny_model_dir, "-m", without, "--no-diversity"]
+    doc = _json(cli, "report", CAT, *given)
+    assert doc["models"] == [tiny_model_dir.name, "tiny-without-0.1"]
+    assert doc["settings"] == {"diversity": False, "ablate": False, "circuit": False}
+    for heads, model in zip(doc["by_model"], (tiny_model_dir, without), strict=True):
+        assert heads["heads"] == _json(cli, "heads", CAT, "-m", model)["heads"]
+    assert doc["heads"] == doc["by_model"][0]
+    code, out, err = cli("report", CAT, *given, "--csv")
+    assert code == 0, err
+    rows = out.splitlines()
+    assert rows[0].startswith("model,layer,head,label") and len(rows) == 1 + 2 * 8
+    assert [row.split(",")[0] for row in rows[1:]] == [tiny_model_dir.name] * 8 + ["tiny-without-0.1"] * 8
+
+
+@pytest.fixture(scope="module")
+def other_shapes(tmp_path_factory):
+    from tests.support import build_tiny_gpt2
+
+    return {
+        "three-layers": build_tiny_gpt2(tmp_path_factory.mktemp("three-layers"), n_layer=3),
+        "two-heads": build_tiny_gpt2(tmp_path_factory.mktemp("two-heads"), n_head=2),
+    }
+
+
+@pytest.mark.parametrize(
+    "given, says",
+    [
+        (["-m", "{tiny}", "-m", "{three-layers}"], "cannot be compared: {tiny_name} has 2 layers × 4 heads, "),
+        (["-m", "{tiny}", "-m", "{two-heads}"], "layers × 4 heads, {two_name} 2 layers × 2 heads"),
+        (["-m", "{tiny}", "-m", "{bert}"], "is a decoder, {bert_name} an encoder"),
+        (["-m", "{tiny}", "-m", "{tiny}"], "is given twice"),
+        (["-m", "{tiny}", "-m", "demo", "--revisions", "a,b"], "--revisions are revisions of one model"),
+        (["-m", "gpt2", "--revision", "main", "--revisions", "a,b"], "give --revision or --revisions, not both"),
+        (["-m", "gpt2", "--revisions", "a,,b"], "a revision is empty"),
+        (["-m", "{tiny}", "-m", "demo", "--circuit"], "report --circuit needs attnscope circuit"),
+    ],
+)
+def test_models_that_cannot_share_a_page_are_refused_in_one_line(
+    cli, tiny_model_dir, tiny_bert_dir, other_shapes, tmp_path, given, says
+):
+    """Refused before any weight loads: other layers × heads, another kind of attention, a model twice, revisions
+    of several models (each line names what differs)."""
+    folders = {"tiny": tiny_model_dir, "bert": tiny_bert_dir, **other_shapes}
+    names = {
+        "tiny_name": tiny_model_dir.name,
+        "two_name": other_shapes["two-heads"].name,
+        "bert_name": tiny_bert_dir.name,
+    }
+    arguments = [part.format(**folders) for part in given]
+    code, out, err = cli("report", CAT, *arguments, "--out", tmp_path / "page", "-q")
+    assert code == 2 and out == "" and err.startswith("attnscope: error: ")
+    assert len(err.strip().splitlines()) == 1 and says.format(**names) in err, err
+    assert not (tmp_path / "page" / "report.html").exists()
+
+
+def test_circuit_with_several_models_is_refused_in_one_line(cli, tiny_model_dir, monkeypatch):
+    from tests.support import circuit_stand_in
+
+    circuit_stand_in(monkeypatch)
+    code, out, err = cli("report", CAT, "-m", tiny_model_dir, "-m", "demo", "--circuit", "-q")
+    assert code == 2 and out == ""
+    assert err == (
+        "attnscope: error: circuit (--circuit) explains one model's heads: give one model (a page of several would "
+        "need a circuit pass per model, and its arrows would belong to one of them)\n"
+    )
+
+
+@pytest.mark.slow
+def test_revisions_of_one_repository_are_the_models_of_a_page(cli, fresh_loads, monkeypatch, tmp_path):
+    """--revisions: a cache holding two revisions of one repository (different weights); each revision is a model
+    of the page, labelled by its revision, its heads those of `heads --revision`."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    from tests.support import build_tiny_gpt2
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    repo = "EleutherAI/pythia-tiny"
+    for seed, revision in enumerate(("step0", "step1000")):
+        source = build_tiny_gpt2(tmp_path / f"rev-{revision}", seed=seed)
+        commit = f"{seed + 1}" * 40
+        folder = tmp_path / "hub" / f"models--{repo.replace('/', '--')}"
+        (folder / "snapshots" / commit).mkdir(parents=True)
+        (folder / "refs").mkdir(exist_ok=True)
+        (folder / "refs" / revision).write_text(commit)
+        for file in source.iterdir():
+            shutil.copy(file, folder / "snapshots" / commit / file.name)
+    doc = _json(cli, "report", CAT, "-m", repo, "--revisions", "step0,step1000", "--no-diversity", "--no-probe")
+    assert doc["models"] == ["step0", "step1000"]
+    for heads, revision in zip(doc["by_model"], ("step0", "step1000"), strict=True):
+        alone = _json(cli, "heads", CAT, "-m", repo, "--revision", revision, "--no-probe")
+        assert heads["heads"] == alone["heads"]
+    assert doc["by_model"][0]["heads"] != doc["by_model"][1]["heads"]
+
+
+# ----------------------------------------------------------------------------------------------- --circuit
+
+
+def test_circuit_records_travel_in_the_json_and_the_page(cli, tiny_model_dir, monkeypatch, tmp_path):
+    from tests.support import DEPENDENCIES, circuit_stand_in
+
+    circuit_stand_in(monkeypatch)
+    doc = _json(cli, "report", CAT, "-m", tiny_model_dir, "--no-diversity", "--circuit")
+    assert doc["settings"]["circuit"] is True and doc["dependencies"] == DEPENDENCIES
+    code, _, err = cli("report", CAT, "-m", tiny_model_dir, "--no-diversity", "--circuit", "--out", tmp_path, "-q")
+    assert code == 0, err
+    text = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert _embedded(text)["viewer"]["dependencies"] == DEPENDENCIES
+    rows = re.findall(r'<tr data-head="([\d.]+)"><td>[\d.]+</td><td>([\d.]+)</td>', text.split('id="circuit"')[1])
+    assert rows[:3] == [("1.3", "0.2"), ("1.0", "0.2"), ("1.0", "0.1")]  # the table, largest change first
+
+
+def test_circuit_without_the_circuit_command_is_one_line(cli, tiny_model_dir, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "attnscope.analyses.circuit", None)
+    code, out, err = cli("report", CAT, "-m", tiny_model_dir, "--circuit")
+    assert (code, out) == (2, "")
+    assert err == "attnscope: error: report --circuit needs attnscope circuit (attnscope.analyses.circuit)\n"
+
+
+# ------------------------------------------------------------------------------- several models, --circuit: browser
+
+
+def _background(page, selector):
+    colour = page.locator(selector).evaluate("cell => getComputedStyle(cell).backgroundColor")
+    return tuple(int(c) for c in re.findall(r"\d+", colour)[:3])
+
+
+def _hex(colour):
+    return tuple(int(colour[k : k + 2], 16) for k in (1, 3, 5))
+
+
+def _pixels(page, selector):
+    """A fingerprint of a canvas's pixels (the sum of each channel), to tell two drawings apart."""
+    return page.eval_on_selector(
+        selector,
+        """canvas => { const d = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+            let s = [0, 0, 0];
+            for (let i = 0; i < d.length; i += 4) { s[0] += d[i]; s[1] += d[i + 1]; s[2] += d[i + 2]; }
+            return s.join(","); }""",
+    )
+
+
+@pytest.mark.slow
+def test_the_model_slider_redraws_the_role_map_and_keeps_the_head(browser, pair):
+    folder, pages = pair
+    viewer = pages["both"]["viewer"]
+    roles = {role["name"]: role for role in viewer["roles"]}
+    records = [{h["label"]: h["role"] for h in m["heads"]} for m in viewer["models"]]
+    differing = [label for label in records[0] if records[0][label] != records[1][label]]
+    assert differing  # head 0.2 removed moves some later head's role
+    head = differing[0]
+    page, seen = _open(browser, folder / "both" / "report.html")
+    page.wait_for_selector("body[data-ready=yes]", timeout=20_000)
+    cell = f'table.rolemap td.cell[data-head="{head}"]'
+    page.click(cell)
+    panel = page.locator('[data-viewer="head"]')
+    map_canvas = '[data-viewer="head"] .asv-view .asv-heat canvas'
+    drawn = _pixels(page, map_canvas)
+    page.select_option('[data-viewer="head"] select[aria-label="text"]', "0")  # one text for both models
+    drawn = _pixels(page, map_canvas)
+    for model in (0, 1, 0):
+        if model == 1:
+            page.locator('[data-viewer="models"] input[type="range"]').fill("1")  # the slider itself
+        else:
+            page.click('[data-viewer="models"] button[data-value="0"]')  # a model's labelled button
+        role = roles[records[model][head]]
+        assert page.locator(cell).get_attribute("data-role") == role["name"]
+        assert _background(page, cell) == _hex(role["colour"])
+        assert page.locator(cell).inner_text() == role["short"]
+        assert panel.get_attribute("data-head") == head  # the head stays chosen
+        assert panel.get_attribute("data-model") == viewer["models"][model]["label"]
+        assert panel.get_attribute("data-text") == "0"
+        assert role["name"] in panel.locator(".asv-title").first.inner_text()
+        now = _pixels(page, map_canvas)
+        assert (now == drawn) == (model == 0)  # the map of the model shown
+    page.select_option(".colour-by select", "induction")  # coloured by a score: the model's own values
+    for model in (1, 0):
+        page.click(f'[data-viewer="models"] button[data-value="{model}"]')
+        value = next(h["induction"] for h in viewer["models"][model]["heads"] if h["label"] == head)
+        assert page.locator(cell).inner_text() == f"{value:.2f}"
+    page.select_option(".colour-by select", "role")
+    unchanged = next(label for label in records[0] if label.startswith("0."))  # layer 0: the same in both
+    page.click(f'table.rolemap td.cell[data-head="{unchanged}"]')
+    first = _pixels(page, map_canvas)
+    page.locator('[data-viewer="models"] input[type="range"]').fill("1")
+    assert _pixels(page, map_canvas) == first
+    assert seen["console"] == [] and len(seen["requests"]) == 1
+    page.close()
+
+
+@pytest.fixture(scope="module")
+def circuit_page(tmp_path_factory):
+    """The demo model's page with the circuit stand-in's records (tests.support.DEPENDENCIES)."""
+    from attnscope.cli import run
+    from tests.support import circuit_stand_in
+
+    folder = tmp_path_factory.mktemp("circuit")
+    with pytest.MonkeyPatch.context() as patch:
+        circuit_stand_in(patch)
+        assert run(["report", "-m", "demo", "--no-diversity", "--circuit", "--out", str(folder), "-q"]) == 0
+    return folder / "report.html"
+
+
+@pytest.mark.slow
+def test_clicking_a_head_shows_its_dependencies_and_marks_them_in_the_role_map(browser, circuit_page):
+    from tests.support import DEPENDENCIES
+
+    page, seen = _open(browser, circuit_page)
+    page.wait_for_selector("body[data-ready=yes]", timeout=20_000)
+    top = max(abs(d["change"]) for d in DEPENDENCIES)
+    page.click('table.rolemap td.cell[data-head="1.0"]')
+    upstream = page.locator('[data-viewer="head"] .asv-deps[data-direction="upstream"] .asv-dep')
+    assert upstream.evaluate_all("items => items.map(item => item.dataset.head)") == ["0.2", "0.1"]  # largest first
+    assert "0.96 → 0.43 (−0.53)" in upstream.first.inner_text()
+    marked = 'table.rolemap td.cell[data-head="0.2"]'
+    assert page.locator(marked).get_attribute("data-circuit") == "upstream"
+    outline = page.locator(marked).evaluate("cell => getComputedStyle(cell).outlineColor")
+    expected = SCALES["score_change"].rgb(-0.53, top)  # the diverging scale of output/scales.py
+    assert np.abs(np.array([int(c) for c in re.findall(r"\d+", outline)[:3]]) - expected).max() <= 1
+    assert "asv-faded" in page.locator('table.rolemap td.cell[data-head="1.1"]').get_attribute("class")
+    assert "asv-faded" not in page.locator(marked).get_attribute("class")
+    assert page.locator("canvas.asv-edges").get_attribute("data-edges") == "0.2>1.0 0.1>1.0"
+    assert _painted(page, "canvas.asv-edges") > 20
+    page.click('table.rolemap td.cell[data-head="0.2"]')
+    downstream = page.locator('[data-viewer="head"] .asv-deps[data-direction="downstream"] .asv-dep')
+    assert downstream.evaluate_all("items => items.map(item => item.dataset.head)") == ["1.3", "1.0"]
+    assert page.locator('table.rolemap td.cell[data-head="1.3"]').get_attribute("data-circuit") == "downstream"
+    assert page.locator('table.rolemap td.cell[data-head="0.1"]').get_attribute("data-circuit") is None
+    downstream.first.click()  # a dependency in the panel selects its head
+    assert page.locator('[data-viewer="head"]').get_attribute("data-head") == "1.3"
+    page.click('#circuit tr[data-head="1.0"]')  # and a row of the circuit's table
+    assert page.locator('[data-viewer="head"]').get_attribute("data-head") == "1.0"
+    assert seen["console"] == [] and len(seen["requests"]) == 1
+    page.close()

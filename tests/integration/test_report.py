@@ -3,6 +3,8 @@ the ablation, on both kinds of model."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -185,3 +187,97 @@ def test_the_dendrogram_is_scipys_average_linkage_of_the_js_divergence(reports, 
     report = reports[kind]
     expected = linkage(squareform(report.diversity.js, checks=False), method="average", optimal_ordering=True)
     np.testing.assert_allclose(report.linkage, expected, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------ several models
+
+
+def _without_head(loaded, layer, head):
+    """A copy of a loaded tiny GPT-2 with head `layer.head` removed by hand: its rows of the input side of c_proj
+    (a Conv1D, weight (in, out)) zeroed."""
+    import copy
+
+    import torch
+
+    other = copy.deepcopy(loaded)
+    d_head = other.d_model // other.n_head
+    with torch.no_grad():
+        other.model.h[layer].attn.c_proj.weight[head * d_head : (head + 1) * d_head] = 0.0
+    return other
+
+
+@pytest.fixture(scope="module")
+def two_models(tiny):
+    settings = Heads(thresholds=_thresholds(tiny))
+    without = _without_head(tiny, 0, 1)
+    return settings, without, Report(settings).run_models([("tiny", tiny), ("without-0.1", without)], TEXTS)
+
+
+def test_each_model_of_a_report_of_several_is_its_own_report(two_models, tiny):
+    """Every model's heads are those of its own one-model report under the same settings, its maps every layer's
+    from-scratch attention of the same texts; the first model's are the report's own."""
+    settings, without, report = two_models
+    assert [page.label for page in report.models] == ["tiny", "without-0.1"]
+    first, second = report.models
+    assert first.heads is report.heads and first.texts is report.texts
+    alone = Report(settings).run(without, TEXTS)
+    assert second.heads.heads == alone.heads.heads
+    assert second.characteristic == alone.characteristic
+    assert [text.ids for text in second.texts] == [text.ids for text in report.texts] == [t.ids for t in alone.texts]
+    for text in second.texts:
+        np.testing.assert_allclose(text.maps, _reference_all_layers(without, text.ids), atol=1e-5)
+    assert any("2 models (tiny, without-0.1)" in note for note in report.notes)
+
+
+def test_a_head_removed_changes_only_the_maps_of_the_layers_above(two_models):
+    """Head 0.1's output removed: layer 0's attention is the same in both models (nothing below the change), layer 1's
+    is not, and so at least one of layer 1's scores moves."""
+    _, _, report = two_models
+    first, second = report.models
+    for a, b in zip(first.texts, second.texts, strict=True):
+        np.testing.assert_array_equal(a.maps[0], b.maps[0])
+    assert any(np.abs(a.maps[1] - b.maps[1]).max() > 1e-4 for a, b in zip(first.texts, second.texts, strict=True))
+    scores = [[record.scores["entropy_normalized"] for record in page.heads.heads] for page in report.models]
+    assert scores[0][:4] == scores[1][:4] and scores[0][4:] != scores[1][4:]
+
+
+def test_several_models_share_the_map_budget(tiny, monkeypatch):
+    """Three models share MULTI_MAP_CELLS: each model's maps of every text fit a third of it, all cut alike."""
+    from attnscope.analyses import report as report_module
+
+    monkeypatch.setattr(report_module, "MULTI_MAP_CELLS", 3 * 8 * 40 * 41 // 2 * 2)  # room for ~2 texts of 40 each
+    models = [(name, tiny) for name in ("a", "b", "c")]
+    report = Report(Heads(probe=False), diversity=False).run_models(models, TEXTS)
+    budget = report_module.MULTI_MAP_CELLS // 3
+    for page in report.models:
+        cells = sum(8 * report_module.map_cells(len(text.ids), True) for text in page.texts)
+        assert cells <= budget
+        assert [text.ids for text in page.texts] == [text.ids for text in report.texts]
+    assert any("share" in note for note in report.map_notes)
+
+
+def test_the_api_takes_a_list_of_models_and_refuses_in_one_line(tiny, two_models):
+    """`report([a, b])`: loaded models are reported as they are (labelled by their folders, not freed); a list of one
+    is a report of one model; what cannot be is refused before any model loads."""
+    import attnscope
+    from attnscope.errors import AttnscopeError
+
+    settings, without, _ = two_models
+    thresholds = dict(settings.thresholds)
+    both = attnscope.report([tiny, without], TEXTS, diversity=False, thresholds=thresholds)
+    name = Path(tiny.name).name
+    assert [page.label for page in both.models] == [name, f"{name} (2)"]  # a copy of one folder, changed in memory
+    assert both.models[1].heads.heads == two_models[2].models[1].heads.heads
+    assert next(tiny.model.parameters()).device.type == "cpu"  # a model given loaded stays loaded
+    assert attnscope.report([tiny], TEXTS, diversity=False).models == []
+    for given, says in [
+        ({"model": tiny, "revisions": ["a", "b"]}, "revisions (--revisions) are revisions of one model given by name"),
+        ({"model": "gpt2", "revision": "main", "revisions": "a,b"}, "revision and revisions"),
+        ({"model": ["demo", "demo"]}, "model 'demo' is given twice"),
+        ({"model": [tiny, tiny]}, f"model {tiny.name!r} is given twice"),
+        ({"model": []}, "model []: give at least one model"),
+        ({"model": "gpt2", "revisions": [1, 2]}, "revisions [1, 2]: expected revisions of one model"),
+    ]:
+        with pytest.raises(AttnscopeError) as raised:
+            attnscope.report(**given)
+        assert str(raised.value).startswith(says), raised.value

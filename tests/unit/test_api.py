@@ -60,9 +60,12 @@ def _cli_parameters(command: str) -> dict[str, inspect.Parameter]:
 
 
 def _python_default(value: object) -> object:
-    """The CLI's default as Python spells it: `...` (required) as no default, comma-separated numbers as a tuple."""
+    """The CLI's default as Python spells it: `...` (required) as no default, comma-separated numbers as a tuple, a
+    repeatable option's one default value (`report`'s `--model`) as that value."""
     if value is ...:
         return inspect.Parameter.empty
+    if isinstance(value, list) and len(value) == 1:
+        return value[0]
     if isinstance(value, str) and re.fullmatch(r"[\w-]+(,[\w-]+)+", value):
         return tuple(int(part) if part.isdigit() else part for part in value.split(","))
     return value

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from attnscope.analyses.heads import HeadRecord
 from attnscope.analyses.report import characteristic_heads, top_heads_per_role
 from attnscope.scores.catalog import SCORE_NAMES
 from attnscope.scores.roles import Role
+from tests.support import DEPENDENCIES, circuit_stand_in
 
 
 def _record(layer, head, role, score, **scores) -> HeadRecord:
@@ -41,3 +44,105 @@ def test_top_heads_per_role_rank_every_head_by_the_roles_score():
     assert [r.label for r in top["self"]] == ["0.0", "0.1"]  # whatever role the heads were given
     assert set(top) == {"previous-token", "self", "first-token", "local", "broad"}
     assert top_heads_per_role([]) == {}
+
+
+# ------------------------------------------------------------------------------------------ several models
+
+
+def test_models_are_labelled_by_folder_or_name_and_given_once(tmp_path):
+    from attnscope.analyses.report import model_labels
+    from attnscope.errors import AttnscopeError
+
+    for name in ("step-1", "step-2", "other/step-1"):
+        (tmp_path / name).mkdir(parents=True)
+    assert model_labels([str(tmp_path / "step-1"), str(tmp_path / "step-2") + "/", "gpt2"]) == [
+        "step-1",
+        "step-2",
+        "gpt2",
+    ]
+    clashing = [str(tmp_path / "step-1"), str(tmp_path / "other" / "step-1")]
+    assert model_labels(clashing) == clashing  # the same folder name twice: the names as given
+    assert model_labels([], ["step0", "step512"]) == ["step0", "step512"]
+    with pytest.raises(AttnscopeError, match="^model 'gpt2' is given twice"):
+        model_labels(["gpt2", "demo", "gpt2"])
+    with pytest.raises(AttnscopeError, match="^revision 'step0' is given twice"):
+        model_labels([], ["step0", "step0"])
+
+
+class _Tokenizer:
+    """What check_comparable reads of a tokenizer: its vocabulary, special tokens, and how it splits a text."""
+
+    def __init__(self, vocab, bos=0, split=str.split):
+        self.vocab, self.bos_token_id, self.eos_token_id, self.split = dict(vocab), bos, bos, split
+
+    def get_vocab(self):
+        return dict(self.vocab)
+
+    def __call__(self, text):
+        return {"input_ids": [self.vocab.get(word, 1) for word in self.split(text)]}
+
+
+def _model(n_layer=2, n_head=4, kind="decoder", tokenizer=None):
+    from types import SimpleNamespace
+
+    vocab = {"<bos>": 0, "<unk>": 1, "The": 2, "cat": 3}
+    return SimpleNamespace(
+        n_layer=n_layer, n_head=n_head, kind=SimpleNamespace(name=kind), tokenizer=tokenizer or _Tokenizer(vocab)
+    )
+
+
+@pytest.mark.parametrize(
+    "other, says",
+    [
+        (_model(n_layer=3), "a has 2 layers × 4 heads, b 3 layers × 4 heads"),
+        (_model(n_head=2), "a has 2 layers × 4 heads, b 2 layers × 2 heads"),
+        (_model(kind="encoder"), "a is a decoder, b an encoder"),
+        (_model(tokenizer=_Tokenizer({"<bos>": 0, "<unk>": 1, "The": 2, "dog": 3})), "different tokenizers"),
+        (_model(tokenizer=_Tokenizer({"<bos>": 0, "<unk>": 1, "The": 2, "cat": 3}, bos=1)), "special tokens (bos"),
+        (
+            _model(tokenizer=_Tokenizer({"<bos>": 0, "<unk>": 1, "The": 2, "cat": 3}, split=list)),
+            "tokenize the same text differently",
+        ),
+    ],
+)
+def test_models_of_another_shape_or_tokenizer_are_refused_in_one_line(other, says):
+    from attnscope.errors import AttnscopeError
+    from attnscope.models.checks import check_comparable
+
+    check_comparable(_model(), _model(), "a", "b")  # the same shape and tokenizer: nothing to say
+    with pytest.raises(AttnscopeError) as raised:
+        check_comparable(_model(), other, "a", "b")
+    message = str(raised.value)
+    assert message.startswith("models a and b cannot be compared: ") and says in message and "\n" not in message
+
+
+# ------------------------------------------------------------------------------------------------ --circuit
+def test_circuit_records_are_the_circuit_analysis_records_top_k_per_head(monkeypatch):
+    from attnscope.analyses.heads import Heads
+    from attnscope.analyses.report import CIRCUIT_TOP, Report, circuit_records
+
+    built = circuit_stand_in(monkeypatch)
+    assert circuit_records(None, [], Heads(batch_size=3)) == DEPENDENCIES
+    assert built[0]["top"] == CIRCUIT_TOP and built[0]["batch_size"] == 3
+    assert Report(circuit=True).circuit  # the settings find the analysis
+
+
+def test_circuit_without_the_circuit_analysis_is_one_line(monkeypatch):
+    import sys
+
+    from attnscope.analyses.report import Report
+    from attnscope.errors import AttnscopeError
+
+    monkeypatch.setitem(sys.modules, "attnscope.analyses.circuit", None)  # `import` fails as for a missing module
+    with pytest.raises(AttnscopeError, match=r"^report --circuit needs attnscope circuit"):
+        Report(circuit=True)
+    Report(circuit=False)
+
+
+def test_circuit_explains_one_model(monkeypatch):
+    from attnscope.analyses.report import Report
+    from attnscope.errors import AttnscopeError
+
+    circuit_stand_in(monkeypatch)
+    with pytest.raises(AttnscopeError, match=r"^circuit \(--circuit\) explains one model's heads"):
+        Report(circuit=True).run_models([("a", lambda: None), ("b", lambda: None)], [])
