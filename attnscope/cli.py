@@ -1085,6 +1085,117 @@ def report(
     _run(Report(settings, with_diversity, ablate), output, texts, model, default_out=Path("attnscope-report"))
 
 
+@dataclass(frozen=True)
+class Models:
+    """The models of `compare` (--model, repeated) and how each is loaded: the loading options of MODEL, checked
+    as MODEL checks them (a fused --kernel where it cannot run is one line at once)."""
+
+    names: tuple[str, ...]
+    device: str
+    dtype: str
+    device_map: str | None = None
+    kernel: str = "auto"
+
+    def __post_init__(self) -> None:
+        Model(self.names[0] if self.names else "", self.device, self.dtype, None, self.device_map, self.kernel)
+
+
+_LOADING = {parameter.name: parameter for parameter in MODEL.parameters}
+COMPARED = _group(
+    lambda names, **loading: Models(tuple(names or ()), **loading),
+    names=(
+        Annotated[
+            list[str],
+            typer.Option(
+                "--model",
+                "-m",
+                **_domain(options.TEXT),
+                metavar="NAME|PATH",
+                help="A model to compare, as --model of the other commands ('demo', a Hugging Face id, a directory "
+                "saved with save_pretrained); repeat it for each model, in order (checkpoints from the earliest).",
+            ),
+        ],
+        ...,
+    ),
+    **{
+        name: (_LOADING[name].annotation, _LOADING[name].default)
+        for name in ("device", "dtype", "device_map", "kernel")
+    },
+)
+
+
+@app.command()
+@_options(texts=TEXTS, models=COMPARED, batching=BATCHING, roles=ROLES, output=DRAWING_OUTPUT)
+def compare(
+    texts,
+    models,
+    batching,
+    roles,
+    output,
+    revisions: Annotated[
+        str | None,
+        typer.Option(
+            "--revisions",
+            **_domain(options.TEXT),
+            metavar="R1,R2,...",
+            help="Compare these Hub revisions of the one --model, in order (Pythia's checkpoints: "
+            "step0,step512,step1000); each is labelled by its name.",
+        ),
+    ] = None,
+    change: Annotated[
+        bool | None,
+        typer.Option(
+            "--change/--no-change",
+            show_default=False,
+            help="Measure how much each head's attention changed: the mean JS divergence (bits) between the two "
+            "models' rows on the same tokens (default: on for two models; needs exactly two).",
+        ),
+    ] = None,
+    score: Annotated[
+        str | None,
+        typer.Option(
+            "--score",
+            parser=_sort,
+            metavar="SCORE",
+            autocompletion=_sort_names,
+            help="The score drawn as heads × models (default: induction when the probe ran, else previous_token).",
+        ),
+    ] = None,
+    top: TopOpt = 20,
+) -> None:
+    """Compare the heads of several models: checkpoints of one training run, a model and its fine-tune.
+
+    The same texts and probe go through every model, loaded one at a time. For each head: its scores and role in
+    every model, the model from which it holds each role to the end (when it formed); for two models, how much its
+    attention changed. Models must share their layers × heads and their tokenizer.
+
+    Example: attnscope compare --model EleutherAI/pythia-160m --revisions step0,step512,step1000 --out pythia/
+    """
+    from attnscope import api
+
+    gathered = texts.gather()
+    folder = output.folder(None)
+    with _ProgressBar(output.quiet, "compare") as bar:
+        result = api.compare(
+            list(models.names),
+            gathered,
+            revisions=revisions,
+            change=change,
+            score=score,
+            top=top,
+            **roles,
+            bos=texts.bos,
+            **batching,
+            device=models.device,
+            dtype=models.dtype,
+            device_map=models.device_map,
+            kernel=models.kernel,
+            progress=bar.callback,
+        )
+    if _is_main():
+        _emit(result, output, folder)
+
+
 @app.command()
 @_options(model=MODEL, output=DRAWING_OUTPUT)
 def bench(

@@ -312,3 +312,74 @@ def read_raw_config(folder: Path, name: str) -> dict[str, Any]:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+# ------------------------------------------------------------------------------------------ comparable models
+
+# The parts of a fast tokenizer's definition (tokenizer.json) that decide how a text becomes ids, in the order a
+# difference is named: the vocabulary and merges (its model), then how a text is prepared and completed.
+TOKENIZER_PARTS = ("model", "added_tokens", "normalizer", "pre_tokenizer", "post_processor")
+SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id", "cls_token_id", "sep_token_id", "unk_token_id")
+
+
+def check_comparable(first: Any, other: Any, first_label: str, other_label: str) -> None:
+    """Refuse, in one line naming the first difference, a model `other` whose heads cannot be set beside those of
+    `first` (LoadedModel both, read by duck typing: only their config and tokenizer): another layer × head shape,
+    another kind of attention, another context (texts would be cut into other windows), or another tokenizer (the
+    same texts would become other tokens, so other rows): its vocabulary (the first token that differs), its
+    special tokens, or the rest of its definition (merges, normalizer, pre-tokenizer, post-processor)."""
+    a, b = f"'{first_label}'", f"'{other_label}'"
+    if (first.n_layer, first.n_head) != (other.n_layer, other.n_head):
+        raise AttnscopeError(
+            f"models {a} and {b} differ in shape: {first.n_layer} layers × {first.n_head} heads against "
+            f"{other.n_layer} × {other.n_head}; compare sets the same heads side by side"
+        )
+    if first.kind.name != other.kind.name:
+        raise AttnscopeError(
+            f"models {a} and {b} differ in kind: {a} is an {first.kind.name}, {b} an {other.kind.name}"
+        )
+    if first.n_ctx != other.n_ctx:
+        raise AttnscopeError(
+            f"models {a} and {b} differ in context: {first.n_ctx:,} tokens against {other.n_ctx:,} (long texts would "
+            "be cut into other windows, so the rows would differ)"
+        )
+    difference = tokenizer_difference(first.tokenizer, other.tokenizer, a, b)
+    if difference is not None:
+        raise AttnscopeError(
+            f"models {a} and {b} have different tokenizers: {difference}; the same texts would give other tokens, "
+            "so other rows"
+        )
+
+
+def tokenizer_difference(first: Any, other: Any, a: str = "the first", b: str = "the other") -> str | None:
+    """What first differs between two tokenizers (None: they turn every text into the same ids): the vocabulary's
+    size, its first differing token (by id), a special token, then a part of the fast tokenizers' definitions."""
+    vocab_a, vocab_b = first.get_vocab(), other.get_vocab()
+    if len(vocab_a) != len(vocab_b):
+        return f"{a} has {len(vocab_a):,} tokens, {b} {len(vocab_b):,}"
+    if vocab_a != vocab_b:
+        by_id_a = {index: token for token, index in vocab_a.items()}
+        by_id_b = {index: token for token, index in vocab_b.items()}
+        for index in sorted(set(by_id_a) | set(by_id_b)):
+            if by_id_a.get(index) != by_id_b.get(index):
+                return f"token {index} is {_shown(by_id_a.get(index))} in {a}, {_shown(by_id_b.get(index))} in {b}"
+    for name in SPECIAL_TOKENS:
+        id_a, id_b = getattr(first, name, None), getattr(other, name, None)
+        if id_a != id_b:
+            special = name.removesuffix("_id").replace("_", " ")
+            return f"{special} is {_special(first, id_a)} in {a}, {_special(other, id_b)} in {b}"
+    backend_a, backend_b = getattr(first, "backend_tokenizer", None), getattr(other, "backend_tokenizer", None)
+    if backend_a is not None and backend_b is not None:
+        defined_a, defined_b = json.loads(backend_a.to_str()), json.loads(backend_b.to_str())
+        for part in TOKENIZER_PARTS:
+            if defined_a.get(part) != defined_b.get(part):
+                what = "merges or vocabulary" if part == "model" else part.replace("_", "-")
+                return f"their {what} differ"
+    return None
+
+
+def _special(tokenizer: Any, token_id: Any) -> str:
+    if token_id is None:
+        return "none"
+    token = tokenizer.convert_ids_to_tokens(token_id)
+    return f"{_shown(token)} (id {token_id})"
