@@ -188,17 +188,12 @@ def change_rows(result: Any) -> list[dict]:
 
 
 def role_counts(result: Any) -> list[dict]:
-    """How many heads hold each role in each model (the roles held anywhere, in the catalog's order)."""
-    held = {role for head in result.heads for role in head.roles}
+    """How many heads hold each role (the roles held anywhere, in the catalog's order, by their short labels) in
+    each model: one row per model."""
+    held = [role for role in ROLES if any(role.name in head.roles for head in result.heads)]
     return [
-        {
-            "role": role.name,
-            **{
-                label: sum(head.roles[k] == role.name for head in result.heads) for k, label in enumerate(result.labels)
-            },
-        }
-        for role in ROLES
-        if role.name in held
+        {"model": label, **{role.short: sum(head.roles[k] == role.name for head in result.heads) for role in held}}
+        for k, label in enumerate(result.labels)
     ]
 
 
@@ -213,6 +208,7 @@ def role_change_rows(result: Any) -> list[dict]:
 
 PANEL = (3.3, 2.5)  # inches of one trajectory panel
 PANEL_MARGINS = (0.75, 0.25, 0.35, 0.75)  # left, right, top (the panel's title), bottom (the models' labels)
+FOOTER = 0.55  # inches under the panels for the key
 NAMED_LINES = 6  # heads named at their line's end in a panel; the others are drawn without a name
 
 
@@ -231,16 +227,20 @@ def trajectories(result: Any) -> Any:
     rows = max(1, -(-len(roles) // columns))
     label_room = max(0.0, 0.06 * max(len(label) for label in labels) - 0.3)  # rotated model labels
     panel_h = PANEL[1] + label_room
-    size = (columns * PANEL[0], rows * panel_h + figures.TITLE_SPACE + 0.45)
+    width = max(7.0, columns * PANEL[0])
+    size = (width, rows * panel_h + figures.TITLE_SPACE + FOOTER)
+    offset = (width - columns * PANEL[0]) / 2  # the panels centred
     figure = figures._figure(size)
     x = np.arange(len(labels))
     for index, role in enumerate(roles):
         row, column = divmod(index, columns)
-        left = column * PANEL[0] + PANEL_MARGINS[0]
+        left = offset + column * PANEL[0] + PANEL_MARGINS[0]
         bottom = size[1] - figures.TITLE_SPACE - (row + 1) * panel_h + PANEL_MARGINS[3] + label_room
-        width = PANEL[0] - PANEL_MARGINS[0] - PANEL_MARGINS[1]
-        height = panel_h - PANEL_MARGINS[2] - PANEL_MARGINS[3] - label_room
-        axes = figure.add_axes((left / size[0], bottom / size[1], width / size[0], height / size[1]))
+        inner = (
+            PANEL[0] - PANEL_MARGINS[0] - PANEL_MARGINS[1],
+            panel_h - PANEL_MARGINS[2] - PANEL_MARGINS[3] - label_room,
+        )
+        axes = figure.add_axes((left / size[0], bottom / size[1], inner[0] / size[0], inner[1] / size[1]))
         score = SCORE[role.score]
         holders = [head for head in result.heads if role.name in head.roles]
         formed = sorted(
@@ -288,14 +288,34 @@ def trajectories(result: Any) -> Any:
         axes.set_xlim(-0.3, len(labels) - 0.7 + 0.15 * len(labels))
         axes.tick_params(labelsize=7)
         axes.set_ylabel(score.short if len(score.label) > 24 else score.label, fontsize=8)
-        axes.set_title(f"{role.name}: {len(formed)} formed, {len(passing)} passing", fontsize=9)
+        axes.set_title(f"{role.name}: {len(formed)} formed, {len(passing)} for a while", fontsize=9)
         axes.grid(alpha=0.3)
-    subtitle = (
-        f"{figures.describe_input(result.model, result.inputs)}; ★ where a role formed (held from there to the last "
-        "model); grey: held only for a while; dashed: threshold"
+    figures._titles(figure, "Each role's deciding score across the models", described(result))
+    key = (
+        "★ where the role formed: the head holds it from that model to the last; coloured: heads that hold the role "
+        "in the last model (the strongest named); grey: heads that held it only for a while; dashed: the threshold"
     )
-    figures._titles(figure, "Each role's deciding score across the models", subtitle)
+    figure.text(
+        0.5,
+        0.1 / size[1],
+        figures._wrapped(key, width - 0.4, 7.5),
+        ha="center",
+        va="bottom",
+        fontsize=7.5,
+        color=figures.SUBTITLE_COLOUR,
+    )
     return figure
+
+
+def described(result: Any) -> str:
+    """The subtitle of a figure: how many models, and the input they read."""
+    return figures_describe({"name": counted(len(result.labels), "model")}, result.inputs)
+
+
+def figures_describe(model: dict, inputs: dict) -> str:
+    from attnscope.output import figures
+
+    return figures.describe_input(model, inputs)
 
 
 def _values(head: Any, score: str) -> list[float]:
@@ -366,7 +386,7 @@ def heads_by_models(result: Any, name: str) -> Any:
                 )
                 marked += 1
     star = f"; ★ where {role} formed" if marked else ""
-    subtitle = f"{figures.describe_input(result.model, result.inputs)}{star}"
+    subtitle = f"{described(result)}{star}"
     figures._titles(figure, f"{figures.capital(score.label)} per head in each model", subtitle)
     return figure
 
@@ -381,8 +401,8 @@ def change_grid(result: Any) -> Any:
     return figures.score_heatmap(
         matrix,
         f"How much each head's attention changed from {first} to {second}",
-        CHANGE_UNIT,
-        figures.describe_input(result.model, result.inputs),
+        "mean JS divergence between the models' rows (bits); 0: unchanged",
+        described(result),
         vmin=0.0,
         vmax=None,
         cell_text=cells,
