@@ -1111,8 +1111,9 @@ COMPARED = _group(
                 "-m",
                 **_domain(options.TEXT),
                 metavar="NAME|PATH",
-                help="A model to compare, as --model of the other commands ('demo', a Hugging Face id, a directory "
-                "saved with save_pretrained); repeat it for each model, in order (checkpoints from the earliest).",
+                help="'demo': the small GPT-2 bundled with attnscope (no download, works offline); or a Hugging "
+                "Face id; or a directory saved with save_pretrained. Repeat it for each model to compare, in order "
+                "(checkpoints from the earliest).",
             ),
         ],
         ...,

@@ -336,7 +336,7 @@ def check_comparable(first: Any, other: Any, first_label: str, other_label: str)
         )
     if first.kind.name != other.kind.name:
         raise AttnscopeError(
-            f"models {a} and {b} differ in kind: {a} is an {first.kind.name}, {b} an {other.kind.name}"
+            f"models {a} and {b} differ in kind: {first.kind.name} against {other.kind.name} (each scores other rows)"
         )
     if first.n_ctx != other.n_ctx:
         raise AttnscopeError(

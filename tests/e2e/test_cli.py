@@ -23,7 +23,7 @@ PROBE_NOTE = "the repeated-token probe measures left-to-right copying; skipped f
 SPECIAL_TOKENS = {"decoder": 1, "encoder": 2}  # BOS; [CLS] and [SEP]
 MODEL_TYPE = {"decoder": "gpt2", "encoder": "bert"}
 CONTEXT = {"decoder": 128, "encoder": 64}  # n_positions / max_position_embeddings of tests.support's builders
-COMMANDS = ("heads", "show", "diversity", "random-mha", "attend", "ablate", "report", "bench", "info")
+COMMANDS = ("heads", "show", "diversity", "random-mha", "attend", "ablate", "report", "compare", "bench", "info")
 UNMEASURED = {  # per kind, the catalog's scores that stay null even with the probe on (the other kind's own)
     "decoder": {"next_token", "last_token"},
     "encoder": {"induction", "duplicate_token"},

@@ -18,7 +18,9 @@ TESTS = ROOT / "tests"
 # analyses: a result hands itself to its view (`result.to_json()`, `_repr_html_`), and views read results by duck
 # typing, never importing a result class (see analyses/result.py).
 STAGES = ["base", "scores", "models", "pipeline", "output", "analyses", "api", "cli"]
-COMMANDS = ["heads", "show", "diversity", "random-mha", "attend", "ablate", "report", "bench", "info"]
+COMMANDS = [
+    "heads", "show", "diversity", "random-mha", "attend", "ablate", "report", "compare", "bench", "info",
+]  # fmt: skip
 
 
 def _module_name(path: Path, root: Path) -> str:
