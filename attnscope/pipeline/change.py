@@ -43,6 +43,9 @@ class Reducers(Reducer):
     def __init__(self, *reducers: Reducer):
         self.reducers = reducers
         self.wants_blocks = any(reducer.wants_blocks for reducer in reducers)
+        pinned = [reducer.block_bytes for reducer in reducers if hasattr(reducer, "block_bytes")]
+        if pinned:  # the block path's sizes, as one of them needs them (see block_path.block_budget)
+            self.block_bytes = pinned[0]
 
     def keys_to_gather(self, positions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor | None:
         for reducer in self.reducers:
@@ -77,6 +80,7 @@ class AttentionSpool:
         self.file: Any = os.fdopen(descriptor, "wb")
         self.regions: dict[tuple[int, int], tuple[int, tuple[int, ...], int, int]] = {}
         self.floats = 0  # written so far
+        self.budgets: list[int] = []  # the block path's budget of each batch (and device) of the first run
         self.mapped: Any = None  # the file, memory-mapped for reading once written
 
     def __enter__(self) -> AttentionSpool:
@@ -152,12 +156,29 @@ class AttentionSpool:
 
 
 class _Batches(Reducer):
-    """Counts the batches of a capture from its blocks: a batch begins with layer 0's first block."""
+    """Counts the batches of a capture from its blocks: a batch begins with layer 0's first block. Both runs cut
+    each batch's layers into the same blocks (`block_bytes`, read by block_path.block_budget): the first run's sizes
+    are noted and the second takes them, because a matmul over blocks of other sizes may round otherwise, and a head
+    whose maps did not change must show exactly 0 (on a GPU the sizes follow the free memory, which differs)."""
 
     wants_blocks = True
 
-    def __init__(self) -> None:
+    def __init__(self, spool: AttentionSpool) -> None:
         self.batch = -1
+        self.spool = spool
+        self.budgets = 0  # block sizes handed out in this run
+
+    def block_bytes(self, device: Any, windows: int) -> int:
+        """The block path's budget for this batch on `device`: the first run's own, noted; the second run's, read."""
+        from attnscope.pipeline import block_path
+
+        noted = self.spool.budgets
+        if isinstance(self, SpoolWriter):
+            noted.append(block_path.block_bytes(torch.device(device), windows))
+        elif self.budgets >= len(noted):
+            raise AttnscopeError("the two models did not read the texts in the same batches; they cannot be compared")
+        self.budgets += 1
+        return noted[self.budgets - 1]
 
     def _count(self, layer: int, block: AttentionBlock) -> int:
         if layer == 0 and int(block.positions[0]) == 0:
@@ -167,10 +188,6 @@ class _Batches(Reducer):
 
 class SpoolWriter(_Batches):
     """Reducer of the first model: every block of rows into `spool`."""
-
-    def __init__(self, spool: AttentionSpool):
-        super().__init__()
-        self.spool = spool
 
     def add_block(self, layer: int, block: AttentionBlock) -> None:
         self.spool.write(self._count(layer, block), layer, block)
@@ -184,8 +201,7 @@ class ChangeStatistics(_Batches):
     (layer, head), over the scored rows, on the device; `means()` divides by the rows counted."""
 
     def __init__(self, spool: AttentionSpool, n_layer: int, n_head: int, device: Any):
-        super().__init__()
-        self.spool = spool
+        super().__init__(spool)
         self.kind = spool.kind
         self.sums = torch.zeros(n_layer, n_head, dtype=torch.float64, device=device)
         self.row_count = torch.zeros((), dtype=torch.long, device=device)

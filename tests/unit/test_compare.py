@@ -138,3 +138,33 @@ def test_the_json_holds_a_value_per_model_and_the_csv_a_row_per_head_and_model()
     assert rows[1]["induction"] == 0.9 and rows[1]["change"] == 0.25
     assert to_csv(rows).splitlines()[0] == "layer,head,label,model,model_index,role,induction,previous_token,change"
     assert "change" not in json.dumps(json.loads(_result(change=False).to_json())["heads"])
+
+
+def test_the_spool_finds_rows_by_position_whatever_the_blocks_and_removes_its_file():
+    """Rows written in blocks 0:3 and 3:7 are read back in blocks 0:5 and 5:7 (causal: only the keys each row sees
+    are stored; encoder: every key)."""
+    from attnscope.pipeline.blocks import AttentionBlock
+    from attnscope.pipeline.change import AttentionSpool
+
+    generator = torch.Generator().manual_seed(1)
+    for kind in (DECODER, ENCODER):
+        probs = torch.rand(2, 3, 7, 7, generator=generator)  # (B, H, n, n)
+        if kind.causal:
+            probs = probs.tril()
+        lengths = torch.tensor([7, 5])
+        with AttentionSpool(kind) as spool:
+            for start, stop in ((0, 3), (3, 7)):
+                keys = stop if kind.causal else 7
+                block = AttentionBlock.from_probs(probs[:, :, start:stop, :keys], torch.arange(start, stop), lengths)
+                block.n_keys = 7
+                spool.write(0, 0, block)
+            spool.finish()
+            for start, stop in ((0, 5), (5, 7)):
+                keys = stop if kind.causal else 7
+                block = AttentionBlock.from_probs(probs[:, :, start:stop, :keys], torch.arange(start, stop), lengths)
+                block.n_keys = 7
+                expected = block.probs * spool.stored_keys(block.positions, keys)
+                assert torch.equal(spool.read(0, 0, block), expected), (kind.name, start)
+            path = spool.path
+            assert path.exists()
+        assert not path.exists()
