@@ -257,10 +257,18 @@ class Compare:
                     f"models '{first_label}' and '{label}' differ in shape: {first.n_layer} layers × {first.n_head} "
                     f"heads against {shape.n_layer} × {shape.n_head}; compare sets the same heads side by side"
                 )
-        if self.score is not None:
-            for _, shape in known[:1]:
-                if shape.kind_name is not None:
-                    check_sort(self.score, shape.kind_name, self.probe)
+        if known and known[0][1].kind_name is not None:
+            self.check_score(known[0][1].kind_name)
+
+    def check_score(self, kind_name: str) -> None:
+        """The heatmap's score (--score), checked against what this kind of model, with or without the probe,
+        measures."""
+        if self.score is None:
+            return
+        try:
+            check_sort(self.score, kind_name, self.probe)
+        except AttnscopeError as error:
+            raise AttnscopeError(str(error).replace("sort by", "score", 1)) from None
 
     def run(
         self, checkpoints: Sequence[Checkpoint], texts: Texts | Sequence[Text], progress: Progress | None = None
@@ -285,8 +293,7 @@ class Compare:
                 try:
                     if reference is None:
                         reference = _reference(model)
-                        if self.score is not None:
-                            check_sort(self.score, model.kind, self.probe)
+                        self.check_score(model.kind.name)
                     else:
                         check_comparable(reference, model, labels[0], labels[index])
                     also = None

@@ -389,7 +389,7 @@ def test_every_command_is_listed_and_takes_the_output_options(cli):
         if "--top" in out:  # one meaning, said the same way: the rows of each ranked table
             ranked.append(command)
             assert " ".join(TOP_HELP.split()) in " ".join(out.replace("│", " ").split()), command
-    assert ranked == ["heads", "diversity", "attend", "ablate"]
+    assert ranked == ["heads", "diversity", "attend", "ablate", "compare"]
 
 
 @pytest.mark.parametrize(
