@@ -6,7 +6,8 @@
 Saves `--checkpoints` "checkpoints" of a random-weight GPT-2-small-sized model (12 layers × 12 heads, width 768, the
 GPT-2 vocabulary of tests/data) into a temporary folder: checkpoint k is a random model moved a share k / (N - 1) of
 the way to another (so that heads change role along the way, as in training). Then times, in this process, each
-run loading its models from disk as a user's would:
+run loading its models from disk as a user's would, in `--repeats` interleaved rounds (each measure's least time
+is reported: on a shared machine the least is the one least disturbed):
 
   (a) `compare` over every checkpoint (no change) against the sum of one `heads` run per checkpoint;
   (b) `compare` of the first two checkpoints with the change (the spool written and read back) against two `heads`
@@ -101,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--d-model", type=int, default=768)
+    parser.add_argument("--repeats", type=int, default=3, help="rounds; each measure's least time is reported")
     parser.add_argument("--init", type=float, default=0.06, help="the weights' standard deviation")
     parser.add_argument("--keep", type=Path, default=None, help="save the checkpoints here, and time nothing")
     parser.add_argument("--demo", action="store_true", help="with --keep: checkpoints from random to the demo model")
@@ -126,12 +128,14 @@ def main(argv: list[str] | None = None) -> int:
         inputs = texts(args.texts, args.chars)
         common = dict(device=args.device, dtype="float32")
         attnscope.heads(paths[0], inputs[:1], **common)  # warm-up: imports, kernels, caches
-        singles = []
-        for path in paths:
-            seconds, _ = timed(lambda path=path: attnscope.heads(path, inputs, **common))
-            singles.append(seconds)
-        many, result = timed(lambda: attnscope.compare(paths, inputs, change=False, **common))
-        two, _ = timed(lambda: attnscope.compare(paths[:2], inputs, change=True, **common))
+        rounds = []  # interleaved, so that a machine shared with other work slows each measure alike; the least kept
+        for _ in range(args.repeats):
+            singles = [timed(lambda path=path: attnscope.heads(path, inputs, **common))[0] for path in paths]
+            many, result = timed(lambda: attnscope.compare(paths, inputs, change=False, **common))
+            two, _ = timed(lambda: attnscope.compare(paths[:2], inputs, change=True, **common))
+            rounds.append((singles, many, two))
+        singles = [min(r[0][k] for r in rounds) for k in range(len(paths))]
+        many, two = min(r[1] for r in rounds), min(r[2] for r in rounds)
         report = {
             "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
             "threads": torch.get_num_threads(),
@@ -139,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             "checkpoints": len(paths),
             "texts": len(inputs),
             "tokens": result.inputs["n_tokens"],
+            "repeats": args.repeats,
             "heads_runs_s": [round(s, 2) for s in singles],
             "compare_s": round(many, 2),
             "compare_over_heads_runs": round(many / sum(singles), 3),

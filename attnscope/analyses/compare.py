@@ -234,6 +234,11 @@ class Compare:
                     f"--revisions names revisions of one repository, but {len(names)} models were given: give "
                     "--model once with --revisions, or each model with its own --model"
                 )
+            if names[0] == DEMO or _is_folder(names[0]):
+                raise AttnscopeError(
+                    f"--revisions {','.join(self.revisions)}: model '{names[0]}' is a folder on this machine, which "
+                    "has no revisions; --revisions picks branches, tags or commits of one model on the Hugging Face Hub"
+                )
             return [(names[0], revision) for revision in self.revisions]
         return [(name, None) for name in names]
 

@@ -168,3 +168,20 @@ def test_the_spool_finds_rows_by_position_whatever_the_blocks_and_removes_its_fi
             path = spool.path
             assert path.exists()
         assert not path.exists()
+
+
+def test_the_terminal_and_the_notebook_rank_heads_by_change_and_list_role_changes():
+    from rich.console import Console
+
+    from attnscope.output.views import view_of
+
+    result = _result()
+    console = Console(width=100, record=True)
+    for item in view_of(result).terminal([]):
+        console.print(item)
+    text = console.export_text()
+    assert text.index("0.0") < text.index("0.1") and "Heads ranked by change" in text
+    assert "previous-token → induction (b)" in text and "induction from b" in text
+    fragment = result._repr_html_()
+    assert "Heads ranked by change" in fragment and "<script" not in fragment
+    assert "Heads whose role changes" in fragment
