@@ -11,7 +11,7 @@ is reported: on a shared machine the least is the one least disturbed):
 
   (a) `compare` over every checkpoint (no change) against the sum of one `heads` run per checkpoint;
   (b) `compare` of the first two checkpoints with the change (the spool written and read back) against two `heads`
-      runs (the goal: at most 1.2 times).
+      runs (the goal: at most 1.2 times), and against `compare` of the same two without the change.
 
 The texts are the bundled samples, the first `--texts` of them cut to `--chars` characters (the CPU needs a small
 input; the defaults take every sample whole). Prints one JSON line: seconds of each and their ratios, the
@@ -133,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
             singles = [timed(lambda path=path: attnscope.heads(path, inputs, **common))[0] for path in paths]
             many, result = timed(lambda: attnscope.compare(paths, inputs, change=False, **common))
             two, _ = timed(lambda: attnscope.compare(paths[:2], inputs, change=True, **common))
-            rounds.append((singles, many, two))
+            plain, _ = timed(lambda: attnscope.compare(paths[:2], inputs, change=False, **common))
+            rounds.append((singles, many, two, plain))
         singles = [min(r[0][k] for r in rounds) for k in range(len(paths))]
-        many, two = min(r[1] for r in rounds), min(r[2] for r in rounds)
+        many, two, plain = (min(r[k] for r in rounds) for k in (1, 2, 3))
         report = {
             "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
             "threads": torch.get_num_threads(),
@@ -150,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             "change_two_s": round(two, 2),
             "two_heads_runs_s": round(singles[0] + singles[1], 2),
             "change_over_two_heads_runs": round(two / (singles[0] + singles[1]), 3),
+            "two_without_change_s": round(plain, 2),
+            "change_over_without": round(two / plain, 3),
         }
         print(json.dumps(report))
     finally:
