@@ -15,7 +15,6 @@ first model's rows are spooled to a temporary file, the second's compared with t
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -382,12 +381,13 @@ def _part(progress: Progress | None, index: int, count: int) -> Progress | None:
 
 
 def _free(model: LoadedModel) -> None:
-    """Let a model's weights go before the next loads (the caller drops its own reference)."""
+    """Let a model's weights go before the next loads (the caller drops its own reference). Their tensors are freed
+    as the last reference goes (checked: no cycle holds them, so no gc.collect, which took 0.25 s a model); on a GPU
+    torch's cache gives the memory back too."""
     import torch
 
     device = model.device
     model.model = None
     model.lm_model = None
-    gc.collect()
     if getattr(device, "type", None) == "cuda":
         torch.cuda.empty_cache()
