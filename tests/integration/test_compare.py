@@ -170,3 +170,19 @@ def test_the_cli_gives_byte_identical_json_and_a_long_csv(cli, tiny_model_dir, t
         "change.png", "compare.csv", "compare.json", "score_induction.png", "trajectories.png",
     ]  # fmt: skip
     assert "Heads ranked by change" in out
+
+
+@pytest.mark.parametrize("stop", [AttnscopeError("the second model cannot be loaded"), KeyboardInterrupt()])
+def test_the_spool_is_removed_after_an_error_or_ctrl_c(tiny, monkeypatch, tmp_path, stop):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def fail():
+        assert list(tmp_path.iterdir()), "the first model's rows were spooled"
+        raise stop
+
+    checkpoints = [Checkpoint("a", tiny.name, None, lambda: tiny, False), Checkpoint("b", "b", None, fail, False)]
+    with pytest.raises(type(stop)):
+        Compare().run(checkpoints, TEXTS[:1])
+    assert list(tmp_path.iterdir()) == []
