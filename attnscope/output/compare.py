@@ -224,7 +224,7 @@ def trajectories(result: Any) -> Any:
     labels = list(result.labels)
     roles = [role for role in ROLES if role.score is not None and any(role.name in h.roles for h in result.heads)]
     columns = max(1, min(3, len(roles)))
-    rows = max(1, -(-len(roles) // columns))
+    rows = max(1, -(-len(roles) // columns))  # one row of room for the message when there is no panel
     label_room = max(0.0, 0.06 * max(len(label) for label in labels) - 0.3)  # rotated model labels
     panel_h = PANEL[1] + label_room
     width = max(7.0, columns * PANEL[0])
@@ -256,9 +256,9 @@ def trajectories(result: Any) -> Any:
             colour = figures.SERIES_COLOURS[rank % len(figures.SERIES_COLOURS)] if named else ROLE[role.name].colour
             axes.plot(x, values, color=colour, linewidth=1.5 if named else 0.8, alpha=1.0 if named else 0.6, zorder=2)
             start = labels.index(head.formed[role.name])
-            axes.plot(
-                [start],
-                [values[start]],
+            axes.plot(  # a head that holds the role from the first model on has no star: it did not form here
+                [start] if start > 0 else [],
+                [values[start]] if start > 0 else [],
                 marker="*",
                 markersize=9,
                 color=colour,
@@ -290,10 +290,21 @@ def trajectories(result: Any) -> Any:
         axes.set_ylabel(score.short if len(score.label) > 24 else score.label, fontsize=8)
         axes.set_title(f"{role.name}: {len(formed)} formed, {len(passing)} for a while", fontsize=9)
         axes.grid(alpha=0.3)
+    if not roles:
+        figure.text(
+            0.5,
+            0.5,
+            "No head holds a role other than mixed in any of the models: no score passes its threshold",
+            ha="center",
+            va="center",
+            fontsize=9,
+            color=figures.SUBTITLE_COLOUR,
+        )
     figures._titles(figure, "Each role's deciding score across the models", described(result))
     key = (
-        "★ where the role formed: the head holds it from that model to the last; coloured: heads that hold the role "
-        "in the last model (the strongest named); grey: heads that held it only for a while; dashed: the threshold"
+        "★ where the role formed: the head holds it from that model to the last (no star: from the first); "
+        "coloured: heads that hold the role in the last model (the strongest named); grey: heads that held it only "
+        "for a while; dashed: the threshold"
     )
     figure.text(
         0.5,
