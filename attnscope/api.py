@@ -19,6 +19,7 @@ Nothing heavy is imported until a function is called: `import attnscope` stays f
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from attnscope.analyses.ablate import AblationResult
     from attnscope.analyses.attend import AttendResult
     from attnscope.analyses.bench import BenchResult
+    from attnscope.analyses.compare import CompareResult
     from attnscope.analyses.diversity import DiversityResult
     from attnscope.analyses.heads import HeadsResult
     from attnscope.analyses.info import InfoResult
@@ -612,7 +614,7 @@ def _run_several(
         label, given, revision = models[0]
         return _run(analysis, given, texts, file, progress, revision=revision, **loading)
     analysis.check_several()
-    from attnscope.analyses.report import check_same_shape
+    from attnscope.models.checks import check_same_shapes
     from attnscope.models.facts import config_shape
 
     gathered = _texts(texts, file)
@@ -626,8 +628,127 @@ def _run_several(
             sources.append((label, functools.partial(_model, given, lm_head, revision=revision, **loading)))
         else:
             sources.append((label, _model(given, lm_head, revision=revision, **loading)))
-    check_same_shape(shapes)  # before any weight loads
+    check_same_shapes(shapes)  # before any weight loads
     return analysis.run_models(sources, gathered, progress)
+
+
+@_keywords("texts", "batching", "progress")
+def compare(
+    models: ModelGiven | Sequence[ModelGiven],
+    texts: TextsGiven = None,
+    *,
+    revisions: Sequence[str] | str | None = None,
+    change: bool | None = None,
+    score: str | None = None,
+    top: int = 20,
+    window: int = 3,
+    thresholds: Mapping[str, float] | Sequence[str] | None = None,
+    probe: bool = True,
+    probe_len: int | None = None,
+    probe_seed: int = 0,
+    file: str | os.PathLike | None = None,
+    bos: bool | None = None,
+    batch_size: int = 8,
+    max_tokens: int | None = 16384,
+    device: str | None = None,
+    dtype: str | None = None,
+    device_map: str | None = None,
+    kernel: str | None = None,
+    progress: Progress = None,
+) -> CompareResult:
+    """Compare the heads of several models on the same texts and probe (`attnscope compare`): each head's scores
+    and role in every model, when each role formed, and for two models how much its attention changed. Models given
+    by name are loaded one at a time and freed; models already loaded are used as they are.
+
+    models      the models in order (checkpoints from the earliest): names ("demo", a Hub id, a folder) or models
+                `load` returned; one name with `revisions` (--model, repeated)
+    revisions   Hub revisions of the one model given, in order: ["step0", "step512"] or "step0,step512"
+                (--revisions); each model is then labelled by its revision
+    change      measure each head's change between two models: the mean JS divergence in bits between their rows
+                (--change/--no-change; None: for exactly two models)
+    score       the score of the heads × models heatmap (--score; None: induction when measured)
+    top         rows of the ranked tables: heads by change, heads whose role changes (--top)
+    window      the local window: the current token and the `window` tokens before it (--window)
+    thresholds  roles' thresholds moved: {"previous-token": 0.6} or ["previous-token=0.6"] (--threshold)
+    probe       run the repeated-random-token probe: induction and duplicate-token (--probe/--no-probe)
+    probe_len   the probe's period (--probe-len; None: 50, or what the context holds)
+    probe_seed  the seed of the probe's random tokens (--probe-seed)
+    device      auto, cpu, cuda or cuda:N, for the models given by name (--device)
+    dtype       auto, float32, float16 or bfloat16, for the models given by name (--dtype)
+    device_map  auto, balanced or sequential, for the models given by name (--device-map)
+    kernel      auto, fused or blocks, for the models given by name (--kernel)
+    """
+    from attnscope.analyses.compare import Checkpoint, Compare, model_label, unique_labels
+    from attnscope.models.loading import LoadedModel
+
+    analysis = Compare(
+        window=window,
+        thresholds=thresholds,
+        bos=bos,
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+        probe=probe,
+        probe_len=probe_len,
+        probe_seed=probe_seed,
+        revisions=revisions,
+        change=change,
+        score=score,
+        top=top,
+    )
+    if progress is not None and not callable(progress):
+        raise AttnscopeError(f"progress {progress!r}: expected a function of (texts, tokens, share), or None")
+    gathered = _texts(texts, file)
+    given = [models] if isinstance(models, (str, os.PathLike, LoadedModel)) else models
+    if isinstance(given, (bytes, Mapping)) or not isinstance(given, Iterable):
+        raise AttnscopeError(f"models {models!r}: expected a list of models (names or models from attnscope.load)")
+    given = list(given)
+    loading = {"device": device, "dtype": dtype, "device_map": device_map, "kernel": kernel}
+    names = []
+    for item in given:
+        if isinstance(item, LoadedModel):
+            _model(item, **loading)  # a loaded model takes no loading keyword: refused now, before any run
+            names.append(item.name)
+        else:
+            _check_name(item)
+            names.append(os.fspath(item))
+    if any(not isinstance(item, LoadedModel) for item in given):
+        _check_loading(**{key: value for key, value in loading.items() if value is not None})
+    if analysis.revisions is not None and any(isinstance(item, LoadedModel) for item in given):
+        raise AttnscopeError("revisions: give the model by name, to be loaded at each revision")
+    sources = analysis.sources(names)
+    analysis.check_count(len(sources))
+    items = given * len(sources) if analysis.revisions is not None else given  # each source's model as given
+    labels, note = unique_labels([model_label(name, revision) for name, revision in sources], [n for n, _ in sources])
+    known, known_labels = [], []  # the shapes read from the configs of the models given by name, before any load
+    for label, (name, revision), item in zip(labels, sources, items, strict=True):
+        if not isinstance(item, LoadedModel):
+            shapes = _Shapes()
+            _check_shape(shapes, name, revision)
+            known += shapes.found
+            known_labels += [label] * len(shapes.found)
+    analysis.check_shapes(known, known_labels)
+    checkpoints = []
+    for label, (name, revision), item in zip(labels, sources, items, strict=True):
+        if isinstance(item, LoadedModel):
+            checkpoints.append(Checkpoint(label, name, None, lambda item=item: item, owned=False))
+        else:
+            chosen = {**loading, "revision": revision}
+            load = functools.partial(_model, name, **chosen)
+            checkpoints.append(Checkpoint(label, name, revision, load))
+    result = analysis.run(checkpoints, gathered, progress)
+    if note is not None:
+        result.notes.insert(0, note)
+    return result
+
+
+class _Shapes:
+    """Collects the shapes `_check_shape` reads from each model's config, for `compare` to set side by side."""
+
+    def __init__(self) -> None:
+        self.found: list[Any] = []
+
+    def check_shape(self, shape: Any) -> None:
+        self.found.append(shape)
 
 
 @_keywords("model")

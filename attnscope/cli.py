@@ -819,13 +819,13 @@ def _run_several(
     analysis.check_several()
     gathered = texts.gather()
     folder = output.folder(default_out)
-    from attnscope.analyses.report import check_same_shape
+    from attnscope.models.checks import check_same_shapes
 
     shapes = [(label, config_shape(model.name, model.revision)) for label, model in models]
     for _, shape in shapes:
         if shape is not None:
             analysis.check_shape(shape)
-    check_same_shape(shapes)  # before any weight loads
+    check_same_shapes(shapes)  # before any weight loads
     lm_head = getattr(analysis, "needs_lm_head", False)  # the first model's (its ablation)
     sources = [(label, functools.partial(_load, model, lm_head and k == 0)) for k, (label, model) in enumerate(models)]
     with _ProgressBar(output.quiet, type(analysis).__name__.lower()) as bar:
@@ -1210,6 +1210,118 @@ def report(
         _run(analysis, output, texts, models[0][1], default_out=Path("attnscope-report"))
     else:
         _run_several(analysis, output, texts, models, default_out=Path("attnscope-report"))
+
+
+@dataclass(frozen=True)
+class ComparedModels:
+    """The models of `compare` (--model, repeated) and how each is loaded: the loading options of MODEL, checked
+    as MODEL checks them (a fused --kernel where it cannot run is one line at once)."""
+
+    names: tuple[str, ...]
+    device: str
+    dtype: str
+    device_map: str | None = None
+    kernel: str = "auto"
+
+    def __post_init__(self) -> None:
+        Model(self.names[0] if self.names else "", self.device, self.dtype, None, self.device_map, self.kernel)
+
+
+_LOADING = {parameter.name: parameter for parameter in MODEL.parameters}
+COMPARED = _group(
+    lambda names, **loading: ComparedModels(tuple(names or ()), **loading),
+    names=(
+        Annotated[
+            list[str],
+            typer.Option(
+                "--model",
+                "-m",
+                **_domain(options.TEXT),
+                metavar="NAME|PATH",
+                help="'demo': the small GPT-2 bundled with attnscope (no download, works offline); or a Hugging "
+                "Face id; or a directory saved with save_pretrained. Repeat it for each model to compare, in order "
+                "(checkpoints from the earliest).",
+            ),
+        ],
+        ...,
+    ),
+    **{
+        name: (_LOADING[name].annotation, _LOADING[name].default)
+        for name in ("device", "dtype", "device_map", "kernel")
+    },
+)
+
+
+@app.command()
+@_options(texts=TEXTS, models=COMPARED, batching=BATCHING, roles=ROLES, output=DRAWING_OUTPUT)
+def compare(
+    texts,
+    models,
+    batching,
+    roles,
+    output,
+    revisions: Annotated[
+        str | None,
+        typer.Option(
+            "--revisions",
+            **_domain(options.TEXT),
+            metavar="R1,R2,...",
+            help="Compare these Hub revisions of the one --model, in order (Pythia's checkpoints: "
+            "step0,step512,step1000); each is labelled by its name.",
+        ),
+    ] = None,
+    change: Annotated[
+        bool | None,
+        typer.Option(
+            "--change/--no-change",
+            show_default=False,
+            help="Measure how much each head's attention changed: the mean JS divergence (bits) between the two "
+            "models' rows on the same tokens (default: on for two models; needs exactly two).",
+        ),
+    ] = None,
+    score: Annotated[
+        str | None,
+        typer.Option(
+            "--score",
+            parser=_sort,
+            metavar="SCORE",
+            autocompletion=_sort_names,
+            help="The score drawn as heads × models (default: induction when the probe ran, else previous_token).",
+        ),
+    ] = None,
+    top: TopOpt = 20,
+) -> None:
+    """Compare the heads of several models: checkpoints of one training run, a model and its fine-tune.
+
+    The same texts and probe go through every model, loaded one at a time. For each head: its scores and role in
+    every model, the model from which it holds each role to the end (when it formed); for two models, how much its
+    attention changed. Models must share their layers × heads and their tokenizer.
+
+    Example: attnscope compare --model EleutherAI/pythia-160m --revisions step0,step512,step1000 --out pythia/
+    """
+    from attnscope import api
+
+    gathered = texts.gather()
+    folder = output.folder(None)
+    with _ProgressBar(output.quiet, "compare") as bar:
+        result = api.compare(
+            list(models.names),
+            gathered,
+            revisions=revisions,
+            change=change,
+            score=score,
+            top=top,
+            **roles,
+            bos=texts.bos,
+            **batching,
+            device=models.device,
+            dtype=models.dtype,
+            device_map=models.device_map,
+            kernel=models.kernel,
+            progress=bar.callback,
+        )
+    if _is_main():
+        _emit(result, output, folder)
 
 
 @app.command()

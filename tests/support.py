@@ -716,3 +716,47 @@ def save_without_head(source: Path, folder: Path, layer: int, head: int) -> Path
     model.save_pretrained(folder)
     AutoTokenizer.from_pretrained(source).save_pretrained(folder)
     return folder
+
+
+# ------------------------------------------------------------------------------------------------------- compare
+
+
+def without_head(loaded, layer: int, head: int, name: str | None = None):
+    """A copy of a loaded model whose head `layer`.`head` writes nothing: its slice of the output projection's input
+    zeroed by hand (GPT-2's Conv1D stores (in, out), a Linear (out, in)). Every layer up to `layer` computes the
+    same attention as the original; later layers read another residual stream."""
+    import copy
+
+    from attnscope.models.loading import LoadedModel
+
+    network = copy.deepcopy(loaded.model)
+    projection = loaded.family.output_projections(network)[layer]
+    rows = slice(head * loaded.d_head, (head + 1) * loaded.d_head)
+    with torch.no_grad():
+        if type(projection).__name__ == "Conv1D":
+            projection.weight[rows, :] = 0
+        else:
+            projection.weight[:, rows] = 0
+    shown = name or f"{loaded.name}-without-{layer}.{head}"
+    return LoadedModel(shown, network, loaded.tokenizer, loaded.device, loaded.family, kernel=loaded.kernel)
+
+
+def slow_change(first, second, texts):
+    """(n_layer, n_head) numpy: the mean over scored rows of scipy's Jensen–Shannon divergence in bits
+    (jensenshannon(p, q, base=2) ** 2) between the from-scratch maps of two models, each window run alone."""
+    import numpy as np
+    from scipy.spatial.distance import jensenshannon
+
+    from attnscope.pipeline.tokens import batches, pad_id, tokenize
+
+    sums, count = np.zeros((first.n_layer, first.n_head)), 0
+    for window in tokenize(first, texts).windows:
+        batch = next(batches([window], 1, first.device, pad_id(first.tokenizer)))
+        a, b = reference_maps(first, batch), reference_maps(second, batch)
+        scored = scored_range(first.kind.name, len(window.ids))
+        for layer in range(first.n_layer):
+            for head in range(first.n_head):
+                p, q = a[layer][0, head].double().numpy(), b[layer][0, head].double().numpy()
+                sums[layer, head] += sum(jensenshannon(p[r], q[r], base=2) ** 2 for r in scored)
+        count += len(scored)
+    return sums / count

@@ -33,6 +33,8 @@ from attnscope.errors import AttnscopeError
 from attnscope.models.checks import Shape
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture, distributed
+from attnscope.pipeline.blocks import Reducer
+from attnscope.pipeline.change import Reducers
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.labels import label_window
 from attnscope.pipeline.probe import MIN_PROBE_LEN, PROBE_SEQUENCES, ordinary_token_ids, probe_windows
@@ -158,8 +160,15 @@ class Heads:
         if shape.kind_name is not None:
             check_sort(self.sort, shape.kind_name, self.probe)
 
-    def run(self, model: LoadedModel, texts: Texts | Sequence[Text], progress: Progress | None = None) -> HeadsResult:
-        """Every head's statistics over `texts` and its role; full maps of the plotted heads' layers."""
+    def run(
+        self,
+        model: LoadedModel,
+        texts: Texts | Sequence[Text],
+        progress: Progress | None = None,
+        also: Reducer | None = None,
+    ) -> HeadsResult:
+        """Every head's statistics over `texts` and its role; full maps of the plotted heads' layers. `also`: a
+        reducer fed by the same capture of the texts (not the probe's), as `compare` feeds its spool."""
         kind = model.kind
         self.check_shape(model.shape)
         # each head drawn once, in the order first asked for
@@ -178,7 +187,8 @@ class Heads:
                 probe_input = probe_windows(model.tokenizer, probe_len, model.n_ctx, self.probe_seed)
         statistics = HeadStatistics(kind, model.n_layer, model.n_head, model.device, self.window)
         keep_layers = sorted({layer for layer, _ in plotted})
-        captured = run_windows(model, windows, statistics, self.batch_size, self.max_tokens, progress, keep_layers)
+        reducer = statistics if also is None else Reducers(statistics, also)
+        captured = run_windows(model, windows, reducer, self.batch_size, self.max_tokens, progress, keep_layers)
         notes = windows.notes() + notes + captured.notes
         distributed.all_reduce_sum(statistics.sums, statistics.uniform_sum, statistics.row_count)
         if int(statistics.row_count) == 0:

@@ -64,7 +64,8 @@ PROBE, TEXT = "probe", "text"
 
 def model_labels(names: Sequence[str], revisions: Sequence[str] | None = None) -> list[str]:
     """The labels of a report's models, in order: the revisions (`revisions`, of one repository), else each model's
-    folder name (a folder) or its name as given (a Hub id, "demo"); where two would be the same, the names as given.
+    folder name (a folder) or its name as given (a Hub id, "demo"); where two would be the same, told apart as
+    compare tells them (`compare.unique_labels`: by their parent folders).
     A model or revision given twice is refused."""
     given = list(revisions) if revisions is not None else [os.fspath(name) for name in names]
     twice = next((name for k, name in enumerate(given) if name in given[:k]), None)
@@ -73,33 +74,9 @@ def model_labels(names: Sequence[str], revisions: Sequence[str] | None = None) -
         raise AttnscopeError(f"{what} {twice!r} is given twice: give each model once")
     if revisions is not None:
         return given
-    short = [os.path.basename(os.path.normpath(name)) if os.path.isdir(name) else name for name in given]
-    return short if len(set(short)) == len(short) else given
+    from attnscope.analyses.compare import model_label, unique_labels  # one way of naming models, as compare's
 
-
-def check_same_shape(shapes: Sequence[tuple[str, Shape | None]]) -> None:
-    """Models of one report read from their configs before any weight loads, `(label, shape)` (None: not known):
-    refused in one line where one's kind of attention or layers × heads differ from the first's (the rest is checked
-    once they load, by `check_comparable`)."""
-    known = [(label, shape) for label, shape in shapes if shape is not None]
-    if not known:
-        return
-    first_label, first = known[0]
-    for label, shape in known[1:]:
-        problem = None
-        if first.kind_name and shape.kind_name and first.kind_name != shape.kind_name:
-            problem = f"{first_label} is {_a(first.kind_name)}, {label} {_a(shape.kind_name)}"
-        elif (first.n_layer, first.n_head) != (shape.n_layer, shape.n_head):
-            problem = (
-                f"{first_label} has {first.n_layer} layers × {first.n_head} heads, {label} {shape.n_layer} layers × "
-                f"{shape.n_head} heads"
-            )
-        if problem:
-            raise AttnscopeError(f"models {first_label} and {label} cannot be compared: {problem}")
-
-
-def _a(noun: str) -> str:
-    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
+    return unique_labels([model_label(name) for name in given], given)[0]
 
 
 def circuit_module() -> Any:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -314,36 +314,94 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-# A fixed text whose tokens two tokenizers must agree on (words, digits, punctuation, spaces, a non-ASCII letter).
-TOKENIZER_PROBE = "The cat sat on the mat. 12 + 34 = 46; naïve café, (x) => y\n\tend"
+# ------------------------------------------------------------------------------------------ comparable models
+
+# The parts of a fast tokenizer's definition (tokenizer.json) that decide how a text becomes ids, in the order a
+# difference is named: the vocabulary and merges (its model), then how a text is prepared and completed.
+TOKENIZER_PARTS = ("model", "added_tokens", "normalizer", "pre_tokenizer", "post_processor")
+SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id", "cls_token_id", "sep_token_id", "unk_token_id")
 
 
-def check_comparable(first: LoadedModel, other: LoadedModel, first_label: str, other_label: str) -> None:  # noqa: F821
-    """Whether `other` can be read beside `first`, head by head and token by token: the same kind of attention, the
-    same layers × heads, and the same tokenizer (the same vocabulary, special tokens and tokens of a fixed text).
-    Refused in one line naming what differs. (A minimal version for the report; `compare` brings the full one.)"""
+def check_same_shapes(shapes: Sequence[tuple[str, Shape | None]]) -> None:
+    """Models set side by side (`compare`, a `report` of several models), each `(label, shape)` as read from its
+    config before any weight loads (None: not known): refused in one line where one's layers × heads or kind of
+    attention differ from the first's. The rest (context, tokenizer) is checked once they load: `check_comparable`."""
+    known = [(label, shape) for label, shape in shapes if shape is not None]
+    for label, shape in known[1:]:
+        _check_same_shape(*known[0], label, shape)
 
-    def shape(model: Any) -> str:
-        return f"{model.n_layer} layers × {model.n_head} heads"
 
-    def a_or_an(noun: str) -> str:
-        return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
+def _check_same_shape(first_label: str, first: Shape, other_label: str, other: Shape) -> None:
+    a, b = f"'{first_label}'", f"'{other_label}'"
+    if (first.n_layer, first.n_head) != (other.n_layer, other.n_head):
+        raise AttnscopeError(
+            f"models {a} and {b} differ in shape: {first.n_layer} layers × {first.n_head} heads against "
+            f"{other.n_layer} × {other.n_head}; only models of one shape can be set side by side"
+        )
+    if first.kind_name and other.kind_name and first.kind_name != other.kind_name:
+        raise AttnscopeError(
+            f"models {a} and {b} differ in kind: {first.kind_name} against {other.kind_name} (each scores other rows)"
+        )
 
-    problems = []
-    if first.kind.name != other.kind.name:
-        problems.append(f"{first_label} is {a_or_an(first.kind.name)}, {other_label} {a_or_an(other.kind.name)}")
-    elif (first.n_layer, first.n_head) != (other.n_layer, other.n_head):
-        problems.append(f"{first_label} has {shape(first)}, {other_label} {shape(other)}")
-    elif first.tokenizer.get_vocab() != other.tokenizer.get_vocab():
-        problems.append(f"{first_label} and {other_label} have different tokenizers (vocabularies)")
-    else:
-        special = ("bos_token_id", "eos_token_id", "cls_token_id", "sep_token_id")
-        differing = [
-            name for name in special if getattr(first.tokenizer, name, None) != getattr(other.tokenizer, name, None)
-        ]
-        if differing:
-            problems.append(f"{first_label} and {other_label} have different special tokens ({', '.join(differing)})")
-        elif first.tokenizer(TOKENIZER_PROBE)["input_ids"] != other.tokenizer(TOKENIZER_PROBE)["input_ids"]:
-            problems.append(f"{first_label} and {other_label} tokenize the same text differently")
-    if problems:
-        raise AttnscopeError(f"models {first_label} and {other_label} cannot be compared: {problems[0]}")
+
+def check_comparable(first: Any, other: Any, first_label: str, other_label: str) -> None:
+    """Refuse, in one line naming the first difference, a model `other` whose heads cannot be set beside those of
+    `first` (LoadedModel both, read by duck typing: only their config and tokenizer): another layer × head shape,
+    another kind of attention, another context (texts would be cut into other windows), or another tokenizer (the
+    same texts would become other tokens, so other rows): its vocabulary (the first token that differs), its
+    special tokens, or the rest of its definition (merges, normalizer, pre-tokenizer, post-processor)."""
+    a, b = f"'{first_label}'", f"'{other_label}'"
+    _check_same_shape(
+        first_label,
+        Shape(first.n_layer, first.n_head, first.kind.name),
+        other_label,
+        Shape(other.n_layer, other.n_head, other.kind.name),
+    )
+    if first.n_ctx != other.n_ctx:
+        raise AttnscopeError(
+            f"models {a} and {b} differ in context: {first.n_ctx:,} tokens against {other.n_ctx:,} (long texts would "
+            "be cut into other windows, so the rows would differ)"
+        )
+    difference = tokenizer_difference(first.tokenizer, other.tokenizer, a, b)
+    if difference is not None:
+        raise AttnscopeError(
+            f"models {a} and {b} have different tokenizers: {difference}; the same texts would give other tokens, "
+            "so other rows"
+        )
+
+
+def tokenizer_difference(first: Any, other: Any, a: str = "the first", b: str = "the other") -> str | None:
+    """What first differs between two tokenizers (None: they turn every text into the same ids): the vocabulary's
+    size, its first differing token (by id), a special token, then a part of the fast tokenizers' definitions."""
+    vocab_a, vocab_b = first.get_vocab(), other.get_vocab()
+    if len(vocab_a) != len(vocab_b):
+        return f"{a} has {len(vocab_a):,} tokens, {b} {len(vocab_b):,}"
+    if vocab_a != vocab_b:
+        by_id_a = {index: token for token, index in vocab_a.items()}
+        by_id_b = {index: token for token, index in vocab_b.items()}
+        for index in sorted(set(by_id_a) | set(by_id_b)):
+            if by_id_a.get(index) != by_id_b.get(index):
+                return f"token {index} is {_shown(by_id_a.get(index))} in {a}, {_shown(by_id_b.get(index))} in {b}"
+    for name in SPECIAL_TOKENS:
+        id_a, id_b = getattr(first, name, None), getattr(other, name, None)
+        if id_a != id_b:
+            special = name.removesuffix("_id").replace("_", " ")
+            return f"{special} is {_special(first, id_a)} in {a}, {_special(other, id_b)} in {b}"
+    backend_a, backend_b = getattr(first, "backend_tokenizer", None), getattr(other, "backend_tokenizer", None)
+    if backend_a is not None and backend_b is not None:
+        text_a, text_b = backend_a.to_str(), backend_b.to_str()
+        if text_a == text_b:  # the same definition (parsing two of GPT-2's takes 0.3 s; comparing them, nothing)
+            return None
+        defined_a, defined_b = json.loads(text_a), json.loads(text_b)
+        for part in TOKENIZER_PARTS:
+            if defined_a.get(part) != defined_b.get(part):
+                what = "merges or vocabulary" if part == "model" else part.replace("_", "-")
+                return f"their {what} differ"
+    return None
+
+
+def _special(tokenizer: Any, token_id: Any) -> str:
+    if token_id is None:
+        return "none"
+    token = tokenizer.convert_ids_to_tokens(token_id)
+    return f"{_shown(token)} (id {token_id})"

@@ -314,7 +314,9 @@ def _block_rows(start: int, n: int, per_entry: int, budget: int, causal: bool) -
 def block_budget(state: CaptureState, device: torch.device) -> int:
     """Float32 logits per window in one block on `device`, for this batch (block_bytes, once per batch)."""
     if device not in state.block_budgets:
-        state.block_budgets[device] = block_bytes(device, int(state.lengths.shape[0]))
+        windows = int(state.lengths.shape[0])
+        pinned = getattr(state.reducer, "block_bytes", None)  # a reducer that needs the blocks of an earlier run
+        state.block_budgets[device] = pinned(device, windows) if pinned else block_bytes(device, windows)
     return state.block_budgets[device]
 
 

@@ -488,9 +488,12 @@ def other_shapes(tmp_path_factory):
 @pytest.mark.parametrize(
     "given, says",
     [
-        (["-m", "{tiny}", "-m", "{three-layers}"], "cannot be compared: {tiny_name} has 2 layers × 4 heads, "),
-        (["-m", "{tiny}", "-m", "{two-heads}"], "layers × 4 heads, {two_name} 2 layers × 2 heads"),
-        (["-m", "{tiny}", "-m", "{bert}"], "is a decoder, {bert_name} an encoder"),
+        (
+            ["-m", "{tiny}", "-m", "{three-layers}"],
+            "'{tiny_name}' and '{three_name}' differ in shape: 2 layers × 4 heads against 3 × 4",
+        ),
+        (["-m", "{tiny}", "-m", "{two-heads}"], "'{two_name}' differ in shape: 2 layers × 4 heads against 2 × 2"),
+        (["-m", "{tiny}", "-m", "{bert}"], "'{bert_name}' differ in kind: decoder against encoder"),
         (["-m", "{tiny}", "-m", "{tiny}"], "is given twice"),
         (["-m", "{tiny}", "-m", "demo", "--revisions", "a,b"], "--revisions are revisions of one model"),
         (["-m", "gpt2", "--revision", "main", "--revisions", "a,b"], "give --revision or --revisions, not both"),
@@ -507,6 +510,7 @@ def test_models_that_cannot_share_a_page_are_refused_in_one_line(
     names = {
         "tiny_name": tiny_model_dir.name,
         "two_name": other_shapes["two-heads"].name,
+        "three_name": other_shapes["three-layers"].name,
         "bert_name": tiny_bert_dir.name,
     }
     arguments = [part.format(**folders) for part in given]

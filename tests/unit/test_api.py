@@ -31,11 +31,12 @@ FUNCTIONS = {
     "attend": api.attend,
     "ablate": api.ablate,
     "report": api.report,
+    "compare": api.compare,
     "info": api.info,
     "random-mha": api.random_mha,
     "bench": api.bench,
 }
-RENAMED = {"text": "texts", "name": "model", "with_diversity": "diversity"}
+RENAMED = {"text": "texts", "name": "model", "names": "models", "with_diversity": "diversity"}
 OUTPUT_OPTIONS = {"json", "csv", "out", "quiet", "format", "dpi"}  # Result.save takes format and dpi
 # bench times a model on one device: its command refuses --device-map; ablate and info capture no attention, and
 # refuse any --kernel but auto
@@ -305,7 +306,9 @@ def _call(command: str, keyword: str, value, monkeypatch, tmp_path):
         monkeypatch.setattr(settings, "run", stop)
     keywords = {**REQUIRED.get(command, {}), RENAMED.get(keyword, keyword): value}
     positional = [str(tmp_path / "no-model")] if command in NEEDS_MODEL else []
-    if command in ("heads", "show", "diversity", "attend", "ablate", "report"):
+    if command == "compare":  # two models, each loaded in its turn
+        positional = [[str(tmp_path / "no-model"), str(tmp_path / "no-model-either")]]
+    if command in ("heads", "show", "diversity", "attend", "ablate", "report", "compare"):
         positional.append("The cat sat on the mat.")
     return FUNCTIONS[command](*positional, **keywords)
 

@@ -1,0 +1,188 @@
+"""compare on tiny models: the change is exactly 0 where no weight below a head changed and equals scipy's JSD on
+from-scratch maps elsewhere (whatever the blocks of each run); each model's scores are those of its own `heads` run;
+roles form where separate runs say; models that cannot be compared are refused; revisions of one Hub repository."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from attnscope import api
+from attnscope.analyses.compare import Checkpoint, Compare
+from attnscope.analyses.heads import analyze_heads
+from attnscope.errors import AttnscopeError
+from attnscope.pipeline import block_path
+from tests.support import TEXTS, build_tiny_gpt2, slow_change, without_head
+
+
+def _change(result) -> np.ndarray:
+    matrix = np.zeros((result.model["n_layer"], result.model["n_head"]))
+    for head in result.heads:
+        matrix[head.layer, head.head] = head.change
+    return matrix
+
+
+def test_identical_models_change_exactly_0_everywhere(model):
+    result = api.compare([model, model], TEXTS, batch_size=2)
+    assert result.labels[1] == f"{result.labels[0]}#2" and "labelled apart" in result.notes[0]
+    assert result.has_change and all(head.change == 0.0 for head in result.heads)
+
+
+def test_a_removed_head_changes_only_the_heads_above_it_as_scipy_says(tiny, monkeypatch):
+    """Head 0.1 writes nothing in the copy: layer 0's attention is the same (exactly 0), layer 1's differs, by the
+    JSD of the from-scratch maps. The first run is set to one query row per block and the second to whole layers:
+    the second takes the first's blocks (other blocks could round otherwise)."""
+    copy = without_head(tiny, 0, 1)
+    sizes = iter([1, None])
+
+    def loading(loaded):
+        def load():
+            block_path.BLOCK_BYTES = next(sizes) or original
+            return loaded
+
+        return load
+
+    original = block_path.BLOCK_BYTES
+    monkeypatch.setattr(block_path, "BLOCK_BYTES", original)
+    checkpoints = [
+        Checkpoint("a", tiny.name, None, loading(tiny), False),
+        Checkpoint("b", copy.name, None, loading(copy), False),
+    ]
+    result = Compare(batch_size=3).run(checkpoints, TEXTS)
+    change = _change(result)
+    assert (change[0] == 0.0).all()
+    assert (change[1] > 1e-4).any()
+    np.testing.assert_allclose(change, slow_change(tiny, copy, TEXTS), atol=2e-5)
+
+
+def test_each_models_scores_are_those_of_its_own_heads_run(tiny):
+    copy = without_head(tiny, 0, 2)
+    result = api.compare([tiny, copy], TEXTS, probe_len=5)
+    for index, model in enumerate((tiny, copy)):
+        alone = analyze_heads(model, TEXTS, probe_len=5)
+        for head, record in zip(result.heads, alone.heads, strict=True):
+            assert {name: values[index] for name, values in head.scores.items()} == {
+                name: value for name, value in record.scores.items() if value is not None
+            }
+            assert head.roles[index] == record.role.role
+
+
+def test_roles_form_where_separate_runs_say(monkeypatch):
+    """The demo model has induction heads in layer 1 that need the previous-token head 0.2: without it they are
+    gone. Models [without 0.2, with, with]: a head formed induction at the second model exactly where separate heads
+    runs give it induction in the full model and not without 0.2; [with, with, without]: no head holds it to the end."""
+    demo = api.load("demo", "cpu")
+    broken = without_head(demo, 0, 2, name="broken")
+    roles = {label: analyze_heads(model, TEXTS) for label, model in (("demo", demo), ("broken", broken))}
+    expected = {
+        record.label: record.role.role == "induction" and other.role.role != "induction"
+        for record, other in zip(roles["demo"].heads, roles["broken"].heads, strict=True)
+    }
+    assert any(expected.values())  # planted: removing 0.2 breaks some induction head
+    result = api.compare([broken, demo, demo], TEXTS)
+    assert result.labels == ["broken", "demo", "demo#2"] and not result.has_change
+    for head in result.heads:
+        assert (head.formed["induction"] == "demo") == expected[head.label], head.label
+    later = api.compare([demo, demo, broken], TEXTS)
+    assert all(head.formed["induction"] is None for head in later.heads if expected[head.label])
+
+
+def test_models_of_another_kind_are_refused_in_one_line(tiny, tiny_bert):
+    with pytest.raises(AttnscopeError, match="differ in kind: decoder against encoder"):
+        api.compare([tiny, tiny_bert], TEXTS)
+
+
+@pytest.mark.slow
+def test_the_cli_refuses_another_shape_before_loading_and_another_tokenizer_after(cli, tiny_model_dir, tmp_path):
+    deeper = build_tiny_gpt2(tmp_path / "deeper", n_layer=3)
+    code, out, err = cli("compare", "x", "--model", tiny_model_dir, "--model", deeper, "--device", "cpu")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "differ in shape: 2 layers × 4 heads against 3 × 4" in err
+    other = tmp_path / "other-tokenizer"
+    shutil.copytree(tiny_model_dir, other)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json"):
+        (other / name).unlink(missing_ok=True)
+    from attnscope.models.loading import demo_model_dir
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(demo_model_dir() / name, other / name)
+    code, out, err = cli("compare", "x", "--model", tiny_model_dir, "--model", other, "--device", "cpu")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "have different tokenizers:" in err and "tokens" in err, err
+
+
+@pytest.mark.slow
+def test_revisions_of_one_hub_repository_are_compared_offline(monkeypatch, tmp_path, tmp_path_factory):
+    """A fake Hugging Face cache holding three revisions of one repository (different weights): `--revisions`
+    labels each model by its revision and runs each revision's own weights; a local folder has no revisions."""
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    repo, revisions = "EleutherAI/pythia-tiny", ["step0", "step512", "step1000"]
+    folder = tmp_path / "hub" / f"models--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    sources = {}
+    for seed, revision in enumerate(revisions):
+        source = build_tiny_gpt2(tmp_path_factory.mktemp(revision), seed=seed)
+        commit = f"{seed + 1}" * 40
+        shutil.copytree(source, folder / "snapshots" / commit)
+        (folder / "refs" / revision).write_text(commit)
+        sources[revision] = source
+    result = api.compare(repo, TEXTS[:2], revisions=",".join(revisions), device="cpu", probe=False)
+    assert result.labels == revisions and [m["revision"] for m in result.model["compared"]] == revisions
+    for index, revision in enumerate(revisions):
+        alone = api.heads(str(sources[revision]), TEXTS[:2], device="cpu", probe=False)
+        got = [head.scores["previous_token"][index] for head in result.heads]
+        assert got == [record.scores["previous_token"] for record in alone.heads], revision
+    with pytest.raises(AttnscopeError, match="is a folder on this machine, which has no revisions"):
+        api.compare(str(sources["step0"]), revisions=revisions, device="cpu")
+
+
+@pytest.mark.slow
+def test_the_cli_gives_byte_identical_json_and_a_long_csv(cli, tiny_model_dir, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_model_dir, copy)
+    args = (
+        "compare",
+        "The cat sat on the mat.",
+        "-m",
+        tiny_model_dir,
+        "-m",
+        copy,
+        "--device",
+        "cpu",
+        "--probe-len",
+        "5",
+    )
+    first, second = cli(*args, "--json"), cli(*args, "--json")
+    assert first[0] == 0 and first[1] == second[1]
+    code, out, err = cli(*args, "--csv")
+    rows = out.strip().splitlines()
+    assert code == 0 and len(rows) == 1 + 8 * 2
+    assert rows[0].startswith("layer,head,label,model,model_index,role,")
+    code, out, err = cli(*args, "--out", tmp_path / "out")
+    assert code == 0, err
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == [
+        "change.png", "compare.csv", "compare.json", "score_induction.png", "trajectories.png",
+    ]  # fmt: skip
+    assert "Heads ranked by change" in out
+
+
+@pytest.mark.parametrize("stop", [AttnscopeError("the second model cannot be loaded"), KeyboardInterrupt()])
+def test_the_spool_is_removed_after_an_error_or_ctrl_c(tiny, monkeypatch, tmp_path, stop):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def fail():
+        assert list(tmp_path.iterdir()), "the first model's rows were spooled"
+        raise stop
+
+    checkpoints = [Checkpoint("a", tiny.name, None, lambda: tiny, False), Checkpoint("b", "b", None, fail, False)]
+    with pytest.raises(type(stop)):
+        Compare().run(checkpoints, TEXTS[:1])
+    assert list(tmp_path.iterdir()) == []

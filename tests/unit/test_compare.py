@@ -1,0 +1,187 @@
+"""compare without a model: when a role formed (planted role sequences), labels, revisions, the refusal of models
+that cannot be compared (hand-made tokenizers), the JSD the change sums (against scipy), and the JSON and long CSV
+of a hand-built result."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from scipy.spatial.distance import jensenshannon
+
+from attnscope.analyses.compare import Compare, CompareHead, CompareResult, formation, parse_revisions, unique_labels
+from attnscope.errors import AttnscopeError
+from attnscope.models.checks import check_comparable
+from attnscope.output.documents import to_csv, to_json
+from attnscope.scores import pairs
+from attnscope.scores.kinds import DECODER, ENCODER
+
+LABELS = ["s0", "s1", "s2", "s3", "s4"]
+
+
+@pytest.mark.parametrize(
+    "held, expected",
+    [
+        (["mixed", "mixed", "induction", "induction", "induction"], {"induction": "s2", "broad": None}),
+        (["mixed", "induction", "mixed", "induction", "induction"], {"induction": "s3", "broad": None}),  # lost once
+        (["induction", "induction", "induction", "induction", "mixed"], {"induction": None, "broad": None}),  # lost
+        (["induction"] * 5, {"induction": "s0", "broad": None}),  # held all along
+        (["broad", "broad", "mixed", "mixed", "induction"], {"induction": "s4", "broad": None}),  # at the last
+    ],
+)
+def test_a_role_formed_at_the_first_model_from_which_the_head_holds_it_to_the_end(held, expected):
+    assert formation(held, LABELS, ["induction", "broad"]) == expected
+
+
+def test_labels_are_made_unique_by_parent_folders_then_by_place(tmp_path):
+    (tmp_path / "run1" / "final").mkdir(parents=True)
+    (tmp_path / "run2" / "final").mkdir(parents=True)
+    names = [str(tmp_path / "run1" / "final"), str(tmp_path / "run2" / "final")]
+    labels, note = unique_labels(["final", "final"], names)
+    assert labels == ["run1/final", "run2/final"] and "final as run1/final" in note
+    labels, note = unique_labels(["demo", "demo", "gpt2"], ["demo", "demo", "gpt2"])
+    assert labels == ["demo", "demo#2", "gpt2"] and "demo as demo#2" in note
+    assert unique_labels(["a", "b"], ["a", "b"]) == (["a", "b"], None)
+
+
+def test_revisions_are_a_comma_separated_string_or_a_list():
+    assert parse_revisions("step0, step512,step1000") == ("step0", "step512", "step1000")
+    assert parse_revisions(["step0", "step1"]) == ("step0", "step1")
+    for wrong in ("step0,,step1", [], [3], 5):
+        with pytest.raises(AttnscopeError, match="^revisions "):
+            parse_revisions(wrong)
+    with pytest.raises(AttnscopeError, match="revisions of one repository, but 2 models were given"):
+        Compare(revisions="a,b").sources(["x", "y"])
+    with pytest.raises(AttnscopeError, match="compare needs at least two models, 1 given"):
+        Compare().check_count(1)
+    with pytest.raises(AttnscopeError, match="change compares the maps of two models; 3 were given"):
+        Compare(change=True).check_count(3)
+
+
+class _Tokenizer(SimpleNamespace):
+    """A tokenizer as check_comparable reads it: a vocabulary, special token ids, no fast backend."""
+
+    def get_vocab(self):
+        return dict(self.vocab)
+
+    def convert_ids_to_tokens(self, index):
+        return {i: t for t, i in self.vocab.items()}[index]
+
+
+def _model(n_layer=2, n_head=4, kind=DECODER, n_ctx=64, vocab=None, bos=0):
+    vocab = vocab or {"<s>": 0, "a": 1, "b": 2}
+    tokenizer = _Tokenizer(vocab=vocab, bos_token_id=bos, eos_token_id=0, pad_token_id=None)
+    return SimpleNamespace(n_layer=n_layer, n_head=n_head, kind=kind, n_ctx=n_ctx, tokenizer=tokenizer)
+
+
+@pytest.mark.parametrize(
+    "other, message",
+    [
+        (_model(n_layer=3), "models 'A' and 'B' differ in shape: 2 layers × 4 heads against 3 × 4"),
+        (_model(n_head=8), "differ in shape: 2 layers × 4 heads against 2 × 8"),
+        (_model(kind=ENCODER), "models 'A' and 'B' differ in kind: decoder against encoder"),
+        (_model(n_ctx=128), "differ in context: 64 tokens against 128"),
+        (_model(vocab={"<s>": 0, "a": 1}), "different tokenizers: 'A' has 3 tokens, 'B' 2"),
+        (_model(vocab={"<s>": 0, "a": 1, "c": 2}), "different tokenizers: token 2 is \"b\" in 'A', \"c\" in 'B'"),
+        (_model(bos=1), "different tokenizers: bos token is \"<s>\" (id 0) in 'A', \"a\" (id 1) in 'B'"),
+    ],
+)
+def test_models_that_cannot_be_compared_are_refused_naming_what_differs(other, message):
+    with pytest.raises(AttnscopeError) as refused:
+        check_comparable(_model(), other, "A", "B")
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+    check_comparable(_model(), _model(), "A", "B")  # the same: nothing to say
+
+
+def test_the_change_of_a_row_is_scipys_jensen_shannon_divergence_in_bits_and_exactly_0_for_equal_rows():
+    generator = torch.Generator().manual_seed(0)
+    p = torch.rand(6, 9, generator=generator) ** 3
+    q = torch.rand(6, 9, generator=generator) ** 3
+    p, q = p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
+    expected = [jensenshannon(a.double().numpy(), b.double().numpy(), base=2) ** 2 for a, b in zip(p, q, strict=True)]
+    assert np.allclose(pairs.js_divergence(p, q).numpy(), expected, atol=2e-6)
+    assert torch.equal(pairs.js_divergence(p, p.clone()), torch.zeros(6))
+
+
+def _result(change: bool = True) -> CompareResult:
+    heads = [
+        CompareHead(0, 0, {"induction": [0.1, 0.9], "previous_token": [0.7, 0.2]}, ["previous-token", "induction"],
+                    {"induction": "b", "previous-token": None}, 0.25 if change else None),
+        CompareHead(0, 1, {"induction": [0.0, 0.0], "previous_token": [0.1, 0.1]}, ["mixed", "mixed"],
+                    {"induction": None, "previous-token": None}, 0.0 if change else None),
+    ]  # fmt: skip
+    model = {"name": "a", "kind": "decoder", "n_layer": 1, "n_head": 2, "compared": []}
+    settings = {"thresholds": {"induction": 0.5}, "top": 5}
+    inputs = {"n_texts": 1, "n_tokens": 9}
+    return CompareResult(
+        model, DECODER, ["a", "b"], inputs, settings, heads, ("previous_token", "induction"), "induction"
+    )
+
+
+def test_the_json_holds_a_value_per_model_and_the_csv_a_row_per_head_and_model():
+    result = _result()
+    document = json.loads(result.to_json())
+    assert document["models"] == ["a", "b"] and document["command"] == "compare"
+    first = document["heads"][0]
+    assert first == {
+        "layer": 0, "head": 0, "label": "0.0", "scores": {"induction": [0.1, 0.9], "previous_token": [0.7, 0.2]},
+        "roles": ["previous-token", "induction"], "formed": {"induction": "b", "previous-token": None}, "change": 0.25,
+    }  # fmt: skip
+    assert result.to_json() == to_json(result.to_document())
+    rows = result.to_records()
+    assert [(row["label"], row["model"], row["role"]) for row in rows] == [
+        ("0.0", "a", "previous-token"), ("0.0", "b", "induction"), ("0.1", "a", "mixed"), ("0.1", "b", "mixed"),
+    ]  # fmt: skip
+    assert rows[1]["induction"] == 0.9 and rows[1]["change"] == 0.25
+    assert to_csv(rows).splitlines()[0] == "layer,head,label,model,model_index,role,induction,previous_token,change"
+    assert "change" not in json.dumps(json.loads(_result(change=False).to_json())["heads"])
+
+
+def test_the_spool_finds_rows_by_position_whatever_the_blocks_and_removes_its_file():
+    """Rows written in blocks 0:3 and 3:7 are read back in blocks 0:5 and 5:7 (causal: only the keys each row sees
+    are stored; encoder: every key)."""
+    from attnscope.pipeline.blocks import AttentionBlock
+    from attnscope.pipeline.change import AttentionSpool
+
+    generator = torch.Generator().manual_seed(1)
+    for kind in (DECODER, ENCODER):
+        probs = torch.rand(2, 3, 7, 7, generator=generator)  # (B, H, n, n)
+        if kind.causal:
+            probs = probs.tril()
+        lengths = torch.tensor([7, 5])
+        with AttentionSpool(kind) as spool:
+            for start, stop in ((0, 3), (3, 7)):
+                keys = stop if kind.causal else 7
+                block = AttentionBlock.from_probs(probs[:, :, start:stop, :keys], torch.arange(start, stop), lengths)
+                block.n_keys = 7
+                spool.write(0, 0, block)
+            spool.finish()
+            for start, stop in ((0, 5), (5, 7)):
+                keys = stop if kind.causal else 7
+                block = AttentionBlock.from_probs(probs[:, :, start:stop, :keys], torch.arange(start, stop), lengths)
+                block.n_keys = 7
+                expected = block.probs * spool.stored_keys(block.positions, keys)
+                assert torch.equal(spool.read(0, 0, block), expected), (kind.name, start)
+            path = spool.path
+            assert path.exists()
+        assert not path.exists()
+
+
+def test_the_terminal_and_the_notebook_rank_heads_by_change_and_list_role_changes():
+    from rich.console import Console
+
+    from attnscope.output.views import view_of
+
+    result = _result()
+    console = Console(width=100, record=True)
+    for item in view_of(result).terminal([]):
+        console.print(item)
+    text = console.export_text()
+    assert text.index("0.0") < text.index("0.1") and "Heads ranked by change" in text
+    assert "previous-token → induction (b)" in text and "induction from b" in text
+    fragment = result._repr_html_()
+    assert "Heads ranked by change" in fragment and "<script" not in fragment
+    assert "Heads whose role changes" in fragment
