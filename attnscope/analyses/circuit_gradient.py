@@ -52,6 +52,8 @@ def gradient_changes(
     texts: Texts | Sequence[Text],
     explained: Sequence[tuple[int, int, str]],
     heads: Heads,
+    *,
+    steps: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Attribution patching of each explained score: (with_values (n,), changes (n, L, H)) float64.
 
@@ -59,9 +61,16 @@ def gradient_changes(
     that this kind of model measures: `induction` needs a decoder and the probe). with_values[i] is B's score on the
     intact model, as `heads` (the same settings: texts, BOS, batching, window, probe) reports it; changes[i, a, h]
     the linear estimate of its change when head a.h is removed, -∂S/∂ξ_{a.h} at ξ = 1, 0 where a >= B's layer.
+
+    steps > 0: integrated gradients instead, -∫₀¹ ∂S/∂ξ_{a.h}(α·1) dα by the midpoint rule over `steps` points (every
+    gate at α together), `steps` forwards and backwards more: closer to exact removal where a softmax is saturated
+    (docs/circuit.md, `--method gradient`, gives both methods' measured errors).
     """
     import torch
 
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise AttnscopeError(f"steps {steps!r}: must be a whole number, 0 or more")
+    alphas = [1.0] if steps == 0 else [(j + 0.5) / steps for j in range(steps)]
     wanted = [_check(loaded, heads, *item) for item in explained]
     L, H = loaded.n_layer, loaded.n_head
     n = len(wanted)
@@ -81,7 +90,7 @@ def gradient_changes(
                 for batch in batches(windows, heads.batch_size, loaded.device, pad, heads.max_tokens):
                     count, batch_uniform = _accumulate(
                         loaded, heads, batch, [wanted[k] for k in from_texts], from_texts, gates, recorder,
-                        values, gradients,
+                        values, gradients, alphas,
                     )  # fmt: skip
                     counts[catalog.ROWS] += count
                     uniform += batch_uniform
@@ -92,7 +101,7 @@ def gradient_changes(
                 batch = next(batches(windows, len(windows), loaded.device))
                 count, _ = _accumulate(
                     loaded, heads, batch, [wanted[k] for k in from_probe], from_probe, gates, recorder,
-                    values, gradients, period=period,
+                    values, gradients, alphas, period=period,
                 )  # fmt: skip
                 counts[catalog.PROBE] += count
     finally:
@@ -108,7 +117,7 @@ def gradient_changes(
                 values[k] = (values[k] - share) / (1.0 - share)
                 gradients[k] /= 1.0 - share
         gradients[k, item.layer :] = 0.0  # nothing at or above B's layer reaches B's attention
-    return values.numpy(), (-gradients).numpy()
+    return values.numpy(), (0.0 - gradients).numpy()  # 0 - x: no -0.0
 
 
 def _check(loaded: LoadedModel, heads: Heads, layer: Any, head: Any, name: Any) -> _Explained:
@@ -198,37 +207,46 @@ def _accumulate(
     recorder: _AttentionRecorder,
     values: Any,
     gradients: Any,
+    alphas: list[float],
     period: int | None = None,
 ) -> tuple[int, float]:
-    """One forward of `batch` with gates, then one backward per explained score: adds each score's sum over the
-    batch's scored rows to values[slot] and its gradient with respect to the gates to gradients[slot]. Returns the
-    scored rows counted, and local_uniform's sum over them (texts only)."""
+    """Adds each explained score's sum over the batch's scored rows at ξ = 1 to values[slot], and the mean over
+    `alphas` of its gradient with respect to the gates at ξ = α·1 to gradients[slot]: one forward per α, then one
+    backward per score (and a forward at ξ = 1 for the values when 1 is not among the α). Returns the scored rows
+    counted, and local_uniform's sum over them (texts only)."""
     import torch
 
     L, H = loaded.n_layer, loaded.n_head
     B = batch.input_ids.shape[0]
-    gate = torch.ones(L, H, device=loaded.device, requires_grad=True)  # (L, H) ξ, shared by every window
-    gates.gates = gate[None].expand(B, L, H)  # (B, L, H)
     recorder.layers = frozenset(item.layer for item in wanted)
-    recorder.probs, recorder.visible = {}, {}
+    count, uniform = 0, 0.0
+    passes = ([] if 1.0 in alphas else [None]) + alphas  # None: the values only, no graph
     try:
-        loaded.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-        sums, count, uniform = {}, 0, 0.0
-        for layer in sorted(recorder.layers):
-            attn = recorder.probs[layer].float()  # (B, H, n, n_k)
-            positions = torch.arange(attn.shape[-2], device=attn.device)  # (n,)
-            if period is not None:
-                sums[layer], count = _probe_sums(attn, positions, batch.lengths, period)
-            else:
-                sums[layer], count, uniform = _row_sums(loaded, heads, attn, positions, batch, recorder.visible[layer])
-        for index, (slot, item) in enumerate(zip(slots, wanted, strict=True)):
-            total = sums[item.layer][_UNDERLYING.get(item.score, item.score)][item.head]  # scalar, float64
-            values[slot] += float(total.detach())
-            if total.requires_grad:
-                last = index == len(wanted) - 1
-                (gradient,) = torch.autograd.grad(total, gate, retain_graph=not last, allow_unused=True)
-                if gradient is not None:
-                    gradients[slot] += gradient.double().cpu()
+        for alpha in passes:
+            gate = torch.full((L, H), 1.0 if alpha is None else alpha, device=loaded.device)  # (L, H) ξ
+            gate.requires_grad_(alpha is not None)
+            gates.gates = gate[None].expand(B, L, H)  # (B, L, H): one gate per head, shared by every window
+            recorder.probs, recorder.visible = {}, {}
+            with torch.set_grad_enabled(alpha is not None):
+                loaded.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+                sums = {}
+                for layer in sorted(recorder.layers):
+                    attn = recorder.probs[layer].float()  # (B, H, n, n_k)
+                    positions = torch.arange(attn.shape[-2], device=attn.device)  # (n,)
+                    if period is not None:
+                        sums[layer], count = _probe_sums(attn, positions, batch.lengths, period)
+                    else:
+                        visible = recorder.visible[layer]
+                        sums[layer], count, uniform = _row_sums(loaded, heads, attn, positions, batch, visible)
+            for index, (slot, item) in enumerate(zip(slots, wanted, strict=True)):
+                total = sums[item.layer][_UNDERLYING.get(item.score, item.score)][item.head]  # scalar, float64
+                if alpha is None or alpha == 1.0:
+                    values[slot] += float(total.detach())
+                if alpha is not None and total.requires_grad:
+                    last = index == len(wanted) - 1
+                    (gradient,) = torch.autograd.grad(total, gate, retain_graph=not last, allow_unused=True)
+                    if gradient is not None:
+                        gradients[slot] += gradient.double().cpu() / len(alphas)
     finally:
         gates.gates = None
         recorder.probs, recorder.visible = {}, {}
