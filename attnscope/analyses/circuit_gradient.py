@@ -77,7 +77,8 @@ def gradient_changes(
     values = torch.zeros(n, dtype=torch.float64)
     gradients = torch.zeros(n, L, H, dtype=torch.float64)
     counts = {catalog.ROWS: 0, catalog.PROBE: 0}
-    uniform = 0.0  # local_uniform's sum over the texts' scored rows
+    uniform = dict.fromkeys(range(L), 0.0)  # layer -> local_uniform's sum over the texts' scored rows (a sliding
+    # window makes it differ between layers)
     from_texts = [k for k, item in enumerate(wanted) if item.source == catalog.ROWS]
     from_probe = [k for k, item in enumerate(wanted) if item.source == catalog.PROBE]
     previous = loaded.config._attn_implementation
@@ -93,7 +94,8 @@ def gradient_changes(
                         values, gradients, alphas,
                     )  # fmt: skip
                     counts[catalog.ROWS] += count
-                    uniform += batch_uniform
+                    for layer, part in batch_uniform.items():
+                        uniform[layer] += part
                 if counts[catalog.ROWS] == 0:
                     raise AttnscopeError("no text has a scored row: give at least two tokens to explain")
             if from_probe:
@@ -110,7 +112,7 @@ def gradient_changes(
         values[k] /= counts[item.source]
         gradients[k] /= counts[item.source]
         if item.score in _UNDERLYING:  # an affine function of a row score's mean, with the texts' uniform share
-            share = uniform / counts[catalog.ROWS]
+            share = uniform[item.layer] / counts[catalog.ROWS]
             if item.score == "local_uniform":
                 values[k], gradients[k] = share, 0.0
             else:
@@ -209,17 +211,17 @@ def _accumulate(
     gradients: Any,
     alphas: list[float],
     period: int | None = None,
-) -> tuple[int, float]:
+) -> tuple[int, dict[int, float]]:
     """Adds each explained score's sum over the batch's scored rows at ξ = 1 to values[slot], and the mean over
     `alphas` of its gradient with respect to the gates at ξ = α·1 to gradients[slot]: one forward per α, then one
     backward per score (and a forward at ξ = 1 for the values when 1 is not among the α). Returns the scored rows
-    counted, and local_uniform's sum over them (texts only)."""
+    counted, and local_uniform's sum over them in each explained layer (texts only)."""
     import torch
 
     L, H = loaded.n_layer, loaded.n_head
     B = batch.input_ids.shape[0]
     recorder.layers = frozenset(item.layer for item in wanted)
-    count, uniform = 0, 0.0
+    count, uniform = 0, {}
     passes = ([] if 1.0 in alphas else [None]) + alphas  # None: the values only, no graph
     try:
         for alpha in passes:
@@ -237,7 +239,7 @@ def _accumulate(
                         sums[layer], count = _probe_sums(attn, positions, batch.lengths, period)
                     else:
                         visible = recorder.visible[layer]
-                        sums[layer], count, uniform = _row_sums(loaded, heads, attn, positions, batch, visible)
+                        sums[layer], count, uniform[layer] = _row_sums(loaded, heads, attn, positions, batch, visible)
             for index, (slot, item) in enumerate(zip(slots, wanted, strict=True)):
                 total = sums[item.layer][_UNDERLYING.get(item.score, item.score)][item.head]  # scalar, float64
                 if alpha is None or alpha == 1.0:

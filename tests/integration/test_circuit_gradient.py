@@ -136,6 +136,20 @@ def test_an_encoder_has_no_probe_score(tiny_bert):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen2", "gemma2", "gpt_oss", "modernbert"])
+def test_values_equal_the_heads_analysis_with_windows_softcaps_and_sinks(family_dir, family):
+    """Sliding windows in some layers only (each layer's own mask, and its own local_uniform), Gemma 2's soft-capping,
+    gpt-oss's sinks, ModernBERT's local layers: every score of every layer in one call."""
+    loaded = load_model(str(family_dir(family)), "cpu")
+    texts = [*TEXTS, *FAMILY_TEXTS]
+    explained = _every_pair(loaded)
+    values, changes = gradient_changes(loaded, texts, explained, SETTINGS)
+    expected = _scores(loaded, texts, SETTINGS)
+    np.testing.assert_allclose(values, [expected[item] for item in explained], atol=2e-6)
+    assert np.isfinite(changes).all() and np.abs(changes[[k for k, item in enumerate(explained) if item[0]]]).max() > 0
+
+
+@pytest.mark.slow
 def test_grouped_query_llama_values_and_derivative(family_dir):
     """A tiny Llama with two key/value heads for four query heads: values and derivative as above."""
     llama = load_model(str(family_dir("llama")), "cpu")
