@@ -714,13 +714,14 @@ def train_induction_checkpoints(folder: Path, steps: int = 800, every: int = 50,
     (`repeated_words`, batches of 32, next-token loss on the predictable tokens, AdamW lr 1e-3) for `steps` steps,
     saving it with save_pretrained (and its tokenizer) before the first step and every `every` steps, into
     folder/step-0000, folder/step-0050, ...; returns those folders in order. One thread, seeded: the same weights on
-    every run of the same torch (40-50 s on one core of the shared 2-core VM the tests were written on).
+    every run of the same torch (27-50 s on one core of the shared 2-core VM the tests were written on).
 
     Where the induction head forms (defaults; the best layer-1 head's mean attention to the induction target on
     repeated random words of period 31, as attnscope's probe measures it): 0.02-0.03 up to step 250, 0.07 at step
     300, then a sharp rise, 0.24 at 350 and 0.36 at 400, then slowly, 0.49 at 600; it passes the catalog's threshold
     of 0.5 at step 650 (0.51) and stays above it to the end (0.56 at step 800): `formed` is step-0650. All four
-    layer-1 heads rise together, within about 0.06 of each other.
+    layer-1 heads rise together, within about 0.06 of each other, and each holds the induction role from step-0650
+    or step-0700 on (attnscope's probe: 1.0 and 1.3 from step-0650, 1.1 and 1.2 from step-0700).
     Layer 0 forms no induction head. tests/integration/test_phase_change.py checks this independently.
     """
     import numpy as np
@@ -762,3 +763,38 @@ def train_induction_checkpoints(folder: Path, steps: int = 800, every: int = 50,
     finally:
         torch.set_num_threads(threads)
     return saved
+
+
+def repeated_segments(seed: int, count: int, period: int, words: int = len(INDUCTION_WORDS)):
+    """(count, 1 + 2·period) ids: BOS (0), `period` distinct random words (ids 1 .. `words`), the same again; from a
+    numpy generator seeded `seed` (not attnscope's probe)."""
+    import numpy as np
+
+    generator = np.random.default_rng(seed)
+    segments = np.stack([generator.choice(np.arange(1, words + 1), period, replace=False) for _ in range(count)])
+    return torch.from_numpy(np.concatenate([np.zeros((count, 1), dtype=np.int64), segments, segments], axis=1))
+
+
+def eager_induction_scores(folder: Path, ids: torch.Tensor, period: int):
+    """(n_layer, n_head) numpy: the mean attention from each token of the second copy to the token after its first
+    occurrence, A[i, i - (period - 1)], over sequences `ids` (B, 1 + 2·period) of BOS and a segment repeated once
+    (`repeated_segments`); from the checkpoint in `folder` run by transformers alone (eager attention,
+    output_attentions), nothing of attnscope's."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        attentions = model(input_ids=ids, output_attentions=True).attentions  # per layer (B, H, n, n)
+    rows = torch.arange(1 + period, 1 + 2 * period)  # the second copy
+    return torch.stack([layer[:, :, rows, rows - (period - 1)].mean(dim=(0, 2)) for layer in attentions]).numpy()
+
+
+def first_held(held: list[bool]) -> int | None:
+    """The index of the first item from which every item to the end is true (when a role formed, over checkpoints
+    in order: `compare`'s "formed"), None when the last is false."""
+    for index in range(len(held)):
+        if all(held[index:]):
+            return index
+    return None

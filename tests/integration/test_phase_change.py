@@ -16,7 +16,14 @@ from attnscope.models.loading import load_model
 from attnscope.pipeline.inputs import Text
 from attnscope.pipeline.probe import probe_windows
 from attnscope.scores import catalog
-from tests.support import INDUCTION_CONTEXT, INDUCTION_WORDS, train_induction_checkpoints
+from tests.support import (
+    INDUCTION_CONTEXT,
+    INDUCTION_WORDS,
+    eager_induction_scores,
+    first_held,
+    repeated_segments,
+    train_induction_checkpoints,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -36,40 +43,16 @@ def _step(folder) -> int:
     return int(folder.name.removeprefix("step-"))
 
 
-def induction_scores(folder, ids: torch.Tensor, period: int) -> np.ndarray:
-    """(n_layer, n_head): mean attention from each token of the second copy to the token after its first
-    occurrence, A[i, i - (period - 1)], over sequences `ids` (B, 1 + 2·period) of BOS and a segment repeated once;
-    from transformers' own eager attention, nothing of attnscope's."""
-    from transformers import GPT2LMHeadModel
-
-    model = GPT2LMHeadModel.from_pretrained(folder, attn_implementation="eager").eval()
-    with torch.no_grad():
-        attentions = model(input_ids=ids, output_attentions=True).attentions  # per layer (B, H, n, n)
-    rows = torch.arange(1 + period, 1 + 2 * period)  # the second copy
-    return torch.stack([layer[:, :, rows, rows - (period - 1)].mean(dim=(0, 2)) for layer in attentions]).numpy()
-
-
-def _random_repeats(seed: int, count: int, period: int) -> torch.Tensor:
-    """(count, 1 + 2·period): BOS (0), `period` distinct random words (ids 1 .. 64), the same again."""
-    generator = np.random.default_rng(seed)
-    segments = np.stack([generator.choice(np.arange(1, len(INDUCTION_WORDS) + 1), period, replace=False)
-                         for _ in range(count)])  # fmt: skip
-    return torch.from_numpy(np.concatenate([np.zeros((count, 1), dtype=np.int64), segments, segments], axis=1))
-
-
 def _formed(scores: list[np.ndarray]) -> int | None:
-    """The index of the first checkpoint from which some layer-1 head holds the induction role to the end."""
-    above = [bool((score[1] >= THRESHOLD).any()) for score in scores]
-    for index in range(len(above)):
-        if all(above[index:]):
-            return index
-    return None
+    """The index of the first checkpoint from which some layer-1 head's induction score passes the role's threshold
+    to the end."""
+    return first_held([bool((score[1] >= THRESHOLD).any()) for score in scores])
 
 
 @pytest.fixture(scope="module")
 def independent(checkpoints):
-    ids = _random_repeats(seed=12345, count=16, period=PERIOD)
-    return [induction_scores(folder, ids, PERIOD) for folder in checkpoints]
+    ids = repeated_segments(seed=12345, count=16, period=PERIOD)
+    return [eager_induction_scores(folder, ids, PERIOD) for folder in checkpoints]
 
 
 def test_an_induction_head_forms_partway(checkpoints, independent):
@@ -90,7 +73,7 @@ def test_an_induction_head_forms_partway(checkpoints, independent):
 def test_attnscope_heads_agrees_checkpoint_by_checkpoint(checkpoints, independent):
     settings = Heads()
     text = [Text(" ".join(INDUCTION_WORDS[:20] * 2), "words")]
-    measured = []
+    measured, roles = [], []
     for folder, mine in zip(checkpoints, independent, strict=True):
         loaded = load_model(str(folder), "cpu")
         result = settings.run(loaded, text)
@@ -99,12 +82,21 @@ def test_attnscope_heads_agrees_checkpoint_by_checkpoint(checkpoints, independen
                            for layer in range(2)])  # fmt: skip
         # on attnscope's own probe sequences, transformers' eager attention gives the same numbers
         probe = torch.tensor([window.ids for window in probe_windows(loaded.tokenizer, PERIOD, INDUCTION_CONTEXT)])
-        np.testing.assert_allclose(theirs, induction_scores(folder, probe, PERIOD), atol=1e-5)
+        np.testing.assert_allclose(theirs, eager_induction_scores(folder, probe, PERIOD), atol=1e-5)
         # on other random words, the same heads within sampling noise
         np.testing.assert_allclose(theirs, mine, atol=0.05)
         called = {record.label for record in result.heads if record.role.role == "induction"}
         assert called <= {f"{layer}.{head}" for layer, head in zip(*np.nonzero(theirs >= THRESHOLD), strict=True)}
         measured.append(theirs)
+        roles.append(called)
     formed, expected = _formed(measured), _formed(independent)
     print(f"attnscope heads: formed at {checkpoints[formed].name}; independent: {checkpoints[expected].name}")
     assert formed is not None and abs(formed - expected) <= 1
+    # head by head, as `compare` reports it: the first checkpoint from which the head holds the induction role
+    for head in range(4):
+        by_role = first_held([f"1.{head}" in called for called in roles])
+        by_score = first_held([bool(score[1, head] >= THRESHOLD) for score in independent])
+        named = [None if index is None else checkpoints[index].name for index in (by_role, by_score)]
+        print(f"1.{head} formed: attnscope's role {named[0]}, independent score {named[1]}")
+        assert (by_role is None) == (by_score is None)
+        assert by_role is None or abs(by_role - by_score) <= 1
