@@ -3,7 +3,9 @@
 For every head B of layer 1 and every per-head score, and every head A of layer 0: the exact change of B's score
 when A is removed (A's slice of W_O zeroed in a copy of the model, the heads analysis run again), against the
 estimate of attribution patching (steps 0) and of integrated gradients (steps 4). Models: the bundled demo (its
-sample texts) and the tests' tiny random-weight Llama (grouped-query attention; the tests' texts).
+sample texts), the tests' tiny random-weight Llama (grouped-query attention; the tests' texts), and the last
+checkpoint of the tests' induction run (tests.support.train_induction_checkpoints: trained ~30-50 s here first;
+texts of its words).
 
     OMP_NUM_THREADS=1 python scripts/measure_circuit_gradient.py
 """
@@ -24,9 +26,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from attnscope.analyses.circuit_gradient import gradient_changes  # noqa: E402
 from attnscope.analyses.heads import Heads  # noqa: E402
 from attnscope.models.loading import load_model  # noqa: E402
-from attnscope.pipeline.inputs import sample_texts  # noqa: E402
+from attnscope.pipeline.inputs import Text, sample_texts  # noqa: E402
 from attnscope.scores import catalog  # noqa: E402
-from tests.support import FAMILY_TEXTS, TEXTS, build_family_model  # noqa: E402
+from tests.support import (  # noqa: E402
+    FAMILY_TEXTS,
+    INDUCTION_WORDS,
+    TEXTS,
+    build_family_model,
+    train_induction_checkpoints,
+)
 
 
 def without(loaded, layer, head):
@@ -94,11 +102,15 @@ def main() -> None:
     )
     print(header)
     details, costs = [], []
-    folder = Path(tempfile.mkdtemp()) / "llama"
-    build_family_model("llama", folder)
+    folder = Path(tempfile.mkdtemp())
+    build_family_model("llama", folder / "llama")
+    trained = train_induction_checkpoints(folder / "induction")[-1]
+    generator = np.random.default_rng(0)
+    word_texts = [Text(" ".join(generator.choice(INDUCTION_WORDS, size=40)), f"w{k}") for k in range(4)]
     for name, loaded, texts in (
         ("demo", load_model("demo", "cpu"), sample_texts()),
-        ("tiny Llama", load_model(str(folder), "cpu"), [*TEXTS, *FAMILY_TEXTS]),
+        ("tiny Llama", load_model(str(folder / "llama"), "cpu"), [*TEXTS, *FAMILY_TEXTS]),
+        (f"induction run, {trained.name}", load_model(str(trained), "cpu"), word_texts),
     ):
         rows, timings, detail = measure(name, loaded, texts)
         print("\n".join(rows))
