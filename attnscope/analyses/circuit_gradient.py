@@ -188,12 +188,12 @@ class _AttentionRecorder:
 
 def _visible(mask: Any, weights: Any) -> Any:
     """(B, n, n_k) bool: the keys a row sees, from the mask eager attention was given (additive, 0 where allowed,
-    the dtype's lowest value where not; or boolean)."""
+    the dtype's lowest value where not; or boolean); None when it was given none (the kind's geometry then)."""
     import torch
 
+    if mask is None:
+        return None
     B, _, n, n_keys = weights.shape
-    if mask is None:  # nothing masked
-        return torch.ones(B, n, n_keys, dtype=torch.bool, device=weights.device)
     mask = mask[..., :n, :n_keys]
     allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
     return allowed.expand(B, 1, n, n_keys)[:, 0]
@@ -239,6 +239,8 @@ def _accumulate(
                         sums[layer], count = _probe_sums(attn, positions, batch.lengths, period)
                     else:
                         visible = recorder.visible[layer]
+                        if visible is None:  # no mask: the causal triangle (or every key) and padding
+                            visible = loaded.kind.visible_mask(positions, batch.lengths, attn.shape[-1])
                         sums[layer], count, uniform[layer] = _row_sums(loaded, heads, attn, positions, batch, visible)
             for index, (slot, item) in enumerate(zip(slots, wanted, strict=True)):
                 total = sums[item.layer][_UNDERLYING.get(item.score, item.score)][item.head]  # scalar, float64
