@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.analyses.ablate import HeadGates
+from attnscope.analyses.common import too_short
 from attnscope.analyses.heads import Heads, default_probe_period
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
@@ -83,6 +84,10 @@ def gradient_changes(
     from_probe = [k for k, item in enumerate(wanted) if item.source == catalog.PROBE]
     previous = loaded.config._attn_implementation
     loaded.model.set_attn_implementation("eager")  # the probabilities themselves, differentiable
+    # only the gates' gradients are wanted: the weights' would cost the backward passes a matrix product per layer
+    weights = [parameter for parameter in loaded.model.parameters() if parameter.requires_grad]
+    for parameter in weights:
+        parameter.requires_grad_(False)
     try:
         with HeadGates(loaded) as gates, _AttentionRecorder(loaded) as recorder:
             if from_texts:
@@ -97,7 +102,7 @@ def gradient_changes(
                     for layer, part in batch_uniform.items():
                         uniform[layer] += part
                 if counts[catalog.ROWS] == 0:
-                    raise AttnscopeError("no text has a scored row: give at least two tokens to explain")
+                    raise AttnscopeError(too_short(loaded, "explain"))
             if from_probe:
                 period, windows = _probe(loaded, heads)
                 batch = next(batches(windows, len(windows), loaded.device))
@@ -108,6 +113,8 @@ def gradient_changes(
                 counts[catalog.PROBE] += count
     finally:
         loaded.model.set_attn_implementation(previous)
+        for parameter in weights:
+            parameter.requires_grad_(True)
     for k, item in enumerate(wanted):
         values[k] /= counts[item.source]
         gradients[k] /= counts[item.source]
