@@ -98,6 +98,18 @@ def main() -> None:
     inductive = [(L - 1, head, "induction") for head in range(H)]
     _, seconds = timed(device, gradient_changes, loaded, texts, inductive, settings)
     print(f"gradient: induction (the probe) of the {len(inductive)} heads of layer {L - 1}: {seconds:.2f} s")
+    # the machine may be shared: the same three things again, interleaved, and their medians
+    rounds = {"heads run": [], "gradient, 12 scores of the last layer": [], "gradient, 1 score of the last layer": []}
+    for _ in range(3):
+        rounds["heads run"].append(timed(device, settings.run, loaded, texts)[1])
+        rounds["gradient, 12 scores of the last layer"].append(
+            timed(device, gradient_changes, loaded, texts, last, settings)[1]
+        )
+        rounds["gradient, 1 score of the last layer"].append(
+            timed(device, gradient_changes, loaded, texts, last[:1], settings)[1]
+        )
+    for what, times in rounds.items():
+        print(f"interleaved, median of 3: {what}: {np.median(times):.2f} s ({', '.join(f'{t:.2f}' for t in times)})")
 
 
 if __name__ == "__main__":
