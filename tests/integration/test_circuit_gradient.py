@@ -114,13 +114,14 @@ def test_the_model_is_left_as_it_was(tiny):
 
 
 def test_batched_backward_passes_equal_one_after_another(tiny, monkeypatch):
-    """The backward passes of a chunk of scores run together (vmap); one by one, or with vmap refused, the same."""
+    """The backward passes of a chunk of scores run together (vmap); one by one, or with vmap refused, the same
+    (to float32 rounding: batched matrix products add in another order)."""
     from attnscope.analyses import circuit_gradient
 
     explained = [(1, head, name) for head in range(tiny.n_head) for name in ("previous_token", "induction")]
     _, batched = gradient_changes(tiny, TEXTS, explained, SETTINGS)
     monkeypatch.setattr(circuit_gradient, "GRADIENTS_AT_ONCE", 1)
-    np.testing.assert_allclose(gradient_changes(tiny, TEXTS, explained, SETTINGS)[1], batched, atol=1e-12)
+    np.testing.assert_allclose(gradient_changes(tiny, TEXTS, explained, SETTINGS)[1], batched, atol=1e-6)
     grad = torch.autograd.grad
 
     def refuse_batches(*args, **kwargs):
@@ -130,7 +131,7 @@ def test_batched_backward_passes_equal_one_after_another(tiny, monkeypatch):
 
     monkeypatch.setattr(circuit_gradient, "GRADIENTS_AT_ONCE", 16)
     monkeypatch.setattr(torch.autograd, "grad", refuse_batches)
-    np.testing.assert_allclose(gradient_changes(tiny, TEXTS, explained, SETTINGS)[1], batched, atol=1e-12)
+    np.testing.assert_allclose(gradient_changes(tiny, TEXTS, explained, SETTINGS)[1], batched, atol=1e-6)
 
 
 @pytest.mark.parametrize(
