@@ -98,10 +98,16 @@ def main() -> None:
     inductive = [(L - 1, head, "induction") for head in range(H)]
     _, seconds = timed(device, gradient_changes, loaded, texts, inductive, settings)
     print(f"gradient: induction (the probe) of the {len(inductive)} heads of layer {L - 1}: {seconds:.2f} s")
-    # the machine may be shared: the same three things again, interleaved, and their medians
-    rounds = {"heads run": [], "gradient, 12 scores of the last layer": [], "gradient, 1 score of the last layer": []}
+    # the machine may be shared: the same things again, interleaved, and their medians
+    rounds = {
+        "heads run": [],
+        "gradient, 144 scores": [],
+        "gradient, 12 scores of the last layer": [],
+        "gradient, 1 score of the last layer": [],
+    }
     for _ in range(3):
         rounds["heads run"].append(timed(device, settings.run, loaded, texts)[1])
+        rounds["gradient, 144 scores"].append(timed(device, gradient_changes, loaded, texts, every, settings)[1])
         rounds["gradient, 12 scores of the last layer"].append(
             timed(device, gradient_changes, loaded, texts, last, settings)[1]
         )
