@@ -760,3 +760,133 @@ def slow_change(first, second, texts):
                 sums[layer, head] += sum(jensenshannon(p[r], q[r], base=2) ** 2 for r in scored)
         count += len(scored)
     return sums / count
+
+
+# ----------------------------------------------------------------------------- a real phase change (compare)
+# A tiny GPT-2 trained on repeated random words until an induction head forms, checkpoints saved along the way:
+# the training run that `compare` is checked against (issue 26). Deterministic: seeded data and weights, one thread.
+
+INDUCTION_WORDS = tuple(first + vowel + last for first in "bdgkmnpt" for vowel in "aeiou" for last in "lnrs")[
+    :64
+]  # 64 made-up words of three letters: `▁bal`, `▁ban` ... (each an ordinary word token of attnscope's probe)
+INDUCTION_CONTEXT = 64  # positions: attnscope's probe on these checkpoints has period (64 - 1) // 2 = 31
+
+
+def word_tokenizer(folder: Path, words=INDUCTION_WORDS) -> int:
+    """A word-level tokenizer: `<|endoftext|>` (id 0: BOS, EOS and unknown words), then `▁word` for each word (ids
+    1 ..), words split at spaces (`▁` marks a word start, as SentencePiece does). No BOS added by the tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocabulary = {"<|endoftext|>": 0, **{f"▁{word}": k + 1 for k, word in enumerate(words)}}
+    tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="<|endoftext|>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    return _save_fast_tokenizer(
+        folder, tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>"
+    )
+
+
+def repeated_words(generator, batch: int, vocab_size: int, n_ctx: int = INDUCTION_CONTEXT):
+    """A training batch: each sequence is BOS and a segment x of T distinct random words (T uniform in 2 ..
+    (n_ctx - 1) // 2, drawn per sequence) repeated until the context is full: x x x ... Returns (ids (B, n_ctx),
+    predicted (B, n_ctx - 1) bool: the next tokens that can be predicted, those after the first copy)."""
+    import numpy as np
+
+    ids, predicted = np.zeros((batch, n_ctx), dtype=np.int64), np.zeros((batch, n_ctx - 1), dtype=bool)
+    for row in range(batch):
+        period = int(generator.integers(2, (n_ctx - 1) // 2 + 1))
+        segment = generator.choice(np.arange(1, vocab_size), size=period, replace=False)
+        ids[row, 1:] = np.tile(segment, -(-(n_ctx - 1) // period))[: n_ctx - 1]
+        predicted[row, period:] = True  # the target at position i + 1 is in the second copy or later
+    return torch.from_numpy(ids), torch.from_numpy(predicted)
+
+
+def train_induction_checkpoints(folder: Path, steps: int = 800, every: int = 50, seed: int = 0) -> list[Path]:
+    """Train a 2-layer, 4-head GPT-2 (d_model 64, context 64, the 64-word `word_tokenizer`) on repeated random words
+    (`repeated_words`, batches of 32, next-token loss on the predictable tokens, AdamW lr 1e-3) for `steps` steps,
+    saving it with save_pretrained (and its tokenizer) before the first step and every `every` steps, into
+    folder/step-0000, folder/step-0050, ...; returns those folders in order. One thread, seeded: the same weights on
+    every run of the same torch (27-50 s on one core of the shared 2-core VM the tests were written on).
+
+    Where the induction head forms (defaults; the best layer-1 head's mean attention to the induction target on
+    repeated random words of period 31, as attnscope's probe measures it): 0.02-0.03 up to step 250, 0.07 at step
+    300, then a sharp rise, 0.24 at 350 and 0.36 at 400, then slowly, 0.49 at 600; it passes the catalog's threshold
+    of 0.5 at step 650 (0.51) and stays above it to the end (0.56 at step 800): `formed` is step-0650. All four
+    layer-1 heads rise together, within about 0.06 of each other, and each holds the induction role from step-0650
+    or step-0700 on (attnscope's probe: 1.0 and 1.3 from step-0650, 1.1 and 1.2 from step-0700).
+    Layer 0 forms no induction head. tests/integration/test_phase_change.py checks this independently.
+    """
+    import numpy as np
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab_size = word_tokenizer(folder / "tokenizer")
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(seed)
+        generator = np.random.default_rng(seed)
+        config = GPT2Config(
+            vocab_size=vocab_size, n_positions=INDUCTION_CONTEXT, n_embd=64, n_layer=2, n_head=4,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+        )  # fmt: skip
+        model = GPT2LMHeadModel(config)
+        model.set_attn_implementation("eager")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0, betas=(0.9, 0.98))
+        saved = []
+
+        def save(step: int) -> None:
+            place = folder / f"step-{step:04d}"
+            model.save_pretrained(place)
+            tokenizer.save_pretrained(place)
+            saved.append(place)
+
+        save(0)
+        for step in range(1, steps + 1):
+            ids, predicted = repeated_words(generator, 32, vocab_size)  # (B, n), (B, n-1)
+            logits = model(input_ids=ids).logits  # (B, n, V)
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1][predicted], ids[:, 1:][predicted])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if step % every == 0:
+                save(step)
+    finally:
+        torch.set_num_threads(threads)
+    return saved
+
+
+def repeated_segments(seed: int, count: int, period: int, words: int = len(INDUCTION_WORDS)):
+    """(count, 1 + 2·period) ids: BOS (0), `period` distinct random words (ids 1 .. `words`), the same again; from a
+    numpy generator seeded `seed` (not attnscope's probe)."""
+    import numpy as np
+
+    generator = np.random.default_rng(seed)
+    segments = np.stack([generator.choice(np.arange(1, words + 1), period, replace=False) for _ in range(count)])
+    return torch.from_numpy(np.concatenate([np.zeros((count, 1), dtype=np.int64), segments, segments], axis=1))
+
+
+def eager_induction_scores(folder: Path, ids: torch.Tensor, period: int):
+    """(n_layer, n_head) numpy: the mean attention from each token of the second copy to the token after its first
+    occurrence, A[i, i - (period - 1)], over sequences `ids` (B, 1 + 2·period) of BOS and a segment repeated once
+    (`repeated_segments`); from the checkpoint in `folder` run by transformers alone (eager attention,
+    output_attentions), nothing of attnscope's."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        attentions = model(input_ids=ids, output_attentions=True).attentions  # per layer (B, H, n, n)
+    rows = torch.arange(1 + period, 1 + 2 * period)  # the second copy
+    return torch.stack([layer[:, :, rows, rows - (period - 1)].mean(dim=(0, 2)) for layer in attentions]).numpy()
+
+
+def first_held(held: list[bool]) -> int | None:
+    """The index of the first item from which every item to the end is true (when a role formed, over checkpoints
+    in order: `compare`'s "formed"), None when the last is false."""
+    for index in range(len(held)):
+        if all(held[index:]):
+            return index
+    return None
