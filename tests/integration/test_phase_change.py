@@ -131,3 +131,35 @@ def test_the_trained_circuit_by_removal_and_by_gradient(checkpoints):
     assert (exact[:, source] < -0.1).all()
     assert (np.argmin(integrated[:, 0], axis=1) == source).all() and (integrated[:, 0, source] < -0.1).all()
     assert (np.abs(linear[:, 0, source]) < np.abs(exact[:, source]) / 4).all()
+
+
+def test_compare_reports_the_formation_where_each_checkpoint_shows_it(checkpoints):
+    """`attnscope compare` over the run's checkpoints: each layer-1 head's `formed["induction"]` is the checkpoint
+    from which an independent computation (transformers' eager attention on attnscope's probe sequences, the role's
+    threshold) puts the head above the threshold to the end, within one checkpoint (roles also weigh other scores,
+    and the margin at formation is thin); no head of layer 0 forms one; the scores are each checkpoint's own."""
+    import attnscope
+
+    text = [Text(" ".join(INDUCTION_WORDS[:20] * 2), "words")]
+    result = attnscope.compare([str(folder) for folder in checkpoints], text, device="cpu")
+    assert result.labels == [folder.name for folder in checkpoints]
+    by_label = {head.label: head for head in result.heads}
+    probe = None
+    independent = []
+    for folder in checkpoints:
+        if probe is None:
+            tokenizer = load_model(str(folder), "cpu").tokenizer
+            probe = torch.tensor([window.ids for window in probe_windows(tokenizer, PERIOD, INDUCTION_CONTEXT)])
+        independent.append(eager_induction_scores(folder, probe, PERIOD))
+    for head in range(4):
+        scores = [float(score[1, head]) for score in independent]
+        np.testing.assert_allclose(by_label[f"1.{head}"].scores["induction"], scores, atol=1e-5)
+        expected = first_held([score >= THRESHOLD for score in scores])
+        formed = by_label[f"1.{head}"].formed["induction"]
+        print(f"1.{head}: compare says {formed}, the scores say {expected and checkpoints[expected].name}")
+        if expected is None:
+            assert formed is None
+        else:
+            assert formed is not None and abs(result.labels.index(formed) - expected) <= 1
+    assert any(by_label[f"1.{head}"].formed["induction"] is not None for head in range(4))
+    assert all(by_label[f"0.{head}"].formed["induction"] is None for head in range(4))
