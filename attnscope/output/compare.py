@@ -248,6 +248,7 @@ def trajectories(result: Any) -> Any:
             key=lambda head: -(head.scores[role.score][-1] or 0.0),
         )
         passing = [head for head in holders if head.formed.get(role.name) is None]
+        names = []  # (last value, label, colour) of the named lines
         for head in passing:
             axes.plot(x, _values(head, role.score), color="#b0b0b0", linewidth=0.8, zorder=1)
         for rank, head in enumerate(formed):
@@ -268,28 +269,26 @@ def trajectories(result: Any) -> Any:
                 linestyle="none",
             )
             if named:
-                axes.annotate(
-                    head.label,
-                    (x[-1], values[-1]),
-                    xytext=(3, 0),
-                    textcoords="offset points",
-                    fontsize=7,
-                    color=colour,
-                    va="center",
-                    annotation_clip=False,
-                )
+                names.append((values[-1], head.label, colour))
         threshold = result.settings["thresholds"].get(role.name)
         if threshold is not None:
             axes.axhline(threshold, color="#555555", linestyle="--", linewidth=0.8, zorder=0)
         top = 1.0 if score.unit in (FRACTION, SIGNED) else None
         axes.set_ylim(min(0.0, axes.get_ylim()[0]), top if top is not None else axes.get_ylim()[1])
-        axes.set_xticks(x)
-        axes.set_xticklabels(labels, rotation=45 if label_room or len(labels) > 4 else 0, ha="right", fontsize=7)
+        _name_line_ends(axes, names, x[-1])
+        rotated = bool(label_room) or len(labels) > 4
+        span = len(labels) - 0.4 + 0.15 * len(labels)  # the x range, in models
+        # a label rotated by 45° needs about 1.9 times its height of room along the axis
+        fits = figures.labels_that_fit(inner[0] * len(labels) / span, 7 * (1.9 if rotated else 4))
+        shown = figures.thinned_ticks(len(labels), fits)  # every model a grid line, only some named
+        axes.set_xticks(x, minor=True)
+        axes.set_xticks(x[shown])
+        axes.set_xticklabels([labels[k] for k in shown], rotation=45 if rotated else 0, ha="right", fontsize=7)
         axes.set_xlim(-0.3, len(labels) - 0.7 + 0.15 * len(labels))
         axes.tick_params(labelsize=7)
         axes.set_ylabel(score.short if len(score.label) > 24 else score.label, fontsize=8)
         axes.set_title(f"{role.name}: {len(formed)} formed, {len(passing)} for a while", fontsize=9)
-        axes.grid(alpha=0.3)
+        axes.grid(alpha=0.3, which="both")
     if not roles:
         figure.text(
             0.5,
@@ -316,6 +315,18 @@ def trajectories(result: Any) -> Any:
         color=figures.SUBTITLE_COLOUR,
     )
     return figure
+
+
+def _name_line_ends(axes: Any, names: list[tuple[float, str, Any]], end: float) -> None:
+    """Each named line's label just right of its last point, moved apart vertically (lowest first) where lines end
+    close together, so that no two labels print over each other."""
+    low, high = axes.get_ylim()
+    gap = 0.07 * (high - low)  # a 7-point label's height on a panel of about 1.6 inches
+    placed: list[float] = []
+    for value, label, colour in sorted(names, key=lambda item: item[0]):
+        y = value if not placed else max(value, placed[-1] + gap)
+        placed.append(y)
+        axes.text(end + 0.12, y, label, fontsize=7, color=colour, va="center", clip_on=False)
 
 
 def described(result: Any) -> str:

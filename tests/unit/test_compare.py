@@ -185,3 +185,22 @@ def test_the_terminal_and_the_notebook_rank_heads_by_change_and_list_role_change
     fragment = result._repr_html_()
     assert "Heads ranked by change" in fragment and "<script" not in fragment
     assert "Heads whose role changes" in fragment
+
+
+def test_line_end_labels_are_moved_apart_where_lines_end_together():
+    """Heads whose scores end at the same value (a phase change forms several heads at once) get labels that do not
+    print over each other: at least the gap apart, in the order of their values, the lowest where its line ends."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from attnscope.output.compare import _name_line_ends
+
+    axes = Figure().add_subplot()
+    axes.set_ylim(0, 1)
+    _name_line_ends(axes, [(0.56, "1.2", "red"), (0.58, "1.0", "blue"), (0.57, "1.3", "green"), (0.2, "0.1", "k")], 16)
+    placed = {text.get_text(): text.get_position()[1] for text in axes.texts}
+    assert placed["0.1"] == 0.2 and placed["1.2"] == 0.56  # alone, or the lowest of a bunch: where the line ends
+    assert placed["1.2"] < placed["1.3"] < placed["1.0"]
+    assert placed["1.3"] - placed["1.2"] >= 0.07 - 1e-9 and placed["1.0"] - placed["1.3"] >= 0.07 - 1e-9
