@@ -454,6 +454,22 @@ class CircuitResult(Result):
                 )
         return records
 
+    def edges(self, threshold: float, limit: int) -> tuple[list[tuple[int, int, int, int, float]], int, int]:
+        """The dependencies with |change| >= `threshold`, the `limit` strongest, as (layer A, head A, layer B, head
+        B, change); and how many pairs fell below the threshold, and how many passed it beyond the limit."""
+        _, _, H = self.changes.shape
+        passing, below = [], 0
+        for i, (layer, head, _) in enumerate(self.explained):
+            for a in range(layer):
+                for h in range(H):
+                    change = float(self.changes[i, a, h])
+                    if abs(change) >= threshold:
+                        passing.append((a, h, layer, head, change))
+                    else:
+                        below += 1
+        passing.sort(key=lambda edge: (-abs(edge[4]), edge[:4]))
+        return passing[:limit], below, max(0, len(passing) - limit)
+
     def composition_records(self) -> list[dict[str, Any]]:
         return [] if self.composition is None else self.composition.records()
 

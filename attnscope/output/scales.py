@@ -73,6 +73,13 @@ SCALES = {
             key="red: the loss rises without the head (the model needs it); blue: it falls; white: no change",
         ),
         ColourScale("signed_score", DIVERGING, signed=True, high=1.0, key="red above 0, blue below, white at 0"),
+        ColourScale(
+            "score_change",
+            DIVERGING,
+            signed=True,
+            key="blue: the head's score falls without the removed head (it depends on it); red: it rises; white: no "
+            "change",
+        ),
         ColourScale("score", VIRIDIS, key="dark: 0; yellow: the largest"),
         ColourScale("js", VIRIDIS, low=0.0, high=1.0, key="dark: the same rows (0 bits); yellow: disjoint (1 bit)"),
         ColourScale(
