@@ -502,7 +502,7 @@ def circuit(
     model: ModelGiven,
     texts: TextsGiven = None,
     *,
-    head: Sequence[str] = (),
+    head: Sequence[str] | None = None,
     score: str | None = None,
     top: int = 10,
     method: str = "removal",
@@ -527,7 +527,7 @@ def circuit(
     With `weights` (the default), a model already loaded must have been loaded with `load(..., lm_head=True)`; one
     given by name is loaded so.
 
-    head        the heads explained, "L.H" labels (--head; empty: every head of layer 1 and above)
+    head        the heads explained, "L.H" labels (--head; None: every head of layer 1 and above)
     score       the score explained, for every head (--score; None: each head's deciding score)
     top         dependencies listed per head, the largest |change| (--top)
     method      removal: each earlier head removed exactly; gradient: attribution patching's estimate (--method)
@@ -542,7 +542,7 @@ def circuit(
 
     analysis = Circuit(
         score=score,
-        head=(head,) if isinstance(head, str) else head,
+        head=head,
         top=top,
         method=method,
         weights=weights,

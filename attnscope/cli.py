@@ -1077,15 +1077,7 @@ def circuit(
             "role).",
         ),
     ] = None,
-    top: Annotated[
-        int,
-        typer.Option(
-            "--top",
-            **_domain(options.TOP),
-            metavar="K",
-            help="Dependencies listed per head: its K largest changes (--csv and the CSV of --out keep every pair).",
-        ),
-    ] = 10,
+    top: TopOpt = 10,
     method: Annotated[
         str,
         typer.Option(
@@ -1115,7 +1107,7 @@ def circuit(
     from attnscope.analyses.circuit import Circuit
 
     analysis = Circuit(
-        score=score, head=tuple(head or ()), top=top, method=method, weights=weights, **roles, bos=texts.bos,
+        score=score, head=head, top=top, method=method, weights=weights, **roles, bos=texts.bos,
         **batching,
     )  # fmt: skip
     _run(analysis, output, texts, model)

@@ -400,7 +400,8 @@ def change_function(method: str) -> Callable:
     except ModuleNotFoundError as error:
         if error.name != module:
             raise
-        raise AttnscopeError(f"method {method} is not available (its module {module} is missing): use removal") from None
+        missing = f"method {method} is not available (its module {module} is missing): use removal"
+        raise AttnscopeError(missing) from None
 
 
 # ------------------------------------------------------------------------------------------------- the analysis
@@ -474,6 +475,20 @@ class CircuitResult(Result):
         return [] if self.composition is None else self.composition.records()
 
 
+def _head_labels(heads: Any) -> tuple[str, ...]:
+    """The heads B named, `L.H` labels (a string alone is one head; None: none), each checked for its form."""
+    items = () if heads is None else (heads,) if isinstance(heads, str) else heads
+    if isinstance(items, (bytes, Mapping)) or not isinstance(items, Iterable):
+        raise AttnscopeError(f"head {options.shown(heads)}: expected heads such as ['1.0', '2.3'] (LAYER.HEAD)")
+    labels = []
+    for label in items:
+        if not isinstance(label, str):
+            raise AttnscopeError(f"head {options.shown(label)}: expected a head such as '1.0' (LAYER.HEAD, 0-based)")
+        head_label(label)
+        labels.append(label.strip())
+    return tuple(labels)
+
+
 @dataclass(frozen=True)
 class Circuit:
     """Settings of a circuit analysis (see the module docstring); `run` checks what needs the model first.
@@ -484,7 +499,7 @@ class Circuit:
     and each head's direct effect (needs the language-model head). The rest are the heads analysis's settings."""
 
     score: str | None = None
-    head: Sequence[str] = ()
+    head: Sequence[str] | None = None  # a tuple once built
     top: int = DEFAULT_TOP
     method: str = "removal"
     weights: bool = True
@@ -510,15 +525,13 @@ class Circuit:
     }
 
     def __post_init__(self) -> None:
-        from attnscope.analyses.common import check_plot
         from attnscope.analyses.heads import sort_score
         from attnscope.scores import roles
 
         options.check_fields(self, self.OPTIONS)
         if self.score is not None:
             object.__setattr__(self, "score", sort_score(options.check_text(self.score, "score")).name)
-        labels = tuple(check_plot(self.head)) if self.head is not None else ()
-        object.__setattr__(self, "head", tuple(label.strip() for label in labels))
+        object.__setattr__(self, "head", _head_labels(self.head))
         object.__setattr__(self, "thresholds", roles.parse_thresholds(self.thresholds))
 
     @property
@@ -556,7 +569,9 @@ class Circuit:
             if score.source == catalog.PROBE and not self.probe:
                 raise AttnscopeError(f"score {self.score}: that score comes from the probe, which is off")
 
-    def run(self, loaded: LoadedModel, texts: Texts | Sequence[Text], progress: Progress | None = None) -> CircuitResult:
+    def run(
+        self, loaded: LoadedModel, texts: Texts | Sequence[Text], progress: Progress | None = None
+    ) -> CircuitResult:
         self.check_shape(loaded.shape)
         L, H = loaded.n_layer, loaded.n_head
         heads = self.heads_settings()

@@ -30,6 +30,7 @@ FUNCTIONS = {
     "diversity": api.diversity,
     "attend": api.attend,
     "ablate": api.ablate,
+    "circuit": api.circuit,
     "report": api.report,
     "info": api.info,
     "random-mha": api.random_mha,
@@ -260,7 +261,7 @@ REQUIRED = {
     "attend": {"from_token": "cat", "to_token": "mat"},
     "random-mha": {"heads": [1]},  # dividing any d_model
 }
-NEEDS_MODEL = {"heads", "show", "diversity", "attend", "ablate", "report", "info", "bench"}
+NEEDS_MODEL = {"heads", "show", "diversity", "attend", "ablate", "circuit", "report", "info", "bench"}
 REFUSED = {("info", "device_map")}  # info reads the config only: both refuse any device map
 
 
@@ -302,7 +303,7 @@ def _call(command: str, keyword: str, value, monkeypatch, tmp_path):
         monkeypatch.setattr(settings, "run", stop)
     keywords = {**REQUIRED.get(command, {}), RENAMED.get(keyword, keyword): value}
     positional = [str(tmp_path / "no-model")] if command in NEEDS_MODEL else []
-    if command in ("heads", "show", "diversity", "attend", "ablate", "report"):
+    if command in ("heads", "show", "diversity", "attend", "ablate", "circuit", "report"):
         positional.append("The cat sat on the mat.")
     return FUNCTIONS[command](*positional, **keywords)
 

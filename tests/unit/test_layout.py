@@ -18,7 +18,7 @@ TESTS = ROOT / "tests"
 # analyses: a result hands itself to its view (`result.to_json()`, `_repr_html_`), and views read results by duck
 # typing, never importing a result class (see analyses/result.py).
 STAGES = ["base", "scores", "models", "pipeline", "output", "analyses", "api", "cli"]
-COMMANDS = ["heads", "show", "diversity", "random-mha", "attend", "ablate", "report", "bench", "info"]
+COMMANDS = ["heads", "show", "diversity", "random-mha", "attend", "ablate", "circuit", "report", "bench", "info"]
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -238,7 +238,8 @@ def test_the_lazy_names_of_the_package_load_their_modules():
     from attnscope.pipeline.inputs import Text
 
     assert attnscope.Text is Text and attnscope.analyze_heads is analyze_heads and attnscope.load_model is load_model
-    for name in ("load", "heads", "show", "diversity", "attend", "ablate", "report", "info", "random_mha", "bench"):
+    for name in ("load", "heads", "show", "diversity", "attend", "ablate", "circuit", "report", "info", "random_mha",
+                 "bench"):  # fmt: skip
         assert getattr(attnscope, name) is getattr(api, name)
         assert name in dir(attnscope) and name in attnscope.__all__
     with pytest.raises(AttributeError):
