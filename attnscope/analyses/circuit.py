@@ -341,6 +341,37 @@ def removal_changes(
     return with_values, changes
 
 
+def _naive_pass(
+    loaded: LoadedModel, source: _Source, layers: Sequence[int]
+) -> tuple[dict[str, Any], dict[tuple[int, int], dict[str, Any]]]:
+    """As `_removal_pass`, the naive way: every batch of `source` runs whole once with every head, then once more for
+    each head A of a layer below max(`layers`), A gated off by `HeadGates`, every layer scored."""
+    import torch
+
+    from attnscope.analyses.ablate import HeadGates
+    from attnscope.pipeline import capture
+
+    L, H = loaded.n_layer, loaded.n_head
+
+    def reduced() -> Any:
+        reducer = source.reducer()
+        capture.run(loaded.model, source.batches(), reducer, kernel=loaded.kernel)
+        return reducer
+
+    base = reduced()
+    count = source.count(base)
+    if count == 0:
+        raise AttnscopeError(too_short(loaded, "score"))
+    removed = {}
+    with HeadGates(loaded) as gates:
+        for a in range(max(layers)):
+            for h in range(H):
+                gates.gates = torch.ones(1, L, H, device=loaded.device)  # (1, L, H): every window alike
+                gates.gates[0, a, h] = 0
+                removed[(a, h)] = source.means(reduced(), count)
+    return source.means(base, count), removed
+
+
 def naive_changes(
     loaded: LoadedModel,
     texts: Texts | Sequence[Text],
@@ -350,35 +381,30 @@ def naive_changes(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The reference: for each head A below an explained head, the texts and the probe run whole again with A's
     slice of the output projection's input zeroed (`HeadGates`, as `ablate` removes a head), every layer scored."""
-    import torch
-
-    from attnscope.analyses.ablate import HeadGates
-    from attnscope.pipeline import capture
-
     sources = _sources(loaded, texts, heads, progress)
     _check_explained(loaded, explained, sources)
-    L, H = loaded.n_layer, loaded.n_head
-
-    def means(source: _Source) -> tuple[dict[str, Any], int]:
-        reducer = source.reducer()
-        capture.run(loaded.model, source.batches(), reducer, kernel=loaded.kernel)
-        return reducer, source.count(reducer)
-
     base, removed = {}, {}
     for name, layers in _split(explained).items():
-        source = sources[name]
-        reducer, count = means(source)
-        if count == 0:
-            raise AttnscopeError(too_short(loaded, "score"))
-        base[name], removed[name] = source.means(reducer, count), {}
-        with HeadGates(loaded) as gates:
-            for a in range(max(layers)):
-                for h in range(H):
-                    gates.gates = torch.ones(1, L, H, device=loaded.device)  # (1, L, H): every window alike
-                    gates.gates[0, a, h] = 0
-                    reducer, _ = means(source)
-                    removed[name][(a, h)] = source.means(reducer, count)
+        base[name], removed[name] = _naive_pass(loaded, sources[name], layers)
     return _assemble(loaded, explained, base, removed)
+
+
+def timed_pass(loaded: LoadedModel, batches: Sequence[Any], naive: bool = False) -> dict[tuple[int, int], Any]:
+    """What `attnscope bench` times (methods circuit and circuit-naive): every head of layer 1 and above explained by
+    its row statistics on `batches` (the texts' statistics; the probe left out, as bench's `attnscope` method leaves
+    it out), each earlier head removed by replay or the naive way; the means with each head removed."""
+    from attnscope.pipeline.reducers import HeadStatistics
+    from attnscope.scores import rows
+
+    kind, L, H = loaded.kind, loaded.n_layer, loaded.n_head
+    source = _Source(
+        lambda: batches,
+        lambda: HeadStatistics(kind, L, H, loaded.device),
+        lambda reducer, count: rows.finish(kind, reducer.sums.cpu(), reducer.uniform_sum.cpu(), count),
+        lambda reducer: int(reducer.row_count),
+    )
+    layers = list(range(1, L))
+    return (_naive_pass if naive else _removal_pass)(loaded, source, layers)[1]
 
 
 # The methods, by name: a function, or the dotted path of one imported when first asked for (another module, which
