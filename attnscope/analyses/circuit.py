@@ -481,21 +481,28 @@ class CircuitResult(Result):
                 )
         return records
 
-    def edges(self, threshold: float, limit: int) -> tuple[list[tuple[int, int, int, int, float]], int, int]:
-        """The dependencies with |change| >= `threshold`, the `limit` strongest, as (layer A, head A, layer B, head
-        B, change); and how many pairs fell below the threshold, and how many passed it beyond the limit."""
+    def edges(
+        self, threshold: float, per_head: int, limit: int
+    ) -> tuple[list[tuple[int, int, int, int, float]], int, int]:
+        """The dependencies to draw, as (layer A, head A, layer B, head B, change): those with |change| >=
+        `threshold`, each head B's `per_head` largest, the `limit` largest of all; and how many pairs fell below
+        the threshold, and how many passed it but were left out by the two limits."""
         _, _, H = self.changes.shape
-        passing, below = [], 0
+        passing, below, over = [], 0, 0
         for i, (layer, head, _) in enumerate(self.explained):
+            mine = []
             for a in range(layer):
                 for h in range(H):
                     change = float(self.changes[i, a, h])
                     if abs(change) >= threshold:
-                        passing.append((a, h, layer, head, change))
+                        mine.append((a, h, layer, head, change))
                     else:
                         below += 1
+            mine.sort(key=lambda edge: (-abs(edge[4]), edge[:4]))
+            passing += mine[:per_head]
+            over += max(0, len(mine) - per_head)
         passing.sort(key=lambda edge: (-abs(edge[4]), edge[:4]))
-        return passing[:limit], below, max(0, len(passing) - limit)
+        return passing[:limit], below, over + max(0, len(passing) - limit)
 
     def composition_records(self) -> list[dict[str, Any]]:
         return [] if self.composition is None else self.composition.records()

@@ -19,7 +19,8 @@ from attnscope.output.documents import document
 from attnscope.output.views import View
 
 EDGE_MIN = 0.05  # |change| of a score (its own units: most are fractions of attention) for an edge of the graph
-EDGES_MAX = 250  # edges drawn at most, the strongest: beyond, a graph of 144 heads is a smear
+EDGES_PER_HEAD = 3  # each head's strongest dependencies drawn at most: its circuit, not every small effect
+EDGES_MAX = 150  # edges drawn at most, the strongest: beyond, a graph of 144 heads is a smear
 TERMINAL_HEADS = 24  # explained heads given a table in the terminal; the rest are in --json and --csv
 
 
@@ -149,15 +150,15 @@ def _score_names(result: Any) -> str:
 
 def circuit_graph(result: Any) -> Any:
     """The circuit: heads in layer columns coloured by role; an arrow A → B for each dependency with |change| of at
-    least EDGE_MIN, the EDGES_MAX strongest at most; a note says how many were left out."""
+    least EDGE_MIN, each head's EDGES_PER_HEAD strongest, EDGES_MAX at most; a note says how many were left out."""
     from attnscope.output import figures
 
-    edges, below, beyond = result.edges(EDGE_MIN, EDGES_MAX)
+    edges, below, beyond = result.edges(EDGE_MIN, EDGES_PER_HEAD, EDGES_MAX)
     left = []
     if below:
         left.append(f"{below:,} pairs with |change| < {EDGE_MIN:g} left out")
     if beyond:
-        left.append(f"{beyond:,} more beyond the {EDGES_MAX} strongest left out")
+        left.append(f"{beyond:,} more beyond each head's {EDGES_PER_HEAD} strongest (and {EDGES_MAX} in all) left out")
     note = f"{len(edges):,} dependencies drawn (|change| ≥ {EDGE_MIN:g})" + (f"; {'; '.join(left)}" if left else "")
     return figures.head_graph(
         _roles(result),

@@ -706,7 +706,7 @@ def head_graph(
     norm = Normalize(-largest, largest)
     cmap = colour_map(scale)
     for la, ha, lb, hb, value in sorted(edges, key=lambda edge: abs(edge[4])):
-        bend = 0.25 if (lb - la) > 1 else 0.12
+        bend = 0.2 if (lb - la) == 1 else 0.06  # arc3's bend grows with the span: long arcs stay inside
         arrow = FancyArrowPatch(
             (la, ha), (lb, hb), connectionstyle=f"arc3,rad={bend if hb >= ha else -bend}", arrowstyle="-|>",
             mutation_scale=6 + 6 * abs(value) / largest, linewidth=0.4 + 3.6 * abs(value) / largest,
