@@ -663,6 +663,8 @@ class Circuit:
             "batch_size": self.batch_size,
             "max_tokens": self.max_tokens,
             "probe": self.probe,
+            "probe_len": self.probe_len,
+            "probe_seed": self.probe_seed,
         }
         return CircuitResult(
             model=base.model,

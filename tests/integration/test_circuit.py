@@ -134,3 +134,41 @@ def test_circuit_settings_refuse_what_cannot_be_explained():
         Circuit(score="induction", probe=False).check_shape(demo_shape)
     with pytest.raises(AttnscopeError, match="top 0"):
         Circuit(top=0)
+
+
+def test_a_method_whose_module_is_missing_is_one_error(monkeypatch):
+    """The gradient method lives in a module of its own, imported when asked for: where it is missing, one line."""
+    from attnscope.analyses import circuit
+
+    monkeypatch.setitem(circuit.CHANGES, "gradient", "attnscope.analyses.no_such_module.gradient_changes")
+    with pytest.raises(AttnscopeError, match="method gradient is not available"):
+        circuit.change_function("gradient")
+    assert circuit.change_function("removal") is removal_changes
+
+
+def test_the_view_of_a_result_made_by_hand():
+    """Dependencies sorted by change within each head, the top K by |change| (a positive one kept), every pair in
+    the CSV rows, the notebook fragment escaped and self-contained, the pictures drawn."""
+    from attnscope.analyses.circuit import CircuitResult
+    from attnscope.output.views import view_of
+
+    changes = np.zeros((2, 2, 2))
+    changes[0, 0] = [0.3, -0.2]  # head 1.0: 0.0 raises it, 0.1 lowers it
+    changes[1, 0] = [-0.05, -0.4]
+    heads = [
+        {"label": f"{layer}.{head}", "layer": layer, "head": head, "role": "mixed", "explained": layer == 1,
+         "score": "<b>", "value": 0.5, "copying": None, "direct_effect": None}
+        for layer in range(2) for head in range(2)
+    ]  # fmt: skip
+    result = CircuitResult(
+        {"name": "hand", "n_layer": 2, "n_head": 2}, {"n_texts": 1, "n_tokens": 5}, {"top": 1, "method": "removal"},
+        [(1, 0, "induction"), (1, 1, "induction")], np.array([0.5, 0.6]), changes, heads,
+    )  # fmt: skip
+    assert [(d["label"], d["on"]) for d in result.dependencies(1)] == [("1.0", "0.0"), ("1.1", "0.1")]
+    assert [d["on"] for d in result.dependencies() if d["label"] == "1.0"] == ["0.1", "0.0"]
+    assert result.dependencies()[0]["without"] == pytest.approx(0.5 - 0.2)
+    view = view_of(result)
+    assert len(view.records()) == 4 and view.document()["dependencies"][0]["change"] == pytest.approx(0.3)
+    html = view.notebook()
+    assert html.startswith("<div") and "<b>" not in html and "0.0" in html
+    assert set(view.figures()) == {"circuit", "dependencies"}
