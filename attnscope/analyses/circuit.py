@@ -26,6 +26,7 @@ Both share one signature (`CHANGES`): (loaded, texts, explained [(layer, head, s
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,34 +54,76 @@ from attnscope.scores.kinds import DEFAULT_WINDOW
 
 METHODS = options.CIRCUIT_METHODS
 DEFAULT_TOP = 10  # dependencies listed per explained head
+# Removals of one layer replayed at once, as copies of a batch (as `ablate` runs its configurations): bounds the
+# activations at copies × padded tokens; the replay of a short batch then costs one pass of its blocks, not one per
+# removed head.
+MAX_COPY_TOKENS = 8192
 Explained = tuple[int, int, str]  # (layer, head, score name) of a head B
 
 
 # ------------------------------------------------------------------------------------------------- removal
 
 
-class _OnlyLayers:
-    """A reducer that hands on only the layers in `layers` (the ones holding an explained head): the replays score
-    nothing else."""
+class _Copies:
+    """The reducer of a replay that runs `len(inner)` copies of a batch of `batch` windows at once, copy c with its
+    own head removed: copy c's windows (c·batch .. (c+1)·batch) go to `inner[c]`, and only the layers in `layers`
+    (the ones holding an explained head): the replays score nothing else."""
 
-    def __init__(self, inner: Any, layers: Iterable[int]):
-        self.inner = inner
+    def __init__(self, inner: Sequence[Any], layers: Iterable[int], batch: int):
+        self.inner = list(inner)
         self.layers = frozenset(layers)
-        self.wants_blocks = inner.wants_blocks
+        self.batch = batch
+        self.wants_blocks = self.inner[0].wants_blocks
 
     def keys_to_gather(self, positions, lengths):
-        return self.inner.keys_to_gather(positions, lengths)
+        return self.inner[0].keys_to_gather(positions, lengths)  # every copy's reducer asks for the same keys
+
+    def _part(self, copy: int) -> slice:
+        return slice(copy * self.batch, (copy + 1) * self.batch)
 
     def add_block(self, layer: int, block: Any) -> None:
         if layer in self.layers:
-            self.inner.add_block(layer, block)
+            for copy, reducer in enumerate(self.inner):
+                part = self._part(copy)
+                reducer.add_block(
+                    layer,
+                    dataclasses.replace(
+                        block,
+                        exp_logits=block.exp_logits[part],
+                        normalizer=block.normalizer[part],
+                        lengths=block.lengths[part],
+                    ),
+                )
 
     def add_layer(self, layer: int, rows: Any) -> None:
         if layer in self.layers:
-            self.inner.add_layer(layer, rows)
+            for copy, reducer in enumerate(self.inner):
+                part = self._part(copy)
+                sliced = {
+                    item.name: None if getattr(rows, item.name) is None else getattr(rows, item.name)[part]
+                    for item in dataclasses.fields(rows)
+                }  # every field of LayerRows is one row per window first
+                reducer.add_layer(layer, type(rows)(**sliced))
 
     def end_run(self) -> None:
-        self.inner.end_run()
+        for reducer in self.inner:
+            reducer.end_run()
+
+
+def _copied(value: Any, batch: int, copies: int) -> Any:
+    """A block's argument for `copies` copies of a batch of `batch` windows: every tensor of two dimensions or more
+    whose first is the batch's (hidden states, masks, rotary tables, position ids; with more than one window, one
+    of 1 for every window alike is left to broadcast), repeated along it; in tuples, lists and dicts likewise;
+    anything else as it is."""
+    if copies == 1:
+        return value
+    if isinstance(value, dict):
+        return {key: _copied(item, batch, copies) for key, item in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_copied(item, batch, copies) for item in value)
+    if hasattr(value, "dim") and value.dim() >= 2 and value.shape[0] == batch:
+        return value.repeat(copies, *([1] * (value.dim() - 1)))  # (copies·B, ...)
+    return value
 
 
 class _Recorder:
@@ -128,32 +171,39 @@ class _Recorder:
             handle.remove()
 
 
-def _replay(loaded: LoadedModel, recorded: _Recorder, layer: int, head: int, top: int, state: Any) -> list[int]:
-    """Run blocks `layer` .. `top` again from the noted inputs, with head `head` of `layer` removed; the attention of
-    the blocks above goes to `state`'s reducer. Returns the layers whose attention ran (for the check)."""
+def _replay(
+    loaded: LoadedModel, recorded: _Recorder, layer: int, heads: Sequence[int], top: int, state: Any
+) -> list[int]:
+    """Run blocks `layer` .. `top` again from the noted inputs, as len(`heads`) copies of the batch, copy c with head
+    `heads[c]` of `layer` removed; the attention of the blocks above goes to `state`'s reducer. Returns the layers
+    whose attention ran (for the check)."""
+    import torch
+
     family, network = loaded.family, loaded.model
     blocks = family.blocks(network)
     attention = family.attention_modules(network)[layer]
     projection = family.output_projections(network)[layer]
     inside = family.output_projection.startswith(family.attention + ".")  # GPT-2, Llama: yes; BERT: the next module
     z, (is_tuple, rest) = recorded.z[layer], recorded.outputs[layer]
+    B, n, width = z.shape
+    k = len(heads)
 
     def removed(*args: Any, **kwargs: Any) -> Any:
-        B, n, width = z.shape
-        kept = z.clone()
-        kept.view(B, n, loaded.n_head, width // loaded.n_head)[:, :, head] = 0  # (B, n, H, d_head): as HeadGates
+        kept = z.repeat(k, 1, 1).view(k, B, n, loaded.n_head, width // loaded.n_head)  # (k, B, n, H, d_head)
+        kept[torch.arange(k), :, :, torch.as_tensor(heads)] = 0  # copy c without head heads[c], as HeadGates
+        kept = kept.view(k * B, n, width)
         output = projection(kept) if inside else kept
         return (output, *rest) if is_tuple else output
 
     attention.forward = removed  # an instance attribute: nn.Module.__call__ finds it first
     try:
         args, kwargs = recorded.calls[layer]
-        hidden = args[0] if args else kwargs["hidden_states"]
+        hidden = _copied(args[0] if args else kwargs["hidden_states"], B, k)
         for j in range(layer, top + 1):
             args, kwargs = recorded.calls[j]
-            kwargs = {**kwargs, "attnscope_state": state}
+            kwargs = {**_copied(kwargs, B, k), "attnscope_state": state}
             if args:
-                output = blocks[j](hidden, *args[1:], **kwargs)
+                output = blocks[j](hidden, *_copied(args[1:], B, k), **kwargs)
             else:
                 output = blocks[j](**{**kwargs, "hidden_states": hidden})
             hidden = output[0] if isinstance(output, (tuple, list)) else output
@@ -187,14 +237,14 @@ def _removal_pass(
     geometry: dict[tuple, tuple] = {}
     notes: dict[str, set[int]] = {}
 
-    def state_of(reducer: Any, batch: Any) -> CaptureState:
-        return CaptureState(reducer, batch.lengths, kernel=loaded.kernel, run_geometry=geometry, run_notes=notes)
+    def state_of(reducer: Any, lengths: Any) -> CaptureState:
+        return CaptureState(reducer, lengths, kernel=loaded.kernel, run_geometry=geometry, run_notes=notes)
 
     with capture.capturing(network):
         for batch in source.batches():
             recorded = _Recorder(loaded, top)
             try:
-                state = state_of(base, batch)
+                state = state_of(base, batch.lengths)
                 network(
                     input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
                     attnscope_state=state,
@@ -202,11 +252,15 @@ def _removal_pass(
             finally:
                 recorded.remove()
             _check_seen(state.layers_seen, range(loaded.n_layer))
+            B, n = batch.input_ids.shape
+            per_pass = max(1, MAX_COPY_TOKENS // (B * n))  # removals replayed at once, as copies of the batch
             for a in range(top):
                 above = [layer for layer in layers if layer > a]
-                for h in range(H):
-                    reducer = _OnlyLayers(removed[(a, h)], above)
-                    seen = _replay(loaded, recorded, a, h, max(above), state_of(reducer, batch))
+                for first in range(0, H, per_pass):
+                    heads = list(range(first, min(H, first + per_pass)))
+                    reducer = _Copies([removed[(a, h)] for h in heads], above, B)
+                    lengths = batch.lengths.repeat(len(heads))  # (k·B,)
+                    seen = _replay(loaded, recorded, a, heads, max(above), state_of(reducer, lengths))
                     _check_seen(seen, range(a + 1, max(above) + 1))
                     reducer.end_run()  # scored now: nothing of a replay is kept past it
             del recorded
