@@ -13,10 +13,12 @@ each layer's heads' outputs z (the output projection's input); then, for each A,
 layer l only: the attention module of layer l returns the projection of the noted z with A's slice zeroed (what
 `HeadGates` feeds the projection), the rest of block l (its MLP, norms, residual sums) and the blocks above run as
 the model runs them, their attention captured with the capture's streaming statistics (no map kept), and the replay
-stops at the last layer holding a head that is explained. Only the layers with an explained head above l are
-scored. The probe is replayed the same way. A removal in layer l costs the blocks l+1 .. top and block l's MLP;
-the naive way (`naive_changes`: one full forward of the texts and the probe per removed head, gated by `HeadGates`,
-the heads analysis run again) costs every layer every time. The two agree to float rounding (tests).
+stops right after the attention of the last layer holding an explained head (what follows changes no score). Only
+the layers with an explained head above l are scored. The probe is replayed the same way. A removal in layer l
+costs block l's MLP, the blocks between and the top layer's attention; the naive way (`naive_changes`: one full
+forward of the texts and the probe per removed head, gated by `HeadGates`, the heads analysis run again) costs
+every layer every time. Removals of one layer are replayed together, as copies of the batch (MAX_COPY_TOKENS),
+each copy scored by its own reducer. The two agree to float rounding (tests).
 
     gradient: attribution patching, the first-order estimate (`attnscope.analyses.circuit_gradient`)
 
@@ -171,6 +173,10 @@ class _Recorder:
             handle.remove()
 
 
+class _Stop(Exception):
+    """Raised by a hook when a replay has computed all it needs, to leave the block it is in."""
+
+
 def _replay(
     loaded: LoadedModel, recorded: _Recorder, layer: int, heads: Sequence[int], top: int, state: Any
 ) -> list[int]:
@@ -195,7 +201,11 @@ def _replay(
         output = projection(kept) if inside else kept
         return (output, *rest) if is_tuple else output
 
+    def stop(module: Any, args: Any, output: Any) -> None:
+        raise _Stop  # the top layer's attention is scored: what follows it in the block changes no score
+
     attention.forward = removed  # an instance attribute: nn.Module.__call__ finds it first
+    last = family.attention_modules(network)[top].register_forward_hook(stop)
     try:
         args, kwargs = recorded.calls[layer]
         hidden = _copied(args[0] if args else kwargs["hidden_states"], B, k)
@@ -207,7 +217,10 @@ def _replay(
             else:
                 output = blocks[j](**{**kwargs, "hidden_states": hidden})
             hidden = output[0] if isinstance(output, (tuple, list)) else output
+    except _Stop:
+        pass
     finally:
+        last.remove()
         del attention.forward
     return state.layers_seen
 
@@ -674,7 +687,8 @@ class Circuit:
                 raise AttnscopeError(f"score {score} of head {layer}.{head} was not measured (see the notes of heads)")
             explained.append((layer, head, score))
         function = change_function(self.method)
-        with_values, changes = function(loaded, texts, explained, heads)
+        shown = {"progress": progress} if function is removal_changes else {}  # the texts' pass again, the longest
+        with_values, changes = function(loaded, texts, explained, heads, **shown)
         with_values, changes = np.asarray(with_values, dtype=np.float64), np.asarray(changes, dtype=np.float64)
         notes = list(base.notes)
         composition = baseline = copying = effects = None
