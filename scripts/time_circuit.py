@@ -9,7 +9,9 @@ out) and remove each head of an earlier layer: 132 removals. `removal` runs each
 removed head's layer (`analyses.circuit._removal_pass`); `naive` runs the whole model once per removed head, the head
 gated off, every layer scored (`_naive_pass`). A small untimed warm-up first; then `--repeats` rounds, each timing
 both methods, in alternating order. Prints one JSON line: the median seconds of each, their ratio (the goal is
-removal ≤ 0.6 × naive), the largest difference between their means (they must agree), the device and the shape.
+removal ≤ 0.6 × naive), the ratio of the fastest runs, the ratio of this process's CPU time (on a CPU shared with
+other work, steadier than the wall clock: with one thread it counts only this process's work), the largest
+difference between their means (they must agree), the device and the shape.
 """
 
 from __future__ import annotations
@@ -62,14 +64,14 @@ def main() -> None:
         lengths = torch.full((B,), args.tokens, device=device)  # (B,) no padding
         batches.append(Batch(list(range(start, start + B)), part, torch.ones_like(part), lengths))
 
-    def timed(naive: bool) -> tuple[float, dict]:
+    def timed(naive: bool) -> tuple[float, float, dict]:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         means = timed_pass(loaded, batches, naive)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        return time.perf_counter() - start, means
+        return time.perf_counter() - start, time.process_time() - start_cpu, means
 
     warm = [batch for batch in batches[:1]]
     timed_pass(loaded, [Batch(b.indices[:1], b.input_ids[:1, :32], b.attention_mask[:1, :32],
@@ -77,13 +79,15 @@ def main() -> None:
     timed_pass(loaded, [Batch(b.indices[:1], b.input_ids[:1, :32], b.attention_mask[:1, :32],
                               torch.full((1,), 32, device=device)) for b in warm], True)  # fmt: skip
     times: dict[str, list[float]] = {"removal": [], "naive": []}
+    cpu: dict[str, list[float]] = {"removal": [], "naive": []}  # this process's CPU time: steadier on a shared CPU
     difference = 0.0
     for round_ in range(args.repeats):
         order = (False, True) if round_ % 2 == 0 else (True, False)
         found = {}
         for naive in order:
-            seconds, means = timed(naive)
+            seconds, cpu_seconds, means = timed(naive)
             times["naive" if naive else "removal"].append(seconds)
+            cpu["naive" if naive else "removal"].append(cpu_seconds)
             found[naive] = means
         for key, removal in found[False].items():
             for name, value in removal.items():  # the layers above the removed head's: the ones a replay scores
@@ -108,6 +112,7 @@ def main() -> None:
                 "ratio_of_fastest": round(min(times["removal"]) / min(times["naive"]), 4),  # the least disturbed
                 "removal_runs_s": [round(t, 4) for t in times["removal"]],
                 "naive_runs_s": [round(t, 4) for t in times["naive"]],
+                "cpu_time_ratio": round(statistics.median(cpu["removal"]) / statistics.median(cpu["naive"]), 4),
                 "largest_difference": difference,
             }
         )

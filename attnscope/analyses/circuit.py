@@ -196,7 +196,8 @@ def _replay(
 
     def removed(*args: Any, **kwargs: Any) -> Any:
         kept = z.repeat(k, 1, 1).view(k, B, n, loaded.n_head, width // loaded.n_head)  # (k, B, n, H, d_head)
-        kept[torch.arange(k), :, :, torch.as_tensor(heads)] = 0  # copy c without head heads[c], as HeadGates
+        copies, removed_heads = torch.arange(k, device=z.device), torch.as_tensor(heads, device=z.device)
+        kept[copies, :, :, removed_heads] = 0  # copy c without head heads[c], as HeadGates
         kept = kept.view(k * B, n, width)
         output = projection(kept) if inside else kept
         return (output, *rest) if is_tuple else output

@@ -120,6 +120,19 @@ def test_every_family_replays_what_the_naive_way_computes(family_dir, name):
     assert np.abs(changes).max() > 1e-4
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_a_gpu_the_replay_equals_the_naive_way():
+    """On CUDA the replays' attention goes through the fused kernel (when Triton imports), copies and all."""
+    demo = load_model("demo", "cuda")
+    texts, heads = _texts(TEXTS), Heads()
+    explained = _every_deciding_score(demo, texts, heads)
+    with_values, changes = removal_changes(demo, texts, explained, heads)
+    naive_with, naive = naive_changes(demo, texts, explained, heads)
+    np.testing.assert_allclose(with_values, naive_with, atol=1e-6)
+    np.testing.assert_allclose(changes, naive, atol=1e-4)
+    assert changes[[i for i, e in enumerate(explained) if e[2] == "induction"], 0, 2].max() < -0.3
+
+
 def test_circuit_settings_refuse_what_cannot_be_explained():
     demo_shape = load_model("demo", "cpu").shape
     with pytest.raises(AttnscopeError, match="in layer 0, and no head comes before it"):
