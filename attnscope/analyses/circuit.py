@@ -18,7 +18,7 @@ the layers with an explained head above l are scored. The probe is replayed the 
 costs block l's MLP, the blocks between and the top layer's attention; the naive way (`naive_changes`: one full
 forward of the texts and the probe per removed head, gated by `HeadGates`, the heads analysis run again) costs
 every layer every time. Removals of one layer are replayed together, as copies of the batch (MAX_COPY_TOKENS),
-each copy scored by its own reducer. The two agree to float rounding (tests).
+each copy scored by its own reducer (on a GPU; see COPIES_ON_THE_CPU). The two agree to float rounding (tests).
 
     gradient: attribution patching, the first-order estimate (`attnscope.analyses.circuit_gradient`)
 
@@ -57,9 +57,12 @@ from attnscope.scores.kinds import DEFAULT_WINDOW
 METHODS = options.CIRCUIT_METHODS
 DEFAULT_TOP = 10  # dependencies listed per explained head
 # Removals of one layer replayed at once, as copies of a batch (as `ablate` runs its configurations): bounds the
-# activations at copies × padded tokens; the replay of a short batch then costs one pass of its blocks, not one per
-# removed head.
+# activations at copies × padded tokens; on a GPU the replay of a short batch then costs one pass of its blocks (its
+# kernel launches and Python), not one per removed head. Not on the CPU, where a pass costs its arithmetic whatever
+# the batch, and the copies' larger blocks fall out of the caches: GPT-2 small's 132 removals of 2 × 128 tokens took
+# 35.8 s of CPU time as copies, 32.4 s one by one (one thread).
 MAX_COPY_TOKENS = 8192
+COPIES_ON_THE_CPU = False
 Explained = tuple[int, int, str]  # (layer, head, score name) of a head B
 
 
@@ -268,6 +271,8 @@ def _removal_pass(
             _check_seen(state.layers_seen, range(loaded.n_layer))
             B, n = batch.input_ids.shape
             per_pass = max(1, MAX_COPY_TOKENS // (B * n))  # removals replayed at once, as copies of the batch
+            if batch.input_ids.device.type == "cpu" and not COPIES_ON_THE_CPU:
+                per_pass = 1
             for a in range(top):
                 above = [layer for layer in layers if layer > a]
                 for first in range(0, H, per_pass):

@@ -106,9 +106,13 @@ def test_removal_equals_zeroed_weights_llama_with_grouped_query_attention(family
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(FAMILY_MODELS))
-def test_every_family_replays_what_the_naive_way_computes(family_dir, name):
+def test_every_family_replays_what_the_naive_way_computes(family_dir, name, monkeypatch):
     """The replay from a head's layer gives what the full forward with the head gated gives, for every family: its
-    blocks' own arguments (rotary, masks, sliding windows, sinks, post-norms) are reused as they were."""
+    blocks' own arguments (rotary, masks, sliding windows, sinks, post-norms) are reused as they were, the removals
+    of a layer replayed together as copies of the batch (as on a GPU; the other tests replay them one by one)."""
+    from attnscope.analyses import circuit
+
+    monkeypatch.setattr(circuit, "COPIES_ON_THE_CPU", True)
     model = load_model(str(family_dir(name)), "cpu")
     heads = Heads(**PROBE)
     texts = _texts(FAMILY_TEXTS)
