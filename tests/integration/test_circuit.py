@@ -189,3 +189,22 @@ def test_the_view_of_a_result_made_by_hand():
     html = view.notebook()
     assert html.startswith("<div") and "<b>" not in html and "0.0" in html
     assert set(view.figures()) == {"circuit", "dependencies"}
+
+
+@pytest.mark.slow
+def test_bench_times_the_same_removals_both_ways():
+    """bench's circuit and circuit-naive methods compute the same means with each head removed (on the layers above
+    the removed head's, the ones a replay scores)."""
+    from transformers import GPT2Config
+
+    from attnscope.analyses import bench
+
+    config = GPT2Config(n_layer=3, n_head=2, n_embd=16, n_positions=32, vocab_size=64, initializer_range=0.3)
+    model = bench.random_model(config, "cpu", "auto")
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    runs = bench._methods(model, ids, torch.device("cpu"))
+    replayed, naive = runs["circuit"](), runs["circuit-naive"]()
+    assert sorted(replayed) == sorted(naive) == [(a, h) for a in range(2) for h in range(2)]
+    for (a, h), means in replayed.items():
+        for name, value in means.items():
+            torch.testing.assert_close(value[a + 1 :], naive[(a, h)][name][a + 1 :], atol=1e-6, rtol=0)
