@@ -18,7 +18,10 @@ from attnscope.errors import AttnscopeError
 
 __version__ = "0.1.0"
 
-_API = ("load", "heads", "show", "diversity", "attend", "ablate", "report", "compare", "info", "random_mha", "bench")
+_API = (
+    "load", "heads", "show", "diversity", "attend", "ablate", "circuit", "report", "compare", "info", "random_mha",
+    "bench",
+)  # fmt: skip
 _LAZY = {
     **{name: "attnscope.api" for name in _API},
     "Text": "attnscope.pipeline.inputs",

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from attnscope.analyses.ablate import AblationResult
     from attnscope.analyses.attend import AttendResult
     from attnscope.analyses.bench import BenchResult
+    from attnscope.analyses.circuit import CircuitResult
     from attnscope.analyses.compare import CompareResult
     from attnscope.analyses.diversity import DiversityResult
     from attnscope.analyses.heads import HeadsResult
@@ -495,6 +496,78 @@ def ablate(
     analysis = Ablate(method, prune, bos, batch_size, max_tokens, top=top)
     return _run(
         analysis, model, texts, file, progress, device=device, dtype=dtype, revision=revision, device_map=device_map
+    )
+
+
+@_keywords("texts", "batching", "model", "progress")
+def circuit(
+    model: ModelGiven,
+    texts: TextsGiven = None,
+    *,
+    head: Sequence[str] | None = None,
+    score: str | None = None,
+    top: int = 10,
+    method: str = "removal",
+    weights: bool = True,
+    window: int = 3,
+    thresholds: Mapping[str, float] | Sequence[str] | None = None,
+    probe: bool = True,
+    probe_len: int | None = None,
+    probe_seed: int = 0,
+    file: str | os.PathLike | None = None,
+    bos: bool | None = None,
+    batch_size: int = 8,
+    max_tokens: int | None = 16384,
+    device: str | None = None,
+    dtype: str | None = None,
+    revision: str | None = None,
+    device_map: str | None = None,
+    kernel: str | None = None,
+    progress: Progress = None,
+) -> CircuitResult:
+    """Which earlier heads each head depends on: its score with and without each of them (`attnscope circuit`).
+    With `weights` (the default), a model already loaded must have been loaded with `load(..., lm_head=True)`; one
+    given by name is loaded so.
+
+    head        the heads explained, "L.H" labels (--head; None: every head of layer 1 and above)
+    score       the score explained, for every head (--score; None: each head's deciding score)
+    top         dependencies listed per head, the largest |change| (--top)
+    method      removal: each earlier head removed exactly; gradient: attribution patching's estimate (--method)
+    weights     also composition and copying from the weights and each head's direct effect (--weights/--no-weights)
+    window      the local window: the current token and the `window` tokens before it (--window)
+    thresholds  roles' thresholds moved: {"previous-token": 0.6} or ["previous-token=0.6"] (--threshold)
+    probe       run the repeated-random-token probe: induction and duplicate-token (--probe/--no-probe)
+    probe_len   the probe's period: T random tokens, then again (--probe-len; None: 50, or what the context holds)
+    probe_seed  the seed of the probe's random tokens (--probe-seed)
+    """
+    from attnscope.analyses.circuit import Circuit
+
+    analysis = Circuit(
+        score=score,
+        head=head,
+        top=top,
+        method=method,
+        weights=weights,
+        window=window,
+        thresholds=thresholds,
+        bos=bos,
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+        probe=probe,
+        probe_len=probe_len,
+        probe_seed=probe_seed,
+    )
+    return _run(
+        analysis,
+        model,
+        texts,
+        file,
+        progress,
+        device=device,
+        dtype=dtype,
+        revision=revision,
+        device_map=device_map,
+        kernel=kernel,
     )
 
 

@@ -1166,6 +1166,67 @@ def ablate(
 
 
 @app.command()
+@_options(texts=TEXTS, model=MODEL, batching=BATCHING, roles=ROLES, output=DRAWING_OUTPUT)
+def circuit(
+    texts,
+    model,
+    batching,
+    roles,
+    output,
+    head: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--head", metavar="L.H", help="Explain this head (repeatable); default: every head of layer 1 and above."
+        ),
+    ] = None,
+    score: Annotated[
+        str | None,
+        typer.Option(
+            "--score",
+            parser=_sort,
+            metavar="SCORE",
+            autocompletion=_sort_names,
+            help="Explain this score of every head; default: each head's deciding score (the one that gave it its "
+            "role).",
+        ),
+    ] = None,
+    top: TopOpt = 10,
+    method: Annotated[
+        str,
+        typer.Option(
+            "--method",
+            **_domain(options.CIRCUIT_METHOD),
+            help="removal: remove each earlier head and score again (exact); gradient: attribution patching, the "
+            "first-order estimate of every removal from one backward pass per explained head (for large models).",
+        ),
+    ] = "removal",
+    weights: Annotated[
+        bool,
+        typer.Option(
+            "--weights/--no-weights",
+            help="Also the composition and copying scores from the weights and each head's direct effect on the "
+            "logits (loads the language-model head).",
+        ),
+    ] = True,
+) -> None:
+    """Which earlier heads each head depends on: its score with and without each of them.
+
+    Every head of an earlier layer is removed in turn (its slice of the output projection zeroed, as ablate removes
+    a head) and the explained heads are scored again on the same texts and probe. --head L.H explains only those
+    heads; --top K lists each one's K largest changes, most negative first.
+
+    Example: attnscope circuit --model demo --head 1.0 --top 3
+    """
+    from attnscope.analyses.circuit import Circuit
+
+    analysis = Circuit(
+        score=score, head=head, top=top, method=method, weights=weights, **roles, bos=texts.bos,
+        **batching,
+    )  # fmt: skip
+    _run(analysis, output, texts, model)
+
+
+@app.command()
 @_options(texts=TEXTS, model=MODELS, batching=BATCHING, roles=ROLES, output=OUTPUT)
 def report(
     texts,

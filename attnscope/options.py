@@ -27,10 +27,12 @@ DEVICE_MAPS = ("auto", "balanced", "sequential")
 PICTURE_FORMATS = ("png", "svg", "pdf")
 DEVICE_PATTERN = r"auto|cpu|cuda(?::(\d{1,9}))?"  # a device; its number, if any, is group 1
 ABLATION_METHODS = ("loss", "gradient")
+CIRCUIT_METHODS = ("removal", "gradient")  # exact removal of each earlier head, or its first-order estimate
 BENCH_METHODS = ("floor", "attnscope", "tutorial", "cache")  # bench's default set
 BENCH_KERNEL_METHODS = ("fused", "blocks")  # the analysis with one kernel or the other
 BENCH_DIVERSITY_METHODS = ("diversity", "diversity-sampled")
-ALL_BENCH_METHODS = BENCH_METHODS + BENCH_KERNEL_METHODS + BENCH_DIVERSITY_METHODS
+BENCH_CIRCUIT_METHODS = ("circuit", "circuit-naive")  # every earlier head removed: replayed, or one forward each
+ALL_BENCH_METHODS = BENCH_METHODS + BENCH_KERNEL_METHODS + BENCH_DIVERSITY_METHODS + BENCH_CIRCUIT_METHODS
 
 # Bounds of the counts. Each is far beyond any useful value, and small enough that nothing sized by it overflows or
 # runs for days: a count no option could mean is refused at once rather than run until killed.
@@ -186,6 +188,7 @@ KERNEL = choice(*KERNELS)
 DEVICE_MAP = choice(*DEVICE_MAPS).or_none()
 FORMAT = choice(*PICTURE_FORMATS)
 ABLATION_METHOD = choice(*ABLATION_METHODS)
+CIRCUIT_METHOD = choice(*CIRCUIT_METHODS)
 BOS = FLAG.or_none()  # None: on when the model has the special tokens
 
 

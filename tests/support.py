@@ -695,7 +695,7 @@ def circuit_stand_in(monkeypatch, records=DEPENDENCIES):
             built.append(settings)
 
         def run(self, loaded, texts, progress=None):
-            return SimpleNamespace(dependencies=[{**record, "extra": 1} for record in records])
+            return SimpleNamespace(dependencies=lambda top=None: [{**record, "extra": 1} for record in records])
 
     module = types.ModuleType("attnscope.analyses.circuit")
     module.Circuit = Circuit

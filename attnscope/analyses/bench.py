@@ -10,6 +10,9 @@ Methods, on the same random token ids, batch shape and device:
   `output_attentions=True`, one text at a time, every map copied to numpy on the host and scored there.
 - `cache`: TransformerLens-style caching: one prompt at a time, every layer's attention pattern kept in a cache,
   then scored (TransformerLens's `detect_head` scores a head by the share of its attention on a pattern).
+- `circuit`, `circuit-naive` (only when asked for): `attnscope circuit`'s removals without the probe: every head of
+  layer 1 and above explained by its row statistics, each earlier head removed, replayed from its layer (`circuit`)
+  or by one full forward per removed head, every layer scored (`circuit-naive`, the reference).
 - `diversity`, `diversity-sampled` (only when asked for): `attnscope diversity --layer all`'s reduction, every pair
   of heads of all layers, exact or with JS on `sample_rows` random rows per window; batches sized as that
   command sizes them (all layers' maps of a batch within its memory budget).
@@ -148,6 +151,15 @@ def _methods(
         capture.run(model, parts * calls, statistics, on_batch=statistics.flush)
         return statistics.results()
 
+    def circuit(naive: bool, calls: int = 1) -> Any:
+        # every head of layer 1 and above explained by its row statistics, each earlier head removed (replayed from
+        # its layer, or the naive way: one full forward per removed head); `calls` passes over the batch
+        from attnscope.analyses.circuit import timed_pass
+        from attnscope.models.loading import LoadedModel
+
+        loaded = LoadedModel("bench", model, None, device, family_of(model.config), kernel=kernel)
+        return timed_pass(loaded, [batch] * calls, naive)
+
     return {
         "floor": floor,
         "attnscope": analysis,
@@ -157,6 +169,8 @@ def _methods(
         "cache": cache,
         "diversity": lambda calls=1: diversity(0, calls),
         "diversity-sampled": lambda calls=1: diversity(sample_rows, calls),
+        "circuit": lambda calls=1: circuit(False, calls),
+        "circuit-naive": lambda calls=1: circuit(True, calls),
     }
 
 
@@ -196,6 +210,8 @@ def estimated_bytes(config: Any, batch: int, seq: int, method: str, element: int
     forward = element * 14 * texts * seq * d + 4 * 2 * texts * H * seq * seq
     if method in BASELINES:
         forward += 4 * (L * H * seq * seq + seq * config.vocab_size)
+    if method == "circuit":  # a batch's hidden states and heads' outputs at every layer, kept for the replays
+        forward += element * 2 * L * batch * seq * d
     return weights + forward
 
 

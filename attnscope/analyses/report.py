@@ -96,13 +96,17 @@ def circuit_records(loaded: LoadedModel, texts: Texts | Sequence[Text], settings
     circuit = circuit_module()
     analysis = circuit.Circuit(
         top=CIRCUIT_TOP,
+        weights=False,  # the page shows removals only: no language-model head needed
+        window=settings.window,
+        thresholds=settings.thresholds,
         bos=settings.bos,
         batch_size=settings.batch_size,
         max_tokens=settings.max_tokens,
+        probe=settings.probe,
         probe_len=settings.probe_len,
         probe_seed=settings.probe_seed,
     )
-    records = analysis.run(loaded, texts).dependencies
+    records = analysis.run(loaded, texts).dependencies(CIRCUIT_TOP)
     return [{key: record[key] for key in ("label", "on", "score", "with", "without", "change")} for record in records]
 
 

@@ -609,6 +609,147 @@ def _dendrogram(figure: Figure, matrix_axes, linkage: np.ndarray, n: int, cut: f
     axes.set_gid("dendrogram")
 
 
+# --------------------------------------------------------------------------------------------- heads against heads
+
+PAIR_MARGINS = (1.0, 1.4, TITLE_SPACE, 1.0)  # labels left and below, the colour bar right
+PAIR_MAX = 9.0  # inches of a side at most: a large model's cells shrink and its labels thin
+
+
+def _layer_of(label: str) -> str:
+    return label.partition(".")[0]
+
+
+def pair_matrix(
+    matrix: np.ndarray,
+    rows: Sequence[str],
+    columns: Sequence[str],
+    title: str,
+    colour_label: str,
+    subtitle: str = "",
+    scale: str = SEQUENTIAL_SCALE,
+    signed: bool = False,
+    vmin: float | None = 0.0,
+    vmax: float | None = None,
+    row_title: str = "head (layer.head)",
+    column_title: str = "head (layer.head)",
+) -> Figure:
+    """A heads × heads matrix of any shape (`rows` × `columns`, `L.H` labels), coloured by `scale` (output.scales):
+    `signed`, centred at 0 to ± the largest magnitude; else from `vmin` to `vmax` (None: the largest value). Cells
+    without a value (NaN: a pair that does not exist) light grey; thin lines between layers; values written in
+    when the matrix is small; labels thinned to a readable pitch on a large one."""
+    n_rows, n_columns = matrix.shape
+    cell = min(0.45, PAIR_MAX / max(n_rows, n_columns, 1))
+    figure = _figure(_with_margins((max(cell * n_columns, 2.6), max(cell * n_rows, 1.2)), PAIR_MARGINS))
+    axes = _place_axes(figure, PAIR_MARGINS)
+    norm = _norm(matrix, vmin, vmax, signed)
+    cmap = colour_map(scale).with_extremes(bad=MISSING_COLOUR)
+    image = axes.imshow(_masked(matrix, None), cmap=cmap, norm=norm, aspect="auto", interpolation="none")
+    _colour_bar(figure, axes, image, colour_label)
+    box = axes.get_position()
+    inches = figure.get_size_inches()
+    for count, labels, set_ticks, set_labels, length in (
+        (n_columns, columns, axes.set_xticks, axes.set_xticklabels, box.width * inches[0]),
+        (n_rows, rows, axes.set_yticks, axes.set_yticklabels, box.height * inches[1]),
+    ):
+        fontsize = max(TICK_MIN, min(8.0, 0.75 * length * 72 / max(count, 1)))
+        ticks = thinned_ticks(count, labels_that_fit(length, fontsize))
+        set_ticks(ticks)
+        set_labels([labels[k] for k in ticks], fontsize=fontsize)
+    for label in axes.get_xticklabels():
+        label.set_rotation(90)
+    for k in range(1, n_columns):
+        if _layer_of(columns[k]) != _layer_of(columns[k - 1]):
+            axes.axvline(k - 0.5, color="#777777", linewidth=0.6)
+    for k in range(1, n_rows):
+        if _layer_of(rows[k]) != _layer_of(rows[k - 1]):
+            axes.axhline(k - 0.5, color="#777777", linewidth=0.6)
+    axes.set_xlabel(column_title, fontsize=LABEL_SIZE)
+    axes.set_ylabel(row_title, fontsize=LABEL_SIZE)
+    if n_rows <= 16 and n_columns <= 16:
+        for i in range(n_rows):
+            for j in range(n_columns):
+                value = matrix[i, j]
+                if np.isfinite(value):
+                    colour = _ink(cmap(norm(value)))
+                    axes.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6.5, color=colour)
+    _titles(figure, title, subtitle)
+    return figure
+
+
+GRAPH_MARGINS = (0.7, 2.4, TITLE_SPACE, 0.9)  # the legend and the colour bar right, the note below
+
+
+def head_graph(
+    roles: Sequence[Sequence[str]],
+    edges: Sequence[tuple[int, int, int, int, float]],
+    title: str,
+    colour_label: str,
+    subtitle: str = "",
+    note: str = "",
+    scale: str = "score_change",
+    marked: Sequence[tuple[int, int]] = (),
+) -> Figure:
+    """Heads as nodes, one column per layer (head 0 at the top), coloured by role (the catalog's palette); `edges`
+    (layer A, head A, layer B, head B, value) as arrows A → B, coloured by `scale` at their value (centred at 0) and
+    as wide as its share of the largest magnitude, the strongest drawn last; `marked` heads ringed in black (the
+    heads explained). `note` (what was left out) under the graph. GPT-2 small's 144 heads fit in 12 × 7 inches."""
+    from matplotlib.patches import FancyArrowPatch
+
+    n_layer, n_head = len(roles), len(roles[0])
+    column, row = min(1.0, 11.0 / n_layer), min(0.42, 8.0 / n_head)
+    size = _with_margins((max(column * n_layer, 3.0), max(row * n_head, 2.0)), GRAPH_MARGINS)
+    figure = _figure(size)
+    axes = _place_axes(figure, GRAPH_MARGINS)
+    axes.set_xlim(-0.5, n_layer - 0.5)
+    axes.set_ylim(n_head - 0.5, -0.5)
+    largest = max((abs(value) for *_, value in edges), default=1.0) or 1.0
+    norm = Normalize(-largest, largest)
+    cmap = colour_map(scale)
+    for la, ha, lb, hb, value in sorted(edges, key=lambda edge: abs(edge[4])):
+        bend = 0.2 if (lb - la) == 1 else 0.06  # arc3's bend grows with the span: long arcs stay inside
+        arrow = FancyArrowPatch(
+            (la, ha), (lb, hb), connectionstyle=f"arc3,rad={bend if hb >= ha else -bend}", arrowstyle="-|>",
+            mutation_scale=6 + 6 * abs(value) / largest, linewidth=0.4 + 3.6 * abs(value) / largest,
+            color=cmap(norm(value)), alpha=0.85, shrinkA=6, shrinkB=6, zorder=1,
+        )  # fmt: skip
+        axes.add_patch(arrow)
+    node_size = max(40.0, min(260.0, (72 * min(column, row) * 0.8) ** 2))
+    ringed = set(marked)
+    fontsize = 6.0 if n_head <= 16 and n_layer <= 16 else 4.5
+    for layer in range(n_layer):
+        for head in range(n_head):
+            role = roles[layer][head]
+            axes.scatter(
+                [layer], [head], s=node_size, color=ROLE_COLOURS[role], zorder=2,
+                edgecolors="black" if (layer, head) in ringed else "#999999",
+                linewidths=1.0 if (layer, head) in ringed else 0.4,
+            )  # fmt: skip
+            if n_head <= 32 and n_layer <= 32:
+                axes.text(layer, head, f"{layer}.{head}", ha="center", va="center", fontsize=fontsize,
+                          color=ROLE[role].ink, zorder=3)  # fmt: skip
+    axes.set_xticks(thinned_ticks(n_layer, labels_that_fit(axes.get_position().width * size[0], 7)))
+    axes.set_yticks(thinned_ticks(n_head, labels_that_fit(axes.get_position().height * size[1], 7)))
+    axes.tick_params(labelsize=7)
+    axes.set_xlabel("layer", fontsize=LABEL_SIZE)
+    axes.set_ylabel("head", fontsize=LABEL_SIZE)
+    for side in ("top", "right"):
+        axes.spines[side].set_visible(False)
+    image = matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap)
+    box = axes.get_position()
+    bar = figure.add_axes((box.x1 + 0.15 / size[0], box.y0, 0.15 / size[0], box.height * 0.45))
+    colour_bar = figure.colorbar(image, cax=bar)
+    colour_bar.set_label(_wrapped(colour_label, box.height * size[1] * 0.45, 7.0), fontsize=7.0)
+    colour_bar.ax.tick_params(labelsize=7)
+    present = {role for row in roles for role in row}
+    handles = [Patch(color=ROLE_COLOURS[role], label=role) for role in ROLE_NAMES if role in present]
+    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=7, frameon=False)
+    if note:
+        figure.text(0.5, 0.12 / size[1], _wrapped(note, size[0] - 0.4, 7.5), ha="center", va="bottom",
+                    fontsize=7.5, color=SUBTITLE_COLOUR)  # fmt: skip
+    _titles(figure, title, subtitle)
+    return figure
+
+
 # ----------------------------------------------------------------------------------------------------------- line plots
 
 LINE_SIZE = (7.0, 4.2)

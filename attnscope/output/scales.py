@@ -77,7 +77,8 @@ SCALES = {
             "score_change",
             DIVERGING,
             signed=True,
-            key="blue: the score falls without the other head (it depends on it); red: it rises; white: no change",
+            key="blue: the head's score falls without the removed head (it depends on it); red: it rises; white: no "
+            "change",
         ),
         ColourScale("score", VIRIDIS, key="dark: 0; yellow: the largest"),
         ColourScale("js", VIRIDIS, low=0.0, high=1.0, key="dark: the same rows (0 bits); yellow: disjoint (1 bit)"),

@@ -111,6 +111,7 @@ VIEWS: dict[str, str] = {
     "ReportResult": "attnscope.output.report.ReportView",
     "BenchResult": "attnscope.output.bench.BenchView",
     "InfoResult": "attnscope.output.info.InfoView",
+    "CircuitResult": "attnscope.output.circuit.CircuitView",
     "CompareResult": "attnscope.output.compare.CompareView",
 }
 

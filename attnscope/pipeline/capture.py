@@ -14,9 +14,10 @@ derive) goes through the block path, and the run's notes say why.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,6 +196,22 @@ def run(
         torch.set_flush_denormal(False)
         switch_back()
     return Captured(keep_window, maps, kernel_notes(run_notes))
+
+
+@contextlib.contextmanager
+def capturing(model: Any) -> Iterator[None]:
+    """`model` computing attention with the capture for the length of the block, as `run` sets it up (registered,
+    switched, denormals flushed, no gradients), for callers that drive the model's blocks themselves: the circuit's
+    replays (`analyses.circuit`) run one batch, then some of its layers again, each with its own `CaptureState`."""
+    _register()
+    switch_back = _switch_attention(model, IMPLEMENTATION)
+    torch.set_flush_denormal(True)
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        torch.set_flush_denormal(False)
+        switch_back()
 
 
 def kernel_notes(reasons: dict[str, set[int]]) -> list[str]:

@@ -76,6 +76,7 @@ CASES = [
     ("show", {"layer": 0, "index": 1}, ["--layer", "0", "--index", "1"], None),
     ("ablate", {"method": "gradient", "top": 3}, ["--method", "gradient", "--top", "3"], CAT),
     ("ablate", {"prune": 2, "batch_size": 2}, ["--prune", "2", "--batch-size", "2"], "file"),
+    ("circuit", {"head": ["1.0"], "top": 2, "weights": False}, ["--head", "1.0", "--top", "2", "--no-weights"], CAT),
     (
         "report",
         {"diversity": False, "window": 4, "probe": False},

@@ -23,7 +23,9 @@ PROBE_NOTE = "the repeated-token probe measures left-to-right copying; skipped f
 SPECIAL_TOKENS = {"decoder": 1, "encoder": 2}  # BOS; [CLS] and [SEP]
 MODEL_TYPE = {"decoder": "gpt2", "encoder": "bert"}
 CONTEXT = {"decoder": 128, "encoder": 64}  # n_positions / max_position_embeddings of tests.support's builders
-COMMANDS = ("heads", "show", "diversity", "random-mha", "attend", "ablate", "report", "compare", "bench", "info")
+COMMANDS = (
+    "heads", "show", "diversity", "random-mha", "attend", "ablate", "circuit", "report", "compare", "bench", "info",
+)  # fmt: skip
 UNMEASURED = {  # per kind, the catalog's scores that stay null even with the probe on (the other kind's own)
     "decoder": {"next_token", "last_token"},
     "encoder": {"induction", "duplicate_token"},
@@ -389,7 +391,7 @@ def test_every_command_is_listed_and_takes_the_output_options(cli):
         if "--top" in out:  # one meaning, said the same way: the rows of each ranked table
             ranked.append(command)
             assert " ".join(TOP_HELP.split()) in " ".join(out.replace("│", " ").split()), command
-    assert ranked == ["heads", "diversity", "attend", "ablate", "compare"]
+    assert ranked == ["heads", "diversity", "attend", "ablate", "circuit", "compare"]
 
 
 @pytest.mark.parametrize(
@@ -398,6 +400,7 @@ def test_every_command_is_listed_and_takes_the_output_options(cli):
         ("heads", "auto|float32|float16|bfloat16"),  # --dtype
         ("info", "auto|float32|float16|bfloat16"),
         ("ablate", "loss|gradient"),  # --method
+        ("circuit", "removal|gradient"),
     ],
 )
 def test_choices_appear_in_help(cli, command, choices):

@@ -120,6 +120,15 @@ CASES = {
     "ablate json and csv": (["ablate", CAT, *D, "--json", "--csv"], "give --json or --csv, not both"),
     "ablate nothing to predict": (["ablate", "cat", *D, "--no-bos"], "there is no next token to predict"),
     "ablate nothing to mask": (["ablate", "cat", *E, "--no-bos"], "there is nothing to mask"),
+    # circuit
+    "circuit head in layer 0": (["circuit", CAT, *D, "--head", "0.1"], "in layer 0, and no head comes before it"),
+    "circuit head out of range": (["circuit", CAT, *D, "--head", "1.9"], "head 9 is out of range"),
+    "circuit head form": (["circuit", CAT, *D, "--head", "one"], "expected LAYER.HEAD such as 4.11"),
+    "circuit method": (["circuit", CAT, *D, "--method", "exact"], "--method exact: use one of removal, gradient"),
+    "circuit probe score": (
+        ["circuit", CAT, *D, "--score", "induction", "--no-probe"],
+        "score induction: that score comes from the probe, which is off",
+    ),
     # report, info
     "report window 0": (["report", CAT, *D, "--window", "0"], "--window 0: must be a whole number"),
     "report threshold": (["report", CAT, *D, "--threshold", "x=1"], "threshold 'x=1': expected ROLE=VALUE"),

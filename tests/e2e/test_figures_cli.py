@@ -10,7 +10,7 @@ import pytest
 from attnscope.scores import catalog
 from tests.support import CAT, png_size
 
-DRAWING = ["heads", "show", "diversity", "random-mha", "attend", "ablate", "bench"]
+DRAWING = ["heads", "show", "diversity", "random-mha", "attend", "ablate", "circuit", "bench"]
 
 
 @pytest.mark.parametrize("command", DRAWING + ["report", "info"])

@@ -30,6 +30,7 @@ FUNCTIONS = {
     "diversity": api.diversity,
     "attend": api.attend,
     "ablate": api.ablate,
+    "circuit": api.circuit,
     "report": api.report,
     "compare": api.compare,
     "info": api.info,
@@ -264,7 +265,7 @@ REQUIRED = {
     "attend": {"from_token": "cat", "to_token": "mat"},
     "random-mha": {"heads": [1]},  # dividing any d_model
 }
-NEEDS_MODEL = {"heads", "show", "diversity", "attend", "ablate", "report", "info", "bench"}
+NEEDS_MODEL = {"heads", "show", "diversity", "attend", "ablate", "circuit", "report", "info", "bench"}
 REFUSED = {("info", "device_map")}  # info reads the config only: both refuse any device map
 
 
@@ -308,7 +309,7 @@ def _call(command: str, keyword: str, value, monkeypatch, tmp_path):
     positional = [str(tmp_path / "no-model")] if command in NEEDS_MODEL else []
     if command == "compare":  # two models, each loaded in its turn
         positional = [[str(tmp_path / "no-model"), str(tmp_path / "no-model-either")]]
-    if command in ("heads", "show", "diversity", "attend", "ablate", "report", "compare"):
+    if command in ("heads", "show", "diversity", "attend", "ablate", "circuit", "report", "compare"):
         positional.append("The cat sat on the mat.")
     return FUNCTIONS[command](*positional, **keywords)
 

@@ -19,7 +19,7 @@ TESTS = ROOT / "tests"
 # typing, never importing a result class (see analyses/result.py).
 STAGES = ["base", "scores", "models", "pipeline", "output", "analyses", "api", "cli"]
 COMMANDS = [
-    "heads", "show", "diversity", "random-mha", "attend", "ablate", "report", "compare", "bench", "info",
+    "heads", "show", "diversity", "random-mha", "attend", "ablate", "circuit", "report", "compare", "bench", "info",
 ]  # fmt: skip
 
 
@@ -240,7 +240,19 @@ def test_the_lazy_names_of_the_package_load_their_modules():
     from attnscope.pipeline.inputs import Text
 
     assert attnscope.Text is Text and attnscope.analyze_heads is analyze_heads and attnscope.load_model is load_model
-    names = ("load", "heads", "show", "diversity", "attend", "ablate", "report", "compare", "info", "random_mha")
+    names = (
+        "load",
+        "heads",
+        "show",
+        "diversity",
+        "attend",
+        "ablate",
+        "circuit",
+        "report",
+        "compare",
+        "info",
+        "random_mha",
+    )
     names += ("bench",)
     for name in names:
         assert getattr(attnscope, name) is getattr(api, name)

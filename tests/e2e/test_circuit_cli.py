@@ -1,0 +1,63 @@
+"""`circuit` end to end: the JSON's keys and order, --head, --top, --csv keeping every pair, the files of --out."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from tests.support import CAT, png_size
+
+
+@pytest.mark.slow
+def test_demo_json_heads_top_and_csv(cli):
+    """The demo's induction heads explained: each one's dependencies are its --top largest |change|, by change (the
+    most negative first), with = without - change; 0.2 comes first for each; --csv keeps every earlier head."""
+    args = ("circuit", "--model", "demo", "--head", "1.3", "--head", "1.0", "--top", "2", "--score", "induction")
+    code, out, err = cli(*args, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert list(doc)[:8] == ["schema_version", "command", "attnscope_version", "model", "input", "settings", "notes",
+                             "dependencies"]  # fmt: skip
+    assert {"composition", "composition_baseline", "heads"} <= set(doc)
+    assert doc["settings"]["head"] == ["1.3", "1.0"] and doc["settings"]["method"] == "removal"
+    dependencies = doc["dependencies"]
+    assert [d["label"] for d in dependencies] == ["1.0", "1.0", "1.3", "1.3"]  # B in layer.head order, 2 each
+    for label in ("1.0", "1.3"):
+        mine = [d for d in dependencies if d["label"] == label]
+        assert mine[0]["on"] == "0.2" and mine[0]["score"] == "induction"
+        assert [d["change"] for d in mine] == sorted(d["change"] for d in mine)
+        for d in mine:
+            assert d["without"] == pytest.approx(d["with"] + d["change"], abs=2e-6)
+    assert list(dependencies[0]) == ["label", "on", "score", "with", "without", "change"]
+    assert {(c["from"], c["to"]) for c in doc["composition"]} == {
+        (f"0.{a}", b) for a in range(4) for b in ("1.0", "1.3")
+    }
+    heads = {record["label"]: record for record in doc["heads"]}
+    assert len(heads) == 8 and heads["0.2"]["role"] == "previous-token" and heads["1.0"]["explained"]
+    assert isinstance(heads["1.0"]["copying"], float) and isinstance(heads["1.0"]["direct_effect"], float)
+    assert cli(*args, "--json")[1] == out  # deterministic
+    code, out, err = cli(*args, "--csv", "--no-weights")
+    assert code == 0, err
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert len(rows) == 8 and {row["on"] for row in rows} == {f"0.{h}" for h in range(4)}
+    code, out, err = cli("circuit", "--model", "demo", "--head", "1.0", "--top", "2")
+    assert code == 0, err
+    assert "0.2" in out and "previous-token" in out
+
+
+@pytest.mark.slow
+def test_files_of_out_and_an_encoder(cli, tiny_bert_dir, tmp_path):
+    code, out, err = cli("circuit", CAT, "-m", tiny_bert_dir, "--out", tmp_path / "c", "--dpi", "50")
+    assert code == 0, err
+    names = sorted(path.name for path in (tmp_path / "c").iterdir())
+    assert names == ["circuit.csv", "circuit.json", "circuit.png", "composition_k.png", "composition_q.png",
+                     "composition_v.png", "dependencies.png"]  # fmt: skip
+    assert min(png_size(tmp_path / "c" / "circuit.png")) > 100
+    doc = json.loads((tmp_path / "c" / "circuit.json").read_text())
+    n_head = doc["model"]["n_head"]
+    assert len(doc["dependencies"]) == sum(min(10, layer * n_head) for layer in range(1, doc["model"]["n_layer"])) * (
+        n_head
+    )
