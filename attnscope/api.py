@@ -508,6 +508,7 @@ def circuit(
     score: str | None = None,
     top: int = 10,
     method: str = "removal",
+    steps: int = 0,
     weights: bool = True,
     window: int = 3,
     thresholds: Mapping[str, float] | Sequence[str] | None = None,
@@ -533,6 +534,7 @@ def circuit(
     score       the score explained, for every head (--score; None: each head's deciding score)
     top         dependencies listed per head, the largest |change| (--top)
     method      removal: each earlier head removed exactly; gradient: attribution patching's estimate (--method)
+    steps       gradient only: 0, the gradient at every head kept; N, integrated gradients over N points (--steps)
     weights     also composition and copying from the weights and each head's direct effect (--weights/--no-weights)
     window      the local window: the current token and the `window` tokens before it (--window)
     thresholds  roles' thresholds moved: {"previous-token": 0.6} or ["previous-token=0.6"] (--threshold)
@@ -547,6 +549,7 @@ def circuit(
         head=head,
         top=top,
         method=method,
+        steps=steps,
         weights=weights,
         window=window,
         thresholds=thresholds,

@@ -1200,6 +1200,16 @@ def circuit(
             "first-order estimate of every removal from one backward pass per explained head (for large models).",
         ),
     ] = "removal",
+    steps: Annotated[
+        int,
+        typer.Option(
+            "--steps",
+            **_domain(options.STEPS),
+            metavar="N",
+            help="With --method gradient: 0, the gradient with every head kept (attribution patching); N, integrated "
+            "gradients over N points (N times the cost; closer to exact removal, see the circuit page).",
+        ),
+    ] = 0,
     weights: Annotated[
         bool,
         typer.Option(
@@ -1220,7 +1230,7 @@ def circuit(
     from attnscope.analyses.circuit import Circuit
 
     analysis = Circuit(
-        score=score, head=head, top=top, method=method, weights=weights, **roles, bos=texts.bos,
+        score=score, head=head, top=top, method=method, steps=steps, weights=weights, **roles, bos=texts.bos,
         **batching,
     )  # fmt: skip
     _run(analysis, output, texts, model)

@@ -164,6 +164,7 @@ MAX_TOKENS = count(1, 100 * LENGTH_MAX)
 PROBE_LEN = count(3, LENGTH_MAX)  # tokens.MIN_PROBE_LEN: a period of 3 tokens is the shortest the probe can score
 SEED = count(0, SEED_MAX)
 TOP = count(1, ROWS_MAX)
+STEPS = count(0, 1_000)  # circuit --method gradient: integration points (each a forward and a backward pass)
 TOKENS = count(1, ROWS_MAX)
 PRUNE = count(0, ROWS_MAX)
 LAYER = count(0, LAYER_MAX)

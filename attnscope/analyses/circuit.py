@@ -29,7 +29,6 @@ Both share one signature (`CHANGES`): (loaded, texts, explained [(layer, head, s
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -480,27 +479,14 @@ def timed_pass(loaded: LoadedModel, batches: Sequence[Any], naive: bool = False)
     return (_naive_pass if naive else _removal_pass)(loaded, source, layers)[1]
 
 
-# The methods, by name: a function, or the dotted path of one imported when first asked for (another module, which
-# an installation may lack).
-CHANGES: dict[str, Callable | str] = {
-    "removal": removal_changes,
-    "gradient": "attnscope.analyses.circuit_gradient.gradient_changes",
-}
+def gradient_changes(*args: Any, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """`--method gradient`: attnscope.analyses.circuit_gradient.gradient_changes, imported when first asked for."""
+    from attnscope.analyses.circuit_gradient import gradient_changes
+
+    return gradient_changes(*args, **kwargs)
 
 
-def change_function(method: str) -> Callable:
-    """The function computing `method`'s changes (CHANGES); one AttnscopeError where its module is missing."""
-    entry = CHANGES[method]
-    if not isinstance(entry, str):
-        return entry
-    module, _, name = entry.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except ModuleNotFoundError as error:
-        if error.name != module:
-            raise
-        missing = f"method {method} is not available (its module {module} is missing): use removal"
-        raise AttnscopeError(missing) from None
+CHANGES: dict[str, Callable] = {"removal": removal_changes, "gradient": gradient_changes}  # the methods, by name
 
 
 # ------------------------------------------------------------------------------------------------- the analysis
@@ -601,7 +587,9 @@ class Circuit:
 
     score: one score explained for every head B (None: each head's deciding score); head: the heads B explained,
     `L.H` labels (empty: every head of layer 1 and above); top: dependencies listed per head B; method: removal
-    (exact) or gradient (attribution patching); weights: also the composition and copying scores from the weights
+    (exact) or gradient (attribution patching); steps: the gradient's integration points (0: the gradient with
+    every head kept, attribution patching proper; N: integrated gradients over N points, N times the cost, closer to
+    removal where a softmax saturates); weights: also the composition and copying scores from the weights
     and each head's direct effect (needs the language-model head). The rest are the heads analysis's settings."""
 
     score: str | None = None
@@ -609,6 +597,7 @@ class Circuit:
     top: int = DEFAULT_TOP
     method: str = "removal"
     weights: bool = True
+    steps: int = 0  # gradient: 0, the gradient at every head kept; N, integrated gradients over N points
     window: int = DEFAULT_WINDOW
     thresholds: Mapping[str, float] | Sequence[str] | None = None
     bos: bool | None = None
@@ -621,6 +610,7 @@ class Circuit:
         "top": options.TOP,
         "method": options.CIRCUIT_METHOD,
         "weights": options.FLAG,
+        "steps": options.STEPS,
         "window": options.WINDOW,
         "bos": options.BOS,
         "batch_size": options.BATCH_SIZE,
@@ -638,6 +628,8 @@ class Circuit:
         if self.score is not None:
             object.__setattr__(self, "score", sort_score(options.check_text(self.score, "score")).name)
         object.__setattr__(self, "head", _head_labels(self.head))
+        if self.steps and self.method != "gradient":
+            raise AttnscopeError("steps (--steps) are the gradient's integration points: give method gradient too")
         object.__setattr__(self, "thresholds", roles.parse_thresholds(self.thresholds))
 
     @property
@@ -692,8 +684,9 @@ class Circuit:
             if record.scores.get(score) is None:
                 raise AttnscopeError(f"score {score} of head {layer}.{head} was not measured (see the notes of heads)")
             explained.append((layer, head, score))
-        function = change_function(self.method)
-        shown = {"progress": progress} if function is removal_changes else {}  # the texts' pass again, the longest
+        function = CHANGES[self.method]
+        # the removal pass reports its progress (the texts' pass again, the longest); the gradient takes its steps
+        shown = {"progress": progress} if self.method == "removal" else {"steps": self.steps}
         with_values, changes = function(loaded, texts, explained, heads, **shown)
         with_values, changes = np.asarray(with_values, dtype=np.float64), np.asarray(changes, dtype=np.float64)
         notes = list(base.notes)
@@ -731,6 +724,7 @@ class Circuit:
             "head": list(self.head),
             "top": self.top,
             "method": self.method,
+            "steps": self.steps,
             "weights": self.weights,
             "window": self.window,
             "thresholds": base.settings["thresholds"],

@@ -79,22 +79,14 @@ def model_labels(names: Sequence[str], revisions: Sequence[str] | None = None) -
     return unique_labels([model_label(name) for name in given], given)[0]
 
 
-def circuit_module() -> Any:
-    """The circuit analysis (`attnscope circuit`), imported when first needed; one line where it is missing."""
-    try:
-        from attnscope.analyses import circuit
-    except ImportError:
-        raise AttnscopeError("report --circuit needs attnscope circuit (attnscope.analyses.circuit)") from None
-    return circuit
-
-
 def circuit_records(loaded: LoadedModel, texts: Texts | Sequence[Text], settings: Heads) -> list[dict]:
     """The page's head-to-head dependencies: `attnscope circuit`'s JSON records (`{"label": "1.0", "on": "0.2",
     "score": "induction", "with": 0.96, "without": 0.43, "change": -0.53}`: head `label`'s deciding score with and
     without head `on`), the CIRCUIT_TOP largest changes of each head, on the report's texts and probe settings.
     The page reads exactly these keys."""
-    circuit = circuit_module()
-    analysis = circuit.Circuit(
+    from attnscope.analyses.circuit import Circuit
+
+    analysis = Circuit(
         top=CIRCUIT_TOP,
         weights=False,  # the page shows removals only: no language-model head needed
         window=settings.window,
@@ -360,8 +352,6 @@ class Report:
         if not isinstance(self.heads, Heads):
             raise AttnscopeError(f"heads: expected the settings of a heads analysis (Heads), not {self.heads!r}")
         options.check_fields(self, {"diversity": options.FLAG, "ablate": options.FLAG, "circuit": options.FLAG})
-        if self.circuit:  # before any model loads
-            circuit_module()
 
     @property
     def needs_lm_head(self) -> bool:

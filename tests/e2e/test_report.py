@@ -498,7 +498,6 @@ def other_shapes(tmp_path_factory):
         (["-m", "{tiny}", "-m", "demo", "--revisions", "a,b"], "--revisions are revisions of one model"),
         (["-m", "gpt2", "--revision", "main", "--revisions", "a,b"], "give --revision or --revisions, not both"),
         (["-m", "gpt2", "--revisions", "a,,b"], "a revision is empty"),
-        (["-m", "{tiny}", "-m", "demo", "--circuit"], "report --circuit needs attnscope circuit"),
     ],
 )
 def test_models_that_cannot_share_a_page_are_refused_in_one_line(
@@ -576,15 +575,6 @@ def test_circuit_records_travel_in_the_json_and_the_page(cli, tiny_model_dir, mo
     assert _embedded(text)["viewer"]["dependencies"] == DEPENDENCIES
     rows = re.findall(r'<tr data-head="([\d.]+)"><td>[\d.]+</td><td>([\d.]+)</td>', text.split('id="circuit"')[1])
     assert rows[:3] == [("1.3", "0.2"), ("1.0", "0.2"), ("1.0", "0.1")]  # the table, largest change first
-
-
-def test_circuit_without_the_circuit_command_is_one_line(cli, tiny_model_dir, monkeypatch):
-    import sys
-
-    monkeypatch.setitem(sys.modules, "attnscope.analyses.circuit", None)
-    code, out, err = cli("report", CAT, "-m", tiny_model_dir, "--circuit")
-    assert (code, out) == (2, "")
-    assert err == "attnscope: error: report --circuit needs attnscope circuit (attnscope.analyses.circuit)\n"
 
 
 # ------------------------------------------------------------------------------- several models, --circuit: browser

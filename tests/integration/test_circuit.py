@@ -153,16 +153,6 @@ def test_circuit_settings_refuse_what_cannot_be_explained():
         Circuit(top=0)
 
 
-def test_a_method_whose_module_is_missing_is_one_error(monkeypatch):
-    """The gradient method lives in a module of its own, imported when asked for: where it is missing, one line."""
-    from attnscope.analyses import circuit
-
-    monkeypatch.setitem(circuit.CHANGES, "gradient", "attnscope.analyses.no_such_module.gradient_changes")
-    with pytest.raises(AttnscopeError, match="method gradient is not available"):
-        circuit.change_function("gradient")
-    assert circuit.change_function("removal") is removal_changes
-
-
 def test_the_view_of_a_result_made_by_hand():
     """Dependencies sorted by change within each head, the top K by |change| (a positive one kept), every pair in
     the CSV rows, the notebook fragment escaped and self-contained, the pictures drawn."""

@@ -281,3 +281,15 @@ def test_the_api_takes_a_list_of_models_and_refuses_in_one_line(tiny, two_models
         with pytest.raises(AttnscopeError) as raised:
             attnscope.report(**given)
         assert str(raised.value).startswith(says), raised.value
+
+
+def test_report_circuit_holds_the_circuit_commands_records(tiny):
+    """`report --circuit` (the real analysis, not a stand-in): the page's dependencies are `attnscope circuit`'s
+    records for the same texts and probe, each head's CIRCUIT_TOP largest changes."""
+    import attnscope
+    from attnscope.analyses.report import CIRCUIT_TOP
+
+    page = attnscope.report(tiny, TEXTS, circuit=True, diversity=False)
+    alone = attnscope.circuit(tiny, TEXTS, top=CIRCUIT_TOP, weights=False)
+    assert page.dependencies == alone.dependencies(CIRCUIT_TOP)
+    assert {record["label"] for record in page.dependencies} == {f"1.{head}" for head in range(tiny.n_head)}

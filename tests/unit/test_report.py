@@ -81,18 +81,6 @@ def test_circuit_records_are_the_circuit_analysis_records_top_k_per_head(monkeyp
     assert Report(circuit=True).circuit  # the settings find the analysis
 
 
-def test_circuit_without_the_circuit_analysis_is_one_line(monkeypatch):
-    import sys
-
-    from attnscope.analyses.report import Report
-    from attnscope.errors import AttnscopeError
-
-    monkeypatch.setitem(sys.modules, "attnscope.analyses.circuit", None)  # `import` fails as for a missing module
-    with pytest.raises(AttnscopeError, match=r"^report --circuit needs attnscope circuit"):
-        Report(circuit=True)
-    Report(circuit=False)
-
-
 def test_circuit_explains_one_model(monkeypatch):
     from attnscope.analyses.report import Report
     from attnscope.errors import AttnscopeError
