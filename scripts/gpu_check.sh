@@ -25,11 +25,12 @@ for folder in ("/tmp/gpt2s", "/tmp/llama1b"):
     for name in ("vocab.json", "merges.txt"):
         shutil.copy(f"tests/data/gpt2-tokenizer/{name}", folder)
 PY
-stages=${*:-tests bench large timings}
+stages=${*:-tests bench timings large}
 if [[ $stages == *tests* ]]; then
 echo "== CUDA tests"
 timeout 240 python3 -m pytest -p no:cacheprovider -n 0 -q --tb=line -m "" tests/integration/test_fused_gpu.py \
-  tests/integration/test_capture.py tests/integration/test_loading.py tests/e2e/test_kernel_cli.py 2>&1 | tail -25
+  tests/integration/test_capture.py tests/integration/test_loading.py tests/e2e/test_kernel_cli.py \
+  tests/integration/test_circuit.py tests/integration/test_compare.py 2>&1 | tail -25
 echo "== the same JSON on cuda and cpu"
 for device in cpu cuda; do
   timeout 60 python3 -m attnscope heads --model demo --device "$device" --json > "$OUT/heads_$device.json"
@@ -69,8 +70,7 @@ for name in ("bench_gpt2_32", "bench_llama"):
 PY
 fi
 if [[ $stages == *timings* ]]; then
-for script in scripts/time_circuit.py scripts/time_compare.py; do
-  [ -f "$script" ] && timeout 150 python3 "$script" --device cuda | tee -a "$OUT/timings.jsonl"
-done
+timeout 150 python3 scripts/time_circuit.py --device cuda | tee -a "$OUT/timings.jsonl"
+timeout 200 python3 scripts/time_compare.py --device cuda --repeats 2 | tee -a "$OUT/timings.jsonl"
 fi
 exit 0
