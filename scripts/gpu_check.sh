@@ -55,6 +55,10 @@ for row in doc["results"]:
     print({k: row[k] for k in ("method", "batch", "seq", "median_s", "spread", "tokens_per_s", "time_vs_floor", "peak_mb")})
 PY
 fi
+if [[ $stages == *timings* ]]; then
+timeout 150 python3 scripts/time_circuit.py --device cuda | tee -a "$OUT/timings.jsonl"
+timeout 200 python3 scripts/time_compare.py --device cuda --repeats 2 | tee -a "$OUT/timings.jsonl"
+fi
 if [[ $stages == *large* ]]; then
 echo "== bench, larger shapes"
 timeout 120 python3 -m attnscope bench -m /tmp/gpt2s --random-weights --device cuda --dtype bfloat16 \
@@ -68,9 +72,5 @@ for name in ("bench_gpt2_32", "bench_llama"):
     for row in doc["results"]:
         print(name, {k: row[k] for k in ("method", "batch", "seq", "median_s", "spread", "time_vs_floor", "peak_mb")})
 PY
-fi
-if [[ $stages == *timings* ]]; then
-timeout 150 python3 scripts/time_circuit.py --device cuda | tee -a "$OUT/timings.jsonl"
-timeout 200 python3 scripts/time_compare.py --device cuda --repeats 2 | tee -a "$OUT/timings.jsonl"
 fi
 exit 0
