@@ -103,6 +103,7 @@ def test_a_fresh_process_switches_the_interpreter_on_by_itself(tiny_model_dir):
 
 @pytest.mark.slow
 def test_bench_times_either_kernel(cli, tiny_model_dir):
+    _needs_the_interpreter(in_this_process=True)  # the fused row runs on the CPU
     code, out, err = cli(
         "bench", "-m", tiny_model_dir, "--device", "cpu", "--seq-lens", "16", "--batch-sizes", "2",
         "--repeats", "1", "--warmup", "0", "--methods", "floor,attnscope,fused,blocks", "--no-micro", "--json",

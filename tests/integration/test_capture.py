@@ -198,10 +198,10 @@ def test_merged_partial_runs_equal_one_run(model):
     whole, first, second = statistics_of(windows), statistics_of(windows[:1]), statistics_of(windows[1:])
     first.merge(second)
     assert int(first.row_count) == int(whole.row_count)
-    # the CPU gives each row the same float32 sums whatever the batch; a GPU's kernels tile differently by batch shape
-    atol = 1e-9 if model.device.type == "cpu" else 1e-6
+    # float32 attention depends a little on the batch it was computed in: padding changes how the kernels block their
+    # sums (seen at ~1e-8 on a 16-thread CPU and on a GPU, not on 2 threads); the statistics add up in float64
     for name, value in whole.means().items():
-        assert torch.allclose(value, first.means()[name], atol=atol), name
+        assert torch.allclose(value, first.means()[name], atol=1e-6), name
 
 
 def test_layers_scored_one_by_one_or_together_agree(model, monkeypatch):
