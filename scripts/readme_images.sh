@@ -19,11 +19,18 @@ attnscope random-mha --d-model 64 --heads 1,2,4,8 --out "$tmp/random" --quiet --
 OMP_NUM_THREADS=1 attnscope bench --model "$model" --device cpu --seq-lens 32,64,128,256 --batch-sizes 1,8 \
   --repeats 5 --warmup 1 --no-micro --out "$tmp/bench" --quiet --json > /dev/null
 attnscope report --model "$model" --out "$tmp/report" --quiet > /dev/null
+attnscope circuit --model "$model" --out "$tmp/circuit" --quiet --json > /dev/null
+# compare: the test suite's training run of a tiny GPT-2 on repeated random words (tests.support), its 17 checkpoints
+python -c "import sys; from pathlib import Path; from tests.support import train_induction_checkpoints as t; t(Path(sys.argv[1]))" "$tmp/run" 2> /dev/null
+words=$(python -c "from tests.support import INDUCTION_WORDS as w; print(' '.join(w[:20] * 2))")
+attnscope compare "$words" $(for step in "$tmp"/run/step-*; do echo --model "$step"; done) --out "$tmp/compare" --quiet --json > /dev/null
 mkdir -p "$out"
 cp "$tmp/heads/role_map.png" "$tmp/heads/score_previous_token.png" "$tmp/heads/score_induction.png" "$out/"
 cp "$tmp/show/attention_L0.png" "$tmp/diversity/js_matrix.png" "$tmp/diversity/layer_diversity.png" "$out/"
 cp "$tmp/attend/attend.png" "$tmp/ablate/importance.png" "$tmp/random/random_mha.png" "$out/"
-cp "$tmp/bench/tokens_per_s.png" "$out/"
+cp "$tmp/bench/tokens_per_s.png" "$tmp/circuit/circuit.png" "$out/"
+cp "$tmp/circuit/dependencies.png" "$out/circuit_dependencies.png"
+cp "$tmp/compare/trajectories.png" "$out/compare_induction_run.png"
 python - "$tmp/report/report.html" "$out/report.png" <<'EOF' || echo "report.png left as it was (needs playwright and chromium)" >&2
 import shutil, sys
 from pathlib import Path
