@@ -264,6 +264,7 @@ REQUIRED = {
     "diversity": {"layer": 0},
     "attend": {"from_token": "cat", "to_token": "mat"},
     "random-mha": {"heads": [1]},  # dividing any d_model
+    "circuit": {"method": "gradient"},  # --steps are the gradient's
 }
 NEEDS_MODEL = {"heads", "show", "diversity", "attend", "ablate", "circuit", "report", "info", "bench"}
 REFUSED = {("info", "device_map")}  # info reads the config only: both refuse any device map
