@@ -37,21 +37,19 @@ import numpy as np
 
 from attnscope import options
 from attnscope.analyses.common import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_MAX_TOKENS,
     Progress,
     check_finite,
     head_label,
     parse_head,
     too_short,
 )
+from attnscope.analyses.heads import Scoring, sort_score
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.checks import Shape
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.scores import catalog
-from attnscope.scores.kinds import DEFAULT_WINDOW
 
 METHODS = options.CIRCUIT_METHODS
 DEFAULT_TOP = 10  # dependencies listed per explained head
@@ -582,7 +580,7 @@ def _head_labels(heads: Any) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class Circuit:
+class Circuit(Scoring):
     """Settings of a circuit analysis (see the module docstring); `run` checks what needs the model first.
 
     score: one score explained for every head B (None: each head's deciding score); head: the heads B explained,
@@ -598,57 +596,25 @@ class Circuit:
     method: str = "removal"
     weights: bool = True
     steps: int = 0  # gradient: 0, the gradient at every head kept; N, integrated gradients over N points
-    window: int = DEFAULT_WINDOW
-    thresholds: Mapping[str, float] | Sequence[str] | None = None
-    bos: bool | None = None
-    batch_size: int = DEFAULT_BATCH_SIZE
-    max_tokens: int | None = DEFAULT_MAX_TOKENS
-    probe: bool = True
-    probe_len: int | None = None
-    probe_seed: int = 0
     OPTIONS: ClassVar[dict[str, options.Option]] = {
+        **Scoring.SCORING_OPTIONS,
         "top": options.TOP,
         "method": options.CIRCUIT_METHOD,
         "weights": options.FLAG,
         "steps": options.STEPS,
-        "window": options.WINDOW,
-        "bos": options.BOS,
-        "batch_size": options.BATCH_SIZE,
-        "max_tokens": options.MAX_TOKENS.or_none(),
-        "probe": options.FLAG,
-        "probe_len": options.PROBE_LEN.or_none(),
-        "probe_seed": options.SEED,
     }
 
     def __post_init__(self) -> None:
-        from attnscope.analyses.heads import sort_score
-        from attnscope.scores import roles
-
-        options.check_fields(self, self.OPTIONS)
+        super().__post_init__()
         if self.score is not None:
             object.__setattr__(self, "score", sort_score(options.check_text(self.score, "score")).name)
         object.__setattr__(self, "head", _head_labels(self.head))
         if self.steps and self.method != "gradient":
             raise AttnscopeError("steps (--steps) are the gradient's integration points: give method gradient too")
-        object.__setattr__(self, "thresholds", roles.parse_thresholds(self.thresholds))
 
     @property
     def needs_lm_head(self) -> bool:
         return self.weights  # the unembedding of the copying scores, the logits of the direct effects
-
-    def heads_settings(self) -> Any:
-        from attnscope.analyses.heads import Heads
-
-        return Heads(
-            window=self.window,
-            thresholds=self.thresholds,
-            bos=self.bos,
-            batch_size=self.batch_size,
-            max_tokens=self.max_tokens,
-            probe=self.probe,
-            probe_len=self.probe_len,
-            probe_seed=self.probe_seed,
-        )
 
     def check_shape(self, shape: Shape) -> None:
         """The heads B (in range, above layer 0), the model has more than one layer, the score its kind measures:

@@ -22,15 +22,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from attnscope import options
-from attnscope.analyses.common import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, Progress
-from attnscope.analyses.heads import Heads, check_sort, sort_score
+from attnscope.analyses.common import Progress
+from attnscope.analyses.heads import Scoring, check_sort, sort_score
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.checks import Shape, check_comparable, check_same_shapes
 from attnscope.models.loading import DEMO, LoadedModel
 from attnscope.pipeline.inputs import Text, Texts
-from attnscope.scores import catalog, roles
-from attnscope.scores.kinds import DEFAULT_WINDOW, Kind
+from attnscope.scores import catalog
+from attnscope.scores.kinds import Kind
 
 DEFAULT_TOP = 20
 # The score drawn as heads × models when none is asked for: the first of these the run measured (induction heads'
@@ -172,55 +172,27 @@ def parse_revisions(revisions: Any) -> tuple[str, ...] | None:
 
 
 @dataclass(frozen=True)
-class Compare:
+class Compare(Scoring):
     """Settings of a comparison: those of `heads` that decide scores and roles (the same for every model), the
     revisions of one repository to compare, whether to measure the change of each head (None: for exactly two
     models), the score of the heads × models heatmap (None: induction when measured) and the rows of the ranked
     tables (`top`)."""
 
-    window: int = DEFAULT_WINDOW
-    thresholds: Mapping[str, float] | Sequence[str] | None = None
-    bos: bool | None = None
-    batch_size: int = DEFAULT_BATCH_SIZE
-    max_tokens: int | None = DEFAULT_MAX_TOKENS
-    probe: bool = True
-    probe_len: int | None = None
-    probe_seed: int = 0
     revisions: Sequence[str] | str | None = None  # a tuple once built
     change: bool | None = None
     score: str | None = None
     top: int = DEFAULT_TOP
     OPTIONS: ClassVar[dict[str, options.Option]] = {
-        "window": options.WINDOW,
-        "bos": options.BOS,
-        "batch_size": options.BATCH_SIZE,
-        "max_tokens": options.MAX_TOKENS.or_none(),
-        "probe": options.FLAG,
-        "probe_len": options.PROBE_LEN.or_none(),
-        "probe_seed": options.SEED,
+        **Scoring.SCORING_OPTIONS,
         "change": options.FLAG.or_none(),
         "top": options.TOP,
     }
 
     def __post_init__(self) -> None:
-        options.check_fields(self, self.OPTIONS)
-        object.__setattr__(self, "thresholds", roles.parse_thresholds(self.thresholds))
+        super().__post_init__()
         object.__setattr__(self, "revisions", parse_revisions(self.revisions))
         if self.score is not None:  # stored under its name, whichever spelling was given
             object.__setattr__(self, "score", sort_score(options.check_text(self.score, "score")).name)
-
-    def heads(self) -> Heads:
-        """The `heads` settings every model runs with."""
-        return Heads(
-            window=self.window,
-            thresholds=self.thresholds,
-            bos=self.bos,
-            batch_size=self.batch_size,
-            max_tokens=self.max_tokens,
-            probe=self.probe,
-            probe_len=self.probe_len,
-            probe_seed=self.probe_seed,
-        )
 
     def sources(self, names: Sequence[str]) -> list[tuple[str, str | None]]:
         """(name, revision) of each model to load: the models given, or with `revisions` the revisions of the one
@@ -279,7 +251,7 @@ class Compare:
             raise AttnscopeError(f"two models share a label ({', '.join(labels)}): give each its own")
         self.check_count(len(checkpoints))
         change = self.change if self.change is not None else len(checkpoints) == 2
-        settings = self.heads()
+        settings = self.heads_settings()
         runs: list[Any] = []  # each model's HeadsResult, without its maps
         infos: list[dict[str, Any]] = []
         reference: LoadedModel | None = None

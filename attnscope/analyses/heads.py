@@ -110,8 +110,9 @@ def check_sort(sort: str | None, kind: Kind | str, probe: bool) -> str | None:
 
 
 @dataclass(frozen=True)
-class Heads:
-    """Settings of a heads analysis; `run` checks what needs the model before any forward pass."""
+class Scoring:
+    """What decides every head's scores and role: the settings of `heads` that the commands scoring heads again
+    (`circuit`'s replays, `compare`'s models) share, declared once here with their options' domains."""
 
     window: int = DEFAULT_WINDOW
     # every role's threshold once built: the catalog's defaults with these overrides, {ROLE: VALUE} or `ROLE=VALUE`s
@@ -122,13 +123,7 @@ class Heads:
     probe: bool = True
     probe_len: int | None = None  # None: DEFAULT_PROBE_LEN, or less when twice that does not fit the context
     probe_seed: int = 0
-    plot: Sequence[str] = ()  # heads `L.H` whose full maps to keep (first window); a tuple once built
-    # which heads `HeadsResult.selected` holds; checked before any forward pass, so a bad one costs nothing
-    layer: int | None = None
-    sort: str | None = None
-    top: int | None = None
-    words: bool = False  # the plotted maps also word by word (see scores.words)
-    OPTIONS: ClassVar[dict[str, options.Option]] = {
+    SCORING_OPTIONS: ClassVar[dict[str, options.Option]] = {
         "window": options.WINDOW,
         "bos": options.BOS,
         "batch_size": options.BATCH_SIZE,
@@ -136,14 +131,41 @@ class Heads:
         "probe": options.FLAG,
         "probe_len": options.PROBE_LEN.or_none(),
         "probe_seed": options.SEED,
+    }
+    OPTIONS: ClassVar[dict[str, options.Option]] = SCORING_OPTIONS  # a subclass's: these and its own
+
+    def __post_init__(self) -> None:
+        options.check_fields(self, self.OPTIONS)
+        object.__setattr__(self, "thresholds", roles.parse_thresholds(self.thresholds))
+
+    def heads_settings(self) -> Heads:
+        """These settings as a heads analysis's (its layer, plot, sort, top and words left at their defaults)."""
+        return Heads(**{name: getattr(self, name) for name in SCORING_FIELDS})
+
+
+SCORING_FIELDS = ("window", "thresholds", "bos", "batch_size", "max_tokens", "probe", "probe_len", "probe_seed")
+
+
+@dataclass(frozen=True)
+class Heads(Scoring):
+    """Settings of a heads analysis (the scoring settings, then what is drawn and listed); `run` checks what needs
+    the model before any forward pass."""
+
+    plot: Sequence[str] = ()  # heads `L.H` whose full maps to keep (first window); a tuple once built
+    # which heads `HeadsResult.selected` holds; checked before any forward pass, so a bad one costs nothing
+    layer: int | None = None
+    sort: str | None = None
+    top: int | None = None
+    words: bool = False  # the plotted maps also word by word (see scores.words)
+    OPTIONS: ClassVar[dict[str, options.Option]] = {
+        **Scoring.SCORING_OPTIONS,
         "layer": options.LAYER.or_none(),
         "top": options.TOP.or_none(),
         "words": options.FLAG,
     }
 
     def __post_init__(self) -> None:
-        options.check_fields(self, self.OPTIONS)
-        object.__setattr__(self, "thresholds", roles.parse_thresholds(self.thresholds))
+        super().__post_init__()
         object.__setattr__(self, "plot", check_plot(self.plot))
         if self.sort is not None:  # stored under its name, whichever spelling was given
             object.__setattr__(self, "sort", sort_score(options.check_text(self.sort, "sort")).name)
