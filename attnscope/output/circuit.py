@@ -192,7 +192,7 @@ def dependency_matrix(result: Any) -> Any:
         matrix,
         rows,
         columns,
-        "Dependencies: how each head's score changes when an earlier head is removed",
+        "How each head's score changes without an earlier head",
         f"change of {_score_names(result)} (its units)",
         figures.describe_input(result.model, result.inputs),
         scale="score_change",

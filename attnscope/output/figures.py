@@ -671,7 +671,15 @@ def pair_matrix(
                 value = matrix[i, j]
                 if np.isfinite(value):
                     colour = _ink(cmap(norm(value)))
-                    axes.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6.5, color=colour)
+                    axes.text(
+                        j,
+                        i,
+                        f"{value:.2f}".replace("-0.00", "0.00"),
+                        ha="center",
+                        va="center",
+                        fontsize=6.5,
+                        color=colour,
+                    )
     _titles(figure, title, subtitle)
     return figure
 
