@@ -710,7 +710,7 @@ def _run_several(
 
 @_keywords("texts", "batching", "progress")
 def compare(
-    models: ModelGiven | Sequence[ModelGiven],
+    model: ModelGiven | Sequence[ModelGiven],
     texts: TextsGiven = None,
     *,
     revisions: Sequence[str] | str | None = None,
@@ -736,7 +736,7 @@ def compare(
     and role in every model, when each role formed, and for two models how much its attention changed. Models given
     by name are loaded one at a time and freed; models already loaded are used as they are.
 
-    models      the models in order (checkpoints from the earliest): names ("demo", a Hub id, a folder) or models
+    model       the models in order (checkpoints from the earliest): names ("demo", a Hub id, a folder) or models
                 `load` returned; one name with `revisions` (--model, repeated)
     revisions   Hub revisions of the one model given, in order: ["step0", "step512"] or "step0,step512"
                 (--revisions); each model is then labelled by its revision
@@ -774,9 +774,9 @@ def compare(
     if progress is not None and not callable(progress):
         raise AttnscopeError(f"progress {progress!r}: expected a function of (texts, tokens, share), or None")
     gathered = _texts(texts, file)
-    given = [models] if isinstance(models, (str, os.PathLike, LoadedModel)) else models
+    given = [model] if isinstance(model, (str, os.PathLike, LoadedModel)) else model
     if isinstance(given, (bytes, Mapping)) or not isinstance(given, Iterable):
-        raise AttnscopeError(f"models {models!r}: expected a list of models (names or models from attnscope.load)")
+        raise AttnscopeError(f"model {model!r}: expected a list of models (names or models from attnscope.load)")
     given = list(given)
     loading = {"device": device, "dtype": dtype, "device_map": device_map, "kernel": kernel}
     names = []

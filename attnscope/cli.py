@@ -422,7 +422,7 @@ def _models(name: list[str], revisions: str | None, **model: Any) -> Models:
     return Models(names, revisions=revisions, **model)
 
 
-MODELS = Group(  # MODEL's options, --model repeatable, and --revisions (report: several models on one page)
+MODELS = Group(  # MODEL's options, --model repeatable, and --revisions: the models of report and compare
     tuple(
         parameter.replace(
             annotation=Annotated[
@@ -433,8 +433,8 @@ MODELS = Group(  # MODEL's options, --model repeatable, and --revisions (report:
                     metavar="NAME|PATH",
                     help="'demo': the small GPT-2 bundled with attnscope (no download, works offline); or a Hugging "
                     "Face id (fetched once into the Hugging Face cache); or a directory saved with save_pretrained. "
-                    "Repeat it for several models on one page (the same texts through each; the same layers × heads "
-                    "and tokenizer).",
+                    "Repeat it for several models, in order (report: one page with a slider; compare: side by side): "
+                    "the same texts through each; they must share layers × heads and the tokenizer.",
                 ),
             ],
             default=["gpt2"],
@@ -454,14 +454,16 @@ MODELS = Group(  # MODEL's options, --model repeatable, and --revisions (report:
                     "--revisions",
                     **_domain(options.TEXT),
                     metavar="REV,REV,...",
-                    help="Several revisions of --model (one Hub repository), each a model of the page, labelled by "
-                    "its revision (e.g. Pythia's checkpoints: step0,step512,step1000).",
+                    help="Several revisions of --model (one Hub repository), in order, each a model labelled by its "
+                    "revision (e.g. Pythia's checkpoints: step0,step512,step1000).",
                 ),
             ],
         ),
     ),
     _models,
 )
+# compare's models: MODELS without --revision (one revision for every model would set a model beside itself)
+COMPARED = Group(tuple(parameter for parameter in MODELS.parameters if parameter.name != "revision"), _models)
 BATCHING = _group(
     dict,
     batch_size=(
@@ -1283,46 +1285,6 @@ def report(
         _run_several(analysis, output, texts, models, default_out=Path("attnscope-report"))
 
 
-@dataclass(frozen=True)
-class ComparedModels:
-    """The models of `compare` (--model, repeated) and how each is loaded: the loading options of MODEL, checked
-    as MODEL checks them (a fused --kernel where it cannot run is one line at once)."""
-
-    names: tuple[str, ...]
-    device: str
-    dtype: str
-    device_map: str | None = None
-    kernel: str = "auto"
-
-    def __post_init__(self) -> None:
-        Model(self.names[0] if self.names else "", self.device, self.dtype, None, self.device_map, self.kernel)
-
-
-_LOADING = {parameter.name: parameter for parameter in MODEL.parameters}
-COMPARED = _group(
-    lambda names, **loading: ComparedModels(tuple(names or ()), **loading),
-    names=(
-        Annotated[
-            list[str],
-            typer.Option(
-                "--model",
-                "-m",
-                **_domain(options.TEXT),
-                metavar="NAME|PATH",
-                help="'demo': the small GPT-2 bundled with attnscope (no download, works offline); or a Hugging "
-                "Face id; or a directory saved with save_pretrained. Repeat it for each model to compare, in order "
-                "(checkpoints from the earliest).",
-            ),
-        ],
-        ...,
-    ),
-    **{
-        name: (_LOADING[name].annotation, _LOADING[name].default)
-        for name in ("device", "dtype", "device_map", "kernel")
-    },
-)
-
-
 @app.command()
 @_options(texts=TEXTS, models=COMPARED, batching=BATCHING, roles=ROLES, output=DRAWING_OUTPUT)
 def compare(
@@ -1331,16 +1293,6 @@ def compare(
     batching,
     roles,
     output,
-    revisions: Annotated[
-        str | None,
-        typer.Option(
-            "--revisions",
-            **_domain(options.TEXT),
-            metavar="R1,R2,...",
-            help="Compare these Hub revisions of the one --model, in order (Pythia's checkpoints: "
-            "step0,step512,step1000); each is labelled by its name.",
-        ),
-    ] = None,
     change: Annotated[
         bool | None,
         typer.Option(
@@ -1378,7 +1330,7 @@ def compare(
         result = api.compare(
             list(models.names),
             gathered,
-            revisions=revisions,
+            revisions=models.revisions,
             change=change,
             score=score,
             top=top,
