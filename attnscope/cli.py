@@ -621,6 +621,17 @@ IndexOpt = Annotated[
 # heads), wherever it is shown (the terminal, a notebook, the ranked lists of --json); grids with a cell per head,
 # maps and the files of --out show every head.
 TOP_HELP = "Rows of each ranked table: the first K (grids, maps and the files of --out keep every head)."
+
+
+def _score_option(help: str) -> Any:
+    """--score: one score of the catalog (a name, or a column header), the one the command looks at; what it does
+    with it is the command's `help`."""
+    return Annotated[
+        str | None,
+        typer.Option("--score", parser=_sort, metavar="SCORE", autocompletion=_sort_names, help=help),
+    ]
+
+
 TopOpt = Annotated[int, typer.Option("--top", **_domain(options.TOP), metavar="K", help=TOP_HELP)]
 WordsOpt = Annotated[
     bool,
@@ -1181,17 +1192,9 @@ def circuit(
             "--head", metavar="L.H", help="Explain this head (repeatable); default: every head of layer 1 and above."
         ),
     ] = None,
-    score: Annotated[
-        str | None,
-        typer.Option(
-            "--score",
-            parser=_sort,
-            metavar="SCORE",
-            autocompletion=_sort_names,
-            help="Explain this score of every head; default: each head's deciding score (the one that gave it its "
-            "role).",
-        ),
-    ] = None,
+    score: _score_option(
+        "Explain this score of every head; default: each head's deciding score (the one that gave it its role)."
+    ) = None,
     top: TopOpt = 10,
     method: Annotated[
         str,
@@ -1302,16 +1305,9 @@ def compare(
             "models' rows on the same tokens (default: on for two models; needs exactly two).",
         ),
     ] = None,
-    score: Annotated[
-        str | None,
-        typer.Option(
-            "--score",
-            parser=_sort,
-            metavar="SCORE",
-            autocompletion=_sort_names,
-            help="The score drawn as heads × models (default: induction when the probe ran, else previous_token).",
-        ),
-    ] = None,
+    score: _score_option(
+        "The score drawn as heads × models (default: induction when the probe ran, else previous_token)."
+    ) = None,
     top: TopOpt = 20,
 ) -> None:
     """Compare the heads of several models: checkpoints of one training run, a model and its fine-tune.
