@@ -22,14 +22,7 @@ _API = (
     "load", "heads", "show", "diversity", "attend", "ablate", "circuit", "report", "compare", "info", "random_mha",
     "bench",
 )  # fmt: skip
-_LAZY = {
-    **{name: "attnscope.api" for name in _API},
-    "Text": "attnscope.pipeline.inputs",
-    # the first API's names, kept working
-    "load_model": "attnscope.models.loading",
-    "analyze_heads": "attnscope.analyses.heads",
-    "analyze_diversity": "attnscope.analyses.diversity",
-}
+_LAZY = {**{name: "attnscope.api" for name in _API}, "Text": "attnscope.pipeline.inputs"}
 
 __all__ = ["AttnscopeError", "__version__", *_LAZY]
 

@@ -1,18 +1,19 @@
-"""Every option's domain, declared once: its type, its range or its choices, and whether it may be left out (None).
+"""Every option's domain, written once: what a value may be (its type, its range or its choices, whether None is
+allowed), checked on a Python value (`check`: `window 0: must be a whole number from 1 to 100,000`) and read from
+command-line text (`parse`), in the same words. The settings (attnscope.settings) declare each option with its
+domain, default and help; the checks and the parsers come from here.
 
-The settings classes of the analyses check their fields against these (`check_fields`), so the Python API, which
-builds them from its keywords, refuses what the command line refuses, with the same words; the command line reads
-its options' ranges (shown by `--help`) and parsers (`Option.parse`) from the same objects. A value is named as the
-caller spells it: `window 0: ...` from Python, `--window 0: ...` from the command line.
-
-Pure Python, at the base of the package: the CLI can declare its options without importing anything heavy.
+A value is named as the caller spells it: `window 0: ...` from Python, `--window 0: ...` from the command line.
+Pure Python, at the base of the package: the CLI declares its options without importing anything heavy.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,13 +49,18 @@ TRIALS_MAX = 10_000  # random layers per head count in random-mha
 REPEATS_MAX = 1_000  # bench's timed rounds
 WARMUP_MAX = 100  # bench's untimed rounds
 DPI_RANGE = (50, 1200)
+DEFAULT_DPI = 150  # dots per inch of a PNG picture: the figures' inches × 150
+
+
+# ------------------------------------------------------------------------------------------------------ domains
 
 
 @dataclass(frozen=True)
 class Option:
     """The domain of one option: `kind` is "count" (a whole number), "number" (a finite real), "flag" (True or
     False), "choice" (one of `choices`) or "text" (a non-empty string); counts and numbers lie from `low` to
-    `high`; `optional`: None is allowed too (it means the default that the setting documents)."""
+    `high`; `optional`: None is allowed too (it means the default that the setting documents). Subclasses below
+    add the domains of richer values (a device, a head `L.H`, comma-separated numbers)."""
 
     kind: str
     low: float | None = None
@@ -90,6 +96,10 @@ class Option:
         problem = self.problem(value)
         if problem is not None:
             raise AttnscopeError(f"{name} {_shown(value)}: {problem}")
+        return self.normal(value)
+
+    def normal(self, value: Any) -> Any:
+        """A value of the domain in its one form (an int, a float, a bool, a stripped name)."""
         if self.kind == "count":
             return int(value)
         if self.kind == "number":
@@ -116,8 +126,10 @@ class Option:
         elif self.kind == "choice":
             if not isinstance(value, str) or value not in self.choices:
                 return f"use {self.domain()}"
-        elif not isinstance(value, str) or not value.strip():
-            return f"expected {self.domain()}"
+        elif not isinstance(value, str):
+            return f"expected a string, not {_type_name(value)}"
+        elif not value.strip() or "\0" in value:
+            return f"expected {self.domain()}" + (" (without NUL bytes)" if value.strip() else "")
         return None
 
     def parse(self, text: str) -> Any:
@@ -135,7 +147,12 @@ class Option:
         problem = self.problem(value)
         if problem is not None:
             self._refuse(text, problem)
-        return value
+        return self.normal(value)
+
+    @property
+    def python_type(self) -> type:
+        """The type a command-line parser hands on: what `--help` and shell completion go by."""
+        return {"count": int, "number": float, "flag": bool}.get(self.kind, str)
 
     @staticmethod
     def _refuse(text: str, problem: str) -> Any:
@@ -154,21 +171,226 @@ def choice(*choices: str) -> Option:
     return Option("choice", choices=choices)
 
 
+@dataclass(frozen=True)
+class Device(Option):
+    """auto, cpu, cuda or cuda:N, in any case (`CUDA:1`), stored in lower case; whether this machine has it is
+    checked where the model is loaded (models.loading.resolve_device)."""
+
+    kind: str = "device"
+
+    def problem(self, value: Any) -> str | None:
+        if not isinstance(value, str) or re.fullmatch(DEVICE_PATTERN, value.strip().lower()) is None:
+            return "use auto, cpu, cuda or cuda:N"
+        return None
+
+    def normal(self, value: Any) -> str:
+        return value.strip().lower()
+
+
+@dataclass(frozen=True)
+class Numbers(Option):
+    """Whole numbers, each in `item`'s domain, at least one: comma-separated on the command line (`128,512`), a
+    list or tuple in Python (not a string); a tuple once checked, each number once in the order given."""
+
+    kind: str = "numbers"
+    item: Option = dataclasses.field(default_factory=lambda: count(1, 1))
+
+    def domain(self) -> str:
+        return f"comma-separated whole numbers, each {self.item.domain()}"
+
+    def problem(self, value: Any) -> str | None:
+        if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+            return "expected a list of whole numbers such as [1, 2, 4]"
+        values = tuple(value)
+        if not values:
+            return "give at least one number"
+        for item in values:
+            problem = self.item.problem(item)
+            if problem is not None:
+                return f"{_shown(item)}: {problem}"
+        return None
+
+    def normal(self, value: Any) -> tuple[int, ...]:
+        return tuple(dict.fromkeys(int(item) for item in value))
+
+    def parse(self, text: str) -> tuple[int, ...]:
+        if isinstance(text, tuple):  # a default, already a value
+            return text
+        try:
+            values = tuple(int(part) for part in text.split(",") if part.strip())
+        except ValueError:
+            return self._refuse(text, "expected comma-separated whole numbers")
+        if not values:
+            return self._refuse(text, "give at least one number")
+        for value in values:
+            problem = self.item.problem(value)
+            if problem is not None:
+                raise AttnscopeError(f"{value}: {problem}")
+        return self.normal(values)
+
+
+@dataclass(frozen=True)
+class Names(Option):
+    """Names, each one of `choices`, at least one, each once: comma-separated on the command line, a list (or one
+    string) in Python."""
+
+    kind: str = "names"
+
+    def domain(self) -> str:
+        return f"some of {', '.join(self.choices)}"
+
+    def problem(self, value: Any) -> str | None:
+        items = (value,) if isinstance(value, str) else value
+        if isinstance(items, bytes) or not isinstance(items, Sequence) or not items:
+            return f"use {self.domain()}"
+        unknown = [item for item in items if not isinstance(item, str) or item not in self.choices]
+        return f"{_shown(unknown[0])}: use {self.domain()}" if unknown else None
+
+    def normal(self, value: Any) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((value,) if isinstance(value, str) else value))
+
+    def parse(self, text: str) -> tuple[str, ...]:
+        if isinstance(text, tuple):
+            return text
+        chosen = [name.strip() for name in text.split(",") if name.strip()]
+        if not chosen or any(name not in self.choices for name in chosen):
+            return self._refuse(text, f"use {self.domain()}, comma-separated")
+        return self.normal(chosen)
+
+
+HEAD_FORMS = (re.compile(r"(\d{1,9})\.(\d{1,9})"), re.compile(r"[Ll](\d{1,9})[Hh](\d{1,9})"))
+HEAD_DOMAIN = "LAYER.HEAD such as 4.11 (or L4H11, as TransformerLens writes it; 0-based)"
+
+
+def head_of(label: str) -> tuple[int, int]:
+    """(layer, head) of a head's label: `4.11` as the literature writes it, or `L4H11` as TransformerLens does; its
+    range is the model's (`head_in`)."""
+    for form in HEAD_FORMS:
+        found = form.fullmatch(label.strip()) if isinstance(label, str) else None
+        if found is not None:
+            return int(found.group(1)), int(found.group(2))
+    raise AttnscopeError(f"head {_shown(label)}: expected {HEAD_DOMAIN}")
+
+
+def head_in(label: str, n_layer: int, n_head: int) -> tuple[int, int]:
+    """(layer, head) of `label`, checked against a model of `n_layer` layers of `n_head` heads."""
+    layer, head = head_of(label)
+    if layer >= n_layer:
+        raise AttnscopeError(
+            f"head {_shown(label)}: layer {layer} is out of range (this model has layers 0-{n_layer - 1})"
+        )
+    if head >= n_head:
+        raise AttnscopeError(f"head {_shown(label)}: head {head} is out of range (this model has heads 0-{n_head - 1})")
+    return layer, head
+
+
+def head_label(layer: int, head: int) -> str:
+    """How attnscope names a head everywhere: `L.H`, 0-based."""
+    return f"{layer}.{head}"
+
+
+@dataclass(frozen=True)
+class Head(Option):
+    """One head, `L.H` or `LlHh` (see `head_of`), stored as `L.H`."""
+
+    kind: str = "head"
+
+    def domain(self) -> str:
+        return HEAD_DOMAIN
+
+    def problem(self, value: Any) -> str | None:
+        try:
+            head_of(value)
+        except AttnscopeError:
+            return f"expected {HEAD_DOMAIN}"
+        return None
+
+    def normal(self, value: Any) -> str:
+        return head_label(*head_of(value))
+
+
+@dataclass(frozen=True)
+class HeadList(Head):
+    """Heads (`L.H` each), in Python a list or one label, on the command line the option repeated (`parse` reads
+    one); a tuple of `L.H` labels once checked, each once in the order given (None and [] alike: none)."""
+
+    kind: str = "heads"
+
+    def check(self, value: Any, name: str) -> tuple[str, ...]:
+        items = () if value is None else (value,) if isinstance(value, str) else value
+        if isinstance(items, (bytes, Mapping)) or not isinstance(items, Iterable):
+            raise AttnscopeError(f"{name} {_shown(value)}: expected heads such as ['4.11', '5.1'] (LAYER.HEAD)")
+        checked = [Head().check(item, name) for item in items]
+        return tuple(dict.fromkeys(checked))
+
+    def parse(self, text: str) -> str:
+        return Head().parse(text)
+
+
+@dataclass(frozen=True)
+class LayerOrAll(Option):
+    """A layer (0-based) or every layer: "all" (and None, in Python), stored as None."""
+
+    kind: str = "layer-or-all"
+
+    def domain(self) -> str:
+        return "a layer number (0-based) or 'all'"
+
+    def problem(self, value: Any) -> str | None:
+        if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
+            return None
+        if isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 9:
+            value = int(value)
+        if isinstance(value, str) or LAYER.problem(value) is not None:
+            return f"expected {self.domain()}"
+        return None
+
+    def normal(self, value: Any) -> int | None:
+        if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
+            return None
+        return int(value)
+
+    def check(self, value: Any, name: str) -> int | None:
+        problem = self.problem(value)
+        if problem is not None:
+            raise AttnscopeError(f"{name} {_shown(value)}: {problem}")
+        return self.normal(value)
+
+    def parse(self, text: str) -> int | str:
+        """The command line's layer, or "all" as typed (a required option must not read as missing: None)."""
+        layer = super().parse(text)
+        return "all" if layer is None else layer
+
+
+@dataclass(frozen=True)
+class Folder(Option):
+    """A folder to write into: an empty name is refused (it would quietly mean the current folder)."""
+
+    kind: str = "folder"
+
+    def problem(self, value: Any) -> str | None:
+        if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)) or not os.fspath(value).strip():
+            return "an empty folder name; give a folder, e.g. --out results/ (or . for this one)"
+        return None
+
+    def normal(self, value: Any) -> Path:
+        return Path(value)
+
+
 FLAG = Option("flag")
 TEXT = Option("text")
 
-# One object per option; where two commands share an option's name and its meaning, they share the object.
+# One object per domain; where two settings share a domain, they share the object.
 WINDOW = count(1, LENGTH_MAX)
 BATCH_SIZE = count(1, LENGTH_MAX)
 MAX_TOKENS = count(1, 100 * LENGTH_MAX)
-PROBE_LEN = count(3, LENGTH_MAX)  # tokens.MIN_PROBE_LEN: a period of 3 tokens is the shortest the probe can score
+PROBE_LEN = count(3, LENGTH_MAX)  # probe.MIN_PROBE_LEN: a period of 3 tokens is the shortest the probe can score
 SEED = count(0, SEED_MAX)
 TOP = count(1, ROWS_MAX)
 STEPS = count(0, 1_000)  # circuit --method gradient: integration points (each a forward and a backward pass)
 TOKENS = count(1, ROWS_MAX)
 PRUNE = count(0, ROWS_MAX)
 LAYER = count(0, LAYER_MAX)
-HEAD = count(0, LAYER_MAX)
 INDEX = count(0, INDEX_MAX)
 JS_BITS = number(0.0, 1.0)  # a Jensen–Shannon divergence in bits
 SAMPLE_ROWS = Option(  # diversity's: a standard error needs two rows
@@ -176,49 +398,27 @@ SAMPLE_ROWS = Option(  # diversity's: a standard error needs two rows
 )
 BENCH_SAMPLE_ROWS = count(2, SAMPLE_ROWS_MAX)
 D_MODEL = count(1, D_MODEL_MAX)
-HEAD_COUNT = count(1, D_MODEL_MAX)  # each of random-mha's --heads
+HEAD_COUNTS = Numbers(item=count(1, D_MODEL_MAX))  # random-mha's numbers of heads
 SEQ_LEN = count(2, 4096)  # random-mha's sequences
-BENCH_SEQ_LEN = count(2, LENGTH_MAX)  # each of bench's --seq-lens
-BENCH_BATCH = count(1, BATCH_MAX)  # each of bench's --batch-sizes
+BENCH_SEQ_LENS = Numbers(item=count(2, LENGTH_MAX))
+BENCH_BATCHES = Numbers(item=count(1, BATCH_MAX))
+BENCH_METHOD_NAMES = Names(choices=ALL_BENCH_METHODS)
 TRIALS = count(1, TRIALS_MAX)
 REPEATS = count(1, REPEATS_MAX)
 WARMUP = count(0, WARMUP_MAX)
 DPI = count(*DPI_RANGE)
 DTYPE = choice(*DTYPES)
 KERNEL = choice(*KERNELS)
+DEVICE = Device()
 DEVICE_MAP = choice(*DEVICE_MAPS).or_none()
 FORMAT = choice(*PICTURE_FORMATS)
 ABLATION_METHOD = choice(*ABLATION_METHODS)
 CIRCUIT_METHOD = choice(*CIRCUIT_METHODS)
 BOS = FLAG.or_none()  # None: on when the model has the special tokens
-
-
-def check_fields(settings: Any, fields: dict[str, Option]) -> None:
-    """Check the fields of a frozen settings dataclass against their options, storing each value as checked (an
-    integer type such as numpy's as an int); one AttnscopeError names the first field that is not in its domain."""
-    for name, option in fields.items():
-        object.__setattr__(settings, name, option.check(getattr(settings, name), name))
-
-
-def check_numbers(values: Any, option: Option, name: str) -> tuple[int, ...]:
-    """Whole numbers (a list, a tuple, an array: not a string), each in `option`'s domain, at least one."""
-    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
-        raise AttnscopeError(f"{name} {_shown(values)}: expected a list of whole numbers such as [1, 2, 4]")
-    values = tuple(values)
-    if not values:
-        raise AttnscopeError(f"{name}: give at least one number")
-    return tuple(option.check(value, name) for value in values)
-
-
-def check_names(values: Any, choices: Sequence[str], name: str) -> tuple[str, ...]:
-    """A sequence of names (a string alone counts as one), each one of `choices`, at least one, each once."""
-    items = (values,) if isinstance(values, str) else values
-    if isinstance(items, bytes) or not isinstance(items, Sequence) or not items:
-        raise AttnscopeError(f"{name} {_shown(values)}: use some of {', '.join(choices)}")
-    unknown = [item for item in items if not isinstance(item, str) or item not in choices]
-    if unknown:
-        raise AttnscopeError(f"{name} {_shown(unknown[0])}: use some of {', '.join(choices)}")
-    return tuple(dict.fromkeys(items))
+HEAD = Head()
+HEADS = HeadList()
+LAYER_OR_ALL = LayerOrAll()
+FOLDER = Folder()
 
 
 def check_text(value: Any, name: str, optional: bool = False) -> str | None:
@@ -228,6 +428,9 @@ def check_text(value: Any, name: str, optional: bool = False) -> str | None:
     if not isinstance(value, str):
         raise AttnscopeError(f"{name} {_shown(value)}: expected a string, not {_type_name(value)}")
     return value
+
+
+# ------------------------------------------------------------------------------------------------- wording
 
 
 def shown(value: Any) -> str:

@@ -14,7 +14,7 @@ attnscope show "$doctor" --model "$model" --layer 0 --out "$tmp/show" > /dev/nul
 attnscope diversity --model "$model" --layer all --out "$tmp/diversity" --quiet --json > /dev/null
 attnscope attend "$doctor" --model "$model" --from she --to doctor --out "$tmp/attend" --quiet --json > /dev/null
 attnscope ablate --model "$model" --out "$tmp/ablate" --quiet --json > /dev/null
-attnscope random-mha --d-model 64 --heads 1,2,4,8 --out "$tmp/random" --quiet --json > /dev/null
+attnscope random-mha --d-model 64 --head-counts 1,2,4,8 --out "$tmp/random" --quiet --json > /dev/null
 # one thread: on a shared machine two threads make the timings swing with whatever else runs
 OMP_NUM_THREADS=1 attnscope bench --model "$model" --device cpu --seq-lens 32,64,128,256 --batch-sizes 1,8 \
   --repeats 5 --warmup 1 --no-micro --out "$tmp/bench" --quiet --json > /dev/null

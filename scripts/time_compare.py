@@ -131,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         rounds = []  # interleaved, so that a machine shared with other work slows each measure alike; the least kept
         for _ in range(args.repeats):
             singles = [timed(lambda path=path: attnscope.heads(path, inputs, **common))[0] for path in paths]
-            many, result = timed(lambda: attnscope.compare(paths, inputs, change=False, **common))
-            two, _ = timed(lambda: attnscope.compare(paths[:2], inputs, change=True, **common))
-            plain, _ = timed(lambda: attnscope.compare(paths[:2], inputs, change=False, **common))
+            many, result = timed(lambda: attnscope.compare(paths, inputs, divergence=False, **common))
+            two, _ = timed(lambda: attnscope.compare(paths[:2], inputs, divergence=True, **common))
+            plain, _ = timed(lambda: attnscope.compare(paths[:2], inputs, divergence=False, **common))
             rounds.append((singles, many, two, plain))
         singles = [min(r[0][k] for r in rounds) for k in range(len(paths))]
         many, two, plain = (min(r[k] for r in rounds) for k in (1, 2, 3))

@@ -349,12 +349,12 @@ def sinusoids(n_positions: int, d: int) -> torch.Tensor:
 # --------------------------------------------------------------------------- measuring with attnscope
 def measure(folder: Path) -> dict:
     """The heads as attnscope sees them: `heads` on the bundled sample texts with the default probe."""
-    from attnscope.analyses.heads import analyze_heads
+    from attnscope import api
     from attnscope.models.loading import load_model
     from attnscope.pipeline.inputs import sample_texts
 
     loaded = load_model(str(folder), "cpu")
-    result = analyze_heads(loaded, sample_texts())
+    result = api.heads(loaded, sample_texts())
     best = lambda name: max(result.heads, key=lambda r: r.scores[name])  # noqa: E731
     prev, induction = best("previous_token"), best("induction")
     return {

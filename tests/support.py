@@ -704,6 +704,17 @@ def circuit_stand_in(monkeypatch, records=DEPENDENCIES):
     return built
 
 
+def given_models(*models):
+    """(label, loaded model) pairs as the sources of a run of several models (attnscope.models.sources): models the
+    caller loaded, used as they are and never freed."""
+    from attnscope.models.sources import ModelSource
+
+    return [
+        ModelSource(label, getattr(model, "name", label), None, lambda lm_head, model=model: model, owned=False)
+        for label, model in models
+    ]
+
+
 def save_without_head(source: Path, folder: Path, layer: int, head: int) -> Path:
     """A copy of the GPT-2 saved in `source`, saved to `folder`, with head `layer.head` removed by hand: its rows of
     the input side of c_proj (a Conv1D, weight (in, out)) zeroed."""
@@ -741,7 +752,7 @@ def without_head(loaded, layer: int, head: int, name: str | None = None):
     return LoadedModel(shown, network, loaded.tokenizer, loaded.device, loaded.family, kernel=loaded.kernel)
 
 
-def slow_change(first, second, texts):
+def slow_divergence(first, second, texts):
     """(n_layer, n_head) numpy: the mean over scored rows of scipy's Jensen–Shannon divergence in bits
     (jensenshannon(p, q, base=2) ** 2) between the from-scratch maps of two models, each window run alone."""
     import numpy as np

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
-from attnscope import options
+from attnscope import options, settings
 from attnscope.analyses.common import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_TOKENS,
@@ -37,14 +37,12 @@ from attnscope.analyses.common import (
 )
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
-from attnscope.models.checks import Shape
 from attnscope.models.families import CAUSAL_LM
 from attnscope.models.loading import LoadedModel, fastest_attention
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.tokens import Window, WindowStream, batches, pad_id
 
 METHODS = options.ABLATION_METHODS
-DEFAULT_TOP = 10  # heads listed, most important first
 MASK_FRACTION = 0.15  # of an encoder window's scored rows, replaced by [MASK] for the masked-LM loss
 MASK_SEED = 0
 IGNORED = -100  # label of a position that is not predicted (transformers' convention)
@@ -247,34 +245,9 @@ def _gradient_importance(
     return loss_sum / token_count, (total_abs / len(windows.windows)).numpy()
 
 
-@dataclass(frozen=True)
-class Ablate:
+class Ablate(settings.Ablate):
     """Importance of every head over the texts (see the module docstring); `prune` > 0 also reports the loss as the
     `prune` least important heads are removed cumulatively. Needs the model loaded with its language-model head."""
-
-    method: str = "loss"
-    prune: int = 0
-    bos: bool | None = None
-    batch_size: int = DEFAULT_BATCH_SIZE
-    max_tokens: int | None = DEFAULT_MAX_TOKENS
-    top: int = DEFAULT_TOP
-    needs_lm_head = True
-    OPTIONS: ClassVar[dict[str, options.Option]] = {
-        "method": options.ABLATION_METHOD,
-        "prune": options.PRUNE,
-        "bos": options.BOS,
-        "batch_size": options.BATCH_SIZE,
-        "max_tokens": options.MAX_TOKENS.or_none(),
-        "top": options.TOP,
-    }
-
-    def __post_init__(self) -> None:
-        options.check_fields(self, self.OPTIONS)
-
-    def check_shape(self, shape: Shape) -> None:
-        """No more heads pruned than the model has: checked from its config before the weights load, and again."""
-        if self.prune > shape.n_layer * shape.n_head:
-            raise AttnscopeError(f"prune {self.prune}: this model has {shape.n_layer * shape.n_head} heads")
 
     @property
     def batching(self) -> tuple[int, int | None]:

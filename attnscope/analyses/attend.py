@@ -1,7 +1,7 @@
 """Where one word looks: the attention row of one query word in every layer and head (`attnscope attend`).
 
-    from attnscope.analyses.attend import Attend
-    result = Attend("she", "doctor").run(model, [Text("The doctor said that she would help the patient.", "argument")])
+    result = attnscope.attend(model, "The doctor said that she would help the patient.", from_token="she",
+                              to_token="doctor")
     result.to_weight[layer, head]  # attention from "she" to "doctor" (summed over its tokens: do|ct|or)
 
 Words are found as `pipeline.labels.group_words` groups tokens; from a word of several tokens the row is the mean of
@@ -11,15 +11,14 @@ attention are kept (L × H × tokens of the word × n numbers), never the maps.
 
 from __future__ import annotations
 
-import re
 import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
-from attnscope import options
+from attnscope import settings
 from attnscope.analyses.common import check_finite, check_index
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
@@ -32,16 +31,7 @@ from attnscope.pipeline.tokens import Window, WindowStream, batches
 from attnscope.scores.catalog import counted
 from attnscope.scores.words import TOKENS, WORDS, to_words
 
-DEFAULT_TOKENS = 3  # top keys listed per head
-DEFAULT_TOP = 10  # strongest heads listed
 LISTED = 80  # tokens (or words) an error lists
-
-
-def parse_occurrence(spec: str) -> tuple[str, int | None]:
-    """`WORD@K` -> (WORD, K), the K-th occurrence (0-based); a spec that does not end in `@` and digits is a word as
-    it is (`@property`, `a@b`), with no occurrence (None). `user@2@0` is the word `user@2`, occurrence 0."""
-    match = re.fullmatch(r"(.+)@(\d+)", spec, re.DOTALL)
-    return (match.group(1), int(match.group(2))) if match else (spec, None)
 
 
 def find_word(labels: Labels, wanted: str) -> list[range]:
@@ -201,8 +191,7 @@ class _Found:
     more_windows: bool
 
 
-@dataclass(frozen=True)
-class Attend:
+class Attend(settings.Attend):
     """Attention from one word of a text in every layer and head; with `to_token`, the weight on that word.
 
     `from_token` and `to_token` are words (or, where no word matches, single tokens: see `find_word`), each with an
@@ -211,54 +200,6 @@ class Attend:
     keys ranked as words rather than tokens (`scores.words`); `skip_first`: the first token (the attention sink:
     BOS, [CLS], or a window's first token) left out of the ranking of keys and heads. `tokens` top keys per head
     and the `top` strongest heads are listed."""
-
-    from_token: str
-    to_token: str | None = None
-    from_index: int | None = None  # None: 0, or the K of `from_token`'s `WORD@K`
-    to_index: int | None = None
-    index: int = 0
-    bos: bool | None = None
-    tokens: int = DEFAULT_TOKENS
-    top: int = DEFAULT_TOP
-    words: bool = False
-    skip_first: bool = False
-    OPTIONS: ClassVar[dict[str, options.Option]] = {
-        "from_index": options.INDEX.or_none(),
-        "to_index": options.INDEX.or_none(),
-        "index": options.INDEX,
-        "bos": options.BOS,
-        "tokens": options.TOKENS,
-        "top": options.TOP,
-        "words": options.FLAG,
-        "skip_first": options.FLAG,
-    }
-
-    def __post_init__(self) -> None:
-        options.check_text(self.from_token, "from_token")
-        options.check_text(self.to_token, "to_token", optional=True)
-        options.check_fields(self, self.OPTIONS)
-        for role in ("from", "to"):
-            spec, given = getattr(self, f"{role}_token"), getattr(self, f"{role}_index")
-            if spec is None:
-                continue
-            word, occurrence = parse_occurrence(spec)
-            if occurrence is not None and given is not None and occurrence != given:
-                raise AttnscopeError(
-                    f"{role} word {options.shown(spec)} names occurrence {occurrence}, and {role} occurrence is "
-                    f"{given}: give one"
-                )
-            if not word.strip():
-                raise AttnscopeError(f"{role} word {options.shown(spec)}: give a word of the text")
-            object.__setattr__(self, f"{role}_token", word)
-            object.__setattr__(self, f"{role}_index", occurrence if occurrence is not None else given)
-        if self.from_index is None:
-            object.__setattr__(self, "from_index", 0)
-        options.INDEX.check(self.from_index, "from occurrence")  # the K of WORD@K, checked as --from-index is
-        options.INDEX.or_none().check(self.to_index, "to occurrence")
-        if self.to_index is not None and self.to_token is None:
-            raise AttnscopeError(
-                f"to occurrence {self.to_index} picks one occurrence of the to word: give the to word too (--to)"
-            )
 
     @property
     def view(self) -> str:

@@ -34,12 +34,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 
-from attnscope import options
+from attnscope import options, settings
 from attnscope.analyses.harness import Measurement, available_bytes, measure
 from attnscope.analyses.micro_bench import MICRO_D_MODEL, micro_benchmark
 from attnscope.analyses.result import Result
@@ -52,7 +52,7 @@ METHODS = options.BENCH_METHODS  # the default set
 DIVERSITY_METHODS = options.BENCH_DIVERSITY_METHODS
 KERNEL_METHODS = options.BENCH_KERNEL_METHODS  # the analysis with one kernel or the other
 ALL_METHODS = options.ALL_BENCH_METHODS
-DEFAULT_SAMPLE_ROWS = 32  # rows per window of `diversity-sampled`
+DEFAULT_SAMPLE_ROWS = settings.Bench.sample_rows  # rows per window of `diversity-sampled` (--sample-rows)
 # A timed sample lasts at least this long (calls of a short forward are repeated to fill it; see harness.measure),
 # and makes at most harness.MAX_CALLS calls.
 SAMPLE_S = 0.1
@@ -330,64 +330,26 @@ def _check_family(config: Any) -> None:
         )
 
 
-@dataclass(frozen=True)
-class Bench:
+class Bench(settings.Bench):
     """Time every method at every batch size × sequence length on `model` (or its architecture with random
     weights, with `random_weights` or when the weights are unavailable; GPT-2 small's when even its config is).
     Every setting and the model's config are checked before any weights are loaded or built."""
 
-    model: str = "gpt2"
-    random_weights: bool = False
-    device: str = "auto"
-    dtype: str = "auto"
-    revision: str | None = None
-    seq_lens: tuple[int, ...] = (128, 512, 1024)
-    batch_sizes: tuple[int, ...] = (1, 8)
-    repeats: int = 3
-    warmup: int = 1
-    methods: tuple[str, ...] = METHODS
-    micro: bool = False  # the tutorials' micro-benchmark (d_model 512 whatever the model: minutes on a CPU)
-    sample_rows: int = DEFAULT_SAMPLE_ROWS  # of `diversity-sampled`
-    loads_its_model = True  # a class attribute, not a setting: the CLI hands it no model, and a status line instead
-    kernel: str = "auto"  # of the `attnscope` method: auto, fused or blocks (pipeline.kernels)
-
-    OPTIONS: ClassVar[dict[str, options.Option]] = {
-        "random_weights": options.FLAG,
-        "dtype": options.DTYPE,
-        "repeats": options.REPEATS,
-        "warmup": options.WARMUP,
-        "micro": options.FLAG,
-        "sample_rows": options.BENCH_SAMPLE_ROWS,
-        "kernel": options.KERNEL,
-    }
-
     def __post_init__(self) -> None:
-        options.check_text(self.model, "model")
-        options.check_text(self.device, "device")
-        options.check_text(self.revision, "revision", optional=True)
-        options.check_fields(self, self.OPTIONS)
-        object.__setattr__(self, "seq_lens", options.check_numbers(self.seq_lens, options.BENCH_SEQ_LEN, "seq_lens"))
-        object.__setattr__(
-            self, "batch_sizes", options.check_numbers(self.batch_sizes, options.BENCH_BATCH, "batch_sizes")
-        )
-        object.__setattr__(self, "methods", options.check_names(self.methods, ALL_METHODS, "methods"))
+        super().__post_init__()
         check_settings(self.seq_lens, self.batch_sizes, self.repeats, self.warmup)
         resolve_dtype(self.dtype)
         device = resolve_device(self.device)  # --device cuda on a machine without CUDA stops here, before any model
         if self.kernel == "fused" or "fused" in self.methods:  # Triton missing: one line now, not after the warm-up
             kernels.decide("fused", device)
 
-    def run(
-        self,
-        model: Any = None,
-        texts: Any = None,
-        progress: Any = None,
-        status: Callable[[str], None] | None = None,
-    ) -> BenchResult:
-        """Load (or build) the model named in the settings and time it; `status` is told what is being done."""
+    def run(self, model: str, status: Callable[[str], None] | None = None) -> BenchResult:
+        """Load (or build) the model named `model` and time it; `status` is told what is being done."""
+        if not isinstance(model, str):
+            raise AttnscopeError("bench loads the model itself (or builds it with random weights): give its name")
         device = resolve_device(self.device)
         notes: list[str] = []
-        network, name = self._network(device, notes, status)
+        network, name = self._network(model, device, notes, status)
         measurements = run_bench(
             network,
             device,
@@ -448,11 +410,11 @@ class Bench:
         return BenchResult(shape, settings, records(measurements), micro, notes)
 
     def _network(
-        self, device: torch.device, notes: list[str], status: Callable[[str], None] | None = None
+        self, model: str, device: torch.device, notes: list[str], status: Callable[[str], None] | None = None
     ) -> tuple[Any, str]:
         from transformers import GPT2Config
 
-        config = load_config(self.model, self.revision)
+        config = load_config(model, self.revision)
         known = config is not None
         config = config if known else GPT2Config()  # GPT-2 small's architecture when even the config is missing
         _check_family(config)
@@ -464,13 +426,13 @@ class Bench:
         check_memory(config, self.seq_lens, self.batch_sizes, self.methods, device, element)
         say = status or (lambda text: None)
         if not self.random_weights:
-            say(f"loading {self.model} …")
+            say(f"loading {model} …")
             try:
-                loaded = load_model(self.model, str(device), self.dtype, lm_head=True, revision=self.revision)
-                return loaded.lm_model, self.model
+                loaded = load_model(model, str(device), self.dtype, lm_head=True, revision=self.revision)
+                return loaded.lm_model, model
             except AttnscopeError as error:
                 notes.append(f"weights unavailable ({error}); timing random weights instead")
         if not known:
-            notes.append(f"config of '{self.model}' unavailable; using GPT-2 small's architecture")
-        say(f"building {self.model if known else 'GPT-2 small'} with random weights …")
-        return random_model(config, device, dtype), f"{self.model} (random weights)"
+            notes.append(f"config of '{model}' unavailable; using GPT-2 small's architecture")
+        say(f"building {model if known else 'GPT-2 small'} with random weights …")
+        return random_model(config, device, dtype), f"{model} (random weights)"

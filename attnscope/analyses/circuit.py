@@ -29,30 +29,22 @@ Both share one signature (`CHANGES`): (loaded, texts, explained [(layer, head, s
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
-from attnscope import options
-from attnscope.analyses.common import (
-    Progress,
-    check_finite,
-    head_label,
-    parse_head,
-    too_short,
-)
-from attnscope.analyses.heads import Scoring, sort_score
+from attnscope import options, settings
+from attnscope.analyses.common import Progress, check_finite, too_short
+from attnscope.analyses.heads import scoring
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
-from attnscope.models.checks import Shape
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.scores import catalog
 
 METHODS = options.CIRCUIT_METHODS
-DEFAULT_TOP = 10  # dependencies listed per explained head
 # Removals of one layer replayed at once, as copies of a batch (as `ablate` runs its configurations): bounds the
 # activations at copies × padded tokens; on a GPU the replay of a short batch then costs one pass of its blocks (its
 # kernel launches and Python), not one per removed head. Not on the CPU, where a pass costs its arithmetic whatever
@@ -565,82 +557,17 @@ class CircuitResult(Result):
         return [] if self.composition is None else self.composition.records()
 
 
-def _head_labels(heads: Any) -> tuple[str, ...]:
-    """The heads B named, `L.H` labels (a string alone is one head; None: none), each checked for its form."""
-    items = () if heads is None else (heads,) if isinstance(heads, str) else heads
-    if isinstance(items, (bytes, Mapping)) or not isinstance(items, Iterable):
-        raise AttnscopeError(f"head {options.shown(heads)}: expected heads such as ['1.0', '2.3'] (LAYER.HEAD)")
-    labels = []
-    for label in items:
-        if not isinstance(label, str):
-            raise AttnscopeError(f"head {options.shown(label)}: expected a head such as '1.0' (LAYER.HEAD, 0-based)")
-        head_label(label)
-        labels.append(label.strip())
-    return tuple(labels)
-
-
-@dataclass(frozen=True)
-class Circuit(Scoring):
-    """Settings of a circuit analysis (see the module docstring); `run` checks what needs the model first.
-
-    score: one score explained for every head B (None: each head's deciding score); head: the heads B explained,
-    `L.H` labels (empty: every head of layer 1 and above); top: dependencies listed per head B; method: removal
-    (exact) or gradient (attribution patching); steps: the gradient's integration points (0: the gradient with
-    every head kept, attribution patching proper; N: integrated gradients over N points, N times the cost, closer to
-    removal where a softmax saturates); weights: also the composition and copying scores from the weights
-    and each head's direct effect (needs the language-model head). The rest are the heads analysis's settings."""
-
-    score: str | None = None
-    head: Sequence[str] | None = None  # a tuple once built
-    top: int = DEFAULT_TOP
-    method: str = "removal"
-    weights: bool = True
-    steps: int = 0  # gradient: 0, the gradient at every head kept; N, integrated gradients over N points
-    OPTIONS: ClassVar[dict[str, options.Option]] = {
-        **Scoring.SCORING_OPTIONS,
-        "top": options.TOP,
-        "method": options.CIRCUIT_METHOD,
-        "weights": options.FLAG,
-        "steps": options.STEPS,
-    }
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.score is not None:
-            object.__setattr__(self, "score", sort_score(options.check_text(self.score, "score")).name)
-        object.__setattr__(self, "head", _head_labels(self.head))
-        if self.steps and self.method != "gradient":
-            raise AttnscopeError("steps (--steps) are the gradient's integration points: give method gradient too")
-
-    @property
-    def needs_lm_head(self) -> bool:
-        return self.weights  # the unembedding of the copying scores, the logits of the direct effects
-
-    def check_shape(self, shape: Shape) -> None:
-        """The heads B (in range, above layer 0), the model has more than one layer, the score its kind measures:
-        from the config before the weights load, and again."""
-        if shape.n_layer < 2:
-            raise AttnscopeError("this model has one layer: no head has an earlier head to depend on")
-        for label in self.head:
-            layer, head = parse_head(label, shape.n_layer, shape.n_head)
-            if layer == 0:
-                raise AttnscopeError(f"head {label}: it is in layer 0, and no head comes before it to depend on")
-        if self.score is not None and shape.kind_name is not None:
-            score = catalog.score_named(self.score)
-            if shape.kind_name not in score.kinds:
-                measured = " and ".join(f"{name}s" for name in sorted(score.kinds))
-                raise AttnscopeError(f"score {self.score}: that score is measured for {measured} only")
-            if score.source == catalog.PROBE and not self.probe:
-                raise AttnscopeError(f"score {self.score}: that score comes from the probe, which is off")
+class Circuit(settings.Circuit):
+    """Settings of a circuit analysis (attnscope.settings.Circuit; see the module docstring)."""
 
     def run(
         self, loaded: LoadedModel, texts: Texts | Sequence[Text], progress: Progress | None = None
     ) -> CircuitResult:
         self.check_shape(loaded.shape)
         L, H = loaded.n_layer, loaded.n_head
-        heads = self.heads_settings()
+        heads = scoring(self)
         base = heads.run(loaded, texts, progress)  # every head's scores and role
-        chosen = [head_label(label) for label in self.head] or [(a, h) for a in range(1, L) for h in range(H)]
+        chosen = [options.head_of(label) for label in self.head] or [(a, h) for a in range(1, L) for h in range(H)]
         chosen = list(dict.fromkeys(chosen))
         records = {(record.layer, record.head): record for record in base.heads}
         explained = []

@@ -3,12 +3,12 @@ summary every result carries."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-from attnscope import options
+from attnscope import settings
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture, distributed
@@ -16,52 +16,12 @@ from attnscope.pipeline.blocks import Reducer
 from attnscope.pipeline.inputs import OneText, Text, Texts, as_texts
 from attnscope.pipeline.tokens import Window, WindowStream, batches, pad_id
 
-DEFAULT_BATCH_SIZE = 8
-DEFAULT_MAX_TOKENS = 16384  # padded tokens per batch: bounds activations whatever the batch size says
+DEFAULT_BATCH_SIZE = settings.Batching.batch_size  # the settings' defaults (--batch-size, --max-tokens)
+DEFAULT_MAX_TOKENS = settings.Batching.max_tokens  # padded tokens per batch: bounds activations whatever the batch
 
 # progress(texts read, tokens run, share of the input read (0 to 1)), called after every batch (under torchrun: the
 # tokens of this process's share of the windows)
 Progress = Callable[[int, int, float], None]
-
-
-def check_layer(layer: int, n_layer: int) -> int:
-    if not 0 <= layer < n_layer:
-        raise AttnscopeError(f"layer {layer} is out of range (this model has layers 0-{n_layer - 1})")
-    return layer
-
-
-def head_label(label: str) -> tuple[int, int]:
-    """`L.H` (0-based, as in the literature: `4.11`) read as (layer, head), its form checked (its range needs the
-    model: see `parse_head`)."""
-    layer_text, sep, head_text = label.strip().partition(".")
-    if not sep or not layer_text.isdigit() or not head_text.isdigit() or max(len(layer_text), len(head_text)) > 9:
-        raise AttnscopeError(f"head {options.shown(label)}: expected LAYER.HEAD such as 4.11 (0-based)")
-    return int(layer_text), int(head_text)
-
-
-def parse_head(label: str, n_layer: int, n_head: int) -> tuple[int, int]:
-    """`L.H` (0-based, as in the literature: `4.11`) checked against the model's shape."""
-    layer, head = head_label(label)
-    if layer >= n_layer:
-        raise AttnscopeError(f"head '{label}': layer {layer} is out of range (this model has layers 0-{n_layer - 1})")
-    if head >= n_head:
-        raise AttnscopeError(f"head '{label}': head {head} is out of range (this model has heads 0-{n_head - 1})")
-    return layer, head
-
-
-def check_plot(plot: Any) -> tuple[str, ...]:
-    """The heads to draw, `L.H` labels (a string alone is one head), each checked for its form."""
-    items = () if plot is None else (plot,) if isinstance(plot, str) else plot
-    if isinstance(items, (bytes, Mapping)) or not isinstance(items, Iterable):
-        raise AttnscopeError(f"plot {plot!r}: expected heads such as ['4.11', '5.1'] (LAYER.HEAD, 0-based)")
-    labels = tuple(items)
-    for label in labels:
-        if not isinstance(label, str):
-            raise AttnscopeError(
-                f"plot {label!r}: expected a head such as '4.11' (LAYER.HEAD, 0-based), not {type(label).__name__}"
-            )
-        head_label(label)
-    return labels
 
 
 def check_index(index: int, texts: Texts | Sequence[Text]) -> Texts:

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 
-from attnscope import options
+from attnscope import settings
 from attnscope.analyses import common
 from attnscope.analyses.common import Progress
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
-from attnscope.models.checks import Shape
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import distributed
 from attnscope.pipeline.blocks import AttentionBlock
@@ -25,9 +24,6 @@ from attnscope.pipeline.tokens import WindowStream
 from attnscope.scores import groups, pairs
 from attnscope.scores.kinds import Kind
 
-DEFAULT_REDUNDANT = 0.1  # bits: heads whose rows differ by less than a tenth of the way to disjoint
-DEFAULT_CLUSTER_AT = 0.3  # bits: average-linkage merges below this form a cluster (all layers)
-DEFAULT_TOP = 5  # pairs listed as most redundant and most distinct
 ALL_LAYERS_BUDGET = 64 * 2**20  # bytes of all layers' attention held at once for all layers (one window at least)
 
 
@@ -186,51 +182,8 @@ def window_seed(seed: int, window: int) -> int:
     return int(np.random.SeedSequence((seed, window)).generate_state(1)[0])
 
 
-def parse_layer_choice(text: str | int | None) -> int | None:
-    """A layer number, or `all` (None)."""
-    if text is None:
-        return None
-    if isinstance(text, str) and text.strip().lower() == "all":
-        return None
-    if isinstance(text, str) and text.strip().isdigit() and len(text.strip()) <= 9:  # the CLI's, as typed
-        text = int(text)
-    if isinstance(text, str) or options.LAYER.problem(text) is not None:
-        raise AttnscopeError(f"layer {options.shown(text)}: expected a layer number (0-based) or 'all'")
-    return int(text)
-
-
-@dataclass(frozen=True)
-class Diversity:
-    """Cosine and Jensen–Shannon similarity between the heads of `layer` (None or "all": every head of the model)."""
-
-    layer: int | str | None  # an int or None once built
-    bos: bool | None = None
-    batch_size: int = common.DEFAULT_BATCH_SIZE
-    max_tokens: int | None = common.DEFAULT_MAX_TOKENS
-    redundant: float = DEFAULT_REDUNDANT
-    cluster_at: float = DEFAULT_CLUSTER_AT
-    top: int = DEFAULT_TOP
-    sample_rows: int = 0  # 0: every scored row (exact); N: JS estimated on N random scored rows per window
-    seed: int = 0  # of the row sample
-    OPTIONS: ClassVar[dict[str, options.Option]] = {
-        "bos": options.BOS,
-        "batch_size": options.BATCH_SIZE,
-        "max_tokens": options.MAX_TOKENS.or_none(),
-        "redundant": options.JS_BITS,
-        "cluster_at": options.JS_BITS,
-        "top": options.TOP,
-        "sample_rows": options.SAMPLE_ROWS,
-        "seed": options.SEED,
-    }
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "layer", parse_layer_choice(self.layer))
-        options.check_fields(self, self.OPTIONS)
-
-    def check_shape(self, shape: Shape) -> None:
-        """The layer exists: checked from the model's config before its weights load, and again."""
-        if self.layer is not None:
-            common.check_layer(self.layer, shape.n_layer)
+class Diversity(settings.Diversity):
+    """Cosine and Jensen–Shannon similarity between the heads of `layer` (None: every head of the model)."""
 
     def run(
         self, model: LoadedModel, texts: Texts | Sequence[Text], progress: Progress | None = None
@@ -301,13 +254,3 @@ class Diversity:
             linkage=linkage.merges,
         )
 
-
-def analyze_diversity(
-    model: LoadedModel,
-    texts: Texts | Sequence[Text],
-    layer: int | None,
-    progress: Progress | None = None,
-    **settings: Any,
-) -> DiversityResult:
-    """`Diversity(layer, **settings).run(model, texts, progress)`."""
-    return Diversity(layer, **settings).run(model, texts, progress)

@@ -1,47 +1,30 @@
-"""`attnscope heads`: every head's scores over the texts, its role, and the repeated-token probe.
-
-from attnscope import load_model, Text, analyze_heads
-model = load_model("gpt2")
-result = analyze_heads(model, [Text("The cat sat on the mat because it was tired.", "argument")])
-result.heads[0].role.role, result.heads[0].scores["previous_token"]
-"""
+"""`attnscope heads`: every head's scores over the texts, its role, and the repeated-token probe."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
 from attnscope import options
-from attnscope.analyses.common import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_MAX_TOKENS,
-    Progress,
-    check_finite,
-    check_layer,
-    check_plot,
-    input_summary,
-    parse_head,
-    run_windows,
-    too_short,
-)
+from attnscope import settings as settings_module
+from attnscope.analyses.common import Progress, check_finite, input_summary, run_windows, too_short
 from attnscope.analyses.maps import AttentionMap, with_words
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
-from attnscope.models.checks import Shape
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture, distributed
 from attnscope.pipeline.blocks import Reducer
-from attnscope.pipeline.change import Reducers
+from attnscope.pipeline.divergence import Reducers
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.labels import label_window
 from attnscope.pipeline.probe import MIN_PROBE_LEN, PROBE_SEQUENCES, ordinary_token_ids, probe_windows
 from attnscope.pipeline.reducers import HeadStatistics, ProbeStatistics
 from attnscope.pipeline.tokens import Window, WindowStream, batches
 from attnscope.scores import catalog, roles
-from attnscope.scores.kinds import DEFAULT_WINDOW, Kind
+from attnscope.scores.kinds import Kind
 
 DEFAULT_PROBE_LEN = 50
 
@@ -74,8 +57,9 @@ class HeadsResult(Result):
     def select(self, layer: int | None = None, sort: str | None = None, top: int | None = None) -> list[HeadRecord]:
         """Heads of one layer (or all), sorted by a score (descending, ties in layer.head order), the first `top`."""
         if layer is not None:
-            check_layer(layer, self.model["n_layer"])
-        name = check_sort(sort, self.kind, "probe" in self.inputs)
+            settings_module.check_layer(layer, self.model["n_layer"])
+        name = None if sort is None else settings_module.SCORE.check(sort, "sort")
+        settings_module.check_measured(sort, self.kind.name, "probe" in self.inputs, "sort by")
         selected = [record for record in self.heads if layer is None or record.layer == layer]
         if name is not None:
             selected.sort(key=lambda record: -record.scores[name])
@@ -87,100 +71,14 @@ class HeadsResult(Result):
         return self.select(**self.selection)
 
 
-def sort_score(sort: str) -> catalog.Score:
-    """The score a spelling of `sort` names: `previous_token`, `previous-token`, `prev`, `Hnorm` ..."""
-    score = catalog.score_named(sort)
-    if score is None:
-        raise AttnscopeError(f"sort '{sort}': use one of {', '.join(catalog.SCORE_NAMES)} (or their short labels)")
-    return score
+def scoring(settings: settings_module.Scoring) -> Heads:
+    """The heads analysis that `settings` (circuit's, compare's, report's) score every head with: their scoring
+    settings (window, thresholds, bos, batching, probe), everything else at its default."""
+    return Heads(**{name: getattr(settings, name) for name in settings_module.SCORING})
 
 
-def check_sort(sort: str | None, kind: Kind | str, probe: bool) -> str | None:
-    """The score `sort` names, checked against what this kind of model (a Kind or its name), with or without the
-    probe, measures."""
-    if sort is None:
-        return None
-    score = sort_score(sort)
-    if getattr(kind, "name", kind) not in score.kinds:
-        measured = " and ".join(f"{name}s" for name in sorted(score.kinds))
-        raise AttnscopeError(f"sort by {sort}: that score is measured for {measured} only")
-    if score.source == catalog.PROBE and not probe:
-        raise AttnscopeError(f"sort by {sort}: that score comes from the probe, which is off")
-    return score.name
-
-
-@dataclass(frozen=True)
-class Scoring:
-    """What decides every head's scores and role: the settings of `heads` that the commands scoring heads again
-    (`circuit`'s replays, `compare`'s models) share, declared once here with their options' domains."""
-
-    window: int = DEFAULT_WINDOW
-    # every role's threshold once built: the catalog's defaults with these overrides, {ROLE: VALUE} or `ROLE=VALUE`s
-    thresholds: Mapping[str, float] | Sequence[str] | None = None
-    bos: bool | None = None
-    batch_size: int = DEFAULT_BATCH_SIZE
-    max_tokens: int | None = DEFAULT_MAX_TOKENS
-    probe: bool = True
-    probe_len: int | None = None  # None: DEFAULT_PROBE_LEN, or less when twice that does not fit the context
-    probe_seed: int = 0
-    SCORING_OPTIONS: ClassVar[dict[str, options.Option]] = {
-        "window": options.WINDOW,
-        "bos": options.BOS,
-        "batch_size": options.BATCH_SIZE,
-        "max_tokens": options.MAX_TOKENS.or_none(),
-        "probe": options.FLAG,
-        "probe_len": options.PROBE_LEN.or_none(),
-        "probe_seed": options.SEED,
-    }
-    OPTIONS: ClassVar[dict[str, options.Option]] = SCORING_OPTIONS  # a subclass's: these and its own
-
-    def __post_init__(self) -> None:
-        options.check_fields(self, self.OPTIONS)
-        object.__setattr__(self, "thresholds", roles.parse_thresholds(self.thresholds))
-
-    def heads_settings(self) -> Heads:
-        """These settings as a heads analysis's (its layer, plot, sort, top and words left at their defaults)."""
-        return Heads(**{name: getattr(self, name) for name in SCORING_FIELDS})
-
-
-SCORING_FIELDS = ("window", "thresholds", "bos", "batch_size", "max_tokens", "probe", "probe_len", "probe_seed")
-
-
-@dataclass(frozen=True)
-class Heads(Scoring):
-    """Settings of a heads analysis (the scoring settings, then what is drawn and listed); `run` checks what needs
-    the model before any forward pass."""
-
-    plot: Sequence[str] = ()  # heads `L.H` whose full maps to keep (first window); a tuple once built
-    # which heads `HeadsResult.selected` holds; checked before any forward pass, so a bad one costs nothing
-    layer: int | None = None
-    sort: str | None = None
-    top: int | None = None
-    words: bool = False  # the plotted maps also word by word (see scores.words)
-    OPTIONS: ClassVar[dict[str, options.Option]] = {
-        **Scoring.SCORING_OPTIONS,
-        "layer": options.LAYER.or_none(),
-        "top": options.TOP.or_none(),
-        "words": options.FLAG,
-    }
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        object.__setattr__(self, "plot", check_plot(self.plot))
-        if self.sort is not None:  # stored under its name, whichever spelling was given
-            object.__setattr__(self, "sort", sort_score(options.check_text(self.sort, "sort")).name)
-        if self.words and not self.plot:
-            raise AttnscopeError("words (--words) draws the maps of plot (--plot L.H) word by word: give plot too")
-
-    def check_shape(self, shape: Shape) -> None:
-        """What these settings ask of the model's shape (a layer, the plotted heads, a score its kind measures),
-        checked from its config before the weights load, and again on the model loaded."""
-        if self.layer is not None:
-            check_layer(self.layer, shape.n_layer)
-        for label in self.plot:
-            parse_head(label, shape.n_layer, shape.n_head)
-        if shape.kind_name is not None:
-            check_sort(self.sort, shape.kind_name, self.probe)
+class Heads(settings_module.Heads):
+    """Every head's statistics over the texts and its role (the settings: attnscope.settings.Heads)."""
 
     def run(
         self,
@@ -194,7 +92,7 @@ class Heads(Scoring):
         kind = model.kind
         self.check_shape(model.shape)
         # each head drawn once, in the order first asked for
-        plotted = list(dict.fromkeys(parse_head(label, model.n_layer, model.n_head) for label in self.plot))
+        plotted = [options.head_in(label, model.n_layer, model.n_head) for label in self.plot]
         windows = WindowStream(model, texts, self.bos)
         notes = []
         probe_input, probe_len = None, self.probe_len
@@ -295,10 +193,3 @@ def probe_scores(
     capture.run(model.model, batches(windows, len(windows), model.device), statistics, kernel=model.kernel)
     summary = {"period": period, "sequences": PROBE_SEQUENCES, "seed": seed, "scored_rows": int(statistics.row_count)}
     return statistics.means(), summary
-
-
-def analyze_heads(
-    model: LoadedModel, texts: Texts | Sequence[Text], progress: Progress | None = None, **settings: Any
-) -> HeadsResult:
-    """`Heads(**settings).run(model, texts, progress)`: every head's scores and role (see `Heads`)."""
-    return Heads(**settings).run(model, texts, progress)

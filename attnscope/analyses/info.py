@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnscope import options
+from attnscope import settings
 from attnscope.analyses.result import Result
 from attnscope.models.facts import model_facts
 from attnscope.models.loading import LoadedModel
@@ -18,23 +18,11 @@ class InfoResult(Result):
     notes: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class Info:
-    """The facts of model `name` as `load_model(name, device, dtype, revision=revision)` would load it."""
+class Info(settings.Info):
+    """The facts of a model: of one loaded already, or of one named, as `load` would load it (read from its config
+    alone: no weights are loaded or downloaded)."""
 
-    name: str
-    device: str = "auto"
-    dtype: str = "auto"
-    revision: str | None = None
-
-    def __post_init__(self) -> None:
-        options.check_text(self.name, "model")
-        options.check_text(self.device, "device")
-        options.check_fields(self, {"dtype": options.DTYPE})
-        options.check_text(self.revision, "revision", optional=True)
-
-    def run(self, model: LoadedModel | None = None, texts: Any = None, progress: Any = None) -> InfoResult:
-        """The facts of `model` when one is given (loaded already), else read from the config of `name`."""
-        if model is not None:
+    def run(self, model: LoadedModel | str, status: Any = None) -> InfoResult:
+        if isinstance(model, LoadedModel):
             return InfoResult(model.info())
-        return InfoResult(model_facts(self.name, self.device, self.dtype, self.revision))
+        return InfoResult(model_facts(model, self.device, self.dtype, self.revision))

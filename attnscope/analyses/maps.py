@@ -8,12 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, ClassVar
+from typing import Any
 
-from attnscope import options
-from attnscope.analyses.common import check_finite, check_index, check_layer, parse_head
+from attnscope import options, settings
+from attnscope.analyses.common import check_finite, check_index
 from attnscope.analyses.result import Result
-from attnscope.models.checks import Shape
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text, Texts
@@ -63,7 +62,7 @@ def attention_maps(
     one forward pass: layer -> AttentionMap (with its word maps when `words`), and notes. Only the text's first
     window is tokenized."""
     for layer in layers:
-        check_layer(layer, model.n_layer)
+        settings.check_layer(layer, model.n_layer)
     windows = WindowStream(model, [text] if isinstance(text, Text) else text, bos)
     first = list(islice(windows, 2))  # a second window only says that there are more
     notes = windows.notes()
@@ -99,31 +98,8 @@ class ShowResult(Result):
     notes: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class Show:
+class Show(settings.Show):
     """The maps of layer `layer` (one head with `head`) of the `index`-th text; with `words`, also word by word."""
-
-    layer: int
-    head: int | None = None
-    index: int = 0
-    bos: bool | None = None
-    words: bool = False
-    OPTIONS: ClassVar[dict[str, options.Option]] = {
-        "layer": options.LAYER,
-        "head": options.HEAD.or_none(),
-        "index": options.INDEX,
-        "bos": options.BOS,
-        "words": options.FLAG,
-    }
-
-    def __post_init__(self) -> None:
-        options.check_fields(self, self.OPTIONS)
-
-    def check_shape(self, shape: Shape) -> None:
-        """The layer (and head) exist: checked from the model's config before its weights load, and again."""
-        check_layer(self.layer, shape.n_layer)
-        if self.head is not None:
-            parse_head(f"{self.layer}.{self.head}", shape.n_layer, shape.n_head)
 
     def run(self, model: LoadedModel, texts: Texts | Sequence[Text], progress: Any = None) -> ShowResult:
         self.check_shape(model.shape)
@@ -134,4 +110,5 @@ class Show:
         if self.words:
             with_words(attention)
         attention.text_index = self.index
-        return ShowResult(model.info(), attention, self.head, self.index, self.bos, notes)
+        head = None if self.head is None else options.head_of(self.head)[1]
+        return ShowResult(model.info(), attention, head, self.index, self.bos, notes)

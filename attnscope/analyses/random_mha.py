@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-from attnscope import options
+from attnscope import settings
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.scores import pairs
@@ -113,34 +113,19 @@ class RandomMhaResult(Result):
     notes: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class RandomMha:
+class RandomMha(settings.RandomMha):
     """The tutorials' experiment: diversity of an untrained layer's heads against their number (each head count
     once, ascending)."""
 
-    d_model: int = 64
-    heads: tuple[int, ...] = (1, 2, 4, 8)
-    seq_len: int = 32
-    trials: int = 4
-    seed: int = 0
-    OPTIONS: ClassVar[dict[str, options.Option]] = {
-        "d_model": options.D_MODEL,
-        "seq_len": options.SEQ_LEN,
-        "trials": options.TRIALS,
-        "seed": options.SEED,
-    }
-
     def __post_init__(self) -> None:
-        options.check_fields(self, self.OPTIONS)
-        heads = options.check_numbers(self.heads, options.HEAD_COUNT, "heads")
-        object.__setattr__(self, "heads", tuple(sorted(set(heads))))  # each count once, like the plot's axis
-        check_settings(self.d_model, self.heads, self.seq_len, BATCH, self.trials, self.seed)
+        super().__post_init__()
+        check_settings(self.d_model, self.head_counts, self.seq_len, BATCH, self.trials, self.seed)
 
-    def run(self, model: Any = None, texts: Any = None, progress: Any = None) -> RandomMhaResult:
-        rows = _diversity_by_heads(self.d_model, self.heads, self.seq_len, BATCH, self.trials, self.seed)
+    def run(self) -> RandomMhaResult:
+        rows = _diversity_by_heads(self.d_model, self.head_counts, self.seq_len, BATCH, self.trials, self.seed)
         settings = {
             "d_model": self.d_model,
-            "heads": list(self.heads),
+            "head_counts": list(self.head_counts),
             "seq_len": self.seq_len,
             "trials": self.trials,
             "seed": self.seed,

@@ -25,22 +25,22 @@ CIRCUIT_TOP heads A whose removal changes B's deciding score most, as `attnscope
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from attnscope import options
+from attnscope import settings
 from attnscope.analyses.ablate import Ablate, AblationResult
 from attnscope.analyses.common import Progress, check_finite
 from attnscope.analyses.diversity import Diversity, DiversityResult
-from attnscope.analyses.heads import HeadRecord, Heads, HeadsResult
+from attnscope.analyses.heads import HeadRecord, HeadsResult, scoring
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
-from attnscope.models.checks import Shape, check_comparable
+from attnscope.models.checks import check_comparable
 from attnscope.models.loading import LoadedModel
+from attnscope.models.sources import ModelSource
 from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.labels import Labels, label_window
@@ -62,42 +62,15 @@ COPYING_ROLES = ("induction", "duplicate-token")  # shown on a text that repeats
 PROBE, TEXT = "probe", "text"
 
 
-def model_labels(names: Sequence[str], revisions: Sequence[str] | None = None) -> list[str]:
-    """The labels of a report's models, in order: the revisions (`revisions`, of one repository), else each model's
-    folder name (a folder) or its name as given (a Hub id, "demo"); where two would be the same, told apart as
-    compare tells them (`compare.unique_labels`: by their parent folders).
-    A model or revision given twice is refused."""
-    given = list(revisions) if revisions is not None else [os.fspath(name) for name in names]
-    twice = next((name for k, name in enumerate(given) if name in given[:k]), None)
-    if twice is not None:
-        what = "revision" if revisions is not None else "model"
-        raise AttnscopeError(f"{what} {twice!r} is given twice: give each model once")
-    if revisions is not None:
-        return given
-    from attnscope.analyses.compare import model_label, unique_labels  # one way of naming models, as compare's
-
-    return unique_labels([model_label(name) for name in given], given)[0]
-
-
-def circuit_records(loaded: LoadedModel, texts: Texts | Sequence[Text], settings: Heads) -> list[dict]:
+def circuit_records(loaded: LoadedModel, texts: Texts | Sequence[Text], scoring: settings.Scoring) -> list[dict]:
     """The page's head-to-head dependencies: `attnscope circuit`'s JSON records (`{"label": "1.0", "on": "0.2",
     "score": "induction", "with": 0.96, "without": 0.43, "change": -0.53}`: head `label`'s deciding score with and
     without head `on`), the CIRCUIT_TOP largest changes of each head, on the report's texts and probe settings.
     The page reads exactly these keys."""
     from attnscope.analyses.circuit import Circuit
 
-    analysis = Circuit(
-        top=CIRCUIT_TOP,
-        weights=False,  # the page shows removals only: no language-model head needed
-        window=settings.window,
-        thresholds=settings.thresholds,
-        bos=settings.bos,
-        batch_size=settings.batch_size,
-        max_tokens=settings.max_tokens,
-        probe=settings.probe,
-        probe_len=settings.probe_len,
-        probe_seed=settings.probe_seed,
-    )
+    same = {name: getattr(scoring, name) for name in settings.SCORING}
+    analysis = Circuit(top=CIRCUIT_TOP, weights=False, **same)  # removals only: no language-model head needed
     records = analysis.run(loaded, texts).dependencies(CIRCUIT_TOP)
     return [{key: record[key] for key in ("label", "on", "score", "with", "without", "change")} for record in records]
 
@@ -198,28 +171,6 @@ def _probe(model: LoadedModel, heads: HeadsResult) -> Window | None:
         return None
     summary = heads.inputs["probe"]
     return probe_windows(model.tokenizer, summary["period"], model.n_ctx, summary["seed"], count=1)[0]
-
-
-def _loaded(given: LoadedModel | Callable[[], LoadedModel]) -> LoadedModel:
-    return given if isinstance(given, LoadedModel) else given()
-
-
-def _released(loaded: LoadedModel) -> LoadedModel:
-    """A model loaded for one step of a report of several, its weights freed (moved to torch's `meta` device, which
-    holds no data) so that two models are never in memory at once; its config and tokenizer stay."""
-    import gc
-
-    import torch
-
-    owner = loaded.lm_model if loaded.lm_model is not None else loaded.model
-    try:
-        owner.to("meta")
-    except (RuntimeError, ValueError, NotImplementedError):  # a model spread by accelerate: dropped, not moved
-        pass
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    return loaded
 
 
 def _all_layer_maps(model: LoadedModel, window: Window) -> Any:
@@ -337,37 +288,11 @@ class ReportResult(Result):
         return self.heads.model
 
 
-@dataclass(frozen=True)
-class Report:
-    """Everything the report page shows: `heads` (its settings: window, thresholds, probe, batching), every head's
-    maps on the first texts (and the probe), with `diversity` one more pass for the diversity of all heads, with
-    `ablate` the loss ablation of every head (the model needs its language-model head)."""
-
-    heads: Heads = field(default_factory=Heads)
-    diversity: bool = True
-    ablate: bool = False
-    circuit: bool = False
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.heads, Heads):
-            raise AttnscopeError(f"heads: expected the settings of a heads analysis (Heads), not {self.heads!r}")
-        options.check_fields(self, {"diversity": options.FLAG, "ablate": options.FLAG, "circuit": options.FLAG})
-
-    @property
-    def needs_lm_head(self) -> bool:
-        return self.ablate
-
-    def check_several(self) -> None:
-        """What a report of several models refuses, before any of them loads."""
-        if self.circuit:
-            raise AttnscopeError(
-                "circuit (--circuit) explains one model's heads: give one model (a page of several would need a "
-                "circuit pass per model, and its arrows would belong to one of them)"
-            )
-
-    def check_shape(self, shape: Shape) -> None:
-        """What the heads' settings ask of the model's shape, before its weights load."""
-        self.heads.check_shape(shape)
+class Report(settings.Report):
+    """Everything the report page shows (attnscope.settings.Report): the heads analysis with these scoring
+    settings, every head's maps on the first texts (and the probe), with `diversity` one more pass for the diversity
+    of all heads, with `ablate` the loss ablation of every head (the model needs its language-model head), with
+    `circuit` the circuit analysis's dependencies."""
 
     def run(
         self,
@@ -377,20 +302,17 @@ class Report:
         budget: int = MAP_CELLS,
     ) -> ReportResult:
         """The report of one model; `budget`: the map cells its maps may take."""
-        ablation_settings = None
-        if self.ablate:  # checked before any pass
-            settings = self.heads
-            ablation_settings = Ablate("loss", 0, settings.bos, settings.batch_size, settings.max_tokens)
-        heads = self.heads.run(model, texts, progress)
-        shown, map_notes, cap = shown_texts(model, texts, self.heads.bos, _probe(model, heads), budget=budget)
+        batching = {"bos": self.bos, "batch_size": self.batch_size, "max_tokens": self.max_tokens}
+        ablation_settings = Ablate(**batching) if self.ablate else None  # checked before any pass
+        heads = scoring(self).run(model, texts, progress)
+        shown, map_notes, cap = shown_texts(model, texts, self.bos, _probe(model, heads), budget=budget)
         diversity = linkage = None
         if self.diversity:
-            settings = Diversity(None, self.heads.bos, self.heads.batch_size, self.heads.max_tokens, top=PAIRS)
-            diversity = settings.run(model, texts, progress)
+            diversity = Diversity(layer=None, top=PAIRS, **batching).run(model, texts, progress)
             linkage = groups.average_linkage(diversity.js).merges
         ablation = ablation_settings.run(model, texts, progress) if ablation_settings is not None else None
         notes = list(heads.notes) + ([] if ablation is None else [n for n in ablation.notes if n not in heads.notes])
-        dependencies = circuit_records(model, texts, self.heads) if self.circuit else None
+        dependencies = circuit_records(model, texts, self) if self.circuit else None
         return ReportResult(
             heads,
             diversity,
@@ -407,43 +329,40 @@ class Report:
         )
 
     def run_models(
-        self,
-        models: Sequence[tuple[str, LoadedModel | Callable[[], LoadedModel]]],
-        texts: Texts | Sequence[Text],
-        progress: Progress | None = None,
+        self, sources: Sequence[ModelSource], texts: Texts | Sequence[Text], progress: Progress | None = None
     ) -> ReportResult:
-        """The report of several models, `(label, model)` in order, a model given loaded or as a function that loads
-        it (then freed once read): the first model's report, with every model's heads and maps in `models`."""
-        if len(models) < 2:
-            raise AttnscopeError("a report of several models needs at least two")
-        self.check_several()
-        labels = [label for label, _ in models]
-        budget = MULTI_MAP_CELLS // len(models)
-        first_label, source = models[0]
-        first = _loaded(source)
-        result = self.run(first, texts, progress, budget=budget)
-        pages = [ReportModel(first_label, result.heads, result.characteristic, result.texts)]
+        """The report of several models, opened one at a time (and freed once read when this run loaded them): the
+        first model's report, with every model's heads and maps in `models`."""
+        self.check_models(len(sources))
+        labels = [source.label for source in sources]
+        budget = MULTI_MAP_CELLS // len(sources)
+        heads_analysis = scoring(self)
+        first = sources[0].open(self.needs_lm_head)  # the ablation is the first model's
+        try:
+            result = self.run(first, texts, progress, budget=budget)
+        finally:
+            sources[0].close(first)  # its config and tokenizer stay, to check the others against
+        pages = [ReportModel(labels[0], result.heads, result.characteristic, result.texts)]
         first_ids = [text.ids for text in result.texts]
-        # a model this report loaded is freed once read; its config and tokenizer stay, to check the others against
-        reference = first if isinstance(source, LoadedModel) else _released(first)
-        for label, given in models[1:]:
-            loaded = _loaded(given)
-            check_comparable(reference, loaded, first_label, label)
-            heads = self.heads.run(loaded, texts, progress)
-            shown, _, _ = shown_texts(loaded, texts, self.heads.bos, _probe(loaded, heads), budget=budget)
+        for source in sources[1:]:
+            loaded = source.open()
+            try:
+                check_comparable(first, loaded, labels[0], source.label)
+                heads = heads_analysis.run(loaded, texts, progress)
+                shown, _, _ = shown_texts(loaded, texts, self.bos, _probe(loaded, heads), budget=budget)
+            finally:
+                source.close(loaded)
+                del loaded
             if [text.ids for text in shown] != first_ids:
                 raise AttnscopeError(
-                    f"models {first_label} and {label} cannot be compared: the texts drawn are not the same tokens "
-                    "in both (a different tokenizer, context or probe)"
+                    f"models {labels[0]} and {source.label} cannot be compared: the texts drawn are not the same "
+                    "tokens in both (a different tokenizer, context or probe)"
                 )
-            pages.append(ReportModel(label, heads, characteristic_heads(heads.heads), shown))
-            if loaded is not given:
-                _released(loaded)
-            del loaded
+            pages.append(ReportModel(source.label, heads, characteristic_heads(heads.heads), shown))
         result.models = pages
         result.notes = list(result.notes) + [
             f"{counted(len(pages), 'model')} ({', '.join(labels)}): the role map and the head panel follow the "
-            f"model chosen; the tables, the diversity and the ablation are the first model's ({first_label})"
+            f"model chosen; the tables, the diversity and the ablation are the first model's ({labels[0]})"
         ]
         each = "as a one-model page" if budget >= MAP_CELLS else f"a one-model page holds {MAP_CELLS:,}"
         result.map_notes = list(result.map_notes) + [

@@ -65,7 +65,7 @@ class Result:
         pictures' (--format, --dpi; dpi None: output.files.DPI)."""
         if isinstance(out, bytes) or not isinstance(out, (str, os.PathLike)) or not os.fspath(out).strip():
             raise AttnscopeError(f"out {out!r}: give a folder to write into, e.g. save('results/') ('.': this one)")
-        view = view_of(self, files.Pictures(format, files.DPI if dpi is None else dpi))
+        view = view_of(self, files.Pictures(format=format, dpi=files.DPI if dpi is None else dpi))
         return files.write_all(files.prepare_out_dir(out), view.files)
 
     def plot(self) -> dict[str, Any]:

@@ -1,11 +1,11 @@
 """`attnscope compare`, shown: the JSON (a value per model for every score of every head, its roles, when each role
-formed, the change between two models) and the long CSV (one row per head and model), the pictures (score
-trajectories, a heads × models heatmap of one score, the change grid of two models), the terminal's and notebook's
+formed, the divergence between two models) and the long CSV (one row per head and model), the pictures (score
+trajectories, a heads × models heatmap of one score, the divergence grid of two models), the terminal's and notebook's
 tables.
 
 Reads a CompareResult (analyses.compare) by duck typing: `model`, `inputs`, `settings`, `notes`, `kind`, `labels`,
-`heads` (each with `layer`, `head`, `label`, `scores`, `roles`, `formed`, `change`), `measured`, `score`,
-`has_change`, `ranked_by_change()`, `role_changes()`.
+`heads` (each with `layer`, `head`, `label`, `scores`, `roles`, `formed`, `divergence`), `measured`, `score`,
+`has_divergence`, `ranked_by_divergence()`, `role_changes()`.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from attnscope.output.documents import document
 from attnscope.output.views import View
 from attnscope.scores.catalog import FRACTION, ROLE, ROLES, SCORE, SIGNED, counted
 
-CHANGE_UNIT = "mean JS divergence between the two models' rows (bits)"
+DIVERGENCE_UNIT = "mean JS divergence between the two models' rows (bits)"
 
 
 def compare_heads(result: Any) -> list[dict]:
-    """The `heads` of the JSON: per head its scores (a value per model), roles, formation and change."""
+    """The `heads` of the JSON: per head its scores (a value per model), roles, formation and divergence."""
     records = []
     for head in result.heads:
         record: dict[str, Any] = {
@@ -34,8 +34,8 @@ def compare_heads(result: Any) -> list[dict]:
             "roles": head.roles,
             "formed": head.formed,
         }
-        if result.has_change:
-            record["change"] = head.change
+        if result.has_divergence:
+            record["divergence"] = head.divergence
         records.append(record)
     return records
 
@@ -54,8 +54,8 @@ def compare_records(result: Any) -> list[dict]:
                 "role": head.roles[index],
                 **{name: values[index] for name, values in head.scores.items()},
             }
-            if result.has_change:
-                record["change"] = head.change
+            if result.has_divergence:
+                record["divergence"] = head.divergence
             records.append(record)
     return records
 
@@ -94,11 +94,11 @@ class CompareView(View):
 
     def figures(self) -> dict[str, Any]:
         """trajectories (the deciding score of each role across the models), score_<name> (heads × models), and
-        change (layer × head) with two models."""
+        divergence (layer × head) with two models."""
         result = self.result
         drawn = {"trajectories": trajectories(result), f"score_{result.score}": heads_by_models(result, result.score)}
-        if result.has_change:
-            drawn["change"] = change_grid(result)
+        if result.has_divergence:
+            drawn["divergence"] = divergence_grid(result)
         return drawn
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
@@ -107,9 +107,9 @@ class CompareView(View):
         result = self.result
         top = result.settings["top"]
         shown: list[Any] = [f"Compared {counted(len(result.labels), 'model')}: {', '.join(result.labels)}"]
-        if result.has_change:
-            shown.append(change_table(change_matrix(result)))
-            shown.append(terminal.records_table(change_rows(result)[:top], "Heads ranked by change"))
+        if result.has_divergence:
+            shown.append(divergence_table(divergence_matrix(result)))
+            shown.append(terminal.records_table(divergence_rows(result)[:top], "Heads ranked by divergence"))
         shown.append(terminal.records_table(role_counts(result), "Heads per role in each model"))
         changing = role_change_rows(result)
         if changing:
@@ -126,13 +126,13 @@ class CompareView(View):
             notebook.note_lines(self.notes),
             notebook.paragraph(f"Compared {counted(len(result.labels), 'model')}: {', '.join(result.labels)}"),
         ]
-        if result.has_change:
-            matrix = change_matrix(result)
+        if result.has_divergence:
+            matrix = divergence_matrix(result)
             largest = max(float(matrix.max()), 1e-300)
             parts.append(
-                notebook.layer_head_grid(matrix.tolist(), f"Change per head, {CHANGE_UNIT}", largest, "change")
+                notebook.layer_head_grid(matrix.tolist(), f"Divergence per head, {DIVERGENCE_UNIT}", largest, "divergence")
             )
-            parts.append(notebook.records_table(change_rows(result)[:top], "Heads ranked by change"))
+            parts.append(notebook.records_table(divergence_rows(result)[:top], "Heads ranked by divergence"))
         parts.append(notebook.records_table(role_counts(result), "Heads per role in each model"))
         changing = role_change_rows(result)
         if changing:
@@ -143,17 +143,17 @@ class CompareView(View):
 # ---------------------------------------------------------------------------------------------------------- tables
 
 
-def change_matrix(result: Any) -> Any:
+def divergence_matrix(result: Any) -> Any:
     import numpy as np
 
     matrix = np.zeros((result.model["n_layer"], result.model["n_head"]))
     for head in result.heads:
-        matrix[head.layer, head.head] = head.change
+        matrix[head.layer, head.head] = head.divergence
     return matrix
 
 
-def change_table(matrix: Any) -> Any:
-    """The change of every head as a layer × head table of bits (exactly 0 written `0`)."""
+def divergence_table(matrix: Any) -> Any:
+    """The divergence of every head as a layer × head table of bits (exactly 0 written `0`)."""
     from rich import box
     from rich.console import Group
     from rich.table import Table
@@ -166,24 +166,24 @@ def change_table(matrix: Any) -> Any:
     largest = max(float(matrix.max()), 1e-300)
     for layer, row in enumerate(matrix):
         cells = [
-            Text(_change_text(float(value)), style="bold" if value >= largest / 2 else "dim" if value == 0 else "")
+            Text(_divergence_text(float(value)), style="bold" if value >= largest / 2 else "dim" if value == 0 else "")
             for value in row
         ]
         table.add_row(str(layer), *cells)
-    return Group(Text(f"Change per head: {CHANGE_UNIT}", style="bold"), table)
+    return Group(Text(f"Change per head: {DIVERGENCE_UNIT}", style="bold"), table)
 
 
-def change_rows(result: Any) -> list[dict]:
-    """Heads by change, largest first, with their role in each of the two models."""
+def divergence_rows(result: Any) -> list[dict]:
+    """Heads by divergence, largest first, with their role in each of the two models."""
     first, second = result.labels
     return [
         {
             "head": head.label,
-            "change (bits)": head.change,
+            "divergence (bits)": head.divergence,
             f"role in {first}": head.roles[0],
             f"role in {second}": head.roles[1],
         }
-        for head in result.ranked_by_change()
+        for head in result.ranked_by_divergence()
     ]
 
 
@@ -413,26 +413,26 @@ def heads_by_models(result: Any, name: str) -> Any:
     return figure
 
 
-def change_grid(result: Any) -> Any:
-    """Two models: each head's change, layer × head, on a sequential scale from 0 (exactly 0 is written `0`)."""
+def divergence_grid(result: Any) -> Any:
+    """Two models: each head's divergence, layer × head, on a sequential scale from 0 (exactly 0 is written `0`)."""
     from attnscope.output import figures
 
-    matrix = change_matrix(result)
-    cells = [[_change_text(value) for value in row] for row in matrix]
+    matrix = divergence_matrix(result)
+    cells = [[_divergence_text(value) for value in row] for row in matrix]
     first, second = result.labels
     return figures.score_heatmap(
         matrix,
-        f"How much each head's attention changed from {first} to {second}",
+        f"How far each head's attention moved from {first} to {second}",
         "mean JS divergence between the models' rows (bits); 0: unchanged",
         described(result),
         vmin=0.0,
         vmax=None,
         cell_text=cells,
-        scale="change",
+        scale="divergence",
     )
 
 
-def _change_text(value: float) -> str:
+def _divergence_text(value: float) -> str:
     if value == 0:
         return "0"
     return f"{value:.2f}" if value >= 0.01 else "<.01"

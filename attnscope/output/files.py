@@ -12,26 +12,32 @@ from pathlib import Path
 
 from attnscope import options
 from attnscope.errors import AttnscopeError
+from attnscope.settings import Declared, setting
 
 # How pictures are written (`--format`, `--dpi`). Here, not in output.figures, so that the CLI can declare the
 # options without importing matplotlib.
 PICTURE_FORMATS = options.PICTURE_FORMATS
 # 150 dots per inch: sharp on a high-density screen and in a draft print, at 2.25 times the pixels of 100 dpi
 # (which print showed blocky); a journal's 300 is --dpi 300, or --format pdf/svg, which do not depend on it.
-DPI = 150
+DPI = options.DEFAULT_DPI
 DPI_RANGE = options.DPI_RANGE
 
 
-@dataclass(frozen=True)
-class Pictures:
+@dataclass(frozen=True, kw_only=True)
+class Pictures(Declared):
     """How `--out` writes a command's pictures: the file format (`png`, or the vector `svg` and `pdf`) and the
-    dots per inch of a PNG (a figure's pixels are its size in inches times `dpi`)."""
+    dots per inch of a PNG (a figure's pixels are its size in inches times `dpi`); declared once, for --format and
+    --dpi and for `result.save(folder, format, dpi)`."""
 
-    format: str = "png"
-    dpi: int = DPI
-
-    def __post_init__(self) -> None:
-        options.check_fields(self, {"format": options.FORMAT, "dpi": options.DPI})
+    format: str = setting(
+        options.FORMAT, "png", "File format of the pictures of --out (svg and pdf: vector, for print)."
+    )
+    dpi: int = setting(
+        options.DPI,
+        DPI,
+        "Dots per inch of PNG pictures: pixels = the figure's inches × N (300 for print).",
+        metavar="N",
+    )
 
     def file_name(self, stem: str) -> str:
         """`stem` with this format's suffix: attention_0.1 -> attention_0.1.svg."""

@@ -82,8 +82,8 @@ SCALES = {
         ),
         ColourScale("score", VIRIDIS, key="dark: 0; yellow: the largest"),
         ColourScale("js", VIRIDIS, low=0.0, high=1.0, key="dark: the same rows (0 bits); yellow: disjoint (1 bit)"),
-        ColourScale(  # compare's change of a head between two models: small values, so from 0 to the largest
-            "change", VIRIDIS, low=0.0, key="dark: unchanged (0 bits); yellow: the head that changed most"
+        ColourScale(  # compare's divergence of a head between two models: small values, so from 0 to the largest
+            "divergence", VIRIDIS, low=0.0, key="dark: unchanged (0 bits); yellow: the head that moved most"
         ),
         ColourScale(
             "cosine", VIRIDIS[::-1], low=0.0, high=1.0, key="dark: the same maps (1); yellow: nothing shared (0)"

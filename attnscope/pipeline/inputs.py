@@ -444,20 +444,3 @@ def read_stdin() -> TextFile:
         raise AttnscopeError("standard input is closed: there is no text to read from '-'")
     opener, size = _spool(sys.stdin.buffer, "standard input")
     return TextFile(opener, size, "standard input", "stdin", jsonl=False)
-
-
-def gather_texts(text: str | None, file: str | None) -> Texts:
-    """Resolve the CLI's input options: TEXT, `-` (stdin), `--file`, or the bundled samples when none is given;
-    checked (see `Texts.check`) before it is returned."""
-    if text is not None and file is not None:
-        raise AttnscopeError("give either a TEXT argument or --file, not both")
-    if file is not None:
-        texts: Texts = read_file(file)
-    elif text == "-":
-        texts = read_stdin()
-    elif text is not None:
-        texts = TextList([Text(valid_text(text, "the TEXT argument"), "argument")], "the TEXT argument")
-    else:
-        texts = TextList(sample_texts(), "the bundled samples")
-    texts.check()
-    return texts

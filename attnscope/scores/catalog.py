@@ -25,6 +25,8 @@ ROWS = "rows"  # the input texts, every scored row
 DERIVED = "derived"  # computed from other scores' means
 PROBE = "probe"  # the repeated-random-token probe (decoders)
 
+DEFAULT_WINDOW = 3  # the local window: the current token and the 3 before it (--window)
+
 
 @dataclass(frozen=True)
 class Score:

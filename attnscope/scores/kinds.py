@@ -28,7 +28,7 @@ import torch
 
 from attnscope.scores import catalog
 
-DEFAULT_WINDOW = 3
+DEFAULT_WINDOW = catalog.DEFAULT_WINDOW
 
 
 @dataclass(frozen=True)

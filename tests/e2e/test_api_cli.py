@@ -72,7 +72,7 @@ CASES = [
         "the cat and the dog saw the bird",
     ),
     ("attend", {"from_token": "the", "index": 2, "bos": False}, ["--from", "the", "--index", "2", "--no-bos"], None),
-    ("show", {"layer": 1, "head": 2}, ["--layer", "1", "--head", "2"], DOCTOR),
+    ("show", {"head": "1.2"}, ["--head", "L1H2"], DOCTOR),  # TransformerLens's spelling of a head too
     ("show", {"layer": 0, "index": 1}, ["--layer", "0", "--index", "1"], None),
     ("ablate", {"method": "gradient", "top": 3}, ["--method", "gradient", "--top", "3"], CAT),
     ("ablate", {"prune": 2, "batch_size": 2}, ["--prune", "2", "--batch-size", "2"], "file"),
@@ -139,9 +139,20 @@ def test_window_reaches_the_local_score_as_the_option_does(cli, tiny_model_dir):
 
 
 def test_random_mha_gives_the_commands_document(cli):
-    result = attnscope.random_mha(d_model=16, heads=(1, 2), seq_len=8, trials=1, seed=3)
+    result = attnscope.random_mha(d_model=16, head_counts=(1, 2), seq_len=8, trials=1, seed=3)
     code, out, err = cli(
-        "random-mha", "--d-model", "16", "--heads", "1,2", "--seq-len", "8", "--trials", "1", "--seed", "3", "--json"
+        "random-mha",
+        "--d-model",
+        "16",
+        "--head-counts",
+        "1,2",
+        "--seq-len",
+        "8",
+        "--trials",
+        "1",
+        "--seed",
+        "3",
+        "--json",
     )
     assert code == 0, err
     assert result.to_json() == out

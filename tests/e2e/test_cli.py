@@ -271,7 +271,7 @@ def test_show_layer_grid_and_single_head(cli, model_dir, tmp_path):
     # 2 × 2 panels of min(max(2.5, 0.6 + 0.1 × 12 or 13 tokens), 5) = 2.5 in, + 0.2 in between, + 1.1 in and 1.3 in
     # of margins across; + 0.36 in between, + 0.8 + 0.36 in and 1.36 in down; at 150 dpi
     assert png_size(tmp_path / "attention_L1.png") == (1140, 1182)
-    code, out, _ = cli("show", CAT, "--layer", "1", "--head", "3", "-m", model_dir, "--out", tmp_path)
+    code, out, _ = cli("show", CAT, "--head", "1.3", "-m", model_dir, "--out", tmp_path)
     assert code == 0 and out == f"{tmp_path / 'attention_1.3.png'}\n"
     assert png_size(tmp_path / "attention_1.3.png") == (1035, 975)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["attention_1.3.png", "attention_L1.png"]
@@ -280,7 +280,7 @@ def test_show_layer_grid_and_single_head(cli, model_dir, tmp_path):
 @pytest.mark.slow
 def test_show_without_out_draws_into_the_current_folder(cli, model_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, out, err = cli("show", CAT, "--layer", "0", "--head", "2", "-m", model_dir, "-q")
+    code, out, err = cli("show", CAT, "--head", "0.2", "-m", model_dir, "-q")
     assert code == 0, err
     assert [p.name for p in tmp_path.iterdir()] == ["attention_0.2.png"]
     assert (tmp_path / out.strip()).resolve() == (tmp_path / "attention_0.2.png").resolve()
@@ -307,7 +307,7 @@ def test_show_json_prints_the_maps_and_writes_nothing(cli, model, model_dir, kin
     maps = torch.tensor(doc["maps"], dtype=torch.float64)  # (H, n, n)
     assert maps.shape == expected.shape
     assert torch.allclose(maps, expected.double(), atol=MAP_TOLERANCE, rtol=0)
-    code, out, _ = cli("show", CAT, "--layer", "0", "--head", "2", "-m", model_dir, "--json")
+    code, out, _ = cli("show", CAT, "--head", "0.2", "-m", model_dir, "--json")
     one = json.loads(out)
     assert one["heads"] == [2] and one["settings"]["head"] == 2
     single = torch.tensor(one["maps"], dtype=torch.float64)[0]
@@ -317,7 +317,7 @@ def test_show_json_prints_the_maps_and_writes_nothing(cli, model, model_dir, kin
 
 def test_show_csv_has_a_row_per_weight_a_query_sees(cli, model, model_dir, kind, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, out, err = cli("show", CAT, "--layer", "1", "--head", "1", "-m", model_dir, "--csv")
+    code, out, err = cli("show", CAT, "--head", "1.1", "-m", model_dir, "--csv")
     assert code == 0, err
     rows = list(csv.DictReader(io.StringIO(out)))
     assert list(rows[0])[:4] == ["layer", "head", "query", "key"]
@@ -380,7 +380,7 @@ def test_every_command_is_listed_and_takes_the_output_options(cli):
     code, out, _ = cli("--help")
     assert code == 0
     assert all(command in out for command in COMMANDS)
-    from attnscope.cli import TOP_HELP
+    from attnscope.settings.declare import TOP_HELP
 
     ranked = []
     for command in COMMANDS:

@@ -152,11 +152,11 @@ def test_diversity_table_output(cli, model_dir):
 
 
 def test_random_mha_experiment(cli, tmp_path):
-    args = ("random-mha", "--d-model", "32", "--heads", "4,2,1,2", "--trials", "2", "--seq-len", "16")
+    args = ("random-mha", "--d-model", "32", "--head-counts", "4,2,1,2", "--trials", "2", "--seq-len", "16")
     code, out, err = cli(*args, "--json", "--out", tmp_path)
     assert code == 0, err
     doc = json.loads(out)
-    assert doc["command"] == "random-mha" and doc["settings"]["heads"] == [1, 2, 4]
+    assert doc["command"] == "random-mha" and doc["settings"]["head_counts"] == [1, 2, 4]
     rows = doc["results"]
     # repeated counts run once, in ascending order
     assert [row["heads"] for row in rows] == [1, 2, 4] and [row["d_head"] for row in rows] == [32, 16, 8]

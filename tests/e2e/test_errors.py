@@ -17,15 +17,15 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is availabl
 D, E = ["-m", "@decoder"], ["-m", "@encoder"]
 CASES = {
     # texts
-    "empty text": (["heads", "", *D], "the TEXT argument holds no text"),
-    "whitespace text": (["heads", "  \n ", *D], "the TEXT argument holds no text"),
+    "empty text": (["heads", "", *D], "the text given (TEXT) holds no text"),
+    "whitespace text": (["heads", "  \n ", *D], "the text given (TEXT) holds no text"),
     "missing file": (["heads", "--file", "@tmp/nope.txt", *D], "no such file"),
     "non-UTF-8 file": (["heads", "--file", "@latin1", *D], "is not UTF-8 text"),
-    "text and file": (["heads", CAT, "--file", "@file", *D], "give either a TEXT argument or --file, not both"),
+    "text and file": (["heads", CAT, "--file", "@file", *D], "texts and file (TEXT, --file): give one or the other"),
     "binary file": (["heads", "--file", "@binary", *D], "looks like a binary file (a NUL byte at byte 6)"),
     "a device": (["heads", "--file", "/dev/zero", *D], "/dev/zero is not a regular file"),
     "lone surrogate in JSON": (["heads", "--file", "@surrogate", *D], 'surrogate.jsonl:1: the "text" field is not'),
-    "invalid UTF-8 argument": (["heads", "caf\udce9", *D], "the TEXT argument is not valid text: byte 0xe9"),
+    "invalid UTF-8 argument": (["heads", "caf\udce9", *D], "the text given (TEXT) is not valid text: byte 0xe9"),
     "a single token": (["heads", "cat", *D, "--no-bos"], "every text is a single token once tokenized"),
     "nothing between [CLS] and [SEP]": (["heads", "cat", *E, "--no-bos"], "no text has a token between"),
     # models
@@ -60,9 +60,10 @@ CASES = {
     "sort by a probe score of an encoder": (["heads", CAT, *E, "--sort", "induction"], "measured for decoders only"),
     "sort by an encoder score of a decoder": (["heads", CAT, *D, "--sort", "next"], "measured for encoders only"),
     # show
-    "show without a layer": (["show", CAT, *D], "Missing option '--layer'"),
+    "show without a layer": (["show", CAT, *D], "layer or head (--layer L, --head L.H): say what to draw"),
     "show layer out of range": (["show", CAT, *D, "--layer", "7", "--out", "@tmp/x"], "layer 7 is out of range"),
-    "show head out of range": (["show", CAT, *D, "--layer", "1", "--head", "4", "--out", "@tmp/x"], "head 4 is out of"),
+    "show head out of range": (["show", CAT, *D, "--head", "1.4", "--out", "@tmp/x"], "head '1.4': head 4 is out of"),
+    "show head of another layer": (["show", CAT, *D, "--layer", "0", "--head", "1.2"], "is in layer 1, not layer 0"),
     "show index out of range": (["show", CAT, *D, "--layer", "0", "--index", "2"], "text index 2 is out of range"),
     # diversity
     "diversity layer out of range": (["diversity", CAT, *E, "--layer", "2"], "layer 2 is out of range"),
@@ -80,17 +81,20 @@ CASES = {
     "diversity has no --random-mha": (["diversity", *D, "--layer", "1", "--random-mha"], "No such option"),
     "diversity has no --pairs": (["diversity", CAT, *D, "--layer", "1", "--pairs", "3"], "No such option: --pairs"),
     # random-mha
-    "heads not dividing d_model": (["random-mha", "--heads", "3"], "head count 3: must divide d_model 64"),
-    "heads not a number": (["random-mha", "--heads", "two"], "--heads two: expected comma-separated whole numbers"),
-    "heads empty": (["random-mha", "--heads", ","], "give at least one number"),
-    "heads 0": (["random-mha", "--heads", "0"], "--heads 0: must be a whole number from 1 to 4,096"),
-    "heads negative": (["random-mha", "--heads", "-2"], "--heads -2: must be a whole number from 1"),
+    "heads not dividing d_model": (["random-mha", "--head-counts", "3"], "head count 3: must divide d_model 64"),
+    "heads not a number": (
+        ["random-mha", "--head-counts", "two"],
+        "--head-counts two: expected comma-separated whole numbers",
+    ),
+    "heads empty": (["random-mha", "--head-counts", ","], "give at least one number"),
+    "heads 0": (["random-mha", "--head-counts", "0"], "--head-counts 0: must be a whole number from 1 to 4,096"),
+    "heads negative": (["random-mha", "--head-counts", "-2"], "--head-counts -2: must be a whole number from 1"),
     "d-model 0": (["random-mha", "--d-model", "0"], "--d-model 0: must be a whole number from 1 to 4,096"),
     "seq-len too long": (
         ["random-mha", "--seq-len", "100000000"],
         "--seq-len 100000000: must be a whole number from 2 to 4,096",
     ),
-    "attention too large": (["random-mha", "--seq-len", "4096", "--heads", "8"], "use fewer heads or tokens"),
+    "attention too large": (["random-mha", "--seq-len", "4096", "--head-counts", "8"], "use fewer heads or tokens"),
     "trials 0": (["random-mha", "--trials", "0"], "--trials 0: must be a whole number from 1 to 10,000"),
     "random-mha takes no text": (["random-mha", "Some text"], "unexpected extra argument"),
     "random-mha takes no layer": (["random-mha", "--layer", "1"], "No such option: --layer"),
@@ -110,7 +114,10 @@ CASES = {
     "attend to-index without to": (["attend", CAT, *D, "--from", "cat", "--to-index", "0"], "give the to word"),
     "attend top 0": (["attend", CAT, *D, "--from", "cat", "--top", "0"], "--top 0: must be a whole number"),
     "attend tokens 0": (["attend", CAT, *D, "--from", "cat", "--tokens", "0"], "--tokens 0: must be a whole"),
-    "attend has no --heads": (["attend", CAT, *D, "--from", "cat", "--heads", "3"], "No such option: --heads"),
+    "attend has no --head-counts": (
+        ["attend", CAT, *D, "--from", "cat", "--head-counts", "3"],
+        "No such option: --head-counts",
+    ),
     "attend index": (["attend", CAT, *D, "--from", "cat", "--index", "3"], "text index 3 is out of range"),
     "attend json and csv": (["attend", CAT, *D, "--from", "cat", "--json", "--csv"], "give --json or --csv, not both"),
     "attend without from": (["attend", CAT, *D], "Missing option '--from'"),
@@ -145,7 +152,10 @@ CASES = {
         ["bench", *D, "--seq-lens", "200000", "--device", "cpu"],
         "--seq-lens 200000: must be a whole number from 2",
     ),
-    "random-mha heads too many": (["random-mha", "--heads", "5000"], "--heads 5000: must be a whole number from 1"),
+    "random-mha heads too many": (
+        ["random-mha", "--head-counts", "5000"],
+        "--head-counts 5000: must be a whole number from 1",
+    ),
 }
 
 
@@ -208,7 +218,7 @@ def test_a_mistake_ends_in_one_line_and_status_2(cli, fill, tmp_path, args, expe
         (["heads", "   "], "holds no text"),
         (["diversity", CAT, "--layer", "1", "--redundant", "2"], "--redundant 2: must be a number from 0 to 1"),
         (["attend", CAT, "--from", "cat", "--to-index", "1"], "give the to word"),
-        (["random-mha", "--heads", "3"], "must divide d_model"),
+        (["random-mha", "--head-counts", "3"], "must divide d_model"),
         (["bench", "--seq-lens", "1", "--random-weights"], "--seq-lens 1: must be a whole number from 2"),
     ],
 )

@@ -41,7 +41,8 @@ def test_info_has_no_picture_options(cli, tiny_model_dir):
 
 
 def test_random_mha_writes_a_pdf(cli, tmp_path):
-    args = ("random-mha", "--d-model", "16", "--heads", "1,2", "--trials", "1", "--seq-len", "8", "--format", "pdf")
+    args = ("random-mha", "--d-model", "16", "--head-counts", "1,2", "--trials", "1", "--seq-len", "8")
+    args += ("--format", "pdf")
     code, _, err = cli(*args, "--out", tmp_path / "a", "-q")
     assert code == 0, err
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["random_mha.json", "random_mha.pdf"]

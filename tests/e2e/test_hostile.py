@@ -69,7 +69,8 @@ def test_standard_output_on_a_full_disk_is_one_line(tiny_model_dir, output):
 def test_ctrl_c_that_a_library_turns_into_another_error_still_ends_as_an_interrupt(cli, tiny_model_dir, monkeypatch):
     """transformers can catch the KeyboardInterrupt of an import cut short and raise an ImportError instead: the
     run must still end as interrupted (130), not as "cannot load model"."""
-    from attnscope import cli as cli_module
+    from attnscope.cli import boundary
+    from attnscope.models import loading
 
     def interrupted_load(*args, **kwargs):
         try:
@@ -79,9 +80,9 @@ def test_ctrl_c_that_a_library_turns_into_another_error_still_ends_as_an_interru
         except KeyboardInterrupt:
             raise ImportError("cannot import name 'GPT2Model' from partially initialized module") from None
 
-    previous = signal.signal(signal.SIGINT, cli_module._on_interrupt)
+    previous = signal.signal(signal.SIGINT, boundary._on_interrupt)
     try:
-        monkeypatch.setattr(cli_module, "_load", interrupted_load)
+        monkeypatch.setattr(loading, "load_model", interrupted_load)
         code, out, err = cli("heads", CAT, "-m", tiny_model_dir)
     finally:
         signal.signal(signal.SIGINT, previous)
@@ -94,7 +95,7 @@ def test_ctrl_c_that_a_library_turns_into_another_error_still_ends_as_an_interru
 
 
 def test_a_rust_panic_for_want_of_memory_is_the_out_of_memory_line_and_other_panics_are_bugs():
-    from attnscope.cli import _user_error
+    from attnscope.cli.boundary import _user_error
 
     class PanicException(BaseException):  # pyo3's, raised by the tokenizers library: a BaseException
         pass
@@ -106,7 +107,7 @@ def test_a_rust_panic_for_want_of_memory_is_the_out_of_memory_line_and_other_pan
 
 
 def test_out_of_memory_advice_names_the_options_of_the_command_that_ran():
-    from attnscope.cli import _user_error
+    from attnscope.cli.boundary import _user_error
 
     error = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes")
     bench, _ = _user_error(error, "bench")
@@ -287,7 +288,7 @@ def test_a_config_that_describes_no_model_is_refused_before_anything_is_built(
     [
         (["heads", CAT, "--layer", "99"], "layer 99 is out of range (this model has layers 0-1)"),
         (["heads", CAT, "--plot", "0.9", "--out", "OUT"], "head '0.9': head 9 is out of range"),
-        (["show", CAT, "--layer", "0", "--head", "4"], "head '0.4': head 4 is out of range"),
+        (["show", CAT, "--head", "0.4"], "head '0.4': head 4 is out of range"),
         (["diversity", CAT, "--layer", "2"], "layer 2 is out of range"),
         (["ablate", CAT, "--prune", "9"], "prune 9: this model has 8 heads"),
         (["report", CAT, "--threshold", "prev=0.5", "--sort", "prev"], "No such option: --sort"),
@@ -312,7 +313,7 @@ def test_the_api_checks_the_models_shape_from_its_config_before_the_weights_load
     with pytest.raises(AttnscopeError, match=r"^layer 99 is out of range \(this model has layers 0-1\)$"):
         attnscope.heads(tiny_model_dir, CAT, layer=99)
     with pytest.raises(AttnscopeError, match=r"^head '1.7': head 7 is out of range"):
-        attnscope.show(tiny_model_dir, CAT, layer=1, head=7)
+        attnscope.show(tiny_model_dir, CAT, head="1.7")
 
 
 def _drop_weights(folder: Path, prefix: str) -> None:
@@ -490,7 +491,7 @@ def test_sigterm_and_sighup_while_writing_end_like_ctrl_c_and_leave_nothing(tmp_
     runs = {}
     for stop in (signal.SIGTERM, signal.SIGHUP):
         cue, out = tmp_path / f"cue-{stop.name}", tmp_path / stop.name / "deep" / "out"
-        args = ["random-mha", "--d-model", "8", "--heads", "1,2", "--seq-len", "4", "--trials", "1", "--out", out]
+        args = ["random-mha", "--d-model", "8", "--head-counts", "1,2", "--seq-len", "4", "--trials", "1", "--out", out]
         process = subprocess.Popen(
             [sys.executable, "-c", _WRITES_SLOWLY, cue, *map(str, args)],
             stdout=subprocess.PIPE,
@@ -567,7 +568,7 @@ def test_a_fifo_fed_zeros_is_refused_at_its_first_block(cli, tmp_path):
         (["heads", CAT, "--top", "9" * 5000], "--top " + "9" * 37 + "...: must be a whole number"),
         (["attend", CAT, "--from", "cat", "--tokens", "10000000"], "--tokens 10000000: must be a whole number"),
         (["ablate", CAT, "--prune", "10000000"], "--prune 10000000: must be a whole number from 0 to 1,000,000"),
-        (["random-mha", "--trials", "10000", "--seq-len", "4096", "--heads", "1"], "pairwise comparisons"),
+        (["random-mha", "--trials", "10000", "--seq-len", "4096", "--head-counts", "1"], "pairwise comparisons"),
     ],
 )
 def test_every_count_is_bounded(cli, tmp_path, args, expected):
@@ -697,7 +698,7 @@ def test_redundant_and_cluster_at_accept_0_as_help_says():
     for name in ("redundant", "cluster_at"):
         parameter = next(p for p in _diversity_options() if p.name == name)
         assert typing.get_args(parameter.annotation)[1].parser("0") == 0.0
-    assert Diversity(1, redundant=0, cluster_at=0).redundant == 0.0
+    assert Diversity(layer=1, redundant=0, cluster_at=0).redundant == 0.0
 
 
 def _diversity_options():
@@ -727,7 +728,7 @@ def test_redundant_and_cluster_at_0_mean_no_pair_and_no_cluster(cli, tiny_model_
 
 @pytest.mark.parametrize("variable", ["MPLCONFIGDIR", "HOME"])
 def test_an_unusable_matplotlib_folder_is_replaced_without_a_word(tmp_path, monkeypatch, variable):
-    from attnscope import cli as cli_module
+    from attnscope.cli import boundary
 
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
@@ -736,7 +737,7 @@ def test_an_unusable_matplotlib_folder_is_replaced_without_a_word(tmp_path, monk
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv(variable, str(a_file))
     monkeypatch.delitem(sys.modules, "matplotlib", raising=False)
-    cli_module._usable_matplotlib_folder()
+    boundary._usable_matplotlib_folder()
     chosen = Path(os.environ["MPLCONFIGDIR"])
     assert chosen != a_file and chosen.is_dir() and os.access(chosen, os.W_OK)
 
@@ -748,7 +749,7 @@ def test_a_hostile_environment_adds_nothing_to_stderr(tmp_path):
     a_file.write_text("x")
     env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "COLUMNS": "0", "MPLCONFIGDIR": str(a_file)}
     env.pop("LANG", None)
-    args = ["random-mha", "--d-model", "8", "--heads", "1,2", "--seq-len", "4", "--trials", "1"]
+    args = ["random-mha", "--d-model", "8", "--head-counts", "1,2", "--seq-len", "4", "--trials", "1"]
     finished = subprocess.run(
         [sys.executable, "-m", "attnscope", *args, "--out", tmp_path / "o"],
         capture_output=True,

@@ -46,7 +46,7 @@ def test_python_dash_m_entry_point(tiny_model_dir):
     failed = _module("heads", "", "-m", tiny_model_dir)
     assert failed.returncode == 2 and "Traceback" not in failed.stderr
     assert failed.stderr.strip().splitlines() == [
-        "attnscope: error: the TEXT argument holds no text (it is empty or only whitespace)"
+        "attnscope: error: the text given (TEXT) holds no text (it is empty or only whitespace)"
     ]
 
 
@@ -122,7 +122,7 @@ def test_bytes_that_are_not_utf8_and_a_closed_stdin_end_in_one_line(tiny_model_d
     )
     assert bad.returncode == 2 and bad.stdout == b""
     assert bad.stderr.decode().strip().splitlines() == [
-        "attnscope: error: the TEXT argument is not valid text: byte 0xff at character 8 is not UTF-8"
+        "attnscope: error: the text given (TEXT) is not valid text: byte 0xff at character 8 is not UTF-8"
     ]
     closed = subprocess.run(
         f"exec {sys.executable} -m attnscope heads - -m {tiny_model_dir} <&-",

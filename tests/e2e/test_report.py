@@ -364,7 +364,7 @@ def test_the_same_viewer_in_a_notebook(browser, tiny, tmp_path):
     import attnscope
 
     every_head = attnscope.show(tiny, CAT, layer=1)._repr_html_()
-    one_head = attnscope.show(tiny, "Hello world, hello again", layer=0, head=2, words=True)._repr_html_()
+    one_head = attnscope.show(tiny, "Hello world, hello again", head="0.2", words=True)._repr_html_()
     notebook = tmp_path / "notebook.html"
     notebook.write_text(f"<!DOCTYPE html><html><body>{every_head}<p>between</p>{one_head}</body></html>", "utf-8")
     page, seen = _open(browser, notebook)
@@ -495,8 +495,8 @@ def other_shapes(tmp_path_factory):
         (["-m", "{tiny}", "-m", "{two-heads}"], "'{two_name}' differ in shape: 2 layers × 4 heads against 2 × 2"),
         (["-m", "{tiny}", "-m", "{bert}"], "'{bert_name}' differ in kind: decoder against encoder"),
         (["-m", "{tiny}", "-m", "{tiny}"], "is given twice"),
-        (["-m", "{tiny}", "-m", "demo", "--revisions", "a,b"], "--revisions are revisions of one model"),
-        (["-m", "gpt2", "--revision", "main", "--revisions", "a,b"], "give --revision or --revisions, not both"),
+        (["-m", "{tiny}", "-m", "demo", "--revisions", "a,b"], "revisions (--revisions) are revisions of one model"),
+        (["-m", "gpt2", "--revision", "main", "--revisions", "a,b"], "revision and revisions (--revision, --revisions): give one or the other"),
         (["-m", "gpt2", "--revisions", "a,,b"], "a revision is empty"),
     ],
 )

@@ -151,7 +151,7 @@ def test_show_words_prints_word_maps_and_their_tokens(cli, demo, tmp_path, monke
     np.testing.assert_allclose(np.array(doc["maps"]), maps[0], atol=1e-5)  # the token maps stay
     tokens_view, _ = _json(cli, "show", DOCTOR, "--layer", "0")
     assert tokens_view["view"] == "tokens" and "word_maps" not in tokens_view and "words" not in tokens_view
-    code, out, _ = cli("show", DOCTOR, "--layer", "0", "--head", "1", "--words", *DEMO, "--csv")
+    code, out, _ = cli("show", DOCTOR, "--head", "0.1", "--words", *DEMO, "--csv")
     rows = list(csv.DictReader(io.StringIO(out)))
     assert list(rows[0]) == ["layer", "head", "query", "key", "query_word", "key_word", "weight"]
     assert [(int(r["query"]), int(r["key"])) for r in rows] == [(a, b) for a in range(11) for b in range(a + 1)]
@@ -164,7 +164,7 @@ def test_show_words_prints_word_maps_and_their_tokens(cli, demo, tmp_path, monke
 def test_word_pictures_of_show_and_heads_plot(cli, tmp_path):
     for args in (
         ["show", DOCTOR, "--layer", "1", "--words"],
-        ["show", DOCTOR, "--layer", "1", "--head", "0", "--words"],
+        ["show", DOCTOR, "--head", "1.0", "--words"],
         ["show", DOCTOR, "--layer", "1"],  # the token picture, beside the words' (not over it)
     ):
         code, out, err = cli(*args, *DEMO, "--out", tmp_path / "show")

@@ -117,7 +117,7 @@ def _reference_window_losses(fresh_models, lm_model, kind, texts, scale):
 
 
 def test_loss_method_equals_zeroed_weights(lm, kind, fresh_models):
-    result = Ablate("loss", batch_size=2).run(lm, TEXTS)  # padded batches of windows of different lengths
+    result = Ablate(method="loss", batch_size=2).run(lm, TEXTS)  # padded batches of windows of different lengths
     baseline = _reference_loss(fresh_models, lm, kind, TEXTS)
     assert result.baseline_loss == pytest.approx(baseline, abs=1e-5)
     assert result.importance.shape == result.ablated_loss.shape == (2, 4)
@@ -130,7 +130,7 @@ def test_loss_method_equals_zeroed_weights(lm, kind, fresh_models):
 
 
 def test_gradient_method_equals_finite_differences(lm, kind, fresh_models):
-    result = Ablate("gradient", batch_size=3).run(lm, TEXTS)
+    result = Ablate(method="gradient", batch_size=3).run(lm, TEXTS)
     eps = 1e-2
     for layer, head in [(0, 0), (0, 3), (1, 1), (1, 2)]:
         up = _reference_window_losses(fresh_models, lm, kind, TEXTS, scale=((layer, head), 1 + eps))
@@ -142,7 +142,7 @@ def test_gradient_method_equals_finite_differences(lm, kind, fresh_models):
 
 
 def test_prune_removes_the_least_important_heads_cumulatively(lm, kind, fresh_models):
-    result = Ablate("loss", prune=3).run(lm, TEXTS[:2])
+    result = Ablate(method="loss", prune=3).run(lm, TEXTS[:2])
     least = sorted(HEADS, key=lambda lh: (result.importance[lh], -lh[0], -lh[1]))[:3]  # by hand: least first
     assert result.ranked()[::-1][:3] == least
     assert [step["head"] for step in result.prune] == [f"{layer}.{head}" for layer, head in least]
@@ -158,8 +158,8 @@ def test_the_model_is_left_as_it_was(lm):
     with torch.no_grad():
         before = lm.lm_model(input_ids=input_ids).logits
     implementation = lm.model.config._attn_implementation
-    Ablate("gradient").run(lm, TEXTS[:1])
-    Ablate("loss", prune=1).run(lm, TEXTS[:1])
+    Ablate(method="gradient").run(lm, TEXTS[:1])
+    Ablate(method="loss", prune=1).run(lm, TEXTS[:1])
     assert lm.model.config._attn_implementation == implementation
     with torch.no_grad():
         after = lm.lm_model(input_ids=input_ids).logits
@@ -182,14 +182,14 @@ def test_masking_is_deterministic_and_covers_the_text_tokens_only(lm_models):
             assert token == (tokenizer.mask_token_id if i in positions else before)
             assert labels[i] == (before if i in positions else IGNORED)
     assert masked.predicted == sum(sum(label != IGNORED for label in labels) for labels in masked.labels)
-    result = Ablate("loss").run(lm, TEXTS)
+    result = Ablate(method="loss").run(lm, TEXTS)
     assert any("masked-LM loss" in note for note in result.notes)
     assert result.inputs["predicted_tokens"] == masked.predicted
 
 
 def test_a_decoder_predicts_every_token_after_the_first(lm_models):
     lm = lm_models["decoder"]
-    result = Ablate("loss").run(lm, TEXTS)
+    result = Ablate(method="loss").run(lm, TEXTS)
     windows = tokenize(lm, TEXTS).windows
     assert result.inputs["predicted_tokens"] == sum(len(w.ids) - 1 for w in windows)
     assert not any("masked-LM" in note for note in result.notes)
@@ -223,5 +223,5 @@ def test_bad_settings_are_refused_on_construction(settings, message):
 )
 def test_too_short_windows_are_one_line_errors(lm_models, kind_, message):
     with pytest.raises(AttnscopeError, match=message) as raised:
-        Ablate("loss", bos=False).run(lm_models[kind_], [Text("cat", "t")])
+        Ablate(method="loss", bos=False).run(lm_models[kind_], [Text("cat", "t")])
     assert "\n" not in str(raised.value)

@@ -47,8 +47,8 @@ def test_no_texts_means_the_bundled_samples(tiny):
 @pytest.mark.parametrize(
     "texts, file, message",
     [
-        (CAT, "corpus.txt", "give texts or file, not both"),
-        ("   ", None, "the text given holds no text"),
+        (CAT, "corpus.txt", "texts and file (TEXT, --file): give one or the other"),
+        ("   ", None, "the text given (TEXT) holds no text"),
         ([], None, "the texts given holds no text"),
         (["fine", 3], None, "text 1 of the list: expected a string or a Text, not a int"),
         (42, None, "texts: expected a string or a list of strings, not a int"),
@@ -169,7 +169,7 @@ def test_notebook_html_of_every_command_escapes_the_texts(tiny, tmp_path):
         "diversity": attnscope.diversity(tiny, HOSTILE, layer=0)._repr_html_(),
         "report": attnscope.report(tiny, HOSTILE)._repr_html_(),
         "info": attnscope.info(tiny)._repr_html_(),
-        "random-mha": attnscope.random_mha(d_model=8, heads=[1, 2], seq_len=4, trials=1)._repr_html_(),
+        "random-mha": attnscope.random_mha(d_model=8, head_counts=[1, 2], seq_len=4, trials=1)._repr_html_(),
     }
     show = fragments["show"]  # the viewer: its data and its one script, after a static fallback
     fallback, _, viewer = show.partition('<div class="asv-panel"')
@@ -189,7 +189,7 @@ def test_show_lists_at_most_a_bounded_number_of_tokens(tiny):
     from attnscope.output.show import MAX_MAP_TOKENS
 
     long_text = " ".join(["word"] * (MAX_MAP_TOKENS + 10))
-    fragment = attnscope.show(tiny, long_text, layer=0, head=1)._repr_html_()
+    fragment = attnscope.show(tiny, long_text, head="0.1")._repr_html_()
     assert f"the first {MAX_MAP_TOKENS} of {MAX_MAP_TOKENS + 11} tokens are shown" in fragment
     assert fragment.count("<tr>") == MAX_MAP_TOKENS + 1  # a header row and one per query
     data = json.loads(re.search(r'class="asv-data">(.*?)</script>', fragment, re.S).group(1))["viewer"]

@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnscope.analyses.attend import Attend, find_word, parse_occurrence
+from attnscope.analyses.attend import Attend, find_word
 from attnscope.errors import AttnscopeError
 from attnscope.pipeline.inputs import Text
 from attnscope.pipeline.labels import BYTE_LEVEL, SENTENCEPIECE, WORDPIECE, Labels, label_pieces
 from attnscope.pipeline.tokens import batches, pad_id, tokenize
+from attnscope.settings import parse_occurrence
 from tests.support import reference_maps
 
 SENTENCE = "The doctor said that she would help the doctor."
@@ -66,22 +67,23 @@ def test_word_at_k_names_an_occurrence(spec, parsed):
 
 
 def test_word_at_k_and_the_index_setting_are_one_occurrence():
-    assert (Attend("she@1").from_token, Attend("she@1").from_index) == ("she", 1)
-    assert Attend("she", "doctor@0").to_index == 0 and Attend("she", "doctor@0").to_token == "doctor"
-    assert Attend("she@1", from_index=1).from_index == 1  # the same occurrence twice is no conflict
-    assert Attend("she").from_index == 0 and Attend("she", "doctor").to_index is None
+    assert (Attend(from_token="she@1").from_token, Attend(from_token="she@1").from_index) == ("she", 1)
+    to_first = Attend(from_token="she", to_token="doctor@0")
+    assert to_first.to_index == 0 and to_first.to_token == "doctor"
+    assert Attend(from_token="she@1", from_index=1).from_index == 1  # the same occurrence twice is no conflict
+    assert Attend(from_token="she").from_index == 0 and Attend(from_token="she", to_token="doctor").to_index is None
     with pytest.raises(AttnscopeError, match=r"^from word 'she@1' names occurrence 1, and from occurrence is 0"):
-        Attend("she@1", from_index=0)
+        Attend(from_token="she@1", from_index=0)
 
 
 def test_the_sentence_tokenizes_as_the_tests_expect(model):
-    labels = Attend("she").run(model, [Text(SENTENCE, "t")]).tokens
+    labels = Attend(from_token="she").run(model, [Text(SENTENCE, "t")]).tokens
     assert [i for i, label in enumerate(labels) if label.strip() == "doctor"] == DOCTORS
     assert labels[SHE].strip() == "she"
 
 
 def test_rows_equal_the_independent_attention(model):
-    result = Attend("she").run(model, [Text(SENTENCE, "t")])
+    result = Attend(from_token="she").run(model, [Text(SENTENCE, "t")])
     assert result.from_position == SHE and result.tokens[SHE].strip() == "she"
     expected = _reference_rows(model, SENTENCE)[:, :, SHE]  # (L, H, n)
     assert result.rows.shape == expected.shape == (model.n_layer, model.n_head, len(result.tokens))
@@ -92,17 +94,18 @@ def test_rows_equal_the_independent_attention(model):
 
 
 def test_a_decoder_row_puts_nothing_after_the_query(tiny):
-    result = Attend("she").run(tiny, [Text(SENTENCE, "t")])
+    result = Attend(from_token="she").run(tiny, [Text(SENTENCE, "t")])
     assert np.all(result.rows[..., result.from_position + 1 :] == 0)  # causal: exactly nothing after the query
 
 
 def test_to_weight_sums_the_occurrences_unless_one_is_picked(model):
     expected = _reference_rows(model, SENTENCE)
-    both = Attend("doctor", "doctor", from_index=1).run(model, [Text(SENTENCE, "t")])  # the last one sees both
+    # the last one sees both
+    both = Attend(from_token="doctor", to_token="doctor", from_index=1).run(model, [Text(SENTENCE, "t")])
     query = both.from_position
     assert query == DOCTORS[1] and both.to_positions == DOCTORS
     np.testing.assert_allclose(both.to_weight, expected[:, :, query, 2] + expected[:, :, query, query], atol=1e-5)
-    first = Attend("doctor", "doctor", from_index=1, to_index=0).run(model, [Text(SENTENCE, "t")])
+    first = Attend(from_token="doctor", to_token="doctor", from_index=1, to_index=0).run(model, [Text(SENTENCE, "t")])
     assert first.to_positions == [2]
     np.testing.assert_allclose(first.to_weight, expected[:, :, query, 2], atol=1e-5)
     weights = both.to_weight
@@ -111,7 +114,7 @@ def test_to_weight_sums_the_occurrences_unless_one_is_picked(model):
 
 
 def test_top_keys_are_the_largest_weights_of_the_row(model):
-    result = Attend("she", tokens=2).run(model, [Text(SENTENCE, "t")])
+    result = Attend(from_token="she", tokens=2).run(model, [Text(SENTENCE, "t")])
     for layer in range(model.n_layer):
         for head in range(model.n_head):
             row = result.rows[layer, head]
@@ -121,20 +124,20 @@ def test_top_keys_are_the_largest_weights_of_the_row(model):
 
 def test_a_later_target_is_refused_in_a_causal_model(tiny):
     with pytest.raises(AttnscopeError, match="cannot attend to later tokens"):
-        Attend("doctor", "she").run(tiny, [Text(SENTENCE, "t")])
-    earlier_only = Attend("she", "doctor").run(tiny, [Text(SENTENCE, "t")])
+        Attend(from_token="doctor", to_token="she").run(tiny, [Text(SENTENCE, "t")])
+    earlier_only = Attend(from_token="she", to_token="doctor").run(tiny, [Text(SENTENCE, "t")])
     assert earlier_only.to_positions == [2]  # the occurrence after " she" is out of its sight
 
 
 def test_attend_sees_later_tokens_in_an_encoder(tiny_bert):
-    result = Attend("cat", "mat").run(tiny_bert, [Text("The cat sat on the mat.", "t")])
+    result = Attend(from_token="cat", to_token="mat").run(tiny_bert, [Text("The cat sat on the mat.", "t")])
     assert result.tokens[result.from_position] == "cat" and result.to_positions == [6]
     assert result.rows[..., result.from_position + 1 :].sum() > 0.1  # keys after the query weigh something
     assert (result.to_weight > 0).all()
-    every = Attend("cat", "the").run(tiny_bert, [Text("The cat sat on the mat.", "t")])
+    every = Attend(from_token="cat", to_token="the").run(tiny_bert, [Text("The cat sat on the mat.", "t")])
     assert every.to_positions == [1, 5]  # both occurrences, the later one included
     with pytest.raises(AttnscopeError, match="is not in the text"):
-        Attend("cat", "dog").run(tiny_bert, [Text("The cat sat.", "t")])
+        Attend(from_token="cat", to_token="dog").run(tiny_bert, [Text("The cat sat.", "t")])
 
 
 @pytest.mark.parametrize(
@@ -157,4 +160,4 @@ def test_bad_settings_are_refused_on_construction(settings, message):
 
 def test_a_text_index_out_of_range_is_refused(model):
     with pytest.raises(AttnscopeError, match=r"^text index 1 is out of range \(1 text given\)$"):
-        Attend("she", index=1).run(model, [Text(SENTENCE, "t")])
+        Attend(from_token="she", index=1).run(model, [Text(SENTENCE, "t")])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnscope.analyses.heads import analyze_heads
+from attnscope import api
 from attnscope.pipeline import capture
 from attnscope.pipeline.blocks import Reducer
 from attnscope.pipeline.reducers import HeadStatistics
@@ -174,8 +174,8 @@ def test_statistics_equal_scores_of_reference_maps(model, batch):
 
 def test_batched_and_one_at_a_time_give_the_same_scores(model):
     """Padding is really masked: a window padded beside longer ones scores as it does alone."""
-    together = analyze_heads(model, TEXTS, batch_size=len(TEXTS), probe=False)
-    separate = [analyze_heads(model, [text], batch_size=1, probe=False) for text in TEXTS]
+    together = api.heads(model, TEXTS, batch_size=len(TEXTS), probe=False)
+    separate = [api.heads(model, [text], batch_size=1, probe=False) for text in TEXTS]
     counts = [result.inputs["scored_rows"] for result in separate]
     assert together.inputs["scored_rows"] == sum(counts)
     for index, record in enumerate(together.heads):
@@ -227,7 +227,7 @@ FIRST_TOKENS = {"decoder": ["<bos>", "The", " cat"], "encoder": ["[CLS]", "the",
 
 
 def test_kept_maps_are_the_first_windows(model, kind):
-    result = analyze_heads(model, TEXTS, batch_size=3, plot=("1.2",), probe=False)
+    result = api.heads(model, TEXTS, batch_size=3, plot=("1.2",), probe=False)
     first = _one_batch(model, TEXTS[:1])
     reference = reference_maps(model, first)[1][0]
     assert set(result.attention) == {1}
@@ -245,8 +245,8 @@ def test_kept_maps_are_the_first_windows(model, kind):
 def test_cuda_capture_matches_cpu(model_dir):
     from attnscope.models.loading import load_model
 
-    cpu = analyze_heads(load_model(str(model_dir), "cpu"), TEXTS)
-    gpu = analyze_heads(load_model(str(model_dir), "cuda"), TEXTS)
+    cpu = api.heads(load_model(str(model_dir), "cpu"), TEXTS)
+    gpu = api.heads(load_model(str(model_dir), "cuda"), TEXTS)
     assert cpu.measured == gpu.measured
     for a, b in zip(cpu.heads, gpu.heads, strict=True):
         for name in cpu.measured:

@@ -4,30 +4,31 @@ roles form where separate runs say; models that cannot be compared are refused; 
 
 from __future__ import annotations
 
+import copy
 import shutil
 
 import numpy as np
 import pytest
 
 from attnscope import api
-from attnscope.analyses.compare import Checkpoint, Compare
-from attnscope.analyses.heads import analyze_heads
+from attnscope.analyses.compare import Compare
 from attnscope.errors import AttnscopeError
+from attnscope.models.sources import ModelSource
 from attnscope.pipeline import block_path
-from tests.support import TEXTS, build_tiny_gpt2, slow_change, without_head
+from tests.support import TEXTS, build_tiny_gpt2, given_models, slow_divergence, without_head
 
 
-def _change(result) -> np.ndarray:
+def _divergence(result) -> np.ndarray:
     matrix = np.zeros((result.model["n_layer"], result.model["n_head"]))
     for head in result.heads:
-        matrix[head.layer, head.head] = head.change
+        matrix[head.layer, head.head] = head.divergence
     return matrix
 
 
-def test_identical_models_change_exactly_0_everywhere(model):
-    result = api.compare([model, model], TEXTS, batch_size=2)
+def test_identical_models_diverge_exactly_0_everywhere(model):
+    result = api.compare([model, copy.deepcopy(model)], TEXTS, batch_size=2)
     assert result.labels[1] == f"{result.labels[0]}#2" and "labelled apart" in result.notes[0]
-    assert result.has_change and all(head.change == 0.0 for head in result.heads)
+    assert result.has_divergence and all(head.divergence == 0.0 for head in result.heads)
 
 
 def test_a_removed_head_changes_only_the_heads_above_it_as_scipy_says(tiny, monkeypatch):
@@ -38,7 +39,7 @@ def test_a_removed_head_changes_only_the_heads_above_it_as_scipy_says(tiny, monk
     sizes = iter([1, None])
 
     def loading(loaded):
-        def load():
+        def load(lm_head):
             block_path.BLOCK_BYTES = next(sizes) or original
             return loaded
 
@@ -46,22 +47,22 @@ def test_a_removed_head_changes_only_the_heads_above_it_as_scipy_says(tiny, monk
 
     original = block_path.BLOCK_BYTES
     monkeypatch.setattr(block_path, "BLOCK_BYTES", original)
-    checkpoints = [
-        Checkpoint("a", tiny.name, None, loading(tiny), False),
-        Checkpoint("b", copy.name, None, loading(copy), False),
+    sources = [
+        ModelSource("a", tiny.name, None, loading(tiny), owned=False),
+        ModelSource("b", copy.name, None, loading(copy), owned=False),
     ]
-    result = Compare(batch_size=3).run(checkpoints, TEXTS)
-    change = _change(result)
-    assert (change[0] == 0.0).all()
-    assert (change[1] > 1e-4).any()
-    np.testing.assert_allclose(change, slow_change(tiny, copy, TEXTS), atol=2e-5)
+    result = Compare(batch_size=3).run_models(sources, TEXTS)
+    divergence = _divergence(result)
+    assert (divergence[0] == 0.0).all()
+    assert (divergence[1] > 1e-4).any()
+    np.testing.assert_allclose(divergence, slow_divergence(tiny, copy, TEXTS), atol=2e-5)
 
 
 def test_each_models_scores_are_those_of_its_own_heads_run(tiny):
     copy = without_head(tiny, 0, 2)
     result = api.compare([tiny, copy], TEXTS, probe_len=5)
     for index, model in enumerate((tiny, copy)):
-        alone = analyze_heads(model, TEXTS, probe_len=5)
+        alone = api.heads(model, TEXTS, probe_len=5)
         for head, record in zip(result.heads, alone.heads, strict=True):
             assert {name: values[index] for name, values in head.scores.items()} == {
                 name: value for name, value in record.scores.items() if value is not None
@@ -75,17 +76,17 @@ def test_roles_form_where_separate_runs_say(monkeypatch):
     runs give it induction in the full model and not without 0.2; [with, with, without]: no head holds it to the end."""
     demo = api.load("demo", "cpu")
     broken = without_head(demo, 0, 2, name="broken")
-    roles = {label: analyze_heads(model, TEXTS) for label, model in (("demo", demo), ("broken", broken))}
+    roles = {label: api.heads(model, TEXTS) for label, model in (("demo", demo), ("broken", broken))}
     expected = {
         record.label: record.role.role == "induction" and other.role.role != "induction"
         for record, other in zip(roles["demo"].heads, roles["broken"].heads, strict=True)
     }
     assert any(expected.values())  # planted: removing 0.2 breaks some induction head
-    result = api.compare([broken, demo, demo], TEXTS)
-    assert result.labels == ["broken", "demo", "demo#2"] and not result.has_change
+    result = api.compare([broken, demo, copy.deepcopy(demo)], TEXTS)  # the same model twice: two objects
+    assert result.labels == ["broken", "demo", "demo#2"] and not result.has_divergence
     for head in result.heads:
         assert (head.formed["induction"] == "demo") == expected[head.label], head.label
-    later = api.compare([demo, demo, broken], TEXTS)
+    later = api.compare([demo, copy.deepcopy(demo), broken], TEXTS)
     assert all(head.formed["induction"] is None for head in later.heads if expected[head.label])
 
 
@@ -138,7 +139,7 @@ def test_revisions_of_one_hub_repository_are_compared_offline(monkeypatch, tmp_p
         alone = api.heads(str(sources[revision]), TEXTS[:2], device="cpu", probe=False)
         got = [head.scores["previous_token"][index] for head in result.heads]
         assert got == [record.scores["previous_token"] for record in alone.heads], revision
-    with pytest.raises(AttnscopeError, match="is a folder on this machine, which has no revisions"):
+    with pytest.raises(AttnscopeError, match="a folder on this machine, which has no revisions"):
         api.compare(str(sources["step0"]), revisions=revisions, device="cpu")
 
 
@@ -167,9 +168,9 @@ def test_the_cli_gives_byte_identical_json_and_a_long_csv(cli, tiny_model_dir, t
     code, out, err = cli(*args, "--out", tmp_path / "out")
     assert code == 0, err
     assert sorted(path.name for path in (tmp_path / "out").iterdir()) == [
-        "change.png", "compare.csv", "compare.json", "score_induction.png", "trajectories.png",
+        "compare.csv", "compare.json", "divergence.png", "score_induction.png", "trajectories.png",
     ]  # fmt: skip
-    assert "Heads ranked by change" in out
+    assert "Heads ranked by divergence" in out
 
 
 @pytest.mark.parametrize("stop", [AttnscopeError("the second model cannot be loaded"), KeyboardInterrupt()])
@@ -178,11 +179,11 @@ def test_the_spool_is_removed_after_an_error_or_ctrl_c(tiny, monkeypatch, tmp_pa
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
-    def fail():
+    def fail(lm_head):
         assert list(tmp_path.iterdir()), "the first model's rows were spooled"
         raise stop
 
-    checkpoints = [Checkpoint("a", tiny.name, None, lambda: tiny, False), Checkpoint("b", "b", None, fail, False)]
+    sources = [*given_models(("a", tiny)), ModelSource("b", "b", None, fail, owned=False)]
     with pytest.raises(type(stop)):
-        Compare().run(checkpoints, TEXTS[:1])
+        Compare().run_models(sources, TEXTS[:1])
     assert list(tmp_path.iterdir()) == []

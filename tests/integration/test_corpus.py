@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from attnscope.analyses.heads import analyze_heads
+from attnscope import api
 from attnscope.errors import AttnscopeError
 from attnscope.pipeline.inputs import Text
 from attnscope.pipeline.tokens import Window, batch_order, tokenize
@@ -44,7 +44,7 @@ def test_batch_settings_below_one_are_refused(batch_size, max_tokens, message):
 def test_two_thousand_texts_with_progress(model, kind):
     calls = []
     texts = _corpus(2000)
-    result = analyze_heads(model, texts, batch_size=64, probe=False, progress=lambda *args: calls.append(args))
+    result = api.heads(model, texts, batch_size=64, probe=False, progress=lambda *args: calls.append(args))
     assert result.inputs["n_texts"] == 2000 and result.inputs["n_windows"] == 2000
     total_tokens = sum(len(window.ids) for window in tokenize(model, texts).windows)
     assert result.inputs["n_tokens"] == total_tokens
@@ -58,8 +58,8 @@ def test_two_thousand_texts_with_progress(model, kind):
 
 def test_corpus_split_in_two_and_merged_equals_one_run(model):
     texts = _corpus(40, seed=1)
-    whole = analyze_heads(model, texts, probe=False, batch_size=7)
-    parts = [analyze_heads(model, half, probe=False, batch_size=5) for half in (texts[:15], texts[15:])]
+    whole = api.heads(model, texts, probe=False, batch_size=7)
+    parts = [api.heads(model, half, probe=False, batch_size=5) for half in (texts[:15], texts[15:])]
     counts = [part.inputs["scored_rows"] for part in parts]
     assert whole.inputs["scored_rows"] == sum(counts)
     for index, record in enumerate(whole.heads):
@@ -75,7 +75,7 @@ def test_a_token_budget_changes_the_batches_not_the_scores(model):
     for max_tokens in (None, 64):
         seen = []
         progress = lambda *args, seen=seen: seen.append(args)  # noqa: E731
-        result = analyze_heads(model, texts, probe=False, batch_size=16, max_tokens=max_tokens, progress=progress)
+        result = api.heads(model, texts, probe=False, batch_size=16, max_tokens=max_tokens, progress=progress)
         calls[max_tokens] = (len(seen), result)
     (few, unbounded), (many, budgeted) = calls[None], calls[64]
     assert many > few  # the budget really split the batches

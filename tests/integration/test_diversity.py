@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnscope.analyses.diversity import Diversity, analyze_diversity
+from attnscope import api
+from attnscope.analyses.diversity import Diversity
 from attnscope.errors import AttnscopeError
 from attnscope.pipeline.inputs import Text
 from attnscope.pipeline.tokens import tokenize
@@ -16,7 +17,7 @@ TWO_TEXTS = [Text("The cat sat on the mat because it was tired.", "a"), Text("He
 
 
 def test_layer_diversity_matches_independent_computation(model, kind):
-    result = analyze_diversity(model, TWO_TEXTS, layer=1)
+    result = api.diversity(model, TWO_TEXTS, layer=1)
     cosine, js, js_distance, scored = slow_diversity(model, TWO_TEXTS, [1])
     assert result.labels == ["1.0", "1.1", "1.2", "1.3"] and result.layer == 1
     assert result.cosine == pytest.approx(cosine, abs=1e-5)
@@ -30,7 +31,7 @@ def test_layer_diversity_matches_independent_computation(model, kind):
 def test_all_layers_in_a_padded_batch_match_independent_computation(model, kind):
     lengths = [len(window.ids) for window in tokenize(model, TEXTS).windows]
     assert len(set(lengths)) == 4  # one batch of four windows of different lengths: three are padded
-    result = analyze_diversity(model, TEXTS, layer=None, batch_size=4)
+    result = api.diversity(model, TEXTS, layer=None, batch_size=4)
     cosine, js, js_distance, _ = slow_diversity(model, TEXTS, [0, 1])
     assert result.labels == [f"{layer}.{head}" for layer in range(2) for head in range(4)] and result.layer is None
     assert result.cosine == pytest.approx(cosine, abs=1e-5)  # cross-layer pairs included: the full 8 × 8
@@ -40,11 +41,11 @@ def test_all_layers_in_a_padded_batch_match_independent_computation(model, kind)
 
 
 def test_all_layers_agree_with_each_layer(model):
-    every = analyze_diversity(model, TWO_TEXTS, layer=None, batch_size=1)
+    every = api.diversity(model, TWO_TEXTS, layer=None, batch_size=1)
     assert len(every.labels) == 8 and sorted(every.order) == list(range(8))
     assert set(every.layer_scores) == {0, 1}
     for layer in range(2):
-        alone = analyze_diversity(model, TWO_TEXTS, layer=layer)
+        alone = api.diversity(model, TWO_TEXTS, layer=layer)
         block = slice(4 * layer, 4 * layer + 4)
         assert every.js[block, block] == pytest.approx(alone.js, abs=1e-6)  # float32 rows, other chunking
         assert every.cosine[block, block] == pytest.approx(alone.cosine, abs=1e-6)
@@ -53,8 +54,8 @@ def test_all_layers_agree_with_each_layer(model):
 
 def test_sampling_every_row_is_the_exact_result(model, kind):
     """--sample-rows at least every window's scored rows takes them all: the exact values, standard errors 0."""
-    exact = analyze_diversity(model, TEXTS, layer=None, batch_size=2)
-    sampled = analyze_diversity(model, TEXTS, layer=None, batch_size=2, sample_rows=10_000, seed=3)
+    exact = api.diversity(model, TEXTS, layer=None, batch_size=2)
+    sampled = api.diversity(model, TEXTS, layer=None, batch_size=2, sample_rows=10_000, seed=3)
     for name in ("cosine", "js", "js_distance"):
         assert getattr(sampled, name) == pytest.approx(getattr(exact, name), abs=1e-12), name
     assert (sampled.js_se == 0).all() and (sampled.js_distance_se == 0).all()
@@ -66,10 +67,10 @@ def test_sampling_every_row_is_the_exact_result(model, kind):
 def test_sampled_rows_depend_on_the_seed_only(model):
     """The same seed gives the same numbers whatever the batch size (each window's rows come from the seed and the
     window's index); another seed draws other rows; cosine stays exact."""
-    first = analyze_diversity(model, TEXTS, layer=1, batch_size=1, sample_rows=2, seed=5)
-    again = analyze_diversity(model, TEXTS, layer=1, batch_size=4, sample_rows=2, seed=5)
-    other = analyze_diversity(model, TEXTS, layer=1, batch_size=4, sample_rows=2, seed=6)
-    exact = analyze_diversity(model, TEXTS, layer=1)
+    first = api.diversity(model, TEXTS, layer=1, batch_size=1, sample_rows=2, seed=5)
+    again = api.diversity(model, TEXTS, layer=1, batch_size=4, sample_rows=2, seed=5)
+    other = api.diversity(model, TEXTS, layer=1, batch_size=4, sample_rows=2, seed=6)
+    exact = api.diversity(model, TEXTS, layer=1)
     # the same rows (padding to another length only moves float32 roundings): far closer than another sample
     assert first.js == pytest.approx(again.js, abs=1e-6) and first.js_se == pytest.approx(again.js_se, abs=1e-6)
     assert np.abs(first.js - other.js).max() > 1e-3
@@ -78,11 +79,11 @@ def test_sampled_rows_depend_on_the_seed_only(model):
 
 
 def test_sampled_estimates_are_within_their_error_bars_of_the_exact_values(model):
-    exact = analyze_diversity(model, TEXTS, layer=None)
+    exact = api.diversity(model, TEXTS, layer=None)
     off = ~np.eye(len(exact.labels), dtype=bool)
     misses = []
     for seed in range(5):
-        sampled = analyze_diversity(model, TEXTS, layer=None, sample_rows=3, seed=seed)
+        sampled = api.diversity(model, TEXTS, layer=None, sample_rows=3, seed=seed)
         assert (sampled.js_se[off] > 0).all()  # windows have more than 3 scored rows: an estimate
         misses.append(np.mean(np.abs(sampled.js - exact.js)[off] > 3 * sampled.js_se[off]))
         assert np.abs(sampled.js_distance - exact.js_distance)[off].max() < 5 * sampled.js_distance_se[off].max()
@@ -90,7 +91,7 @@ def test_sampled_estimates_are_within_their_error_bars_of_the_exact_values(model
 
 
 def test_pairs_are_ranked_by_js(model):
-    result = Diversity(1, top=2).run(model, TWO_TEXTS)
+    result = Diversity(layer=1, top=2).run(model, TWO_TEXTS)
     pairs = result.pairs()
     assert [(p["a"], p["b"]) for p in pairs] == [(f"1.{i}", f"1.{j}") for i in range(4) for j in range(i + 1, 4)]
     for pair in pairs:
@@ -104,7 +105,7 @@ def test_pairs_are_ranked_by_js(model):
 def test_a_text_with_no_scored_row_is_refused(model, kind):
     # one token: a decoder's window is BOS and it; with special tokens off, an encoder's window is the token alone
     with pytest.raises(AttnscopeError, match="give at least"):
-        Diversity(0, bos=False).run(model, [Text("cat", "t")])
+        Diversity(layer=0, bos=False).run(model, [Text("cat", "t")])
 
 
 @pytest.mark.parametrize(
@@ -119,9 +120,9 @@ def test_a_text_with_no_scored_row_is_refused(model, kind):
 )
 def test_bad_settings_are_refused_on_construction(settings, message):
     with pytest.raises(AttnscopeError, match=f"^{message}$"):
-        Diversity(1, **settings)
+        Diversity(layer=1, **settings)
 
 
 def test_a_layer_out_of_range_is_refused(model):
     with pytest.raises(AttnscopeError, match=r"^layer 2 is out of range"):
-        Diversity(2).run(model, TWO_TEXTS)
+        Diversity(layer=2).run(model, TWO_TEXTS)

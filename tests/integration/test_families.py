@@ -11,8 +11,8 @@ import copy
 import pytest
 import torch
 
+from attnscope import api
 from attnscope.analyses.ablate import IGNORED, LossWindows, losses_under, masked_windows
-from attnscope.analyses.heads import analyze_heads
 from attnscope.errors import AttnscopeError
 from attnscope.models.families import FAMILIES, family_of
 from attnscope.models.loading import load_model
@@ -109,8 +109,8 @@ def test_batched_equals_one_at_a_time(loaded, name, monkeypatch):
     the right, where every real token keeps its position)."""
     model = loaded(name)
     monkeypatch.setattr(model.tokenizer, "padding_side", "left")
-    together = analyze_heads(model, FAMILY_TEXTS, batch_size=len(FAMILY_TEXTS), probe=False)
-    alone = analyze_heads(model, FAMILY_TEXTS, batch_size=1, probe=False)
+    together = api.heads(model, FAMILY_TEXTS, batch_size=len(FAMILY_TEXTS), probe=False)
+    alone = api.heads(model, FAMILY_TEXTS, batch_size=1, probe=False)
     for a, b in zip(together.heads, alone.heads, strict=True):
         for score in together.measured:
             assert a.scores[score] == pytest.approx(b.scores[score], abs=1e-5), (a.label, score)
@@ -227,7 +227,7 @@ def test_a_layer_the_capture_misses_is_an_error_not_a_wrong_number(loaded, monke
     attention = model.family.attention_modules(model.model)[1]
     monkeypatch.setattr(attention, "layer_idx", 0)  # layer 1's attention now reports as layer 0's: layer 1 unseen
     with pytest.raises(AttnscopeError, match=r"the attention of layer 1 did not go through"):
-        analyze_heads(model, FAMILY_TEXTS[:1], probe=False)
+        api.heads(model, FAMILY_TEXTS[:1], probe=False)
 
 
 def test_grouped_query_attention_shows_which_key_value_head_each_head_reads(loaded, tmp_path):
@@ -255,7 +255,7 @@ def test_grouped_query_attention_shows_which_key_value_head_each_head_reads(load
         (f"{layer}.{head}", str(head // 2)) for layer in (0, 1) for head in range(4)
     ]
     assert ">kv</th>" in view_of(result).notebook()
-    report = Report(Heads(probe=False), diversity=False).run(model, FAMILY_TEXTS[:1])
+    report = Report(probe=False, diversity=False).run(model, FAMILY_TEXTS[:1])
     page = view_of(report).files(tmp_path)[0].read_text()
     for layer in (0, 1):
         for head in range(4):

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from attnscope.analyses.heads import analyze_heads
+from attnscope import api
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import load_model
 from attnscope.pipeline import block_path, capture, kernels
@@ -215,8 +215,8 @@ def test_kept_maps_take_the_block_path_and_the_other_layers_the_kernel(tiny):
     """heads --plot keeps layer 1's maps: that layer goes through the block path, layer 0 through the kernel, and
     every score equals the block path's."""
     fused_model = dataclasses.replace(tiny, kernel="fused")
-    got = analyze_heads(fused_model, TEXTS[1:3], plot=("1.2",), probe=False)
-    expected = analyze_heads(tiny, TEXTS[1:3], plot=("1.2",), probe=False)
+    got = api.heads(fused_model, TEXTS[1:3], plot=("1.2",), probe=False)
+    expected = api.heads(tiny, TEXTS[1:3], plot=("1.2",), probe=False)
     assert got.notes == [kernels.INTERPRETER_NOTE, kernels.BLOCKS_WANTED]  # layer 0 came first
     assert torch.allclose(got.attention[1].maps, expected.attention[1].maps, atol=1e-5)  # layer 0 fed it
     for a, b in zip(got.heads, expected.heads, strict=True):

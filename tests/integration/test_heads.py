@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from attnscope import api
 from attnscope.analyses import heads as heads_module
-from attnscope.analyses.heads import Heads, analyze_heads
+from attnscope.analyses.heads import Heads
 from attnscope.errors import AttnscopeError
 from attnscope.scores.catalog import SCORE_NAMES
 from tests.support import TEXTS
@@ -27,7 +28,7 @@ PROBE_NOTE = "the repeated-token probe measures left-to-right copying; skipped f
 def results(loaded_models):
     """(kind, probe) -> the heads result of the test texts."""
     return {
-        (kind, probe): analyze_heads(loaded, TEXTS[:2], probe=probe)
+        (kind, probe): api.heads(loaded, TEXTS[:2], probe=probe)
         for kind, loaded in loaded_models.items()
         for probe in (True, False)
     }

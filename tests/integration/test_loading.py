@@ -354,7 +354,7 @@ def test_a_device_map_spreads_the_model_through_accelerate(tiny_model_dir, tiny,
     where accelerate put it (all on the GPU where there is one, on the CPU otherwise) and the analysis gives the
     numbers of a plain load."""
     pytest.importorskip("accelerate")
-    from attnscope.analyses.heads import analyze_heads
+    from attnscope import api
     from attnscope.models import loading
     from tests.support import TEXTS
 
@@ -364,7 +364,7 @@ def test_a_device_map_spreads_the_model_through_accelerate(tiny_model_dir, tiny,
     mapped = load_model(str(tiny_model_dir), "cpu", device_map="auto")
     assert asked[-1]["device_map"] == "auto"
     assert mapped.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
-    plain, spread = analyze_heads(tiny, TEXTS, probe=False), analyze_heads(mapped, TEXTS, probe=False)
+    plain, spread = api.heads(tiny, TEXTS, probe=False), api.heads(mapped, TEXTS, probe=False)
     for a, b in zip(plain.heads, spread.heads, strict=True):
         assert a.scores == pytest.approx(b.scores, abs=1e-6)
 
@@ -381,12 +381,12 @@ def test_a_device_map_without_accelerate_is_one_line(tiny_model_dir, monkeypatch
 def test_bfloat16_runs_on_the_cpu_with_float32_statistics(tiny_model_dir, tiny):
     """`dtype="bfloat16"` on the CPU: the model is bfloat16, softmax and the statistics float32; the numbers stay
     within bfloat16's rounding of the float32 model's (8 bits of mantissa: about 1e-2 relative)."""
-    from attnscope.analyses.heads import analyze_heads
+    from attnscope import api
     from tests.support import TEXTS
 
     half = load_model(str(tiny_model_dir), "cpu", "bfloat16")
     assert half.dtype == torch.bfloat16 and half.info()["dtype"] == "bfloat16"
-    full, low = analyze_heads(tiny, TEXTS, probe=False), analyze_heads(half, TEXTS, probe=False)
+    full, low = api.heads(tiny, TEXTS, probe=False), api.heads(half, TEXTS, probe=False)
     for a, b in zip(full.heads, low.heads, strict=True):
         for score in ("previous_token", "first_token", "self", "confidence", "entropy_normalized"):
             assert b.scores[score] == pytest.approx(a.scores[score], abs=0.05), (a.label, score)

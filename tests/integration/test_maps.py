@@ -22,7 +22,7 @@ def _first_window_reference(loaded, text):
 
 @pytest.mark.parametrize("layer, head, index", [(1, 2, 0), (0, None, 3)])
 def test_show_returns_the_maps_of_the_first_window(model, layer, head, index):
-    result = Show(layer, head, index=index).run(model, TEXTS)
+    result = Show(layer=layer, head=None if head is None else f"L{layer}H{head}", index=index).run(model, TEXTS)
     reference, window = _first_window_reference(model, TEXTS[index])
     n = len(window.ids)
     assert result.attention.layer == layer and result.head == head and result.index == index
@@ -34,7 +34,7 @@ def test_show_returns_the_maps_of_the_first_window(model, layer, head, index):
 
 
 def test_the_maps_are_rows_of_probabilities_over_the_visible_keys(model):
-    maps = Show(1).run(model, TEXTS).attention.maps
+    maps = Show(layer=1).run(model, TEXTS).attention.maps
     n = maps.shape[-1]
     assert float((maps.sum(-1) - 1).abs().max()) < 1e-5
     if model.kind.causal:
@@ -47,7 +47,7 @@ def test_the_maps_are_rows_of_probabilities_over_the_visible_keys(model):
 def test_a_long_text_shows_its_first_window_only(short_context_model_dir):
     loaded = load_model(str(short_context_model_dir), "cpu")
     text = Text(" ".join(["cat"] * 40), "long")
-    result = Show(0).run(loaded, [text])
+    result = Show(layer=0).run(loaded, [text])
     reference, window = _first_window_reference(loaded, text)
     assert len(window.ids) == 16 and result.attention.maps.shape == (loaded.n_head, 16, 16)
     assert float((result.attention.maps - reference[0]).abs().max()) < 1e-5
@@ -69,7 +69,7 @@ def test_attention_maps_keeps_exactly_the_layers_asked_for(model):
     "settings, message",
     [
         ({"layer": 2}, r"^layer 2 is out of range \(this model has layers 0-1\)$"),
-        ({"layer": 1, "head": 4}, r"^head '1.4': head 4 is out of range \(this model has heads 0-3\)$"),
+        ({"head": "1.4"}, r"^head '1.4': head 4 is out of range \(this model has heads 0-3\)$"),
         ({"layer": 0, "index": 4}, r"^text index 4 is out of range \(4 texts given\)$"),
     ],
 )

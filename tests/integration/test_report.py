@@ -8,15 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from attnscope import api
 from attnscope.analyses.ablate import Ablate
-from attnscope.analyses.diversity import analyze_diversity
-from attnscope.analyses.heads import Heads, analyze_heads
 from attnscope.analyses.report import Report
 from attnscope.pipeline.labels import label_window
 from attnscope.pipeline.probe import probe_windows
 from attnscope.pipeline.tokens import Window, batches, pad_id, tokenize
 from attnscope.scores.catalog import DEFAULT_THRESHOLDS, ROLES
-from tests.support import TEXTS, reference_maps
+from tests.support import TEXTS, given_models, reference_maps
 
 # roles with a deciding score each kind can measure (the probe on): written out by hand
 RANKED_ROLES = {
@@ -30,7 +29,7 @@ def _thresholds(loaded):
     """Thresholds that make exactly one head broad (the broadest of all) and at least one head `self` (the most
     self-attending): a tiny random model's heads are all `mixed` under the defaults, and a report of no
     characteristic head would show no maps at all."""
-    records = analyze_heads(loaded, TEXTS, probe=False).heads
+    records = api.heads(loaded, TEXTS, probe=False).heads
     broadest = max(record.scores["entropy_normalized"] for record in records)
     most_self = max(record.scores["self"] for record in records)
     return {**DEFAULT_THRESHOLDS, "broad": broadest - 1e-9, "self": most_self - 1e-9}
@@ -38,9 +37,7 @@ def _thresholds(loaded):
 
 @pytest.fixture(scope="module")
 def reports(loaded_models):
-    return {
-        kind: Report(Heads(thresholds=_thresholds(loaded))).run(loaded, TEXTS) for kind, loaded in loaded_models.items()
-    }
+    return {kind: Report(thresholds=_thresholds(loaded)).run(loaded, TEXTS) for kind, loaded in loaded_models.items()}
 
 
 def _hand_characteristic(records):
@@ -118,10 +115,10 @@ def test_only_the_first_texts_are_drawn(tiny):
 
 def test_one_role_given_one_characteristic_head(model):
     """One role given (broad, to the broadest head only): one characteristic head."""
-    records = analyze_heads(model, TEXTS, probe=False).heads
+    records = api.heads(model, TEXTS, probe=False).heads
     broadest = max(records, key=lambda record: record.scores["entropy_normalized"])
     thresholds = {**DEFAULT_THRESHOLDS, "broad": broadest.scores["entropy_normalized"] - 1e-9}
-    report = Report(Heads(thresholds=thresholds, probe=False), diversity=False).run(model, TEXTS)
+    report = Report(thresholds=thresholds, probe=False, diversity=False).run(model, TEXTS)
     assert [record.label for record in report.characteristic] == [broadest.label]
     assert report.heads.attention == {}  # the page draws from `texts`: no layer kept twice
 
@@ -132,7 +129,7 @@ def test_the_diversity_covers_every_head_of_the_model(reports, model, kind):
     assert diversity.labels == [f"{layer}.{head}" for layer in range(2) for head in range(4)]
     assert diversity.js.shape == diversity.cosine.shape == (8, 8)
     assert diversity.settings["top"] == 5
-    alone = analyze_diversity(model, TEXTS, None)  # the same pass, run on its own
+    alone = api.diversity(model, TEXTS, layer=None)  # the same pass, run on its own
     np.testing.assert_allclose(diversity.js, alone.js, atol=1e-12)
     np.testing.assert_allclose(diversity.cosine, alone.cosine, atol=1e-12)
 
@@ -158,7 +155,7 @@ def test_without_diversity_no_second_pass_runs(tiny, monkeypatch):
     from attnscope.analyses import report as report_module
 
     monkeypatch.setattr(report_module.Diversity, "run", lambda *a, **k: pytest.fail("diversity ran"))
-    report = Report(Heads(probe=False), diversity=False).run(tiny, TEXTS[:2])
+    report = Report(probe=False, diversity=False).run(tiny, TEXTS[:2])
     assert report.diversity is None
     assert "induction" not in report.top_per_role  # the probe's roles are left out with the probe off
     assert [text.kind for text in report.texts] == ["text", "text"]  # no probe drawn either
@@ -174,8 +171,8 @@ def tiny_lm(model_dirs):
 def test_the_ablation_is_ablates_own(tiny_lm):
     """`ablate` adds the loss ablation, the same as `Ablate` alone (loss method), and asks for the LM head."""
     assert Report(ablate=True).needs_lm_head and not Report().needs_lm_head
-    report = Report(Heads(probe=False), diversity=False, ablate=True).run(tiny_lm, TEXTS[:2])
-    alone = Ablate("loss").run(tiny_lm, TEXTS[:2])
+    report = Report(probe=False, diversity=False, ablate=True).run(tiny_lm, TEXTS[:2])
+    alone = Ablate(method="loss").run(tiny_lm, TEXTS[:2])
     np.testing.assert_allclose(report.ablation.importance, alone.importance, atol=1e-12)
     assert report.ablation.baseline_loss == pytest.approx(alone.baseline_loss)
 
@@ -208,9 +205,9 @@ def _without_head(loaded, layer, head):
 
 @pytest.fixture(scope="module")
 def two_models(tiny):
-    settings = Heads(thresholds=_thresholds(tiny))
+    settings = Report(thresholds=_thresholds(tiny))
     without = _without_head(tiny, 0, 1)
-    return settings, without, Report(settings).run_models([("tiny", tiny), ("without-0.1", without)], TEXTS)
+    return settings, without, settings.run_models(given_models(("tiny", tiny), ("without-0.1", without)), TEXTS)
 
 
 def test_each_model_of_a_report_of_several_is_its_own_report(two_models, tiny):
@@ -220,7 +217,7 @@ def test_each_model_of_a_report_of_several_is_its_own_report(two_models, tiny):
     assert [page.label for page in report.models] == ["tiny", "without-0.1"]
     first, second = report.models
     assert first.heads is report.heads and first.texts is report.texts
-    alone = Report(settings).run(without, TEXTS)
+    alone = settings.run(without, TEXTS)
     assert second.heads.heads == alone.heads.heads
     assert second.characteristic == alone.characteristic
     assert [text.ids for text in second.texts] == [text.ids for text in report.texts] == [t.ids for t in alone.texts]
@@ -246,8 +243,8 @@ def test_several_models_share_the_map_budget(tiny, monkeypatch):
     from attnscope.analyses import report as report_module
 
     monkeypatch.setattr(report_module, "MULTI_MAP_CELLS", 3 * 8 * 40 * 41 // 2 * 2)  # room for ~2 texts of 40 each
-    models = [(name, tiny) for name in ("a", "b", "c")]
-    report = Report(Heads(probe=False), diversity=False).run_models(models, TEXTS)
+    models = given_models(*[(name, tiny) for name in ("a", "b", "c")])
+    report = Report(probe=False, diversity=False).run_models(models, TEXTS)
     budget = report_module.MULTI_MAP_CELLS // 3
     for page in report.models:
         cells = sum(8 * report_module.map_cells(len(text.ids), True) for text in page.texts)
@@ -266,7 +263,7 @@ def test_the_api_takes_a_list_of_models_and_refuses_in_one_line(tiny, two_models
     thresholds = dict(settings.thresholds)
     both = attnscope.report([tiny, without], TEXTS, diversity=False, thresholds=thresholds)
     name = Path(tiny.name).name
-    assert [page.label for page in both.models] == [name, f"{name} (2)"]  # a copy of one folder, changed in memory
+    assert [page.label for page in both.models] == [name, f"{name}#2"]  # a copy of one folder, changed in memory
     assert both.models[1].heads.heads == two_models[2].models[1].heads.heads
     assert next(tiny.model.parameters()).device.type == "cpu"  # a model given loaded stays loaded
     assert attnscope.report([tiny], TEXTS, diversity=False).models == []
@@ -276,7 +273,7 @@ def test_the_api_takes_a_list_of_models_and_refuses_in_one_line(tiny, two_models
         ({"model": ["demo", "demo"]}, "model 'demo' is given twice"),
         ({"model": [tiny, tiny]}, f"model {tiny.name!r} is given twice"),
         ({"model": []}, "model []: give at least one model"),
-        ({"model": "gpt2", "revisions": [1, 2]}, "revisions [1, 2]: expected revisions of one model"),
+        ({"model": "gpt2", "revisions": [1, 2]}, "revisions [1, 2]: expected revisions such as step0,step512"),
     ]:
         with pytest.raises(AttnscopeError) as raised:
             attnscope.report(**given)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attnscope import api
 from attnscope.analyses.attend import Attend
 from attnscope.analyses.heads import Heads
 from attnscope.errors import AttnscopeError
@@ -72,7 +73,7 @@ def test_a_stretch_without_spaces_is_cut_anyway_with_a_note(tiny, monkeypatch):
 def test_heads_on_a_streamed_file_equal_the_statistics_of_windows_cut_by_hand(model, kind, small_pieces, tmp_path):
     file = tmp_path / "long.txt"
     file.write_text(LONG + "\n\n" + LONG[:300], encoding="utf-8")
-    result = Heads(probe=False, batch_size=3, max_tokens=64).run(model, inputs.gather_texts(None, str(file)))
+    result = Heads(probe=False, batch_size=3, max_tokens=64).run(model, api.read_texts(None, str(file)))
     by_hand = _windows_by_hand(model, LONG) + [Window(1, w.ids, w.start) for w in _windows_by_hand(model, LONG[:300])]
     assert result.inputs["n_windows"] == len(by_hand) and result.inputs["n_texts"] == 2
     assert result.inputs["n_tokens"] == sum(len(w.ids) for w in by_hand)
@@ -126,10 +127,11 @@ def test_a_summary_lists_the_first_sources_and_says_how_many(tiny, monkeypatch):
 def test_attend_finds_the_token_in_a_later_window(short_context_model_dir):
     loaded = load_model(str(short_context_model_dir), "cpu")  # 16 tokens: BOS + 15
     text = " ".join(["cat"] * 20) + " she sat"
-    result = Attend("she").run(loaded, [Text(text, "t")])
+    result = Attend(from_token="she").run(loaded, [Text(text, "t")])
     assert result.tokens[result.from_position] == " she"
     assert any("is in window 1" in note for note in result.notes)
-    first = Attend("cat", from_index=16).run(loaded, [Text(text, "t")])  # the 17th cat: the second window's 2nd
+    # the 17th cat: the second window's 2nd
+    first = Attend(from_token="cat", from_index=16).run(loaded, [Text(text, "t")])
     assert first.from_position == 2 and any("window 1" in note for note in first.notes)
     with pytest.raises(AttnscopeError, match="occurs 20 time"):
-        Attend("cat", from_index=20).run(loaded, [Text(text, "t")])
+        Attend(from_token="cat", from_index=20).run(loaded, [Text(text, "t")])

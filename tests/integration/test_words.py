@@ -141,7 +141,7 @@ def _summed_by_hand(maps, words):
 def test_show_words_equals_the_eager_maps_summed_by_hand(family_models, name):
     model = family_models(name)
     text = "Colourless green ideas sleep furiously."
-    result = Show(1, words=True).run(model, [Text(text, "t")])
+    result = Show(layer=1, words=True).run(model, [Text(text, "t")])
     attention = result.attention
     eager, window = _eager_maps(model, text)
     labels = label_window(model.tokenizer, window.ids)
@@ -152,7 +152,7 @@ def test_show_words_equals_the_eager_maps_summed_by_hand(family_models, name):
     if model.kind.causal:
         assert np.abs(np.triu(attention.word_maps, k=1)).max() < 1e-6
     # the same text, token by token: the maps are the view's
-    assert Show(1).run(model, [Text(text, "t")]).attention.view == "tokens"
+    assert Show(layer=1).run(model, [Text(text, "t")]).attention.view == "tokens"
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -167,7 +167,7 @@ def test_attend_from_and_to_words_of_several_tokens(family_models, name):
     source_span = labels.words[labels.word_text.index(source)]
     target_span = labels.words[[text.lower() for text in labels.word_text].index(target.lower())]
     assert len(source_span) > 1 and len(target_span) > 1, (labels.shown, name)
-    result = Attend(source, target + "@0", words=True).run(model, [Text(text, "t")])
+    result = Attend(from_token=source, to_token=target + "@0", words=True).run(model, [Text(text, "t")])
     assert result.from_positions == list(source_span) and result.to_positions == list(target_span)
     rows = eager[:, :, list(source_span)].mean(axis=2)  # (L, H, n)
     np.testing.assert_allclose(result.rows, rows, atol=1e-5)
@@ -191,16 +191,16 @@ def test_attend_finds_words_in_any_window_of_a_long_text(short_context_model_dir
              for word in ("cat", "mat")}  # fmt: skip
     number, position = where["mat"][3]
     assert number > 0
-    result = Attend("mat@3", "cat").run(model, [text])
+    result = Attend(from_token="mat@3", to_token="cat").run(model, [text])
     assert result.tokens == windows[number] and result.from_positions == [position]
     assert any(f"is in window {number}" in note for note in result.notes)
     seen = [p for n, p in where["cat"] if n == number and p < position]
     assert seen and result.to_positions == seen  # every occurrence the query sees in its window
     before = sum(n < number for n, _ in where["cat"])
-    assert Attend("mat@3", f"cat@{before}").run(model, [text]).to_positions == seen[:1]
+    assert Attend(from_token="mat@3", to_token=f"cat@{before}").run(model, [text]).to_positions == seen[:1]
     with pytest.raises(AttnscopeError, match=r"^to occurrence 0: that 'cat' is in a window before the from word's"):
-        Attend("mat@3", "cat@0").run(model, [text])
+        Attend(from_token="mat@3", to_token="cat@0").run(model, [text])
     with pytest.raises(AttnscopeError, match=r"^to occurrence 99: 'cat' occurs \d+ times up to the end of window"):
-        Attend("mat@3", "cat@99").run(model, [text])
+        Attend(from_token="mat@3", to_token="cat@99").run(model, [text])
     with pytest.raises(AttnscopeError, match=r"^from occurrence 9: 'mat' occurs 6 times \(window 0: mat@"):
-        Attend("mat@9").run(model, [text])
+        Attend(from_token="mat@9").run(model, [text])

@@ -1,6 +1,7 @@
-"""The Python API's surface, without a model: every CLI option is a keyword of the command's function with the same
-default, every keyword is documented, thresholds take Python's forms, and a result's notebook HTML is a
-self-contained, escaped fragment in the catalog's colours (on hand-built results with known roles)."""
+"""The Python API's surface, without a model: every command is one function, and every option of the command line
+comes from the one declaration of the function's keyword (name, default, domain, help); the same values are refused
+in the same words both ways; thresholds take Python's forms; a result's notebook HTML is a self-contained, escaped
+fragment in the catalog's colours (on hand-built results with known roles)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 
-from attnscope import api, cli
+from attnscope import api, cli, settings
 from attnscope.analyses.attend import AttendResult
 from attnscope.analyses.heads import HeadRecord, Heads, HeadsResult
+from attnscope.cli.declare import OptionError
 from attnscope.errors import AttnscopeError
+from attnscope.output.destination import Drawing, Output
 from attnscope.output.notebook import html
 from attnscope.output.views import view_of
 from attnscope.pipeline.labels import Labels
@@ -23,33 +26,7 @@ from attnscope.scores import catalog
 from attnscope.scores.kinds import DECODER
 from attnscope.scores.roles import Role, parse_thresholds
 
-# command -> its function in the API; the CLI's own parameters the API spells otherwise; the CLI's output options
-FUNCTIONS = {
-    "heads": api.heads,
-    "show": api.show,
-    "diversity": api.diversity,
-    "attend": api.attend,
-    "ablate": api.ablate,
-    "circuit": api.circuit,
-    "report": api.report,
-    "compare": api.compare,
-    "info": api.info,
-    "random-mha": api.random_mha,
-    "bench": api.bench,
-}
-RENAMED = {"text": "texts", "name": "model", "names": "models", "with_diversity": "diversity"}
-OUTPUT_OPTIONS = {"json", "csv", "out", "quiet", "format", "dpi"}  # Result.save takes format and dpi
-# bench times a model on one device: its command refuses --device-map; ablate and info capture no attention, and
-# refuse any --kernel but auto
-LEFT_OUT = {("bench", "device_map"), ("ablate", "kernel"), ("info", "kernel")}
-# Python's spelling of a default the CLI writes as option text, or leaves to a fixed choice of None
-SAME_DEFAULT = {
-    "device": ("auto", None),  # None: the default device of a model given by name, and nothing for a loaded one
-    "dtype": ("auto", None),
-    "kernel": ("auto", None),  # None: load's default (auto) for a model given by name; a loaded model keeps its own
-    "plot": (None, ()),
-    "name": ("gpt2", inspect.Parameter.empty),  # the model is the first argument, required but for bench
-}
+COMMANDS = api.COMMANDS
 
 
 def _cli_parameters(command: str) -> dict[str, inspect.Parameter]:
@@ -61,52 +38,65 @@ def _cli_parameters(command: str) -> dict[str, inspect.Parameter]:
     return dict(inspect.signature(function).parameters)
 
 
-def _python_default(value: object) -> object:
-    """The CLI's default as Python spells it: `...` (required) as no default, comma-separated numbers as a tuple, a
-    repeatable option's one default value (`report`'s `--model`) as that value."""
-    if value is ...:
-        return inspect.Parameter.empty
-    if isinstance(value, list) and len(value) == 1:
-        return value[0]
-    if isinstance(value, str) and re.fullmatch(r"[\w-]+(,[\w-]+)+", value):
-        return tuple(int(part) if part.isdigit() else part for part in value.split(","))
-    return value
+def _option_info(parameter: inspect.Parameter):
+    return typing.get_args(parameter.annotation)[1]
 
 
-@pytest.mark.parametrize("command", FUNCTIONS)
-def test_every_option_of_a_command_is_a_keyword_of_its_function_with_the_same_default(command):
-    """One meaning per option name: `--batch-size 4` and `batch_size=4` are the same setting, and leaving either
-    out means the same. A new CLI option fails here until the API has it too."""
-    python = inspect.signature(FUNCTIONS[command]).parameters
-    for name, option in _cli_parameters(command).items():
-        if name in OUTPUT_OPTIONS or (command, name) in LEFT_OUT:
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_option_of_a_command_is_the_declaration_of_a_keyword_of_its_function(command):
+    """One declaration per setting: the command's options are its function's keywords (those the command line
+    has) and the output options, in that order, each with the names, help and default its declaration gives; the
+    function's signature has the same keywords with the same defaults. A new setting is one new field."""
+    function = COMMANDS[command]
+    declared = [item for item in api.keywords(function.settings) if item.command_line]
+    output = (Drawing if function.settings.draws else Output).declarations()
+    parameters = _cli_parameters(command)
+    assert list(parameters) == [item.name for item in declared + output]
+    signature = inspect.signature(function).parameters
+    for item in declared + output:
+        info = _option_info(parameters[item.name])
+        assert info.help == item.help, (command, item.name)
+        if item.argument:
+            assert info.metavar == item.metavar
             continue
-        keyword = RENAMED.get(name, name)
-        assert keyword in python, f"{command}: --{name.replace('_', '-')} has no keyword {keyword}"
-        cli_default, python_default = _python_default(option.default), python[keyword].default
-        if name in SAME_DEFAULT and command != "bench":
-            assert (cli_default, python_default) == SAME_DEFAULT[name], (command, name)
-        else:
-            assert python_default == cli_default, (command, name, python_default, cli_default)
+        names = " ".join(str(name) for name in (info.default, *info.param_decls))  # typer keeps the first in default
+        assert all(flag.split("/")[0] in names for flag in item.options), (command, item.name, names)
+        default = parameters[item.name].default
+        if item.many:  # repeated: left out means the function's default
+            assert default is None or default == [item.default], (command, item.name)
+        elif not item.required:  # a tuple of numbers as typed: the parser reads it
+            parser = info.parser or (lambda value: value)
+            assert parser(default) == item.default, (command, item.name)
+        if item in declared:
+            python = signature[item.name].default
+            assert python == (inspect.Parameter.empty if item.required else item.default), (command, item.name)
 
 
-@pytest.mark.parametrize("command", FUNCTIONS)
+@pytest.mark.parametrize("command", COMMANDS)
 def test_every_keyword_is_documented_in_the_functions_help(command):
-    function = FUNCTIONS[command]
-    documented = {line.split()[0] for line in inspect.getdoc(function).splitlines() if line and not line[0].isspace()}
-    documented |= {
-        name.strip() for line in inspect.getdoc(function).splitlines() for name in line.split(":")[0].split(",")
-    }
+    function = COMMANDS[command]
+    lines = inspect.getdoc(function).splitlines()
+    documented = {line.split()[0] for line in lines if line and not line[0].isspace()}
     missing = [name for name in inspect.signature(function).parameters if name not in documented]
     assert missing == [], f"{command}: undocumented keywords {missing}"
+    for item in function.settings.declarations():
+        line = next(line for line in lines if line.split() and line.split()[0] == item.name)
+        assert item.spelled in " ".join(lines[lines.index(line) : lines.index(line) + 4]), (command, item.name)
+
+
+def test_an_unknown_keyword_is_a_type_error_as_python_says_it():
+    with pytest.raises(TypeError, match=r"^heads\(\): got an unexpected keyword argument 'windw'$"):
+        api.heads("demo", windw=3)
+    with pytest.raises(TypeError, match=r"^random_mha\(\): too many positional arguments$"):
+        api.random_mha(64)
 
 
 def test_the_api_defaults_are_the_settings_defaults():
-    """The keywords' defaults are the analyses' own (the CLI's too, above): the settings dataclass built from no
-    keyword is the one built from every keyword at its default."""
+    """The keywords' defaults are the settings' own: the settings built from every keyword at its default are the
+    settings built from none."""
     python = inspect.signature(api.heads).parameters
-    given = {name: python[name].default for name in ("window", "probe", "probe_len", "probe_seed", "batch_size")}
-    assert Heads(**given, max_tokens=python["max_tokens"].default) == Heads()
+    given = {item.name: python[item.name].default for item in settings.Heads.declarations()}
+    assert Heads(**given) == Heads()
 
 
 def test_thresholds_take_a_mapping_or_role_equals_value_strings():
@@ -258,26 +248,14 @@ def test_attend_html_escapes_its_tokens_and_shades_its_grid():
 
 # ---------------------------------------------------------------------------------- the same checks, both ways
 
-# What each command's function needs besides the keyword under test
+# What each command's settings need besides the keyword under test
 REQUIRED = {
     "show": {"layer": 0},
     "diversity": {"layer": 0},
     "attend": {"from_token": "cat", "to_token": "mat"},
-    "random-mha": {"heads": [1]},  # dividing any d_model
+    "random-mha": {"head_counts": [1]},  # dividing any d_model
     "circuit": {"method": "gradient"},  # --steps are the gradient's
 }
-NEEDS_MODEL = {"heads", "show", "diversity", "attend", "ablate", "circuit", "report", "info", "bench"}
-REFUSED = {("info", "device_map")}  # info reads the config only: both refuse any device map
-
-
-class _Checked(Exception):
-    """Raised in place of loading a model or running an analysis: every check before it passed."""
-
-
-def _domain(parameter: inspect.Parameter):
-    """The attnscope.options domain a CLI option reads its parser from (None: the option has none)."""
-    info = typing.get_args(parameter.annotation)[1]
-    return getattr(getattr(info, "parser", None), "option", None)
 
 
 def _outside(option) -> list:
@@ -289,67 +267,32 @@ def _outside(option) -> list:
     return ["nonsense", 1]
 
 
-def _call(command: str, keyword: str, value, monkeypatch, tmp_path):
-    """The command's function with `keyword=value`, stopped (by _Checked) where it would load or run."""
-    from attnscope.analyses.bench import Bench
-    from attnscope.analyses.info import Info
-    from attnscope.analyses.random_mha import RandomMha
-    from attnscope.pipeline import kernels
-
-    def stop(*args, **kwargs):
-        raise _Checked
-
-    monkeypatch.setattr(api, "_check_shape", lambda *args: None)
-    monkeypatch.setattr(api, "_model", stop)
-    # whether a kernel can run here is not an option's domain; and kernels.decide remembers its answers, which a
-    # later test of a machine without Triton must not be given
-    monkeypatch.setattr(kernels, "decide", lambda setting, device: "blocks")
-    for settings in (Bench, Info, RandomMha):
-        monkeypatch.setattr(settings, "run", stop)
-    keywords = {**REQUIRED.get(command, {}), RENAMED.get(keyword, keyword): value}
-    positional = [str(tmp_path / "no-model")] if command in NEEDS_MODEL else []
-    if command == "compare":  # two models, each loaded in its turn
-        positional = [[str(tmp_path / "no-model"), str(tmp_path / "no-model-either")]]
-    if command in ("heads", "show", "diversity", "attend", "ablate", "circuit", "report", "compare"):
-        positional.append("The cat sat on the mat.")
-    return FUNCTIONS[command](*positional, **keywords)
-
-
-@pytest.mark.parametrize("command", FUNCTIONS)
-def test_every_option_is_checked_the_same_way_by_the_cli_and_the_api(command, monkeypatch, tmp_path):
-    """Each option with a domain (a range or choices) declares it in attnscope.options; its CLI parser and the API
-    keyword refuse the same values, in the same words, and accept the ends of its range."""
-    for name, parameter in _cli_parameters(command).items():
-        if name in OUTPUT_OPTIONS or (command, name) in LEFT_OUT | REFUSED:
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_option_is_checked_the_same_way_by_the_cli_and_the_api(command):
+    """Each setting with a range or choices: the command line's parser and the Python settings (which the function
+    builds first) refuse the same values, in the same words but for the option's name, and accept the ends."""
+    function = COMMANDS[command]
+    parameters = _cli_parameters(command)
+    for item in function.settings.declarations():
+        option = item.domain
+        if option is None or option.kind not in ("count", "number", "choice"):
             continue
-        option = _domain(parameter)
-        base = typing.get_args(parameter.annotation)[0]
-        if base in (int, float, int | None, float | None):  # no number declares its range by hand
-            assert option is not None, f"{command} --{name}: its range is not read from attnscope.options"
-        if option is None or option.kind == "text":
-            continue
-        parser = typing.get_args(parameter.annotation)[1].parser
-        listed = base in (cli.Numbers,)
+        parser = _option_info(parameters[item.name]).parser
         for value in _outside(option):
             with pytest.raises(AttnscopeError) as raised:
-                _call(command, name, [value] if listed else value, monkeypatch, tmp_path)
-            keyword = RENAMED.get(name, name)
-            assert str(raised.value).startswith(f"{keyword} "), (command, name, str(raised.value))
-            said = isinstance(value, str if option.kind == "choice" else int if listed else (int, float))
-            if said:  # what a command line can say, and the command line reads as the API does
-                with pytest.raises(cli._OptionError) as refused:
+                function.settings(**{**REQUIRED.get(command, {}), item.name: value})
+            assert str(raised.value).startswith(f"{item.name} "), (command, item.name, str(raised.value))
+            if isinstance(value, str if option.kind == "choice" else (int, float)):  # what a command line can say
+                with pytest.raises(OptionError) as refused:
                     parser(str(value))
-                # the same problem, named as each side spells the option: `window 0: ...`, `--window 0: ...` (Python
-                # also names the type it got)
                 problem = refused.value.message.split(": ", 1)[1]
-                assert str(raised.value).split(": ", 1)[1].startswith(problem), (command, name, problem)
+                assert str(raised.value).split(": ", 1)[1].startswith(problem), (command, item.name, problem)
         ends = [option.low, option.high] if option.kind in ("count", "number") else list(option.choices)
         for value in ends:
-            if command == "random-mha" and name in ("d_model", "seq_len", "heads") and value == option.high:
+            if command == "random-mha" and value == option.high and item.name in ("d_model", "seq_len"):
                 continue  # the largest sizes together are refused by random-mha's memory estimate, as they should
-            with pytest.raises(_Checked):
-                _call(command, name, [value] if listed else value, monkeypatch, tmp_path)
-            assert parser(str(value)) == ((value,) if listed else value)
+            function.settings(**{**REQUIRED.get(command, {}), item.name: value})
+            assert parser(str(value)) == value
 
 
 def test_pictures_take_the_domains_of_format_and_dpi():
@@ -357,8 +300,7 @@ def test_pictures_take_the_domains_of_format_and_dpi():
     from attnscope.output.files import Pictures
 
     for name, option in (("format", options.FORMAT), ("dpi", options.DPI)):
-        parameter = _cli_parameters("show")[name]
-        assert _domain(parameter) is option
+        assert _option_info(_cli_parameters("show")[name]).parser.domain is option
     with pytest.raises(AttnscopeError, match="^dpi '300': expected a whole number from 50 to 1,200, not a str$"):
         Pictures(dpi="300")
     with pytest.raises(AttnscopeError, match="^format 'jpg': use one of png, svg, pdf$"):
@@ -373,17 +315,17 @@ def test_pictures_take_the_domains_of_format_and_dpi():
         (lambda: api.heads("m", window=float("nan")), "window nan: expected a whole number"),
         (lambda: api.heads("m", batch_size="8"), "batch_size '8': expected a whole number"),
         (lambda: api.heads("m", thresholds=5), "thresholds 5: expected {ROLE: VALUE} or ROLE=VALUE strings"),
-        (lambda: api.heads("m", plot=[1]), "plot 1: expected a head such as '4.11'"),
+        (lambda: api.heads("m", plot=[1]), "plot 1: expected LAYER.HEAD such as 4.11"),
         (lambda: api.heads("m", probe_seed=1.5), "probe_seed 1.5: expected a whole number"),
         (lambda: api.heads("m", probe_seed=2**70), "probe_seed 1180591620717411303424: must be a whole number"),
         (lambda: api.heads("m", layer="1"), "layer '1': expected a whole number from 0"),
         (lambda: api.heads("m", bos="no"), "bos 'no': expected True or False (or None), not a str"),
         (lambda: api.heads("m", words=True), "words (--words) draws the maps of plot (--plot L.H) word by word"),
         (lambda: api.attend("m", from_token=5), "from_token 5: expected a string, not an int"),
-        (lambda: api.random_mha(heads="1,2"), "heads '1,2': expected a list of whole numbers"),
+        (lambda: api.random_mha(head_counts="1,2"), "head_counts '1,2': expected a list of whole numbers"),
         (lambda: api.random_mha(trials=10**20), "trials 100000000000000000000: must be a whole number from 1"),
         (lambda: api.bench("m", repeats=10**12), "repeats 1000000000000: must be a whole number from 1 to 1,000"),
-        (lambda: api.load(None), "model None: expected a model from attnscope.load or a name"),
+        (lambda: api.load(None), "model: expected a model from attnscope.load or a name"),
         (lambda: api.load("m", dtype="float99"), "dtype 'float99': use one of auto, float32, float16, bfloat16"),
         (lambda: api.heads("m", progress=5), "progress 5: expected a function"),
         (lambda: api.heads("m", file=3), "file 3: expected the path of a file"),
@@ -401,7 +343,7 @@ def test_the_api_refuses_wrong_types_and_values_in_one_line(call, message):
 )
 def test_save_refuses_what_the_cli_refuses(tmp_path, monkeypatch, out, dpi, message):
     monkeypatch.chdir(tmp_path)
-    result = api.random_mha(d_model=8, heads=(1, 2), seq_len=4, trials=1)
+    result = api.random_mha(d_model=8, head_counts=(1, 2), seq_len=4, trials=1)
     with pytest.raises(AttnscopeError, match=f"^{re.escape(message)}"):
         result.save(out, dpi=dpi)
     assert list(tmp_path.iterdir()) == []
@@ -423,7 +365,8 @@ def test_the_promises_page_lists_the_bounds_of_every_number_option():
     for info in cli.app.registered_commands:
         command = info.name or info.callback.__name__
         for parameter in inspect.signature(info.callback).parameters.values():
-            option = _domain(parameter) if typing.get_args(parameter.annotation)[1:] else None
+            parser = getattr(_option_info(parameter), "parser", None) if typing.get_args(parameter.annotation) else None
+            option = getattr(parser, "domain", None)
             if option is None or option.kind not in ("count", "number"):
                 continue
             declared = typing.get_args(parameter.annotation)[1]

@@ -1,5 +1,5 @@
 """compare without a model: when a role formed (planted role sequences), labels, revisions, the refusal of models
-that cannot be compared (hand-made tokenizers), the JSD the change sums (against scipy), and the JSON and long CSV
+that cannot be compared (hand-made tokenizers), the JSD the divergence sums (against scipy), and the JSON and long CSV
 of a hand-built result."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy.spatial.distance import jensenshannon
 
-from attnscope.analyses.compare import Compare, CompareHead, CompareResult, formation, parse_revisions, unique_labels
+from attnscope.analyses.compare import Compare, CompareHead, CompareResult, formation
 from attnscope.errors import AttnscopeError
 from attnscope.models.checks import check_comparable
 from attnscope.output.documents import to_csv, to_json
@@ -36,29 +36,13 @@ def test_a_role_formed_at_the_first_model_from_which_the_head_holds_it_to_the_en
     assert formation(held, LABELS, ["induction", "broad"]) == expected
 
 
-def test_labels_are_made_unique_by_parent_folders_then_by_place(tmp_path):
-    (tmp_path / "run1" / "final").mkdir(parents=True)
-    (tmp_path / "run2" / "final").mkdir(parents=True)
-    names = [str(tmp_path / "run1" / "final"), str(tmp_path / "run2" / "final")]
-    labels, note = unique_labels(["final", "final"], names)
-    assert labels == ["run1/final", "run2/final"] and "final as run1/final" in note
-    labels, note = unique_labels(["demo", "demo", "gpt2"], ["demo", "demo", "gpt2"])
-    assert labels == ["demo", "demo#2", "gpt2"] and "demo as demo#2" in note
-    assert unique_labels(["a", "b"], ["a", "b"]) == (["a", "b"], None)
-
-
-def test_revisions_are_a_comma_separated_string_or_a_list():
-    assert parse_revisions("step0, step512,step1000") == ("step0", "step512", "step1000")
-    assert parse_revisions(["step0", "step1"]) == ("step0", "step1")
-    for wrong in ("step0,,step1", [], [3], 5):
-        with pytest.raises(AttnscopeError, match="^revisions "):
-            parse_revisions(wrong)
-    with pytest.raises(AttnscopeError, match="revisions of one repository, but 2 models were given"):
-        Compare(revisions="a,b").sources(["x", "y"])
+def test_compare_takes_two_models_or_more_and_divergence_takes_two():
     with pytest.raises(AttnscopeError, match="compare needs at least two models, 1 given"):
-        Compare().check_count(1)
-    with pytest.raises(AttnscopeError, match="change compares the maps of two models; 3 were given"):
-        Compare(change=True).check_count(3)
+        Compare().check_models(1)
+    with pytest.raises(AttnscopeError, match=r"divergence \(--divergence\) sets the maps of two models side by side; 3 given"):
+        Compare(divergence=True).check_models(3)
+    Compare(divergence=True).check_models(2)
+    Compare().check_models(5)
 
 
 class _Tokenizer(SimpleNamespace):
@@ -96,7 +80,7 @@ def test_models_that_cannot_be_compared_are_refused_naming_what_differs(other, m
     check_comparable(_model(), _model(), "A", "B")  # the same: nothing to say
 
 
-def test_the_change_of_a_row_is_scipys_jensen_shannon_divergence_in_bits_and_exactly_0_for_equal_rows():
+def test_the_divergence_of_a_row_is_scipys_jensen_shannon_divergence_in_bits_and_exactly_0_for_equal_rows():
     generator = torch.Generator().manual_seed(0)
     p = torch.rand(6, 9, generator=generator) ** 3
     q = torch.rand(6, 9, generator=generator) ** 3
@@ -106,12 +90,12 @@ def test_the_change_of_a_row_is_scipys_jensen_shannon_divergence_in_bits_and_exa
     assert torch.equal(pairs.js_divergence(p, p.clone()), torch.zeros(6))
 
 
-def _result(change: bool = True) -> CompareResult:
+def _result(divergence: bool = True) -> CompareResult:
     heads = [
         CompareHead(0, 0, {"induction": [0.1, 0.9], "previous_token": [0.7, 0.2]}, ["previous-token", "induction"],
-                    {"induction": "b", "previous-token": None}, 0.25 if change else None),
+                    {"induction": "b", "previous-token": None}, 0.25 if divergence else None),
         CompareHead(0, 1, {"induction": [0.0, 0.0], "previous_token": [0.1, 0.1]}, ["mixed", "mixed"],
-                    {"induction": None, "previous-token": None}, 0.0 if change else None),
+                    {"induction": None, "previous-token": None}, 0.0 if divergence else None),
     ]  # fmt: skip
     model = {"name": "a", "kind": "decoder", "n_layer": 1, "n_head": 2, "compared": []}
     settings = {"thresholds": {"induction": 0.5}, "top": 5}
@@ -128,23 +112,24 @@ def test_the_json_holds_a_value_per_model_and_the_csv_a_row_per_head_and_model()
     first = document["heads"][0]
     assert first == {
         "layer": 0, "head": 0, "label": "0.0", "scores": {"induction": [0.1, 0.9], "previous_token": [0.7, 0.2]},
-        "roles": ["previous-token", "induction"], "formed": {"induction": "b", "previous-token": None}, "change": 0.25,
+        "roles": ["previous-token", "induction"], "formed": {"induction": "b", "previous-token": None},
+        "divergence": 0.25,
     }  # fmt: skip
     assert result.to_json() == to_json(result.to_document())
     rows = result.to_records()
     assert [(row["label"], row["model"], row["role"]) for row in rows] == [
         ("0.0", "a", "previous-token"), ("0.0", "b", "induction"), ("0.1", "a", "mixed"), ("0.1", "b", "mixed"),
     ]  # fmt: skip
-    assert rows[1]["induction"] == 0.9 and rows[1]["change"] == 0.25
-    assert to_csv(rows).splitlines()[0] == "layer,head,label,model,model_index,role,induction,previous_token,change"
-    assert "change" not in json.dumps(json.loads(_result(change=False).to_json())["heads"])
+    assert rows[1]["induction"] == 0.9 and rows[1]["divergence"] == 0.25
+    assert to_csv(rows).splitlines()[0] == "layer,head,label,model,model_index,role,induction,previous_token,divergence"
+    assert "divergence" not in json.dumps(json.loads(_result(divergence=False).to_json())["heads"])
 
 
 def test_the_spool_finds_rows_by_position_whatever_the_blocks_and_removes_its_file():
     """Rows written in blocks 0:3 and 3:7 are read back in blocks 0:5 and 5:7 (causal: only the keys each row sees
     are stored; encoder: every key)."""
     from attnscope.pipeline.blocks import AttentionBlock
-    from attnscope.pipeline.change import AttentionSpool
+    from attnscope.pipeline.divergence import AttentionSpool
 
     generator = torch.Generator().manual_seed(1)
     for kind in (DECODER, ENCODER):
@@ -170,7 +155,7 @@ def test_the_spool_finds_rows_by_position_whatever_the_blocks_and_removes_its_fi
         assert not path.exists()
 
 
-def test_the_terminal_and_the_notebook_rank_heads_by_change_and_list_role_changes():
+def test_the_terminal_and_the_notebook_rank_heads_by_divergence_and_list_role_changes():
     from rich.console import Console
 
     from attnscope.output.views import view_of
@@ -180,10 +165,10 @@ def test_the_terminal_and_the_notebook_rank_heads_by_change_and_list_role_change
     for item in view_of(result).terminal([]):
         console.print(item)
     text = console.export_text()
-    assert text.index("0.0") < text.index("0.1") and "Heads ranked by change" in text
+    assert text.index("0.0") < text.index("0.1") and "Heads ranked by divergence" in text
     assert "previous-token → induction (b)" in text and "induction from b" in text
     fragment = result._repr_html_()
-    assert "Heads ranked by change" in fragment and "<script" not in fragment
+    assert "Heads ranked by divergence" in fragment and "<script" not in fragment
     assert "Heads whose role changes" in fragment
 
 

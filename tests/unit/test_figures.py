@@ -169,11 +169,11 @@ def test_pictures_settings_are_checked():
     from attnscope.errors import AttnscopeError
     from attnscope.output.files import DPI_RANGE, Pictures
 
-    assert Pictures("svg").file_name("attention_0.1") == "attention_0.1.svg"  # the stem keeps its dot
+    assert Pictures(format="svg").file_name("attention_0.1") == "attention_0.1.svg"  # the stem keeps its dot
     with pytest.raises(AttnscopeError, match="jpg"):
-        Pictures("jpg")
+        Pictures(format="jpg")
     with pytest.raises(AttnscopeError, match="dpi"):
-        Pictures("png", DPI_RANGE[1] + 1)
+        Pictures(format="png", dpi=DPI_RANGE[1] + 1)
 
 
 # ----------------------------------------------------------------------------------------------- colour scales

@@ -17,7 +17,7 @@ TESTS = ROOT / "tests"
 # A module of a stage imports only modules of its own stage or of lower ones. Rendering (output) sits below the
 # analyses: a result hands itself to its view (`result.to_json()`, `_repr_html_`), and views read results by duck
 # typing, never importing a result class (see analyses/result.py).
-STAGES = ["base", "scores", "models", "pipeline", "output", "analyses", "api", "cli"]
+STAGES = ["base", "scores", "models", "settings", "pipeline", "output", "analyses", "api", "cli"]
 COMMANDS = [
     "heads", "show", "diversity", "random-mha", "attend", "ablate", "circuit", "report", "compare", "bench", "info",
 ]  # fmt: skip
@@ -30,7 +30,8 @@ def _module_name(path: Path, root: Path) -> str:
 
 def _stage(module: str) -> str:
     """attnscope.errors, attnscope.options (every option's domain) and attnscope itself: base; attnscope.<stage>.x:
-    <stage>; attnscope.api: api (the Python API, above the output it hands back); attnscope.cli, __main__: cli."""
+    <stage> (attnscope.settings: every command's settings, declared once, light enough for `--help`);
+    attnscope.api: api (the Python API, above the output it hands back); attnscope.cli, __main__: cli."""
     parts = module.split(".")
     if parts[0] != "attnscope":
         raise ValueError(module)
@@ -158,9 +159,26 @@ def test_every_module_belongs_to_a_stage():
 
 
 def test_imports_point_down_the_stages():
-    """errors/__init__ < scores < models < pipeline < output < analyses < api < cli: a lower stage never imports a
-    higher one, not even inside a function."""
+    """errors/__init__ < scores < models < settings < pipeline < output < analyses < api < cli: a lower stage never
+    imports a higher one, not even inside a function."""
     assert _upward_imports() == []
+
+
+def test_the_cli_goes_through_the_api_alone():
+    """One front door: the command line imports the API, the renderers (output), the option domains and the error
+    type, never the analyses, the pipeline, the models or the settings' modules behind the API; every command is an
+    API function with options made from its declarations (tests/unit/test_api.py)."""
+    allowed = ("attnscope.api", "attnscope.output", "attnscope.options", "attnscope.errors", "attnscope.cli")
+    modules = _package_modules()
+    known = {module for _, module in modules} - {"attnscope"}
+    wrong = []
+    for path, module in modules:
+        if _stage(module) != "cli":
+            continue
+        for target, line in _imports(path, module):
+            if target in known and not target.startswith(allowed):
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+    assert wrong == []
 
 
 def test_no_module_imports_itself_back():
@@ -235,25 +253,11 @@ def test_the_lazy_names_of_the_package_load_their_modules():
     statement, so the package imports without torch)."""
     import attnscope
     from attnscope import api
-    from attnscope.analyses.heads import analyze_heads
-    from attnscope.models.loading import load_model
     from attnscope.pipeline.inputs import Text
 
-    assert attnscope.Text is Text and attnscope.analyze_heads is analyze_heads and attnscope.load_model is load_model
-    names = (
-        "load",
-        "heads",
-        "show",
-        "diversity",
-        "attend",
-        "ablate",
-        "circuit",
-        "report",
-        "compare",
-        "info",
-        "random_mha",
-    )
-    names += ("bench",)
+    assert attnscope.Text is Text
+    names = ("load", *(function.__name__ for function in api.COMMANDS.values()))
+    assert len(names) == 12
     for name in names:
         assert getattr(attnscope, name) is getattr(api, name)
         assert name in dir(attnscope) and name in attnscope.__all__
@@ -292,12 +296,12 @@ def test_only_the_cli_imports_typer_or_click():
         for target, _ in _imports(path, module)
         if target.split(".")[0] in ("typer", "click")
     )
-    assert set(users) == {"attnscope/cli.py"}
+    assert users and all(user.startswith("attnscope/cli/") for user in users)
 
 
 def test_help_does_not_import_heavy_libraries():
     heavy = ("torch", "transformers", "matplotlib")
-    code = f"import sys, attnscope.cli; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    code = f"import sys, attnscope.cli; print(sorted(m for m in {heavy!r} if m in sys.modules))"  # every command built
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

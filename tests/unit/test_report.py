@@ -8,7 +8,7 @@ from attnscope.analyses.heads import HeadRecord
 from attnscope.analyses.report import characteristic_heads, top_heads_per_role
 from attnscope.scores.catalog import SCORE_NAMES
 from attnscope.scores.roles import Role
-from tests.support import DEPENDENCIES, circuit_stand_in
+from tests.support import DEPENDENCIES, circuit_stand_in, given_models
 
 
 def _record(layer, head, role, score, **scores) -> HeadRecord:
@@ -49,34 +49,12 @@ def test_top_heads_per_role_rank_every_head_by_the_roles_score():
 # ------------------------------------------------------------------------------------------ several models
 
 
-def test_models_are_labelled_by_folder_or_name_and_given_once(tmp_path):
-    from attnscope.analyses.report import model_labels
-    from attnscope.errors import AttnscopeError
-
-    for name in ("step-1", "step-2", "other/step-1"):
-        (tmp_path / name).mkdir(parents=True)
-    assert model_labels([str(tmp_path / "step-1"), str(tmp_path / "step-2") + "/", "gpt2"]) == [
-        "step-1",
-        "step-2",
-        "gpt2",
-    ]
-    clashing = [str(tmp_path / "step-1"), str(tmp_path / "other" / "step-1")]
-    # the same folder name twice: told apart by their parent folders, as compare labels them
-    assert model_labels(clashing) == [f"{tmp_path.name}/step-1", "other/step-1"]
-    assert model_labels([], ["step0", "step512"]) == ["step0", "step512"]
-    with pytest.raises(AttnscopeError, match="^model 'gpt2' is given twice"):
-        model_labels(["gpt2", "demo", "gpt2"])
-    with pytest.raises(AttnscopeError, match="^revision 'step0' is given twice"):
-        model_labels([], ["step0", "step0"])
-
-
 # ------------------------------------------------------------------------------------------------ --circuit
 def test_circuit_records_are_the_circuit_analysis_records_top_k_per_head(monkeypatch):
-    from attnscope.analyses.heads import Heads
     from attnscope.analyses.report import CIRCUIT_TOP, Report, circuit_records
 
     built = circuit_stand_in(monkeypatch)
-    assert circuit_records(None, [], Heads(batch_size=3)) == DEPENDENCIES
+    assert circuit_records(None, [], Report(batch_size=3)) == DEPENDENCIES
     assert built[0]["top"] == CIRCUIT_TOP and built[0]["batch_size"] == 3
     assert Report(circuit=True).circuit  # the settings find the analysis
 
@@ -87,4 +65,4 @@ def test_circuit_explains_one_model(monkeypatch):
 
     circuit_stand_in(monkeypatch)
     with pytest.raises(AttnscopeError, match=r"^circuit \(--circuit\) explains one model's heads"):
-        Report(circuit=True).run_models([("a", lambda: None), ("b", lambda: None)], [])
+        Report(circuit=True).run_models(given_models(("a", None), ("b", None)), [])

@@ -1,9 +1,9 @@
-"""What changed in each head's attention between two models run on the same windows: the mean Jensen–Shannon
+"""How far each head's attention moved between two models run on the same windows: the mean Jensen–Shannon
 divergence between their rows, without ever holding a layer's maps of either model.
 
 The two models are never in memory together. While the first runs, `SpoolWriter` writes every block of query rows
 the capture hands over to a temporary file (`AttentionSpool`, float32, the rows as computed); while the second runs,
-`ChangeStatistics` reads the same rows back, block by block as the second model produces them, and reduces each pair
+`DivergenceStatistics` reads the same rows back, block by block as the second model produces them, and reduces each pair
 of rows to per-head sums on the device: Σ JSD(A_first[i], A_second[i]) over the scored rows (kinds' `scored_rows`,
 the rows every score of `heads` averages over). Nothing but one block of each model exists at a time; the file holds
 one model's rows (for a causal model only the keys each row sees: (n + 1) n / 2 per head and window).
@@ -196,7 +196,7 @@ class SpoolWriter(_Batches):
         self.spool.finish()
 
 
-class ChangeStatistics(_Batches):
+class DivergenceStatistics(_Batches):
     """Reducer of the second model: Σ JSD (bits) between its rows and the first model's (read from `spool`), per
     (layer, head), over the scored rows, on the device; `means()` divides by the rows counted."""
 

@@ -1,0 +1,171 @@
+"""What the command line shows: a status line and a progress bar on stderr while a command runs (`Live`), then the
+result (`emit`): notes on stderr, the files into --out, then --json, --csv or the terminal view on stdout.
+
+Rendering is the result's view (attnscope.output.views): this module only chooses where each part goes. Lines on
+stderr are one line each, control characters escaped; nothing but the result reaches stdout.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from attnscope.errors import AttnscopeError
+
+LINE_MAX = 4000  # characters of one line on stderr; a longer one repeats a value nobody reads whole
+
+
+def counted(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def one_line(text: str) -> str:
+    """`text` as one line of a terminal: control characters (a newline in a file name, an escape sequence in a
+    model's name) written as escapes, and at most LINE_MAX characters."""
+    line = "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+    return line if len(line) <= LINE_MAX else f"{line[: LINE_MAX - 1]}…"
+
+
+def note(message: str) -> None:
+    print(one_line(f"note: {message}"), file=sys.stderr)
+
+
+def console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    # markup off: a model's name, a text or a folder holding `[red]` is shown as it is, not as a style
+    return Console(stderr=stderr, highlight=False, markup=False, width=_width())
+
+
+def _width() -> int | None:
+    """The terminal's width where COLUMNS says nothing usable (0, -5, 'wide', 10^9): rich would take `COLUMNS=0` for
+    a width of 0 and print nothing at all. None: rich's own answer (COLUMNS, the terminal's width, or 80)."""
+    import shutil
+
+    columns = os.environ.get("COLUMNS")
+    if columns is None or (columns.strip().isdigit() and 1 <= int(columns) <= 10_000):
+        return None
+    return min(max(shutil.get_terminal_size((80, 24)).columns, 20), 10_000)
+
+
+def is_main() -> bool:
+    """Only rank 0 prints and writes under torchrun."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+class Live:
+    """What stderr shows while a command runs, drawn only on a terminal (not with --quiet, and only on rank 0 under
+    torchrun): a status line saying what is being done (`loading demo …`), replaced by the next; then, once the
+    texts run, a rich progress bar: the share of the input read (bytes of a file, texts of a list) with the time left
+    at this pace, the texts read so far, the tokens forwarded per second (special tokens included, padding not).
+    A context manager; `status` and `progress` are the callbacks the Python API takes (None when hidden)."""
+
+    def __init__(self, quiet: bool, label: str):
+        self.shown = not quiet and sys.stderr.isatty() and is_main()
+        self.label = label
+        self.line_drawn = False
+        self.bar: Any = None
+        self.status = self._status if self.shown else None
+        self.progress = self._progress if self.shown else None
+
+    def __enter__(self) -> Live:
+        return self
+
+    def _status(self, text: str) -> None:
+        import shutil
+
+        if self.bar is not None:
+            return
+        width = shutil.get_terminal_size().columns - 1  # a line that wrapped could not be cleared
+        text = text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+        sys.stderr.write(f"\r\x1b[2K{one_line(text)}")
+        sys.stderr.flush()
+        self.line_drawn = True
+
+    def _clear_line(self) -> None:
+        if self.line_drawn:
+            sys.stderr.write("\r\x1b[2K")
+            sys.stderr.flush()
+            self.line_drawn = False
+
+    def _start_bar(self) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._clear_line()
+        self.bar = Progress(
+            TextColumn(self.label),
+            BarColumn(),
+            TextColumn("{task.fields[share]}"),
+            TextColumn("{task.fields[texts]}"),
+            TextColumn("{task.fields[rate]}"),
+            TimeRemainingColumn(),
+            console=console(stderr=True),
+            transient=True,
+            auto_refresh=False,  # a refresh thread competing with torch's threads made runs several times slower
+        )
+        self.bar.__enter__()
+        self.task = self.bar.add_task(self.label, total=None, share="", texts="", rate="")
+        self.started = self.refreshed = time.perf_counter()
+
+    def _progress(self, texts: int, tokens: int, share: float) -> None:
+        """`texts` read from the input so far, `tokens` forwarded so far, `share` of the input read (0 to 1)."""
+        if self.bar is None:
+            self._start_bar()
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        self.bar.update(
+            self.task,
+            completed=share,
+            total=1.0,
+            share=f"{share:.0%} of the input",
+            texts=f"{counted(texts, 'text')} read",
+            rate=f"{tokens / elapsed:,.0f} tokens/s",
+        )
+        now = time.perf_counter()
+        if now - self.refreshed > 0.1 or share >= 1.0:  # at most 10 redraws a second
+            self.refreshed = now
+            self.bar.refresh()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+            self.bar = None
+        self._clear_line()
+
+
+def emit(result: Any, output: Any, folder: Path | None) -> None:
+    """The common ending: notes on stderr, the files into `folder`, then --json, --csv or the terminal view."""
+    from attnscope.output.documents import to_csv, to_json
+    from attnscope.output.files import write_all
+    from attnscope.output.views import view_of
+
+    view = view_of(result, output.pictures)
+    for message in view.notes:
+        note(message)
+    written = write_all(folder, view.files) if folder is not None else []
+    shown_as_paths = view.names_files and not (output.json or output.csv)  # the paths themselves go to stdout
+    if written and not output.quiet and not shown_as_paths:
+        note(f"wrote {counted(len(written), 'file')} to {folder}")
+    try:
+        if output.json:
+            sys.stdout.write(to_json(view.document()))
+        elif output.csv:
+            sys.stdout.write(to_csv(view.records(), view.columns))
+        else:
+            shown = console()
+            for item in view.terminal(written):
+                # a line of text (a file's path above all) is never cut in two: scripts read it back
+                shown.print(item, soft_wrap=isinstance(item, str))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as error:  # stdout on a full disk (`> /dev/full`), a quota, an I/O error
+        silence_stdout()
+        raise AttnscopeError(f"cannot write to standard output: {error.strerror or error}") from None
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of what is left does not fail again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

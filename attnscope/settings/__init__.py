@@ -1,0 +1,70 @@
+"""Every command's settings, each declared once: one frozen dataclass per command, a field per setting.
+
+Each field is declared with `options.setting` (its domain, default, help and command-line spelling), and from that
+one declaration come the field's check, the Python API's keyword with its docstring line (attnscope.api) and the
+CLI's option (attnscope.cli). Settings shared by several commands are declared once, in the small classes the
+commands inherit (`Reading`: --file, --bos; `Batching`; `Scoring`; `Place`, `Revision`, `DeviceMap`, `Kernel`: how
+a model given by name is loaded).
+
+A command's class also declares its contract, as class attributes with defaults on `Settings` (the way
+transformers' PreTrainedModel declares `_supports_sdpa`): which models it takes (`models`), whether it reads texts,
+whether it needs the language-model head, whether it draws pictures, and what it asks of a model's shape
+(`check_shape`, from the config before any weight loads). The runners (attnscope.api) read these attributes; they
+never probe an analysis with getattr. The analyses (attnscope.analyses) subclass these classes and add `run`.
+
+Light: no torch, no transformers, so `attnscope --help` builds every option from here.
+"""
+
+from attnscope.settings.commands import (
+    Ablate,
+    Attend,
+    Bench,
+    Circuit,
+    Compare,
+    Diversity,
+    Heads,
+    Info,
+    RandomMha,
+    Report,
+    Show,
+    parse_occurrence,
+)
+from attnscope.settings.declare import (
+    DEFAULT_MODEL,
+    MODEL,
+    MODELS,
+    NONE,
+    ONE,
+    OWN,
+    PROGRESS,
+    SCORE,
+    SEVERAL,
+    STATUS,
+    TEXTS,
+    Declared,
+    Setting,
+    Settings,
+    check_layer,
+    check_measured,
+    declared,
+    setting,
+)
+from attnscope.settings.groups import (
+    SCORING,
+    Batching,
+    DeviceMap,
+    Kernel,
+    Loading,
+    Place,
+    Reading,
+    Revision,
+    Scoring,
+)
+
+__all__ = [
+    "Ablate", "Attend", "Bench", "Circuit", "Compare", "Diversity", "Heads", "Info", "RandomMha", "Report", "Show",
+    "parse_occurrence", "DEFAULT_MODEL", "MODEL", "MODELS", "NONE", "ONE", "OWN", "PROGRESS", "SCORE", "SEVERAL",
+    "STATUS", "TEXTS", "Declared", "Setting", "Settings", "check_layer", "check_measured", "declared", "setting",
+    "SCORING", "Batching", "DeviceMap", "Kernel", "Loading", "Place", "Reading", "Revision",
+    "Scoring",
+]  # fmt: skip
