@@ -160,7 +160,7 @@ def _token_losses(loaded: LoadedModel, input_ids, attention_mask, labels=None):
     return losses * valid, valid
 
 
-@dataclass
+@dataclass(repr=False)  # the repr is Result's: a summary
 class AblationResult(Result):
     """Importance of every head, (n_layer, n_head) numpy float64; with the loss method also the loss with the head
     removed; `prune` lists the loss as the least important heads are removed one after another."""

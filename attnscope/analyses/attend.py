@@ -92,7 +92,7 @@ def listing(labels: Labels, view: str) -> str:
     return shown + (" …" if len(spans) > LISTED else "")
 
 
-@dataclass
+@dataclass(repr=False)  # the repr is Result's: a summary
 class AttendResult(Result):
     """Attention from one word (the tokens `from_positions` of one window) in every layer and head.
 

@@ -490,7 +490,7 @@ CHANGES: dict[str, Callable] = {"removal": removal_changes, "gradient": gradient
 # ------------------------------------------------------------------------------------------------- the analysis
 
 
-@dataclass
+@dataclass(repr=False)  # the repr is Result's: a summary
 class CircuitResult(Result):
     """Which heads each explained head depends on.
 

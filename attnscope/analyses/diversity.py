@@ -31,7 +31,7 @@ DEFAULT_TOP = 5  # pairs listed as most redundant and most distinct
 ALL_LAYERS_BUDGET = 64 * 2**20  # bytes of all layers' attention held at once for all layers (one window at least)
 
 
-@dataclass
+@dataclass(repr=False)  # the repr is Result's: a summary
 class DiversityResult(Result):
     """Pairwise similarity of the heads `labels` (one layer's, or all heads of the model in layer.head order).
 

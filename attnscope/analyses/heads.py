@@ -58,7 +58,7 @@ class HeadRecord:
         return f"{self.layer}.{self.head}"
 
 
-@dataclass
+@dataclass(repr=False)  # the repr is Result's: a summary
 class HeadsResult(Result):
     model: dict[str, Any]
     kind: Kind

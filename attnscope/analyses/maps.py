@@ -86,7 +86,7 @@ def attention_maps(
     return {layer: with_words(attention) if words else attention for layer, attention in kept.items()}, notes
 
 
-@dataclass
+@dataclass(repr=False)  # the repr is Result's: a summary
 class ShowResult(Result):
     """`attnscope show`: one layer's maps (every head, or `head` alone) for the text at `index`, token by token or
     (`attention.view` "words") word by word."""
