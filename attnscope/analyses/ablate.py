@@ -186,6 +186,10 @@ class AblationResult(Result):
             key=lambda lh: (-self.importance[lh], lh),
         )
 
+    def ranked_labels(self) -> list[str]:
+        """`ranked()` as `L.H` labels: the heads from the most to the least important."""
+        return [f"{layer}.{head}" for layer, head in self.ranked()]
+
 
 def losses_under(
     loaded: LoadedModel,

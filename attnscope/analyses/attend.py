@@ -186,6 +186,10 @@ class AttendResult(Result):
         )
         return heads[:k]
 
+    def strongest_labels(self, k: int | None = None) -> list[str]:
+        """`strongest(k)` as `L.H` labels."""
+        return [f"{layer}.{head}" for layer, head in self.strongest(k)]
+
 
 @dataclass
 class _Found:

@@ -514,6 +514,11 @@ class CircuitResult(Result):
     def top(self) -> int:
         return self.settings["top"]
 
+    @property
+    def explained_labels(self) -> list[str]:
+        """The heads B explained (`explained`, the rows of `with_values` and `changes`), as `L.H` labels."""
+        return [f"{layer}.{head}" for layer, head, _ in self.explained]
+
     def dependencies(self, top: int | None = None) -> list[dict[str, Any]]:
         """One record per pair (B, A earlier), B in layer.head order; within B, by change, the most negative first
         (the heads B needs most), ties in A's layer.head order. `top` keeps each B's `top` largest |change|."""

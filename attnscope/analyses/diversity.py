@@ -64,6 +64,11 @@ class DiversityResult(Result):
     def cluster_at(self) -> float:
         return self.settings["cluster_at"]
 
+    @property
+    def ordered_labels(self) -> list[str]:
+        """The heads in the clustered order (`order`, indices into `labels`), as `L.H` labels."""
+        return [self.labels[index] for index in self.order]
+
     def pair_columns(self) -> list[str]:
         """The keys of a pair's record, in order (the CSV's header, also when there is no pair)."""
         errors = [] if self.js_se is None else ["js_se", "js_distance_se"]

@@ -82,6 +82,11 @@ class HeadsResult(Result):
         return selected if top is None else selected[:top]
 
     @property
+    def plotted_labels(self) -> list[str]:
+        """The heads whose maps were asked for (`plotted`), as `L.H` labels."""
+        return [f"{layer}.{head}" for layer, head in self.plotted]
+
+    @property
     def selected(self) -> list[HeadRecord]:
         """The heads the run's selection (layer, sort, top) picks: the rows of the table, --json and --csv."""
         return self.select(**self.selection)

@@ -98,6 +98,12 @@ class ShowResult(Result):
     bos: bool | None
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def head_labels(self) -> list[str]:
+        """The heads shown, as `L.H` labels: every head of the layer, or `head` alone."""
+        heads = range(self.attention.maps.shape[0]) if self.head is None else [self.head]
+        return [f"{self.attention.layer}.{head}" for head in heads]
+
 
 @dataclass(frozen=True)
 class Show:
