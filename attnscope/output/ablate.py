@@ -126,7 +126,7 @@ class AblateView(View):
         if result.prune:
             last = result.prune[-1]
             lines.append(
-                f"pruned the {last['removed']} least important heads: loss {last['loss']:.4f} "
+                f"pruned the {counted(last['removed'], 'least important head')}: loss {last['loss']:.4f} "
                 f"({last['loss'] - result.baseline_loss:+.4f}) in .prune"
             )
         return summary(self, headline, lines, [".ranked()", ".importance"])

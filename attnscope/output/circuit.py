@@ -140,7 +140,7 @@ class CircuitView(View):
         steps = result.settings.get("steps")
         how = f"{method} ({counted(steps, 'step')})" if method == "gradient" and steps else method
         headline = (
-            f"{model_shape(result.model)}; {counted(len(result.explained), 'head')} explained by {how}, "
+            f"{model_shape(result.model)}; {counted(len(result.explained), 'head')} explained by {how}"
             f"{inputs_read(result.inputs)}"
         )
         strongest = sorted(result.dependencies(1), key=lambda record: (record["change"], record["label"]))

@@ -146,7 +146,7 @@ class CompareView(View):
         labels = list(result.labels)
         models = fitted("", labels, ", ", 40)
         headline = (
-            f"of {counted(len(labels), 'model')} ({models}): {model_shape({**result.model, 'name': None})} each, "
+            f"of {counted(len(labels), 'model')} ({models}): {model_shape({**result.model, 'name': None})} each"
             f"{inputs_read(result.inputs)}"
         )
         lines = []

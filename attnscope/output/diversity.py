@@ -120,7 +120,7 @@ class DiversityView(View):
         result = self.result
         count = len(result.labels)
         scope = f"all {count} heads" if result.layer is None else f"the {count} heads of layer {result.layer}"
-        headline = f"{result.model.get('name')}: {scope}, {inputs_read(result.inputs)}"
+        headline = f"{result.model.get('name')}: {scope}{inputs_read(result.inputs)}"
 
         def pairs(most_similar: bool) -> list[str]:
             return [f"{pair['a']} ~ {pair['b']} {pair['js']:.3f}" for pair in result.ranked_pairs(most_similar)]

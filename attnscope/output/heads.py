@@ -129,7 +129,7 @@ class HeadsView(View):
             lines.append(f"selected ({words}): {len(result.selected)} of {len(result.heads)} heads in .selected")
         if result.plotted:
             lines.append(fitted("maps in .attention: ", [f"{layer}.{head}" for layer, head in result.plotted], ", "))
-        headline = f"{model_shape(result.model)}, {inputs_read(result.inputs)}"
+        headline = f"{model_shape(result.model)}{inputs_read(result.inputs)}"
         return summary(self, headline, lines, [".heads", ".select(layer, sort, top)"])
 
 

@@ -105,9 +105,9 @@ class ReportView(View):
         if several:
             labels = fitted("", [page.label for page in several], ", ", 40)
             shape = model_shape({**heads.model, "name": None})
-            headline = f"of {counted(len(several), 'model')} ({labels}): {shape} each, {inputs_read(heads.inputs)}"
+            headline = f"of {counted(len(several), 'model')} ({labels}): {shape} each{inputs_read(heads.inputs)}"
         else:
-            headline = f"{model_shape(heads.model)}, {inputs_read(heads.inputs)}"
+            headline = f"{model_shape(heads.model)}{inputs_read(heads.inputs)}"
         first = f" in {several[0].label}" if several else ""
         characteristic = [f"{record.label} {record.role.role}" for record in result.characteristic]
         lines = [

@@ -123,10 +123,10 @@ def fitted(prefix: str, items: Sequence[str], separator: str = " · ", width: in
         return ""
     for count in range(len(items), 0, -1):
         rest = len(items) - count
-        line = prefix + separator.join(items[:count]) + (f"{separator}… {rest} more" if rest else "")
+        line = prefix + separator.join(items[:count]) + (f"{separator}… {rest:,} more" if rest else "")
         if len(line) <= width:
             return line
-    return clipped(prefix + f"… {len(items)}", width)
+    return clipped(prefix + f"… {len(items):,} more", width)
 
 
 def summary(view: View, headline: str, lines: Sequence[str] = (), more: Sequence[str] = ()) -> str:
@@ -154,12 +154,13 @@ def model_shape(model: dict) -> str:
     return f"{name}: {' × '.join(shape)}" if name and shape else name or " × ".join(shape)
 
 
-def inputs_read(inputs: dict) -> str:
-    """`6 texts (324 tokens)`: what an analysis read, from its input summary."""
+def inputs_read(inputs: dict, before: str = ", ") -> str:
+    """`, 6 texts (324 tokens)`: what an analysis read, from its input summary, after `before`; "" where it does not
+    say."""
     if "n_texts" not in inputs:
         return ""
     tokens = f" ({counted(inputs['n_tokens'], 'token')})" if "n_tokens" in inputs else ""
-    return counted(inputs["n_texts"], "text") + tokens
+    return before + counted(inputs["n_texts"], "text") + tokens
 
 
 def picture_paths(written: Sequence[Path]) -> list[Any]:
