@@ -82,7 +82,7 @@ def listing(labels: Labels, view: str) -> str:
     return shown + (" …" if len(spans) > LISTED else "")
 
 
-@dataclass
+@dataclass(repr=False)  # the repr is Result's: a summary
 class AttendResult(Result):
     """Attention from one word (the tokens `from_positions` of one window) in every layer and head.
 
@@ -175,6 +175,10 @@ class AttendResult(Result):
             ((layer, head) for layer in range(n_layer) for head in range(n_head)), key=lambda lh: (-weight[lh], lh)
         )
         return heads[:k]
+
+    def strongest_labels(self, k: int | None = None) -> list[str]:
+        """`strongest(k)` as `L.H` labels."""
+        return [f"{layer}.{head}" for layer, head in self.strongest(k)]
 
 
 @dataclass

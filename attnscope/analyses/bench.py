@@ -312,7 +312,7 @@ def random_model(config: Any, device: torch.device, dtype: Any) -> Any:
     return model.to(device=device, dtype=None if dtype == "auto" else dtype).eval()
 
 
-@dataclass
+@dataclass(repr=False)  # the repr is Result's: a summary
 class BenchResult(Result):
     model: dict[str, Any]  # name and shape of the model timed
     settings: dict[str, Any]  # what was asked, and the machine it ran on

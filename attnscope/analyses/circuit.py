@@ -482,7 +482,7 @@ CHANGES: dict[str, Callable] = {"removal": removal_changes, "gradient": gradient
 # ------------------------------------------------------------------------------------------------- the analysis
 
 
-@dataclass
+@dataclass(repr=False)  # the repr is Result's: a summary
 class CircuitResult(Result):
     """Which heads each explained head depends on.
 
@@ -505,6 +505,11 @@ class CircuitResult(Result):
     @property
     def top(self) -> int:
         return self.settings["top"]
+
+    @property
+    def explained_labels(self) -> list[str]:
+        """The heads B explained (`explained`, the rows of `with_values` and `changes`), as `L.H` labels."""
+        return [f"{layer}.{head}" for layer, head, _ in self.explained]
 
     def dependencies(self, top: int | None = None) -> list[dict[str, Any]]:
         """One record per pair (B, A earlier), B in layer.head order; within B, by change, the most negative first

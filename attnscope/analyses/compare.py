@@ -54,7 +54,7 @@ class CompareHead:
         return f"{self.layer}.{self.head}"
 
 
-@dataclass
+@dataclass(repr=False)  # the repr is Result's: a summary
 class CompareResult(Result):
     model: dict[str, Any]  # the first model's facts (the shape every model shares), `compared`: each model's
     kind: Kind

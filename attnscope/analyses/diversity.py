@@ -27,7 +27,7 @@ from attnscope.scores.kinds import Kind
 ALL_LAYERS_BUDGET = 64 * 2**20  # bytes of all layers' attention held at once for all layers (one window at least)
 
 
-@dataclass
+@dataclass(repr=False)  # the repr is Result's: a summary
 class DiversityResult(Result):
     """Pairwise similarity of the heads `labels` (one layer's, or all heads of the model in layer.head order).
 
@@ -59,6 +59,11 @@ class DiversityResult(Result):
     @property
     def cluster_at(self) -> float:
         return self.settings["cluster_at"]
+
+    @property
+    def ordered_labels(self) -> list[str]:
+        """The heads in the clustered order (`order`, indices into `labels`), as `L.H` labels."""
+        return [self.labels[index] for index in self.order]
 
     def pair_columns(self) -> list[str]:
         """The keys of a pair's record, in order (the CSV's header, also when there is no pair)."""

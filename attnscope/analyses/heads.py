@@ -41,7 +41,7 @@ class HeadRecord:
         return f"{self.layer}.{self.head}"
 
 
-@dataclass
+@dataclass(repr=False)  # the repr is Result's: a summary
 class HeadsResult(Result):
     model: dict[str, Any]
     kind: Kind
@@ -64,6 +64,11 @@ class HeadsResult(Result):
         if name is not None:
             selected.sort(key=lambda record: -record.scores[name])
         return selected if top is None else selected[:top]
+
+    @property
+    def plotted_labels(self) -> list[str]:
+        """The heads whose maps were asked for (`plotted`), as `L.H` labels."""
+        return [f"{layer}.{head}" for layer, head in self.plotted]
 
     @property
     def selected(self) -> list[HeadRecord]:

@@ -12,7 +12,7 @@ from attnscope.models.facts import model_facts
 from attnscope.models.loading import LoadedModel
 
 
-@dataclass
+@dataclass(repr=False)  # the repr is Result's: a summary
 class InfoResult(Result):
     model: dict[str, Any]
     notes: list[str] = field(default_factory=list)

@@ -85,7 +85,7 @@ def attention_maps(
     return {layer: with_words(attention) if words else attention for layer, attention in kept.items()}, notes
 
 
-@dataclass
+@dataclass(repr=False)  # the repr is Result's: a summary
 class ShowResult(Result):
     """`attnscope show`: one layer's maps (every head, or `head` alone) for the text at `index`, token by token or
     (`attention.view` "words") word by word."""
@@ -96,6 +96,12 @@ class ShowResult(Result):
     index: int
     bos: bool | None
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def head_labels(self) -> list[str]:
+        """The heads shown, as `L.H` labels: every head of the layer, or `head` alone."""
+        heads = range(self.attention.maps.shape[0]) if self.head is None else [self.head]
+        return [f"{self.attention.layer}.{head}" for head in heads]
 
 
 class Show(settings.Show):

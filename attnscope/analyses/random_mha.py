@@ -106,7 +106,7 @@ def _diversity_by_heads(
     return rows
 
 
-@dataclass
+@dataclass(repr=False)  # the repr is Result's: a summary
 class RandomMhaResult(Result):
     settings: dict[str, Any]
     rows: list[dict]  # one per head count, ascending

@@ -256,7 +256,7 @@ def example_texts(shown: Sequence[ShownText]) -> dict[str, int]:
     return {role.name: repeating if role.name in COPYING_ROLES else longest for role in ROLES}
 
 
-@dataclass
+@dataclass(repr=False)  # its maps would fill a REPL: one line instead, its heads summarised by their own repr
 class ReportModel:
     """One model of a report of several: its `label` (the revision, the folder's name or the name given), its heads,
     its characteristic heads and its maps on the report's texts (the same texts, tokens and cut for every model)."""
@@ -266,8 +266,15 @@ class ReportModel:
     characteristic: list[HeadRecord]
     texts: list[ShownText]
 
+    def __repr__(self) -> str:
+        heads = ", ".join(f"{record.label} {record.role.role}" for record in self.characteristic)
+        return (
+            f"<ReportModel {self.label}: characteristic heads {heads or 'none'}; maps on "
+            f"{counted(len(self.texts), 'text')}; see .heads>"
+        )
 
-@dataclass
+
+@dataclass(repr=False)  # the repr is Result's: a summary
 class ReportResult(Result):
     heads: HeadsResult
     diversity: DiversityResult | None  # None with the diversity pass off

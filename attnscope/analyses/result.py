@@ -7,7 +7,11 @@ view (`output.views`, the same view `--json`, `--csv` and `--out` use), so a not
     result.to_dataframe()  the records as a pandas DataFrame (pandas is optional: pip install pandas)
     result.save(out)       the files of --out (JSON, CSV, pictures) written into the folder `out`; returns their paths
     result.plot()          the pictures of --out as matplotlib Figures, by file stem
-    result                 in a notebook: its tables as HTML (`_repr_html_`, from `output.notebook`)
+    result                 in a notebook: its tables as HTML (`_repr_html_`, from `output.notebook`); in a plain REPL
+                           (`repr`, `print`): a few lines, the headline numbers and where to see more (`View.summary`)
+
+Every result class is a `@dataclass(repr=False)`, so that the dataclass does not write its own `__repr__` (every
+field, arrays and all: thousands of characters) over the one here.
 
 Why a result can call its view: rendering is a stage below the analyses (tests/unit/test_layout.py:
 ... pipeline < output < analyses < api < cli), because that is the way the imports really go: a result hands itself
@@ -72,6 +76,15 @@ class Result:
         """The pictures `save` writes, as matplotlib Figures by file stem (`role_map`, `score_previous_token`, ...;
         {} for a result that draws none), to show in a notebook or to change before saving (`figure.savefig`)."""
         return self._view().figures()
+
+    def __repr__(self) -> str:
+        """What a plain REPL shows (and `print`): a few lines of at most 100 columns with the headline numbers of the
+        command's terminal view and the attributes that hold the rest (see output.views.summary). A summary that
+        fails says so in its place: a repr that raises breaks the REPL, the debugger and test reports."""
+        try:
+            return self._view().summary()
+        except Exception as error:  # whatever it is, shown in the repr rather than raised
+            return f"<{type(self).__name__} (no summary: {type(error).__name__}: {error})>"
 
     def _repr_html_(self) -> str:
         """What a notebook shows: the result's tables as one self-contained HTML fragment (see output.notebook)."""

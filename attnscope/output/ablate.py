@@ -13,7 +13,8 @@ from typing import Any
 
 from attnscope.output import notebook
 from attnscope.output.documents import document
-from attnscope.output.views import View
+from attnscope.output.views import View, fitted, model_shape, summary
+from attnscope.scores.catalog import counted
 
 
 def ablate_records(result: Any) -> list[dict]:
@@ -106,6 +107,29 @@ class AblateView(View):
         if result.prune:
             parts.append(notebook.records_table(result.prune, "Loss as the least important heads are removed"))
         return notebook.fragment(*parts)
+
+    def summary(self) -> str:
+        """The model, the method and the tokens predicted, the baseline loss, the most important heads (the
+        terminal's ranked table) and, with pruning, the loss once the last head is removed."""
+        result = self.result
+        inputs = result.inputs
+        read = f" over {counted(inputs['n_texts'], 'text')}" if "n_texts" in inputs else ""
+        read += f" ({counted(inputs['predicted_tokens'], 'predicted token')})" if "predicted_tokens" in inputs else ""
+        headline = f"{model_shape(result.model)}; {result.method} method{read}"
+        if result.method == "loss":
+            important = [f"{layer}.{head} {result.importance[layer, head]:+.3f}" for layer, head in result.ranked()]
+            ranked = fitted("most important (loss change, nats): ", important)
+        else:
+            important = [f"{layer}.{head} {result.importance[layer, head]:.3g}" for layer, head in result.ranked()]
+            ranked = fitted("most important (|dL/d gate|): ", important)
+        lines = [f"baseline loss {result.baseline_loss:.4f} nats/token", ranked]
+        if result.prune:
+            last = result.prune[-1]
+            lines.append(
+                f"pruned the {counted(last['removed'], 'least important head')}: loss {last['loss']:.4f} "
+                f"({last['loss'] - result.baseline_loss:+.4f}) in .prune"
+            )
+        return summary(self, headline, lines, [".ranked()", ".importance"])
 
 
 # -------------------------------------------------------------------------------------------------------------- figures

@@ -15,7 +15,8 @@ from typing import Any
 
 from attnscope.output import notebook
 from attnscope.output.documents import document
-from attnscope.output.views import View, words_field
+from attnscope.output.views import View, fitted, summary, words_field
+from attnscope.scores.catalog import counted
 from attnscope.scores.words import CONTINUED_LEGEND, WORDS
 
 
@@ -141,6 +142,26 @@ class AttendView(View):
         return notebook.fragment(
             notebook.note_lines(self.notes), grid, notebook.table(headers, rows, shown.table_title)
         )
+
+    def summary(self) -> str:
+        """The model, the query word (and the target), the text read, and the strongest heads as the terminal's
+        table ranks them: each head's weight on the target, or without one its strongest key and weight."""
+        result = self.result
+        target = ""
+        if result.to_token is not None:
+            target = " to " + ", ".join(result.labels.describe(span) for span in result.to_words)
+        text = f"text {result.settings.get('index', 0)} ({counted(len(result.tokens), 'token')})"
+        headline = f"{result.model.get('name')}: from {result.from_name}{target}, {text}"
+        if result.to_weight is not None:
+            heads = [f"{layer}.{head} {result.to_weight[layer, head]:.3f}" for layer, head in result.strongest()]
+            strongest = fitted("strongest heads (weight on the target): ", heads)
+        else:
+            heads = []
+            for layer, head in result.strongest():
+                key, weight = result.top_keys(layer, head, 1)[0]
+                heads.append(f"{layer}.{head} → {result.key_name(key)} {weight:.2f}")
+            strongest = fitted("strongest heads (strongest key): ", heads)
+        return summary(self, headline, [strongest], [".strongest()", ".top_keys(layer, head)", ".rows"])
 
 
 @dataclass

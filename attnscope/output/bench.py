@@ -13,7 +13,7 @@ from typing import Any
 
 from attnscope.output import notebook
 from attnscope.output.documents import document, to_json
-from attnscope.output.views import View
+from attnscope.output.views import View, fitted, summary
 from attnscope.scores.catalog import counted
 
 
@@ -52,6 +52,49 @@ class BenchView(View):
             notebook.note_lines(self.notes),
             notebook.records_table(self.records(), f"attnscope bench: {self.result.model['name']}"),
         )
+
+    def summary(self) -> str:
+        """The model and the machine, what was timed, the fastest method at each size (batch × length), and
+        attnscope's time against the floor's and its speed-up over the baselines (the ranges over the sizes)."""
+        result, machine, rows = self.result, self.result.settings, self.result.rows
+        threads = machine.get("cpu_threads")
+        where = ", ".join(
+            str(part)
+            for part in (machine.get("device_name"), threads and counted(threads, "CPU thread"), machine.get("dtype"))
+            if part
+        )
+        methods = list(dict.fromkeys(row["method"] for row in rows))
+        batches = sorted({row["batch"] for row in rows})
+        lengths = sorted({row["seq"] for row in rows})
+        headline = (
+            f"{result.model.get('name')} on {where}: {counted(len(methods), 'method')} × batch "
+            f"{', '.join(map(str, batches))} × length {', '.join(map(str, lengths))}"
+        )
+        fastest: dict[tuple[int, int], dict] = {}
+        for row in rows:
+            size = (row["batch"], row["seq"])
+            if size not in fastest or row["tokens_per_s"] > fastest[size]["tokens_per_s"]:
+                fastest[size] = row
+        winners = [row["method"] for row in fastest.values()]
+        wins = [f"{method} at {winners.count(method)}" for method in dict.fromkeys(winners)]
+        lines = [fitted(f"fastest method, of the {len(fastest)} sizes (batch × length): ", wins)]
+
+        def spread(key: str) -> str | None:
+            """attnscope's `key` over the sizes: `1.21×`, or `1.21-1.90×`; None where it has none."""
+            values = [row[key] for row in rows if row["method"] == "attnscope" and row.get(key) is not None]
+            if not values:
+                return None
+            low, high = f"{min(values):.2f}", f"{max(values):.2f}"
+            return f"{low}×" if low == high else f"{low}-{high}×"
+
+        ours = [f"{spread('time_vs_floor')} the floor's time"] if spread("time_vs_floor") else []
+        speedups = {name: spread(f"speedup_vs_{name}") for name in ("tutorial", "cache")}
+        speedups = [f"{name} {value}" for name, value in speedups.items() if value]
+        ours += [f"speed-up over {', '.join(speedups)}"] if speedups else []
+        lines.append(fitted("attnscope: ", ours))
+        if result.micro:
+            lines.append(f"micro-benchmark: {counted(len(result.micro), 'row')} in .micro")
+        return summary(self, headline, lines, [".rows", *([".micro"] if result.micro else [])])
 
 
 # -------------------------------------------------------------------------------------------------------------- figures

@@ -16,7 +16,8 @@ import numpy as np
 
 from attnscope.output import notebook
 from attnscope.output.documents import document
-from attnscope.output.views import View
+from attnscope.output.views import View, fitted, inputs_read, model_shape, summary
+from attnscope.scores.catalog import counted
 
 EDGE_MIN = 0.05  # |change| of a score (its own units: most are fractions of attention) for an edge of the graph
 EDGES_PER_HEAD = 3  # each head's strongest dependencies drawn at most: its circuit, not every small effect
@@ -130,6 +131,24 @@ class CircuitView(View):
         if line:
             parts.append(notebook.paragraph(line))
         return notebook.fragment(*parts)
+
+    def summary(self) -> str:
+        """The model, the heads explained and how, each head's strongest dependency (the first row of its terminal
+        table: A → B and the change of B's score without A), the most negative first, and the weights' line."""
+        result = self.result
+        method = result.settings.get("method", "removal")
+        steps = result.settings.get("steps")
+        how = f"{method} ({counted(steps, 'step')})" if method == "gradient" and steps else method
+        headline = (
+            f"{model_shape(result.model)}; {counted(len(result.explained), 'head')} explained by {how}"
+            f"{inputs_read(result.inputs)}"
+        )
+        strongest = sorted(result.dependencies(1), key=lambda record: (record["change"], record["label"]))
+        needs = [f"{record['on']} → {record['label']} {record['change']:+.3f}" for record in strongest]
+        lines = [fitted("removing A changes B: ", needs)]
+        weights = self._weights_line()  # its parts one per line: the composition, the copying, the direct effect
+        lines += weights.split("; ") if weights else []
+        return summary(self, headline, lines, [".dependencies(top)", ".heads", ".explained"])
 
 
 # -------------------------------------------------------------------------------------------------------------- figures

@@ -16,7 +16,7 @@ from typing import Any
 
 from attnscope.output import notebook
 from attnscope.output.documents import document
-from attnscope.output.views import View
+from attnscope.output.views import View, fitted, inputs_read, model_shape, summary
 from attnscope.scores.catalog import FRACTION, ROLE, ROLES, SCORE, SIGNED, counted
 
 DIVERGENCE_UNIT = "mean JS divergence between the two models' rows (bits)"
@@ -138,6 +138,27 @@ class CompareView(View):
         if changing:
             parts.append(notebook.records_table(changing[:top], "Heads whose role changes"))
         return notebook.fragment(*parts)
+
+    def summary(self) -> str:
+        """The models compared, the heads per role in the first and the last model, with two models the heads that
+        changed most, and the heads whose role changes (how, and from which model it holds)."""
+        result = self.result
+        labels = list(result.labels)
+        models = fitted("", labels, ", ", 40)
+        headline = (
+            f"of {counted(len(labels), 'model')} ({models}): {model_shape({**result.model, 'name': None})} each"
+            f"{inputs_read(result.inputs)}"
+        )
+        lines = []
+        for index in sorted({0, len(labels) - 1}):
+            held = [(role.name, sum(head.roles[index] == role.name for head in result.heads)) for role in ROLES]
+            lines.append(fitted(f"roles in {labels[index]}: ", [f"{name} {count}" for name, count in held if count]))
+        if result.has_change:
+            changed = [f"{head.label} {head.change:.3f}" for head in result.ranked_by_change()]
+            lines.append(fitted("largest change (JSD bits): ", changed))
+        changing = [f"{head.label} {changed_roles(head, labels)}" for head in result.role_changes()]
+        lines.append(fitted("role changes: ", changing) or "no head changes its role")
+        return summary(self, headline, lines, [".heads", ".ranked_by_change()", ".role_changes()"])
 
 
 # ---------------------------------------------------------------------------------------------------------- tables

@@ -15,7 +15,7 @@ from typing import Any
 
 from attnscope.output import notebook
 from attnscope.output.documents import document, to_csv, to_json
-from attnscope.output.views import View
+from attnscope.output.views import View, fitted, inputs_read, summary
 
 
 def diversity_document(result: Any) -> dict:
@@ -113,6 +113,30 @@ class DiversityView(View):
             clusters = "; ".join(", ".join(group) for group in result.clusters) or "none"
             parts.append(notebook.paragraph(f"Clusters (average linkage below {result.cluster_at} bits): {clusters}"))
         return notebook.fragment(*parts)
+
+    def summary(self) -> str:
+        """The heads compared, the mean JSD of each layer, the most redundant and most distinct pairs (as the
+        terminal's tables, `a ~ b`), the near-duplicate groups and, for all layers, the clusters."""
+        result = self.result
+        count = len(result.labels)
+        scope = f"all {count} heads" if result.layer is None else f"the {count} heads of layer {result.layer}"
+        headline = f"{result.model.get('name')}: {scope}{inputs_read(result.inputs)}"
+
+        def pairs(most_similar: bool) -> list[str]:
+            return [f"{pair['a']} ~ {pair['b']} {pair['js']:.3f}" for pair in result.ranked_pairs(most_similar)]
+
+        layers = [f"{layer} {score:.3f}" for layer, score in result.layer_scores.items()]
+        duplicates = f"near-duplicates (JSD < {result.redundant:g}): "
+        lines = [
+            fitted("mean JSD of a pair of heads (bits), by layer: ", layers),
+            fitted("most redundant (JSD bits): ", pairs(True)),
+            fitted("most distinct: ", pairs(False)),
+            fitted(duplicates, [", ".join(group) for group in result.groups], "; ") or duplicates + "none",
+        ]
+        if result.layer is None:
+            clusters = [", ".join(group) for group in result.clusters]
+            lines.append(fitted(f"clusters (below {result.cluster_at:g} bits): ", clusters, "; ") or "clusters: none")
+        return summary(self, headline, lines, [".pairs()", ".ranked_pairs(most_similar)", ".labels", ".js"])
 
 
 # -------------------------------------------------------------------------------------------------------------- figures

@@ -14,7 +14,7 @@ from typing import Any
 
 from attnscope.output import notebook
 from attnscope.output.documents import document, to_csv, to_json
-from attnscope.output.views import View
+from attnscope.output.views import View, fitted, inputs_read, model_shape, summary
 from attnscope.scores.catalog import (
     FRACTION,
     ROLES,
@@ -117,6 +117,33 @@ class HeadsView(View):
             notebook.role_map(result.heads, model["n_layer"], model["n_head"], title),
             heads_table_html(result.selected, "Heads", result.kind.name, result.selection.get("sort"), kv_group(model)),
         )
+
+    def summary(self) -> str:
+        """The model and what was read, how many heads hold each role, the strongest head of each role, the
+        selection and the plotted maps."""
+        result = self.result
+        lines = role_lines(result.heads)
+        chosen = {name: value for name, value in result.selection.items() if value is not None}
+        if chosen:
+            words = ", ".join(f"{name} {value}" for name, value in chosen.items())
+            lines.append(f"selected ({words}): {len(result.selected)} of {len(result.heads)} heads in .selected")
+        if result.plotted:
+            lines.append(fitted("maps in .attention: ", [f"{layer}.{head}" for layer, head in result.plotted], ", "))
+        headline = f"{model_shape(result.model)}{inputs_read(result.inputs)}"
+        return summary(self, headline, lines, [".heads", ".select(layer, sort, top)"])
+
+
+def role_lines(heads: Sequence[Any]) -> list[str]:
+    """Two lines of a summary: how many heads hold each role (the catalog's order), and the strongest head of each
+    role but mixed (the highest deciding score), `1.0 induction 0.96`."""
+    held = [role.name for role in ROLES if any(record.role.role == role.name for record in heads)]
+    counts = [f"{role} {sum(record.role.role == role for record in heads)}" for role in held]
+    strongest = []
+    for role in held:
+        if role != "mixed":
+            best = max((record for record in heads if record.role.role == role), key=lambda record: record.role.score)
+            strongest.append(f"{best.label} {role} {best.role.score:.2f}")
+    return [fitted("roles: ", counts), fitted("strongest: ", strongest)]
 
 
 # -------------------------------------------------------------------------------------------------------------- figures

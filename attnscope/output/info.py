@@ -11,7 +11,7 @@ from typing import Any
 
 from attnscope.output import notebook
 from attnscope.output.documents import document
-from attnscope.output.views import View
+from attnscope.output.views import View, model_shape, summary
 from attnscope.scores.catalog import counted
 
 
@@ -58,3 +58,17 @@ class InfoView(View):
             for key, value in self.result.model.items()
         ]
         return notebook.fragment(notebook.table(["what", "value"], rows, "Model"))
+
+    def summary(self) -> str:
+        """The model's name and shape, family, widths, context, size, device and number format."""
+        facts = self.result.model
+        heads = ""
+        if facts.get("n_kv_head", facts.get("n_head")) != facts.get("n_head"):  # grouped- or multi-query attention
+            heads = f" (sharing {counted(facts['n_kv_head'], 'key/value head')})"
+        lines = [
+            f"{facts.get('family')} ({facts.get('model_type')}), {facts.get('kind')}; d_model {facts.get('d_model')}, "
+            f"d_head {facts.get('d_head')}; context {counted(facts.get('n_ctx', 0), 'token')}",
+            f"{facts.get('n_params', 0):,} parameters (without the language-model head); "
+            f"{facts.get('device')}, {facts.get('dtype')}",
+        ]
+        return summary(self, model_shape(facts) + heads, lines, [".model"])

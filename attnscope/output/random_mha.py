@@ -13,7 +13,7 @@ from typing import Any
 
 from attnscope.output import notebook
 from attnscope.output.documents import document, to_json
-from attnscope.output.views import View
+from attnscope.output.views import View, fitted, summary
 from attnscope.scores.catalog import counted
 
 
@@ -49,6 +49,24 @@ class RandomMhaView(View):
             notebook.note_lines(self.notes),
             notebook.records_table(self.records(), "Random multi-head attention: diversity by heads"),
         )
+
+    def summary(self) -> str:
+        """The untrained layer's settings, and the mean JS divergence and cosine between its heads by their number
+        (as the terminal's table)."""
+        s, rows = self.result.settings, self.result.rows
+        headline = (
+            f"untrained layer, d_model {s.get('d_model')}, {counted(s.get('seq_len', 0), 'token')}, "
+            f"{counted(s.get('trials', 0), 'trial')}, seed {s.get('seed')}"
+        )
+
+        def by_heads(key: str) -> list[str]:
+            return [f"{row['heads']} {'-' if row[key] is None else format(row[key], '.3f')}" for row in rows]
+
+        lines = [
+            fitted("JS divergence between heads (bits), by heads: ", by_heads("js")),
+            fitted("cosine between heads, by heads: ", by_heads("cosine")),
+        ]
+        return summary(self, headline, lines, [".rows"])
 
 
 # -------------------------------------------------------------------------------------------------------------- figures

@@ -35,9 +35,9 @@ from attnscope.output import notebook, viewer
 from attnscope.output.ablate import AblateView
 from attnscope.output.diversity import DiversityView, diversity_document
 from attnscope.output.documents import document
-from attnscope.output.heads import HeadsView, head_records, heads_document, kv_group
+from attnscope.output.heads import HeadsView, head_records, heads_document, kv_group, role_lines
 from attnscope.output.scales import SCALES
-from attnscope.output.views import View, picture_paths
+from attnscope.output.views import View, fitted, inputs_read, model_shape, picture_paths, summary
 from attnscope.scores.catalog import ROLE, ROLES, SCORE, counted, table_columns
 from attnscope.scores.words import CONTINUED_LEGEND
 
@@ -95,6 +95,42 @@ class ReportView(View):
         if result.diversity is not None:
             parts.append(DiversityView(result.diversity).notebook())
         return notebook.fragment(*parts)
+
+    def summary(self) -> str:
+        """The model (or the models), what was read, the heads per role and the characteristic heads (the first
+        model's), the passes the page holds besides the heads, and the texts it draws. Each nested result
+        (`.heads`, `.diversity`, `.ablation`) has its own summary."""
+        result = self.result
+        heads, several = result.heads, _several(result)
+        if several:
+            labels = fitted("", [page.label for page in several], ", ", 40)
+            shape = model_shape({**heads.model, "name": None})
+            headline = f"of {counted(len(several), 'model')} ({labels}): {shape} each{inputs_read(heads.inputs)}"
+        else:
+            headline = f"{model_shape(heads.model)}{inputs_read(heads.inputs)}"
+        first = f" in {several[0].label}" if several else ""
+        characteristic = [f"{record.label} {record.role.role}" for record in result.characteristic]
+        lines = [
+            role_lines(heads.heads)[0].replace("roles: ", f"roles{first}: ", 1),
+            fitted("characteristic heads: ", characteristic),
+        ]
+        passes, more = [], [".heads", *([".models"] if several else [])]
+        if result.diversity is not None:
+            passes.append(f"diversity ({counted(len(result.diversity.clusters), 'cluster')})")
+            more.append(".diversity")
+        if result.ablation is not None:
+            passes.append(f"ablation (baseline loss {result.ablation.baseline_loss:.4f})")
+            more.append(".ablation")
+        if result.dependencies is not None:
+            passes.append(f"circuit ({counted(len(result.dependencies), 'dependency', 'dependencies')})")
+            more.append(".dependencies")
+        lines.append(fitted("with: ", passes) or "with the heads alone (no diversity, ablation or circuit)")
+        lines.append(
+            f"the page draws every head on {counted(len(result.texts), 'text')} (at most "
+            f"{counted(result.token_cap, 'token')} each): .save(dir) writes report.html"
+        )
+        more.append(".top_per_role")
+        return summary(self, headline, lines, more)
 
 
 def _several(report: Any) -> list[Any]:

@@ -13,8 +13,9 @@ from typing import Any
 
 from attnscope.output import notebook
 from attnscope.output.documents import document
-from attnscope.output.views import View, picture_paths, words_field
+from attnscope.output.views import View, fitted, picture_paths, summary, words_field
 from attnscope.pipeline.labels import Labels
+from attnscope.scores.catalog import counted
 from attnscope.scores.words import CONTINUED_LEGEND
 
 MAX_MAP_TOKENS = 32  # a notebook's static map lists at most this many tokens (its picture, `save`, shows them all)
@@ -126,6 +127,24 @@ class ShowView(View):
             title = f"Head {attention.layer}.{head}: {result.model['name']} (rows: queries, columns: keys)"
             parts.append(notebook.grid(matrix, labels, [str(j) for j in range(n)], title, "query"))
         return notebook.note_lines(notes) + "".join(parts)
+
+    def summary(self) -> str:
+        """The model, the heads drawn, the text and its tokens (or words), and the shape of the maps."""
+        result, attention = self.result, self.result.attention
+        layer, n_head = attention.layer, attention.maps.shape[0]
+        every = f"layer {layer} (heads {layer}.0-{layer}.{n_head - 1})"
+        heads = every if result.head is None else f"head {layer}.{result.head}"
+        labels = attention.labels
+        words = attention.view == "words"
+        counts = counted(len(labels.tokens), "token") + (f", {counted(len(labels.words), 'word')}" if words else "")
+        headline = f"{result.model.get('name')}: {heads}, text {result.index} ({counts})"
+        shape = " × ".join(str(size) for size in attention.maps.shape)
+        by_word = ", by word in .attention.word_maps" if words else ""
+        lines = [
+            fitted("words: " if words else "tokens: ", labels.word_text if words else labels.shown, " "),
+            f"maps ({shape}: heads × queries × keys) in .attention.maps{by_word}",
+        ]
+        return summary(self, headline, lines, [".attention.shown(head)"])
 
 
 # -------------------------------------------------------------------------------------------------------------- figures

@@ -6,6 +6,8 @@
     figures()        the pictures of `--out` as matplotlib Figures, by file stem (`result.plot()`)
     terminal(paths)  rich renderables for the terminal (`paths`: the files just written, for commands that say where)
     notebook()       the HTML a notebook shows for the result (`result._repr_html_()`)
+    summary()        the few lines a plain REPL shows for the result (`repr(result)`): the headline numbers of the
+                     terminal view and where to see more, never an array
 
 Each command's view lives in its own module of this folder, `output/<command>.py` (its room: the view, its
 figures, its terminal tables and its notebook HTML), built from the shared builders: `documents` (the JSON envelope,
@@ -30,6 +32,7 @@ from typing import Any
 from attnscope.output import files
 from attnscope.output.documents import to_csv, to_json
 from attnscope.output.files import Pictures
+from attnscope.scores.catalog import counted
 
 
 class View:
@@ -86,6 +89,78 @@ class View:
     def notebook(self) -> str:
         """One self-contained HTML fragment (see output.notebook)."""
         raise NotImplementedError
+
+    def summary(self) -> str:
+        """What `repr(result)` shows in a plain REPL (see `summary`): by default the model's name and shape, the
+        notes, and the faces that show more; a command's view adds the headline numbers its terminal view leads
+        with."""
+        return summary(self, model_shape(getattr(self.result, "model", None) or {}))
+
+    @property
+    def faces(self) -> list[str]:
+        """The faces of every result that show more (a summary's last line); `.plot()` where there are pictures."""
+        pictures = [".plot()"] if type(self).figures is not View.figures else []
+        return [".to_records()", ".to_json()", ".save(dir)", *pictures]
+
+
+# ------------------------------------------------------------------------------------------------------------ summaries
+# A result's repr: a REPL prints it whole, so it is a few short lines whatever the model's size (a list of heads is
+# cut to what fits), and it holds numbers written out, never an array.
+
+SUMMARY_WIDTH = 100  # columns of a summary's line at most
+INDENT = "  "  # before each line of a summary after the first
+
+
+def clipped(line: str, width: int = SUMMARY_WIDTH) -> str:
+    """`line` cut to `width` columns, ending in `…` where cut."""
+    return line if len(line) <= width else line[: width - 1].rstrip() + "…"
+
+
+def fitted(prefix: str, items: Sequence[str], separator: str = " · ", width: int = SUMMARY_WIDTH - len(INDENT)) -> str:
+    """`prefix` and as many whole `items` as fit in `width` columns, then `… N more` for those left out
+    (`roles: induction 3 · mixed 3 · … 2 more`); "" when there is no item."""
+    if not items:
+        return ""
+    for count in range(len(items), 0, -1):
+        rest = len(items) - count
+        line = prefix + separator.join(items[:count]) + (f"{separator}… {rest:,} more" if rest else "")
+        if len(line) <= width:
+            return line
+    return clipped(prefix + f"… {len(items):,} more", width)
+
+
+def summary(view: View, headline: str, lines: Sequence[str] = (), more: Sequence[str] = ()) -> str:
+    """A result's repr: `<ResultClass headline`, each of `lines` (those not empty) indented, the result's notes (how
+    many, and the first), then `more` (attributes and methods that hold the rest) and the faces every result has,
+    closed by `>`; each on one line (a name or a note that holds a line break is joined up) of at most SUMMARY_WIDTH
+    columns."""
+    notes = list(getattr(view.result, "notes", None) or [])
+    if notes:
+        lines = [*lines, f"{counted(len(notes), 'note')} (.notes): {notes[0]}"]
+    body = [f"<{type(view.result).__name__} {headline}", *lines, "see " + " ".join([*more, *view.faces])]
+    body = [" ".join(str(line).split()) for line in body]
+    shown = [clipped(body[0]), *(clipped(INDENT + line) for line in body[1:] if line)]
+    return "\n".join([*shown[:-1], clipped(shown[-1], SUMMARY_WIDTH - 1) + ">"])
+
+
+def model_shape(model: dict) -> str:
+    """`demo: 2 layers × 4 heads` (what a model dict gives of it)."""
+    name = model.get("name")
+    shape = []
+    if "n_layer" in model:
+        shape.append(counted(model["n_layer"], "layer"))
+    if "n_head" in model:
+        shape.append(counted(model["n_head"], "head"))
+    return f"{name}: {' × '.join(shape)}" if name and shape else name or " × ".join(shape)
+
+
+def inputs_read(inputs: dict, before: str = ", ") -> str:
+    """`, 6 texts (324 tokens)`: what an analysis read, from its input summary, after `before`; "" where it does not
+    say."""
+    if "n_texts" not in inputs:
+        return ""
+    tokens = f" ({counted(inputs['n_tokens'], 'token')})" if "n_tokens" in inputs else ""
+    return before + counted(inputs["n_texts"], "text") + tokens
 
 
 def picture_paths(written: Sequence[Path]) -> list[Any]:
