@@ -190,4 +190,3 @@ def _part(progress: Progress | None, index: int, count: int) -> Progress | None:
     if progress is None:
         return None
     return lambda texts, tokens, share: progress(texts, tokens, (index + share) / count)
-

@@ -258,4 +258,3 @@ class Diversity(settings.Diversity):
             js_distance_se=matrices.get("js_distance_se"),
             linkage=linkage.merges,
         )
-

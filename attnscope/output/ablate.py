@@ -12,14 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.output import notebook
-from attnscope.output.documents import document
-from attnscope.output.views import View, fitted, model_shape, summary
+from attnscope.output.documents import document, to_csv, to_json
+from attnscope.output.views import View, fitted, model_shape, shown_rows, summary
 from attnscope.scores.catalog import counted
 
+SHOWN = 10  # the most important heads the terminal and a notebook list without --top
 
-def ablate_records(result: Any) -> list[dict]:
-    """One flat record per head, layer.head order: importance, rank (1 = most important) and, with the loss method,
-    the loss with the head removed."""
+
+def ablate_records(result: Any, ranked: bool = False) -> list[dict]:
+    """One flat record per head, layer.head order (`ranked`: the most important first, the first --top): importance,
+    rank (1 = most important) and, with the loss method, the loss with the head removed."""
     rank = {lh: k for k, lh in enumerate(result.ranked(), start=1)}
     n_layer, n_head = result.importance.shape
     records = []
@@ -35,16 +37,20 @@ def ablate_records(result: Any) -> list[dict]:
             if result.ablated_loss is not None:
                 record["loss_without_head"] = float(result.ablated_loss[layer, head])
             records.append(record)
+    if ranked:
+        records.sort(key=lambda record: record["rank"])
+        records = records[: result.settings["top"]]
     return records
 
 
 class AblateView(View):
     command = "ablate"
 
-    def document(self) -> dict:
-        """The baseline loss, one record per head, the most important heads (the ranked table's rows, --top) and the
-        pruning curve."""
+    def document(self, every: bool = False) -> dict:
+        """The baseline loss, one record per head, the most important heads (the ranked list: the first --top, or
+        all) and the pruning curve."""
         result = self.result
+        top = None if every else result.settings["top"]
         return document(
             "ablate",
             result.model,
@@ -53,12 +59,20 @@ class AblateView(View):
             result.notes,
             baseline_loss=result.baseline_loss,
             heads=ablate_records(result),
-            most_important=[f"{layer}.{head}" for layer, head in result.ranked()[: result.settings["top"]]],
+            most_important=[f"{layer}.{head}" for layer, head in result.ranked()[:top]],
             prune=result.prune,
         )
 
     def records(self) -> list[dict]:
-        return ablate_records(self.result)
+        """--csv's rows: the heads, the most important first (the first --top)."""
+        return ablate_records(self.result, ranked=True)
+
+    def data_files(self, stage: Path) -> list[Path]:
+        """ablate.json and ablate.csv: every head, layer.head order, whatever --top."""
+        return [
+            self.write(stage, "ablate.json", to_json(self.document(every=True))),
+            self.write(stage, "ablate.csv", to_csv(ablate_records(self.result))),
+        ]
 
     def figures(self) -> dict[str, Any]:
         """importance (layer × head) and, with pruning, prune (the loss against the heads removed)."""
@@ -72,8 +86,8 @@ class AblateView(View):
 
         result = self.result
         unit = "loss increase (nats)" if result.method == "loss" else "|dL/d gate|"
-        by_label = {record["label"]: record for record in self.records()}
-        ranked = [by_label[f"{layer}.{head}"] for layer, head in result.ranked()[: result.settings["top"]]]
+        by_label = {record["label"]: record for record in ablate_records(result)}
+        ranked = [by_label[f"{layer}.{head}"] for layer, head in result.ranked()[: shown_rows(result, SHOWN)]]
         shown = [
             f"baseline loss {result.baseline_loss:.4f} nats/token over {result.inputs['predicted_tokens']} predicted "
             "tokens",
@@ -88,8 +102,8 @@ class AblateView(View):
         result = self.result
         unit = "loss increase (nats)" if result.method == "loss" else "|dL/d gate|"
         scale = max(float(abs(result.importance).max()), 1e-300)
-        by_label = {record["label"]: record for record in self.records()}
-        ranked = [by_label[f"{layer}.{head}"] for layer, head in result.ranked()[: result.settings["top"]]]
+        by_label = {record["label"]: record for record in ablate_records(result)}
+        ranked = [by_label[f"{layer}.{head}"] for layer, head in result.ranked()[: shown_rows(result, SHOWN)]]
         parts = [
             notebook.note_lines(self.notes),
             notebook.paragraph(

@@ -14,43 +14,49 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.output import notebook
-from attnscope.output.documents import document
-from attnscope.output.views import View, fitted, summary, words_field
+from attnscope.output.documents import document, to_csv, to_json
+from attnscope.output.views import View, fitted, shown_rows, summary, words_field
 from attnscope.scores.catalog import counted
 from attnscope.scores.words import CONTINUED_LEGEND, WORDS
 
+SHOWN = 10  # the strongest heads the terminal and a notebook list without --top
 
-def attend_records(result: Any) -> list[dict]:
-    """One flat record per head, layer.head order: the weight on the target (when one was given) and the head's
-    top keys: tokens (position, exact token text, weight), or in the words view words (word index, word text,
-    weight)."""
+
+def attend_records(result: Any, ranked: bool = False) -> list[dict]:
+    """One flat record per head, layer.head order (`ranked`: the strongest first, the first --top): the weight on
+    the target (when one was given) and the head's top keys: tokens (position, exact token text, weight), or in the
+    words view words (word index, word text, weight)."""
     n_layer, n_head = result.rows.shape[:2]
-    records = []
-    for layer in range(n_layer):
-        for head in range(n_head):
-            record: dict[str, Any] = {"layer": layer, "head": head, "label": f"{layer}.{head}"}
-            if result.to_weight is not None:
-                record["to_weight"] = float(result.to_weight[layer, head])
-            for rank, (key, weight) in enumerate(result.top_keys(layer, head), start=1):
-                if result.view == "words":
-                    record[f"top{rank}_word"] = key
-                    record[f"top{rank}_text"] = result.labels.word_text[key]
-                else:
-                    record[f"top{rank}_position"] = key
-                    record[f"top{rank}_token"] = result.tokens[key]
-                record[f"top{rank}_weight"] = weight
-            records.append(record)
-    return records
+    heads = [(layer, head) for layer in range(n_layer) for head in range(n_head)]
+    if ranked:
+        heads = result.strongest(result.settings["top"] or n_layer * n_head)
+    return [_attend_record(result, layer, head) for layer, head in heads]
+
+
+def _attend_record(result: Any, layer: int, head: int) -> dict[str, Any]:
+    record: dict[str, Any] = {"layer": layer, "head": head, "label": f"{layer}.{head}"}
+    if result.to_weight is not None:
+        record["to_weight"] = float(result.to_weight[layer, head])
+    for rank, (key, weight) in enumerate(result.top_keys(layer, head), start=1):
+        if result.view == "words":
+            record[f"top{rank}_word"] = key
+            record[f"top{rank}_text"] = result.labels.word_text[key]
+        else:
+            record[f"top{rank}_position"] = key
+            record[f"top{rank}_token"] = result.tokens[key]
+        record[f"top{rank}_weight"] = weight
+    return record
 
 
 class AttendView(View):
     command = "attend"
 
-    def document(self) -> dict:
-        """The query word, the target, one record per head, the strongest heads and the full attention row of
-        every head (`rows[layer][head][key]`, over tokens); in the words view also `words` (each word's token
+    def document(self, every: bool = False) -> dict:
+        """The query word, the target, one record per head, the strongest heads (the first --top, or all) and the
+        full attention row of every head (`rows[layer][head][key]`, over tokens); in the words view also `words` (each word's token
         positions) and `word_rows[layer][head][word]`."""
         result = self.result
+        top = result.settings["top"] or result.rows.shape[0] * result.rows.shape[1]
         source = {
             "token": "".join(result.tokens[p] for p in result.from_positions),
             "position": result.from_position,
@@ -82,13 +88,23 @@ class AttendView(View):
             to=target,
             view=result.view,
             heads=attend_records(result),
-            strongest=[f"{layer}.{head}" for layer, head in result.strongest()],
+            strongest=[
+                f"{layer}.{head}" for layer, head in result.strongest(result.rows[..., 0].size if every else top)
+            ],
             rows=result.rows.tolist(),
             **words,
         )
 
     def records(self) -> list[dict]:
-        return attend_records(self.result)
+        """--csv's rows: the heads, the strongest first (the first --top)."""
+        return attend_records(self.result, ranked=True)
+
+    def data_files(self, stage: Path) -> list[Path]:
+        """attend.json and attend.csv: every head, layer.head order, whatever --top."""
+        return [
+            self.write(stage, "attend.json", to_json(self.document(every=True))),
+            self.write(stage, "attend.csv", to_csv(attend_records(self.result))),
+        ]
 
     def figures(self) -> dict[str, Any]:
         """attend: a layer × head heatmap of the weight on the target, or, without one, of each head's largest
@@ -111,7 +127,7 @@ class AttendView(View):
                 None if result.to_weight is None else float(result.to_weight[layer, head]),
                 [(result.key_name(key), weight) for key, weight in result.top_keys(layer, head)],
             )
-            for layer, head in result.strongest()
+            for layer, head in result.strongest(shown_rows(result, SHOWN))
         ]
         kind = "word" if result.view == "words" else "token"
         header = f"top {result.settings['tokens']} {kind}s ({kind}@position: weight)"

@@ -15,23 +15,24 @@ from typing import Any
 import numpy as np
 
 from attnscope.output import notebook
-from attnscope.output.documents import document
-from attnscope.output.views import View, fitted, inputs_read, model_shape, summary
+from attnscope.output.documents import document, to_csv, to_json
+from attnscope.output.views import View, fitted, inputs_read, model_shape, shown_rows, summary
 from attnscope.scores.catalog import counted
 
 EDGE_MIN = 0.05  # |change| of a score (its own units: most are fractions of attention) for an edge of the graph
 EDGES_PER_HEAD = 3  # each head's strongest dependencies drawn at most: its circuit, not every small effect
 EDGES_MAX = 150  # edges drawn at most, the strongest: beyond, a graph of 144 heads is a smear
 TERMINAL_HEADS = 24  # explained heads given a table in the terminal; the rest are in --json and --csv
+SHOWN = 10  # dependencies per explained head the terminal and a notebook list without --top
 
 
 class CircuitView(View):
     command = "circuit"
     columns = ("label", "on", "score", "with", "without", "change")
 
-    def document(self) -> dict:
-        """The explained heads' dependencies (each head's `top` largest by |change|, by change, most negative
-        first), the composition of every earlier head into them, and one record per head."""
+    def document(self, every: bool = False) -> dict:
+        """The explained heads' dependencies (each head's --top largest by |change|, or all; by change, most
+        negative first), the composition of every earlier head into them, and one record per head."""
         result = self.result
         return document(
             "circuit",
@@ -39,15 +40,22 @@ class CircuitView(View):
             result.inputs,
             result.settings,
             result.notes,
-            dependencies=result.dependencies(result.top),
+            dependencies=result.dependencies(None if every else result.top),
             composition=result.composition_records(),
             composition_baseline=result.baseline,
             heads=result.heads,
         )
 
     def records(self) -> list[dict]:
-        """Every dependency (B, A earlier), each B's by change: the CSV keeps all of them."""
-        return self.result.dependencies()
+        """--csv's rows: each explained head's dependencies (B, A earlier), by change (its --top largest, or all)."""
+        return self.result.dependencies(self.result.top)
+
+    def data_files(self, stage: Path) -> list[Path]:
+        """circuit.json and circuit.csv: every dependency, whatever --top."""
+        return [
+            self.write(stage, "circuit.json", to_json(self.document(every=True))),
+            self.write(stage, "circuit.csv", to_csv(self.result.dependencies(), self.columns)),
+        ]
 
     # ---------------------------------------------------------------------------------------------- figures
 
@@ -66,7 +74,7 @@ class CircuitView(View):
         """(title, rows) per explained head, its `top` dependencies."""
         result = self.result
         by_head: dict[str, list[dict]] = {}
-        for record in result.dependencies(result.top):
+        for record in result.dependencies(shown_rows(result, SHOWN)):
             by_head.setdefault(record["label"], []).append(record)
         tables = []
         heads = {record["label"]: record for record in result.heads}
@@ -111,8 +119,8 @@ class CircuitView(View):
         result = self.result
         shown: list[Any] = [
             f"{len(result.explained)} head{'s' if len(result.explained) != 1 else ''} explained by removing each "
-            f"earlier head ({result.settings['method']}); the {result.top} largest changes of each, most negative "
-            "first"
+            f"earlier head ({result.settings['method']}); the {shown_rows(result, SHOWN)} largest changes of each, "
+            "most negative first"
         ]
         for title, rows in self._tables():
             shown.append(terminal.records_table(rows, title) if rows else f"{title}: no earlier head")

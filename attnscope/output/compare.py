@@ -16,7 +16,7 @@ from typing import Any
 
 from attnscope.output import notebook
 from attnscope.output.documents import document
-from attnscope.output.views import View, fitted, inputs_read, model_shape, summary
+from attnscope.output.views import View, fitted, inputs_read, model_shape, shown_rows, summary
 from attnscope.scores.catalog import FRACTION, ROLE, ROLES, SCORE, SIGNED, counted
 
 DIVERGENCE_UNIT = "mean JS divergence between the two models' rows (bits)"
@@ -74,6 +74,9 @@ def formed_text(head: Any) -> str:
     return ", ".join(f"{role} from {label}" for role, label in head.formed.items() if label is not None) or "-"
 
 
+SHOWN = 20  # rows of each ranked table the terminal and a notebook show without --top
+
+
 class CompareView(View):
     command = "compare"
 
@@ -105,7 +108,7 @@ class CompareView(View):
         from attnscope.output import terminal
 
         result = self.result
-        top = result.settings["top"]
+        top = shown_rows(result, SHOWN)
         shown: list[Any] = [f"Compared {counted(len(result.labels), 'model')}: {', '.join(result.labels)}"]
         if result.has_divergence:
             shown.append(divergence_table(divergence_matrix(result)))
@@ -121,7 +124,7 @@ class CompareView(View):
 
     def notebook(self) -> str:
         result = self.result
-        top = result.settings["top"]
+        top = shown_rows(result, SHOWN)
         parts = [
             notebook.note_lines(self.notes),
             notebook.paragraph(f"Compared {counted(len(result.labels), 'model')}: {', '.join(result.labels)}"),
@@ -130,7 +133,9 @@ class CompareView(View):
             matrix = divergence_matrix(result)
             largest = max(float(matrix.max()), 1e-300)
             parts.append(
-                notebook.layer_head_grid(matrix.tolist(), f"Divergence per head, {DIVERGENCE_UNIT}", largest, "divergence")
+                notebook.layer_head_grid(
+                    matrix.tolist(), f"Divergence per head, {DIVERGENCE_UNIT}", largest, "divergence"
+                )
             )
             parts.append(notebook.records_table(divergence_rows(result)[:top], "Heads ranked by divergence"))
         parts.append(notebook.records_table(role_counts(result), "Heads per role in each model"))
@@ -141,7 +146,7 @@ class CompareView(View):
 
     def summary(self) -> str:
         """The models compared, the heads per role in the first and the last model, with two models the heads that
-        changed most, and the heads whose role changes (how, and from which model it holds)."""
+        moved most, and the heads whose role changes (how, and from which model it holds)."""
         result = self.result
         labels = list(result.labels)
         models = fitted("", labels, ", ", 40)
@@ -153,12 +158,12 @@ class CompareView(View):
         for index in sorted({0, len(labels) - 1}):
             held = [(role.name, sum(head.roles[index] == role.name for head in result.heads)) for role in ROLES]
             lines.append(fitted(f"roles in {labels[index]}: ", [f"{name} {count}" for name, count in held if count]))
-        if result.has_change:
-            changed = [f"{head.label} {head.change:.3f}" for head in result.ranked_by_change()]
-            lines.append(fitted("largest change (JSD bits): ", changed))
+        if result.has_divergence:
+            moved = [f"{head.label} {head.divergence:.3f}" for head in result.ranked_by_divergence()]
+            lines.append(fitted("largest divergence (JSD bits): ", moved))
         changing = [f"{head.label} {changed_roles(head, labels)}" for head in result.role_changes()]
         lines.append(fitted("role changes: ", changing) or "no head changes its role")
-        return summary(self, headline, lines, [".heads", ".ranked_by_change()", ".role_changes()"])
+        return summary(self, headline, lines, [".heads", ".ranked_by_divergence()", ".role_changes()"])
 
 
 # ---------------------------------------------------------------------------------------------------------- tables

@@ -15,11 +15,15 @@ from typing import Any
 
 from attnscope.output import notebook
 from attnscope.output.documents import document, to_csv, to_json
-from attnscope.output.views import View, fitted, inputs_read, summary
+from attnscope.output.views import View, fitted, inputs_read, shown_rows, summary
+
+SHOWN = 5  # the most redundant and the most distinct pairs the terminal and a notebook list without --top
 
 
-def diversity_document(result: Any) -> dict:
-    """The `diversity` JSON: layer scores, ranked pairs, groups, clusters and the full matrices."""
+def diversity_document(result: Any, every: bool = False) -> dict:
+    """The `diversity` JSON: layer scores, ranked pairs (the first --top of each list, or `every` pair), groups,
+    clusters and the full matrices."""
+    k = len(result.labels) ** 2 if every else None
     return document(
         "diversity",
         result.model,
@@ -27,8 +31,8 @@ def diversity_document(result: Any) -> dict:
         result.settings,
         result.notes,
         layer_scores={str(layer): score for layer, score in result.layer_scores.items()},
-        most_redundant=result.ranked_pairs(most_similar=True),
-        most_distinct=result.ranked_pairs(most_similar=False),
+        most_redundant=result.ranked_pairs(most_similar=True, k=k),
+        most_distinct=result.ranked_pairs(most_similar=False, k=k),
         redundant_groups=result.groups,
         clusters=result.clusters,
         labels=result.labels,
@@ -56,7 +60,7 @@ class DiversityView(View):
 
     def data_files(self, stage: Path) -> list[Path]:
         return [
-            self.write(stage, "diversity.json", to_json(self.document())),
+            self.write(stage, "diversity.json", to_json(diversity_document(self.result, every=True))),
             self.write(stage, "diversity_pairs.csv", to_csv(self.records(), self.columns)),
         ]
 
@@ -75,8 +79,12 @@ class DiversityView(View):
         shown = [layer_scores_table(result.layer_scores, f"Head diversity: {result.model['name']}, {scope}")]
         if result.layer is not None and len(result.labels) <= 16:
             shown.append(matrix_table(result.js, result.labels, "JS divergence between heads (bits)"))
-        shown.append(pairs_table(result.ranked_pairs(True), "Most redundant pairs (lowest JSD)"))
-        shown.append(pairs_table(result.ranked_pairs(False), "Most distinct pairs (highest JSD)"))
+        shown.append(
+            pairs_table(result.ranked_pairs(True, shown_rows(result, SHOWN)), "Most redundant pairs (lowest JSD)")
+        )
+        shown.append(
+            pairs_table(result.ranked_pairs(False, shown_rows(result, SHOWN)), "Most distinct pairs (highest JSD)")
+        )
         groups = "; ".join(", ".join(group) for group in result.groups) or "none"
         shown.append(f"Near-duplicate groups (JSD < {result.redundant} bits): {groups}")
         if result.layer is None:
@@ -105,8 +113,12 @@ class DiversityView(View):
             parts.append(
                 notebook.grid(matrix, result.labels, result.labels, "JS divergence between heads (bits)", "head")
             )
-        parts.append(pairs_table_html(result.ranked_pairs(True), "Most redundant pairs (lowest JSD)"))
-        parts.append(pairs_table_html(result.ranked_pairs(False), "Most distinct pairs (highest JSD)"))
+        parts.append(
+            pairs_table_html(result.ranked_pairs(True, shown_rows(result, SHOWN)), "Most redundant pairs (lowest JSD)")
+        )
+        parts.append(
+            pairs_table_html(result.ranked_pairs(False, shown_rows(result, SHOWN)), "Most distinct pairs (highest JSD)")
+        )
         groups = "; ".join(", ".join(group) for group in result.groups) or "none"
         parts.append(notebook.paragraph(f"Near-duplicate groups (JSD < {result.redundant} bits): {groups}"))
         if result.layer is None:

@@ -35,6 +35,14 @@ from attnscope.output.files import Pictures
 from attnscope.scores.catalog import counted
 
 
+def shown_rows(result: Any, usual: int) -> int:
+    """How many rows of a ranked list the terminal and a notebook show: --top's K, else the command's usual number.
+    --top means one thing everywhere: the first K rows of each ranked list, on the terminal, in a notebook, in --json
+    and in --csv; left out, --json and --csv hold every row (`result.settings["top"]` is None), the terminal and a
+    notebook the usual number. The files of --out keep every row."""
+    return result.settings.get("top") or usual
+
+
 class View:
     """The faces every view shares; a command's view overrides what its command has."""
 

@@ -149,7 +149,7 @@ def random_mha_result() -> RandomMhaResult:
         {"heads": 1, "d_head": 64, "js": None, "js_distance": None, "cosine": None, "entropy_normalized": 0.85},
         {"heads": 4, "d_head": 16, "js": 0.245, "js_distance": 0.48, "cosine": 0.558, "entropy_normalized": 0.84},
     ]
-    return RandomMhaResult({"d_model": 64, "heads": [1, 4], "seq_len": 32, "trials": 4, "seed": 0}, rows)
+    return RandomMhaResult({"d_model": 64, "head_counts": [1, 4], "seq_len": 32, "trials": 4, "seed": 0}, rows)
 
 
 # result class -> a hand-built result and what its summary must say (the headline numbers of its terminal view)
@@ -188,7 +188,7 @@ BUILT = {
         [
             "of 2 models (early, late): 1 layer × 2 heads each",
             "roles in early: previous-token 1 · mixed 1",
-            "largest change (JSD bits): 0.0 0.250 · 0.1 0.000",
+            "largest divergence (JSD bits): 0.0 0.250 · 0.1 0.000",
             "0.0 previous-token → induction (late)",
         ],
     ),
