@@ -8,14 +8,14 @@ it its role; for a `mixed` head, the score that came closest to its role's thres
     change(B, A) = score_B(A removed) − score_B(every head kept)          (B's layer > A's layer; 0 otherwise)
 
 Removal (`removal_changes`), exact and cheap. Removing A in layer l changes nothing below l, nor layer l's
-attention: each batch runs once, with hooks noting what every block received (its hidden states and arguments) and
+attention: each batch runs once, with hooks noting what every layer received (its hidden states and arguments) and
 each layer's heads' outputs z (the output projection's input); then, for each A, the forward is replayed from
 layer l only: the attention module of layer l returns the projection of the noted z with A's slice zeroed (what
-`HeadGates` feeds the projection), the rest of block l (its MLP, norms, residual sums) and the blocks above run as
+`HeadGates` feeds the projection), the rest of layer l (its MLP, norms, residual sums) and the layers above run as
 the model runs them, their attention captured with the capture's streaming statistics (no map kept), and the replay
 stops right after the attention of the last layer holding an explained head (what follows changes no score). Only
 the layers with an explained head above l are scored. The probe is replayed the same way. A removal in layer l
-costs block l's MLP, the blocks between and the top layer's attention; the naive way (`naive_changes`: one full
+costs layer l's MLP, the layers between and the top layer's attention; the naive way (`naive_changes`: one full
 forward of the texts and the probe per removed head, gated by `HeadGates`, the heads analysis run again) costs
 every layer every time. Removals of one layer are replayed together, as copies of the batch (MAX_COPY_TOKENS),
 each copy scored by its own reducer (on a GPU; see COPIES_ON_THE_CPU). The two agree to float rounding (tests).
@@ -113,7 +113,7 @@ class _Copies:
 
 
 def _copied(value: Any, batch: int, copies: int) -> Any:
-    """A block's argument for `copies` copies of a batch of `batch` windows: every tensor of two dimensions or more
+    """A layer's argument for `copies` copies of a batch of `batch` windows: every tensor of two dimensions or more
     whose first is the batch's (hidden states, masks, rotary tables, position ids; with more than one window, one
     of 1 for every window alike is left to broadcast), repeated along it; in tuples, lists and dicts likewise;
     anything else as it is."""
@@ -129,7 +129,7 @@ def _copied(value: Any, batch: int, copies: int) -> Any:
 
 
 class _Recorder:
-    """Hooks that note, while one batch runs forward, what a replay from layer l needs: what each block up to `top`
+    """Hooks that note, while one batch runs forward, what a replay from layer l needs: what each layer up to `top`
     received (its arguments, the hidden states cloned), each layer's heads' outputs z below `top` (the output
     projection's input, (B, n, H·d_head)), and the form of each attention module's output."""
 
@@ -138,9 +138,9 @@ class _Recorder:
         self.calls: dict[int, tuple[tuple, dict]] = {}
         self.z: dict[int, Any] = {}
         self.outputs: dict[int, tuple[bool, tuple]] = {}  # layer -> (a tuple?, the elements after the first)
-        blocks = family.blocks(network)[: top + 1]
-        self.handles = [block.register_forward_pre_hook(self._call(layer), with_kwargs=True) for layer, block in
-                        enumerate(blocks)]  # fmt: skip
+        layers = family.layers(network)[: top + 1]
+        self.handles = [module.register_forward_pre_hook(self._call(layer), with_kwargs=True) for layer, module in
+                        enumerate(layers)]  # fmt: skip
         for layer in range(top):
             self.handles.append(family.output_projections(network)[layer].register_forward_pre_hook(self._z(layer)))
             self.handles.append(family.attention_modules(network)[layer].register_forward_hook(self._output(layer)))
@@ -174,19 +174,19 @@ class _Recorder:
 
 
 class _Stop(Exception):
-    """Raised by a hook when a replay has computed all it needs, to leave the block it is in."""
+    """Raised by a hook when a replay has computed all it needs, to leave the layer it is in."""
 
 
 def _replay(
     loaded: LoadedModel, recorded: _Recorder, layer: int, heads: Sequence[int], top: int, state: Any
 ) -> list[int]:
-    """Run blocks `layer` .. `top` again from the noted inputs, as len(`heads`) copies of the batch, copy c with head
-    `heads[c]` of `layer` removed; the attention of the blocks above goes to `state`'s reducer. Returns the layers
+    """Run layers `layer` .. `top` again from the noted inputs, as len(`heads`) copies of the batch, copy c with head
+    `heads[c]` of `layer` removed; the attention of the layers above goes to `state`'s reducer. Returns the layers
     whose attention ran (for the check)."""
     import torch
 
     family, network = loaded.family, loaded.model
-    blocks = family.blocks(network)
+    layers = family.layers(network)
     attention = family.attention_modules(network)[layer]
     projection = family.output_projections(network)[layer]
     inside = family.output_projection.startswith(family.attention + ".")  # GPT-2, Llama: yes; BERT: the next module
@@ -203,7 +203,7 @@ def _replay(
         return (output, *rest) if is_tuple else output
 
     def stop(module: Any, args: Any, output: Any) -> None:
-        raise _Stop  # the top layer's attention is scored: what follows it in the block changes no score
+        raise _Stop  # the top layer's attention is scored: what follows it in the layer changes no score
 
     attention.forward = removed  # an instance attribute: nn.Module.__call__ finds it first
     last = family.attention_modules(network)[top].register_forward_hook(stop)
@@ -214,9 +214,9 @@ def _replay(
             args, kwargs = recorded.calls[j]
             kwargs = {**_copied(kwargs, B, k), "attnscope_state": state}
             if args:
-                output = blocks[j](hidden, *_copied(args[1:], B, k), **kwargs)
+                output = layers[j](hidden, *_copied(args[1:], B, k), **kwargs)
             else:
-                output = blocks[j](**{**kwargs, "hidden_states": hidden})
+                output = layers[j](**{**kwargs, "hidden_states": hidden})
             hidden = output[0] if isinstance(output, (tuple, list)) else output
     except _Stop:
         pass

@@ -13,7 +13,7 @@ Interface (stable; `attnscope circuit` calls it):
 Definition. A head's output o (d_head, at one position) enters the output projection as its slice; o W_O is what
 the projection adds for it. On its way to the logits it passes the norms after it, whose per-token denominators σ
 are frozen at their values in the forward (so that the path is linear, as is customary): a norm of the attention's
-output alone (Gemma 2/3, OLMo 2, EXAONE 4), the LayerNorms of the residual sums in a post-norm block and every later
+output alone (Gemma 2/3, OLMo 2, EXAONE 4), the LayerNorms of the residual sums in a post-norm layer and every later
 one (BERT, RoBERTa, ELECTRA, DistilBERT, OPT-350m), and the final norm: each maps a contribution c to γ ⊙ C c / σ,
 with C the centring of a LayerNorm (subtracting the mean across d_model, as the norm does) and the identity for an
 RMSNorm (no centring). Then the unembedding: the LM head (tied or not; OPT's project_out before it, Cohere's and

@@ -108,7 +108,7 @@ def test_removal_equals_zeroed_weights_llama_with_grouped_query_attention(family
 @pytest.mark.parametrize("name", list(FAMILY_MODELS))
 def test_every_family_replays_what_the_naive_way_computes(family_dir, name, monkeypatch):
     """The replay from a head's layer gives what the full forward with the head gated gives, for every family: its
-    blocks' own arguments (rotary, masks, sliding windows, sinks, post-norms) are reused as they were, the removals
+    layers' own arguments (rotary, masks, sliding windows, sinks, post-norms) are reused as they were, the removals
     of a layer replayed together as copies of the batch (as on a GPU; the other tests replay them one by one)."""
     from attnscope.analyses import circuit
 
