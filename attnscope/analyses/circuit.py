@@ -48,17 +48,17 @@ from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.checks import Shape
 from attnscope.models.loading import LoadedModel
+from attnscope.pipeline import interventions
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.scores import catalog
 
 METHODS = options.CIRCUIT_METHODS
 DEFAULT_TOP = 10  # dependencies listed per explained head
-# Removals of one layer replayed at once, as copies of a batch (as `ablate` runs its configurations): bounds the
-# activations at copies × padded tokens; on a GPU the replay of a short batch then costs one pass of its blocks (its
+# Removals of one layer replayed at once, as copies of a batch (up to `interventions.MAX_COPY_TOKENS`, as `ablate`
+# runs its configurations); on a GPU the replay of a short batch then costs one pass of its blocks (its
 # kernel launches and Python), not one per removed head. Not on the CPU, where a pass costs its arithmetic whatever
 # the batch, and the copies' larger blocks fall out of the caches: GPT-2 small's 132 removals of 2 × 128 tokens took
 # 35.8 s of CPU time as copies, 32.4 s one by one (one thread).
-MAX_COPY_TOKENS = 8192
 COPIES_ON_THE_CPU = False
 Explained = tuple[int, int, str]  # (layer, head, score name) of a head B
 
@@ -267,7 +267,7 @@ def _removal_pass(
                 recorded.remove()
             _check_seen(state.layers_seen, range(loaded.n_layer))
             B, n = batch.input_ids.shape
-            per_pass = max(1, MAX_COPY_TOKENS // (B * n))  # removals replayed at once, as copies of the batch
+            per_pass = max(1, interventions.MAX_COPY_TOKENS // (B * n))  # removals replayed at once, as copies
             if batch.input_ids.device.type == "cpu" and not COPIES_ON_THE_CPU:
                 per_pass = 1
             for a in range(top):
@@ -418,7 +418,6 @@ def _naive_pass(
     each head A of a layer below max(`layers`), A gated off by `HeadGates`, every layer scored."""
     import torch
 
-    from attnscope.analyses.ablate import HeadGates
     from attnscope.pipeline import capture
 
     L, H = loaded.n_layer, loaded.n_head
@@ -433,11 +432,12 @@ def _naive_pass(
     if count == 0:
         raise AttnscopeError(too_short(loaded, "score"))
     removed = {}
-    with HeadGates(loaded) as gates:
+    gates = interventions.HeadGates()
+    with interventions.hooks(loaded, gates):
         for a in range(max(layers)):
             for h in range(H):
-                gates.gates = torch.ones(1, L, H, device=loaded.device)  # (1, L, H): every window alike
-                gates.gates[0, a, h] = 0
+                gates.values = torch.ones(1, L, H, device=loaded.device)  # (1, L, H): every window alike
+                gates.values[0, a, h] = 0
                 removed[(a, h)] = source.means(reduced(), count)
     return source.means(base, count), removed
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from attnscope.analyses.ablate import IGNORED, masked_windows
 from attnscope.analyses.direct_effect import direct_effects
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import load_model
+from attnscope.pipeline.loss_windows import IGNORED, masked_windows
 from attnscope.pipeline.tokens import batches, pad_id, tokenize
 from tests.support import FAMILY_TEXTS, TEXTS, byte_level_tokenizer, check_attention, family_config, randomise_norms
 

@@ -11,13 +11,14 @@ import copy
 import pytest
 import torch
 
-from attnscope.analyses.ablate import IGNORED, LossWindows, losses_under, masked_windows
+from attnscope.analyses.ablate import losses_under
 from attnscope.analyses.heads import analyze_heads
 from attnscope.errors import AttnscopeError
 from attnscope.models.families import FAMILIES, family_of
 from attnscope.models.loading import load_model
 from attnscope.pipeline import capture
 from attnscope.pipeline.blocks import Reducer
+from attnscope.pipeline.loss_windows import IGNORED, LossWindows, masked_windows
 from attnscope.pipeline.probe import probe_windows
 from attnscope.pipeline.reducers import HeadStatistics
 from attnscope.pipeline.tokens import batches, pad_id, tokenize
