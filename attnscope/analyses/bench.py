@@ -154,7 +154,7 @@ def _methods(
     def circuit(naive: bool, calls: int = 1) -> Any:
         # every head of layer 1 and above explained by its row statistics, each earlier head removed (replayed from
         # its layer, or the naive way: one full forward per removed head); `calls` passes over the batch
-        from attnscope.analyses.circuit import timed_pass
+        from attnscope.analyses.circuit_naive import timed_pass
         from attnscope.models.loading import LoadedModel
 
         loaded = LoadedModel("bench", model, None, device, family_of(model.config), kernel=kernel)
