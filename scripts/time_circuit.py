@@ -4,14 +4,14 @@ weights (12 layers × 12 heads, d_model 768): 16 texts × 400 tokens by default,
     python scripts/time_circuit.py --device cuda
     python scripts/time_circuit.py --device cpu --texts 2 --tokens 128
 
-Both explain every head of layer 1 and above by its row statistics (the probe left out, as bench's methods leave it
-out) and remove each head of an earlier layer: 132 removals. `removal` runs each batch once and replays it from each
-removed head's layer (`analyses.circuit._removal_pass`); `naive` runs the whole model once per removed head, the head
-gated off, every layer scored (`_naive_pass`). A small untimed warm-up first; then `--repeats` rounds, each timing
-both methods, in alternating order. Prints one JSON line: the median seconds of each, their ratio (the goal is
-removal ≤ 0.6 × naive), the ratio of the fastest runs, the ratio of this process's CPU time (on a CPU shared with
-other work, steadier than the wall clock: with one thread it counts only this process's work), the largest
-difference between their means (they must agree), the device and the shape.
+Both explain every head of layer 1 and above by its row statistics (the probe left out, as bench's methods leave it out)
+and remove each head of an earlier layer: 132 removals. `removal` runs each batch once and replays it from each removed
+head's layer (`analyses.circuit_replay.removal_pass`); `naive` runs the whole model once per removed head, the head
+gated off, every layer scored (`analyses.circuit_naive`). A small untimed warm-up first; then `--repeats` rounds, each
+timing both methods, in alternating order. Prints one JSON line: the median seconds of each, their ratio (the goal is
+removal ≤ 0.6 × naive), the ratio of the fastest runs, the ratio of this process's CPU time (on a CPU shared with other
+work, steadier than the wall clock: with one thread it counts only this process's work), the largest difference between
+their means (they must agree), the device and the shape.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=768)
     args = parser.parse_args()
 
-    from attnscope.analyses.circuit import timed_pass
+    from attnscope.analyses.circuit_naive import timed_pass
     from attnscope.pipeline.tokens import Batch
 
     device = torch.device(args.device)

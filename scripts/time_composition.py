@@ -113,9 +113,9 @@ def time_direct_effects(device: torch.device) -> dict:
     texts = [Text(tokenizer.decode(ids[400 * i : 400 * (i + 1) - 1]), f"text {i}") for i in range(16)]
     _, direct_s = timed(direct_effects, loaded, texts, batch_size=8)
     result = direct_effects(loaded, texts, batch_size=8)
-    from attnscope.analyses.ablate import _loss_windows
+    from attnscope.pipeline.loss_windows import loss_windows
 
-    windows = _loss_windows(loaded, texts, None)[0].windows
+    windows = loss_windows(loaded, texts, None)[0].windows
     lm.transformer.set_attn_implementation("sdpa")
 
     def bare():

@@ -1,10 +1,10 @@
 """Which heads matter: the change in language-model loss when a head's output is removed (`attnscope ablate`).
 
 A head is removed by zeroing its slice of the input of the output projection W_O (the concatenated head outputs:
-GPT-2's `attn.c_proj`, BERT's `attention.output.dense`) with a forward pre-hook: transformers v5 has no
-`head_mask`. Every head's output passes through one gate ξ_h (1 = kept, 0 = removed); Michel et al. 2019 ("Are
-Sixteen Heads Really Better than One?") estimate importance without removing anything as |∂L/∂ξ_h| at ξ = 1, one
-backward pass for all heads.
+GPT-2's `attn.c_proj`, BERT's `attention.output.dense`) with a forward pre-hook (`pipeline.interventions.HeadGates`):
+transformers v5 has no `head_mask`. Every head's output passes through one gate ξ_h (1 = kept, 0 = removed); Michel
+et al. 2019 ("Are Sixteen Heads Really Better than One?") estimate importance without removing anything as
+|∂L/∂ξ_h| at ξ = 1, one backward pass for all heads.
 
     loss:     importance_h = L(ξ_h = 0) − L(ξ = 1)             (one forward per head; heads batched together)
     gradient: importance_h = mean over windows of |∂L_w/∂ξ_h|   (L_w: mean loss of window w)
@@ -12,16 +12,16 @@ backward pass for all heads.
 Decoders: L is the mean next-token cross-entropy (nats) over every predicted token of every window (a window's first
 token is not predicted; with BOS prepended, the text's first token is predicted from BOS).
 
-Encoders: L is the masked-language-model loss, made deterministic. In each window, MASK_FRACTION (15 %) of the
-scored rows (rows 1 .. length-2: the text's tokens between [CLS] and [SEP]), at least one, are chosen by a numpy
-generator seeded with MASK_SEED (0) and drawn window after window in input order; they are replaced by [MASK] (no
-80/10/10 mix: the loss measures the model, not trains it). L is the mean cross-entropy (nats) of the original tokens
-at the masked positions, pooled over all windows. Windows of fewer than 3 tokens are left out.
+Encoders: L is the masked-language-model loss, made deterministic (`pipeline.loss_windows`). In each window,
+MASK_FRACTION (15 %) of the scored rows (rows 1 .. length-2: the text's tokens between [CLS] and [SEP]), at least
+one, are chosen by a numpy generator seeded with MASK_SEED (0) and drawn window after window in input order; they are
+replaced by [MASK] (no 80/10/10 mix: the loss measures the model, not trains it). L is the mean cross-entropy (nats)
+of the original tokens at the masked positions, pooled over all windows. Windows of fewer than 3 tokens are left out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,105 +37,13 @@ from attnscope.analyses.common import (
 )
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
-from attnscope.models.families import CAUSAL_LM
 from attnscope.models.loading import LoadedModel, fastest_attention
+from attnscope.pipeline import interventions
 from attnscope.pipeline.inputs import Text, Texts
-from attnscope.pipeline.tokens import Window, WindowStream, batches, pad_id
+from attnscope.pipeline.loss_windows import IGNORED, LossWindows, batch_labels, loss_windows
+from attnscope.pipeline.tokens import batches, pad_id
 
 METHODS = options.ABLATION_METHODS
-MASK_FRACTION = 0.15  # of an encoder window's scored rows, replaced by [MASK] for the masked-LM loss
-MASK_SEED = 0
-IGNORED = -100  # label of a position that is not predicted (transformers' convention)
-# Copies of a batch run at once, one per head configuration: bounds activations at copies × padded tokens.
-MAX_COPY_TOKENS = 8192
-
-
-class HeadGates:
-    """Forward pre-hooks on every layer's output projection (the family's `output_projection`: GPT-2's
-    `attn.c_proj`, BERT's `attention.output.dense`) multiplying each head's output by a gate.
-
-    `gates` is (B, L, H): one row of gates per sequence of the batch, so one forward pass can run the same window
-    under many head configurations. None switches the hooks off (the model runs unchanged).
-    """
-
-    def __init__(self, loaded: LoadedModel):
-        self.n_head = loaded.n_head
-        self.gates: Any = None
-        self.handles = [
-            module.register_forward_pre_hook(self._hook(layer))
-            for layer, module in enumerate(loaded.family.output_projections(loaded.model))
-        ]
-
-    def _hook(self, layer: int) -> Callable:
-        def gate_heads(module, args):
-            if self.gates is None:
-                return None
-            x = args[0]  # (B, n, d) the heads' outputs side by side, head h in columns h·d_head .. (h+1)·d_head
-            B, n, d = x.shape
-            gate = self.gates[:, layer].to(x.dtype)  # (B, H)
-            gated = x.view(B, n, self.n_head, d // self.n_head) * gate[:, None, :, None]  # (B, n, H, d_head)
-            return (gated.view(B, n, d),) + tuple(args[1:])
-
-        return gate_heads
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-
-    def __enter__(self) -> HeadGates:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
-
-
-@dataclass
-class LossWindows:
-    """The windows the loss runs on; for an encoder, with [MASK] in place and `labels` (one per window, the same
-    length: the original token at a masked position, IGNORED elsewhere). Decoders: labels None."""
-
-    windows: list[Window]
-    labels: list[tuple[int, ...]] | None = None
-
-    @property
-    def predicted(self) -> int:
-        if self.labels is None:
-            return sum(len(window.ids) - 1 for window in self.windows)
-        return sum(sum(label != IGNORED for label in labels) for labels in self.labels)
-
-
-def masked_windows(windows: Sequence[Window], mask_id: int, seed: int = MASK_SEED) -> LossWindows:
-    """Encoder windows (of 3 tokens or more) with MASK_FRACTION of their scored rows 1 .. length-2, at least one,
-    replaced by `mask_id`; positions drawn by one numpy generator seeded `seed`, window after window."""
-    generator = np.random.default_rng(seed)
-    masked, labels = [], []
-    for window in windows:
-        length = len(window.ids)
-        if length < 3:
-            continue
-        rows = np.arange(1, length - 1)  # the scored rows
-        count = max(1, int(round(MASK_FRACTION * len(rows))))
-        chosen = set(int(i) for i in generator.choice(rows, size=count, replace=False))
-        masked.append(
-            Window(
-                window.text_index, tuple(mask_id if i in chosen else t for i, t in enumerate(window.ids)), window.start
-            )
-        )
-        labels.append(tuple(t if i in chosen else IGNORED for i, t in enumerate(window.ids)))
-    return LossWindows(masked, labels)
-
-
-def _batch_labels(loss_windows: LossWindows, batch) -> Any:
-    """(B, n) labels of the batch's windows, right-padded with IGNORED; None for a decoder."""
-    import torch
-
-    if loss_windows.labels is None:
-        return None
-    labels = torch.full(tuple(batch.input_ids.shape), IGNORED, dtype=torch.long)  # (B, n)
-    for row, index in enumerate(batch.indices):
-        window_labels = loss_windows.labels[index]
-        labels[row, : len(window_labels)] = torch.tensor(window_labels, dtype=torch.long)
-    return labels.to(batch.input_ids.device)
 
 
 def _token_losses(loaded: LoadedModel, input_ids, attention_mask, labels=None):
@@ -158,7 +66,7 @@ def _token_losses(loaded: LoadedModel, input_ids, attention_mask, labels=None):
     return losses * valid, valid
 
 
-@dataclass(repr=False)  # the repr is Result's: a summary
+@dataclass
 class AblationResult(Result):
     """Importance of every head, (n_layer, n_head) numpy float64; with the loss method also the loss with the head
     removed; `prune` lists the loss as the least important heads are removed one after another."""
@@ -184,10 +92,6 @@ class AblationResult(Result):
             key=lambda lh: (-self.importance[lh], lh),
         )
 
-    def ranked_labels(self) -> list[str]:
-        """`ranked()` as `L.H` labels: the heads from the most to the least important."""
-        return [f"{layer}.{head}" for layer, head in self.ranked()]
-
 
 def losses_under(
     loaded: LoadedModel,
@@ -204,15 +108,16 @@ def losses_under(
     K = configurations.shape[0]
     total = torch.zeros(K, dtype=torch.float64)
     count = 0
-    with HeadGates(loaded) as hooks, torch.inference_mode():
+    gates = interventions.HeadGates()
+    with interventions.hooks(loaded, gates), torch.inference_mode():
         for batch in batches(windows.windows, batch_size, loaded.device, pad_id(loaded.tokenizer), max_tokens):
             B, n = batch.input_ids.shape
-            labels = _batch_labels(windows, batch)  # (B, n) or None
-            per_pass = max(1, MAX_COPY_TOKENS // (B * n))  # configurations per forward pass
+            labels = batch_labels(windows, batch)  # (B, n) or None
+            per_pass = max(1, interventions.MAX_COPY_TOKENS // (B * n))  # configurations per forward pass
             for first in range(0, K, per_pass):
                 chunk = configurations[first : first + per_pass]  # (k, L, H)
                 k = chunk.shape[0]
-                hooks.gates = chunk.repeat_interleave(B, dim=0)  # (k·B, L, H): configuration-major
+                gates.values = chunk.repeat_interleave(B, dim=0)  # (k·B, L, H): configuration-major
                 losses, valid = _token_losses(
                     loaded,
                     batch.input_ids.repeat(k, 1),
@@ -234,12 +139,13 @@ def _gradient_importance(
     L, H = loaded.n_layer, loaded.n_head
     total_abs = torch.zeros(L, H, dtype=torch.float64)
     loss_sum, token_count = 0.0, 0
-    with HeadGates(loaded) as hooks:
+    head_gates = interventions.HeadGates()
+    with interventions.hooks(loaded, head_gates):
         for batch in batches(windows.windows, batch_size, loaded.device, pad_id(loaded.tokenizer), max_tokens):
             B = batch.input_ids.shape[0]
             gates = torch.ones(B, L, H, device=loaded.device, requires_grad=True)  # (B, L, H)
-            hooks.gates = gates
-            labels = _batch_labels(windows, batch)
+            head_gates.values = gates
+            labels = batch_labels(windows, batch)
             losses, valid = _token_losses(loaded, batch.input_ids, batch.attention_mask, labels)  # (B, n-1) or (B, n)
             per_window = losses.sum(-1) / valid.sum(-1)  # (B,) mean loss of each window
             (gradient,) = torch.autograd.grad(per_window.sum(), gates)  # (B, L, H)
@@ -269,7 +175,7 @@ class Ablate(settings.Ablate):
         damaged = first_non_finite_weight(loaded.lm_model)
         if damaged is not None:
             raise AttnscopeError(damaged_weights(damaged))
-        windows, inputs, notes = _loss_windows(loaded, texts, self.bos)
+        windows, inputs, notes = loss_windows(loaded, texts, self.bos)
         inputs.update(
             n_windows=len(windows.windows),
             n_tokens=sum(len(w.ids) for w in windows.windows),
@@ -283,9 +189,7 @@ class Ablate(settings.Ablate):
             "top": self.top,
             "loss_unit": "nats per predicted token",
         }
-        previous = loaded.config._attn_implementation
-        loaded.model.set_attn_implementation(fastest_attention(loaded.model))  # no attention weights are needed here
-        try:
+        with interventions.attention(loaded, fastest_attention(loaded.model)):  # no attention weights are needed here
             keep_all = torch.ones(1, L, H)
             if self.method == "loss":
                 one_off = torch.ones(L * H, L, H)  # configuration k removes head k (layer-major)
@@ -308,34 +212,4 @@ class Ablate(settings.Ablate):
                     {"removed": k + 1, "head": f"{layer}.{head}", "loss": float(pruned[k])}
                     for k, (layer, head) in enumerate(order)
                 ]
-        finally:
-            loaded.model.set_attn_implementation(previous)
         return result
-
-
-def _loss_windows(
-    loaded: LoadedModel, texts: Texts | Sequence[Text], bos: bool | None
-) -> tuple[LossWindows, dict[str, Any], list[str]]:
-    """The windows the loss is measured on (an encoder's masked), the input summary, and notes. Held in memory: the
-    ablation runs over them once per pass, each batch once per head configuration."""
-    stream = WindowStream(loaded, texts, bos)
-    every = list(stream)
-    summary, notes = stream.summary(), stream.notes()
-    if loaded.family.lm_head == CAUSAL_LM:  # next-token loss
-        windows = LossWindows([window for window in every if len(window.ids) >= 2])
-        if not windows.windows:
-            raise AttnscopeError("every window has a single token: there is no next token to predict")
-        return windows, summary, notes
-    if loaded.tokenizer.mask_token_id is None:
-        raise AttnscopeError("this encoder's tokenizer has no [MASK] token: the masked-LM loss cannot be measured")
-    windows = masked_windows(every, loaded.tokenizer.mask_token_id)
-    if not windows.windows:
-        raise AttnscopeError(
-            "no window has a token between its first and last: there is nothing to mask "
-            "(with bos on, [CLS] and [SEP] are added around the text)"
-        )
-    notes.append(
-        f"masked-LM loss: {MASK_FRACTION:.0%} of each window's tokens between the first and the last (at least "
-        f"one) replaced by [MASK], chosen with seed {MASK_SEED}"
-    )
-    return windows, summary, notes

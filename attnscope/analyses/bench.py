@@ -154,7 +154,7 @@ def _methods(
     def circuit(naive: bool, calls: int = 1) -> Any:
         # every head of layer 1 and above explained by its row statistics, each earlier head removed (replayed from
         # its layer, or the naive way: one full forward per removed head); `calls` passes over the batch
-        from attnscope.analyses.circuit import timed_pass
+        from attnscope.analyses.circuit_naive import timed_pass
         from attnscope.models.loading import LoadedModel
 
         loaded = LoadedModel("bench", model, None, device, family_of(model.config), kernel=kernel)
@@ -199,7 +199,7 @@ def check_context(seqs: Sequence[int], context: int) -> None:
 
 def estimated_bytes(config: Any, batch: int, seq: int, method: str, element: int) -> int:
     """A rough lower bound on the memory one call of `method` needs at batch × seq on a model of `config` whose
-    weights take `element` bytes per value: the weights; the hidden states of one block (the residual stream, the
+    weights take `element` bytes per value: the weights; the hidden states of one layer (the residual stream, the
     queries, keys and values, the MLP's 4d; about 14 values per token and model dimension); one layer's attention
     logits and weights in float32 (B·H·n² twice); the notebook ways run one text at a time, and also hold its maps
     of every layer and its logits over the vocabulary. Measured peaks on GPT-2 small are 1.1-1.4× this; it is used

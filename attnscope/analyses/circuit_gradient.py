@@ -1,10 +1,11 @@
 """`attnscope circuit --method gradient`: attribution patching, the first-order estimate of every removal at once.
 
 Every head's output is multiplied by a gate ξ (1 = kept) on the input of the output projection, as `ablate` removes
-a head (`HeadGates`). An explained score S of head B (previous-token, induction, ...) is computed differentiably from
-B's attention probabilities, on the same texts and the same repeated-token probe as `attnscope heads`, and one
-backward pass gives its gradient with respect to every gate. Removing head A sets ξ_A = 0, so to first order
-(Nanda 2023, "Attribution Patching"; Michel et al. 2019 for gates):
+a head (`pipeline.interventions.HeadGates`). An explained score S of head B (previous-token, induction, ...) is
+computed differentiably from B's attention probabilities (`pipeline.interventions.AttentionWeightsRecorder`), on the
+same texts and the same repeated-token probe as `attnscope heads`, and one backward pass gives its gradient with
+respect to every gate. Removing head A sets ξ_A = 0, so to first order (Nanda 2023, "Attribution Patching"; Michel
+et al. 2019 for gates):
 
     change(B, A) = S(ξ_A = 0) - S(ξ = 1)  ≈  -∂S/∂ξ_A  at ξ = 1
 
@@ -19,7 +20,6 @@ every window, pooled; the probe's induction and duplicate-token scores over its 
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.analyses.ablate import HeadGates
 from attnscope.analyses.common import too_short
 from attnscope.analyses.heads import Heads, default_probe_period
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
+from attnscope.pipeline import interventions
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.probe import probe_windows
 from attnscope.pipeline.tokens import Window, WindowStream, batches, pad_id
@@ -85,39 +85,33 @@ def gradient_changes(
     # window makes it differ between layers)
     from_texts = [k for k, item in enumerate(wanted) if item.source == catalog.ROWS]
     from_probe = [k for k, item in enumerate(wanted) if item.source == catalog.PROBE]
-    previous = loaded.config._attn_implementation
-    loaded.model.set_attn_implementation("eager")  # the probabilities themselves, differentiable
-    # only the gates' gradients are wanted: the weights' would cost the backward passes a matrix product per layer
-    weights = [parameter for parameter in loaded.model.parameters() if parameter.requires_grad]
-    for parameter in weights:
-        parameter.requires_grad_(False)
-    try:
-        with HeadGates(loaded) as gates, _AttentionRecorder(loaded) as recorder:
-            if from_texts:
-                windows = WindowStream(loaded, texts, heads.bos)
-                pad = pad_id(loaded.tokenizer)
-                for batch in batches(windows, heads.batch_size, loaded.device, pad, heads.max_tokens):
-                    count, batch_uniform = _accumulate(
-                        loaded, heads, batch, [wanted[k] for k in from_texts], from_texts, gates, recorder,
-                        values, gradients, alphas,
-                    )  # fmt: skip
-                    counts[catalog.ROWS] += count
-                    for layer, part in batch_uniform.items():
-                        uniform[layer] += part
-                if counts[catalog.ROWS] == 0:
-                    raise AttnscopeError(too_short(loaded, "explain"))
-            if from_probe:
-                period, windows = _probe(loaded, heads)
-                batch = next(batches(windows, len(windows), loaded.device))
-                count, _ = _accumulate(
-                    loaded, heads, batch, [wanted[k] for k in from_probe], from_probe, gates, recorder,
-                    values, gradients, alphas, period=period,
+    gates, recorder = interventions.HeadGates(), interventions.AttentionWeightsRecorder()
+    with (
+        interventions.attention(loaded, "eager"),  # the probabilities themselves, differentiable
+        interventions.weights_frozen(loaded),  # only the gates' gradients are wanted
+        interventions.hooks(loaded, gates, recorder),
+    ):
+        if from_texts:
+            windows = WindowStream(loaded, texts, heads.bos)
+            pad = pad_id(loaded.tokenizer)
+            for batch in batches(windows, heads.batch_size, loaded.device, pad, heads.max_tokens):
+                count, batch_uniform = _accumulate(
+                    loaded, heads, batch, [wanted[k] for k in from_texts], from_texts, gates, recorder,
+                    values, gradients, alphas,
                 )  # fmt: skip
-                counts[catalog.PROBE] += count
-    finally:
-        loaded.model.set_attn_implementation(previous)
-        for parameter in weights:
-            parameter.requires_grad_(True)
+                counts[catalog.ROWS] += count
+                for layer, part in batch_uniform.items():
+                    uniform[layer] += part
+            if counts[catalog.ROWS] == 0:
+                raise AttnscopeError(too_short(loaded, "explain"))
+        if from_probe:
+            period, windows = _probe(loaded, heads)
+            batch = next(batches(windows, len(windows), loaded.device))
+            count, _ = _accumulate(
+                loaded, heads, batch, [wanted[k] for k in from_probe], from_probe, gates, recorder,
+                values, gradients, alphas, period=period,
+            )  # fmt: skip
+            counts[catalog.PROBE] += count
     for k, item in enumerate(wanted):
         values[k] /= counts[item.source]
         gradients[k] /= counts[item.source]
@@ -158,65 +152,14 @@ def _probe(loaded: LoadedModel, heads: Heads) -> tuple[int, list[Window]]:
     return period, probe_windows(loaded.tokenizer, period, loaded.n_ctx, heads.probe_seed)
 
 
-class _AttentionRecorder:
-    """Forward hooks on every attention module keeping, for the layers asked for, the attention probabilities the
-    module returns (B, H, n, n_k) with their graph, and the keys each row sees (B, n, n_k) from the mask it got."""
-
-    def __init__(self, loaded: LoadedModel):
-        self.kind = loaded.kind
-        self.layers: frozenset[int] = frozenset()
-        self.probs: dict[int, Any] = {}
-        self.visible: dict[int, Any] = {}
-        self.handles = [
-            module.register_forward_hook(self._hook(layer, inspect.signature(module.forward)), with_kwargs=True)
-            for layer, module in enumerate(loaded.family.attention_modules(loaded.model))
-        ]
-
-    def _hook(self, layer: int, signature: inspect.Signature):
-        def record(module, args, kwargs, output):
-            if layer not in self.layers:
-                return
-            weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-            if weights is None:
-                raise AttnscopeError(f"layer {layer}'s attention returned no weights: its gradient cannot be taken")
-            mask = signature.bind_partial(*args, **kwargs).arguments.get("attention_mask")
-            self.probs[layer] = weights
-            self.visible[layer] = _visible(mask, weights)
-
-        return record
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-
-    def __enter__(self) -> _AttentionRecorder:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
-
-
-def _visible(mask: Any, weights: Any) -> Any:
-    """(B, n, n_k) bool: the keys a row sees, from the mask eager attention was given (additive, 0 where allowed,
-    the dtype's lowest value where not; or boolean); None when it was given none (the kind's geometry then)."""
-    import torch
-
-    if mask is None:
-        return None
-    B, _, n, n_keys = weights.shape
-    mask = mask[..., :n, :n_keys]
-    allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
-    return allowed.expand(B, 1, n, n_keys)[:, 0]
-
-
 def _accumulate(
     loaded: LoadedModel,
     heads: Heads,
     batch: Any,
     wanted: list[_Explained],
     slots: list[int],
-    gates: HeadGates,
-    recorder: _AttentionRecorder,
+    gates: interventions.HeadGates,
+    recorder: interventions.AttentionWeightsRecorder,
     values: Any,
     gradients: Any,
     alphas: list[float],
@@ -237,7 +180,7 @@ def _accumulate(
         for alpha in passes:
             gate = torch.full((L, H), 1.0 if alpha is None else alpha, device=loaded.device)  # (L, H) ξ
             gate.requires_grad_(alpha is not None)
-            gates.gates = gate[None].expand(B, L, H)  # (B, L, H): one gate per head, shared by every window
+            gates.values = gate[None].expand(B, L, H)  # (B, L, H): one gate per head, shared by every window
             recorder.probs, recorder.visible = {}, {}
             with torch.set_grad_enabled(alpha is not None):
                 loaded.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
@@ -261,7 +204,7 @@ def _accumulate(
                 for k, gradient in zip(reached, _gradients([totals[k] for k in reached], gate), strict=True):
                     gradients[slots[k]] += gradient.double().cpu() / len(alphas)
     finally:
-        gates.gates = None
+        gates.values = None
         recorder.probs, recorder.visible = {}, {}
     return count, uniform
 

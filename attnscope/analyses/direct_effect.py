@@ -10,18 +10,19 @@ Interface (stable; `attnscope circuit` calls it):
         .records()    [{"label": "1.0", "direct_effect": 0.42}, ...] in layer.head order
     Needs the model loaded with lm_head=True (an untied decoder, every encoder).
 
-Definition. A head's output o (d_head, at one position) enters the output projection as its slice; o W_O is what
-the projection adds for it. On its way to the logits it passes the norms after it, whose per-token denominators σ
-are frozen at their values in the forward (so that the path is linear, as is customary): a norm of the attention's
-output alone (Gemma 2/3, OLMo 2, EXAONE 4), the LayerNorms of the residual sums in a post-norm block and every later
+Definition. A head's output o (d_head, at one position) enters the output projection as its slice; o W_O is what the
+projection adds for it. On its way to the logits it passes the norms after it, whose per-token denominators σ are
+frozen at their values in the forward (so that the path is linear, as is customary): a norm of the attention's
+output alone (Gemma 2/3, OLMo 2, EXAONE 4), the LayerNorms of the residual sums in a post-norm layer and every later
 one (BERT, RoBERTa, ELECTRA, DistilBERT, OPT-350m), and the final norm: each maps a contribution c to γ ⊙ C c / σ,
 with C the centring of a LayerNorm (subtracting the mean across d_model, as the norm does) and the identity for an
 RMSNorm (no centring). Then the unembedding: the LM head (tied or not; OPT's project_out before it, Cohere's and
-Granite's logit scales after), read at the correct next token. Encoders: the masked-LM head at the masked
-positions (ablate's deterministic masking: 15 % of each window's tokens, seed 0), whose transform (dense, an
-activation, a LayerNorm) is made linear the same way: the activation's gate a(z)/z per unit and the LayerNorm's σ
-are frozen at their forward values. With everything nonlinear frozen, the direct effects of every head, MLP, the
-embeddings and the biases add up exactly to the logit (before Gemma 2's final soft-capping, which is left out).
+Granite's logit scales after), read at the correct next token. Encoders: the masked-LM head at the masked positions
+(ablate's deterministic masking, `pipeline.loss_windows`: 15 % of each window's tokens, seed 0), whose transform
+(dense, an activation, a LayerNorm) is made linear the same way: the activation's gate a(z)/z per unit and the
+LayerNorm's σ are frozen at their forward values. With everything nonlinear frozen, the direct effects of every
+head, MLP, the embeddings and the biases add up exactly to the logit (before Gemma 2's final soft-capping, which is
+left out).
 
     direct_effect(head) = mean over predicted positions of  (o W_O) · u / Π σ
     u = the chain's transposed maps applied to w_t − w̄:  u ← C (γ ⊙ u) for each norm, last first
@@ -34,11 +35,11 @@ subtracts nothing else by default (logit-difference variants subtract a wrong to
 the head pushes the right token up (a copying head copying the right token); negative: it pushes it down (copy
 suppression, McDougall et al. 2023: GPT-2 small's 10.7).
 
-Cost: one forward pass per batch (SDPA: no attention weights are needed), with hooks. Decoders: at each layer's
-output projection the head outputs (B, n, H·d_head) are dotted with the per-position directions W_O u (the σ's
-applied after the pass, being scalars), leaving (B, n, H) per layer; nothing of size n² or of all layers' hidden
-states is kept. Encoders: the head outputs at the masked positions only are kept until the pass ends, since the
-head's frozen gates come last.
+Cost: one forward pass per batch (SDPA: no attention weights are needed), with the hooks of a
+`pipeline.interventions.DirectPathRecorder`. Decoders: at each layer's output projection the head outputs (B, n,
+H·d_head) are dotted with the per-position directions W_O u (the σ's applied after the pass, being scalars), leaving
+(B, n, H) per layer; nothing of size n² or of all layers' hidden states is kept. Encoders: the head outputs at the
+masked positions only are kept until the pass ends, since the head's frozen gates come last.
 """
 
 from __future__ import annotations
@@ -49,13 +50,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attnscope.analyses.ablate import IGNORED, _batch_labels, _loss_windows
 from attnscope.analyses.common import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, Progress, check_finite
 from attnscope.errors import AttnscopeError
 from attnscope.models.families import MASKED_LM
 from attnscope.models.loading import LoadedModel, fastest_attention
 from attnscope.models.weights import DirectPath, Norm, direct_path
+from attnscope.pipeline import interventions
 from attnscope.pipeline.inputs import Text, Texts
+from attnscope.pipeline.loss_windows import IGNORED, batch_labels, loss_windows
 from attnscope.pipeline.tokens import batches, pad_id
 
 if TYPE_CHECKING:
@@ -101,47 +103,10 @@ def _chains(path: DirectPath) -> list[list[Norm]]:
     return chains
 
 
-class _Recorder:
-    """Hooks that record, in one forward pass: the denominator σ (B, n) of every norm on the direct paths (forward
-    pre-hooks), a module's input or output where asked, and each layer's head outputs as the output projection
-    receives them, handed to `on_heads(layer, x)`."""
-
-    def __init__(self, loaded: LoadedModel, norms: list[Norm], on_heads):
-        self.scales: dict[int, torch.Tensor] = {}
-        self.inputs: dict[int, torch.Tensor] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
-        self.handles = []
-        for norm in {id(norm.module): norm for norm in norms}.values():
-            self.handles.append(norm.module.register_forward_pre_hook(self._scale(norm)))
-        for layer, module in enumerate(loaded.family.output_projections(loaded.model)):
-            self.handles.append(
-                module.register_forward_pre_hook(lambda module, args, layer=layer: on_heads(layer, args[0]))
-            )
-
-    def _scale(self, norm: Norm):
-        def record(module, args):
-            self.scales[id(module)] = norm.scale(args[0])  # (B, n)
-            self.inputs[id(module)] = args[0]
-
-        return record
-
-    def record_output(self, module: Any) -> None:
-        def record(module, args, output):
-            self.outputs[id(module)] = output[0] if isinstance(output, tuple) else output
-
-        self.handles.append(module.register_forward_hook(record))
-
-    def scale_of(self, norm: Norm) -> torch.Tensor:
-        return self.scales[id(norm.module)]
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-
-
 class _Run:
-    """One pass of the model over a batch, with the hooks of `_Recorder`; `batch` returns the direct effects at the
-    predicted positions (P, L, H) and the centred logit of the correct token there (P,)."""
+    """One pass of the model over a batch, with the hooks of `recorder` (a `DirectPathRecorder`, which the caller
+    installs); `batch` returns the direct effects at the predicted positions (P, L, H) and the centred logit of the
+    correct token there (P,)."""
 
     def __init__(self, loaded: LoadedModel, path: DirectPath):
         self.loaded, self.path, self.n_head = loaded, path, loaded.n_head
@@ -149,11 +114,9 @@ class _Run:
         norms = [norm for chain in self.chains for norm in chain]
         if path.masked_head is not None:
             norms.append(path.masked_head.norm)
-        self.recorder = _Recorder(loaded, norms, self._heads)
         self.last = self._last_norm()
-        self.recorder.record_output(self.last.module)
-        if path.masked_head is not None:
-            self.recorder.record_output(path.masked_head.dense)
+        outputs = [self.last.module] + ([path.masked_head.dense] if path.masked_head is not None else [])
+        self.recorder = interventions.DirectPathRecorder(norms, self._heads, outputs)
         self.per_layer: dict[int, torch.Tensor] = {}
 
     def _last_norm(self) -> Norm:
@@ -166,9 +129,6 @@ class _Run:
 
     def _heads(self, layer: int, x: torch.Tensor) -> None:
         raise NotImplementedError
-
-    def remove(self) -> None:
-        self.recorder.remove()
 
     def _scale(self, layer: int, index: Any = None) -> torch.Tensor:
         """Π 1/σ over layer's chain: (B, n), or at `index` (a boolean mask) (P,)."""
@@ -273,27 +233,22 @@ def direct_effects(
     if loaded.lm_model is None and loaded.family.lm_head == MASKED_LM:
         raise AttnscopeError("direct effects of an encoder need its masked-LM head: load the model with lm_head=True")
     path = direct_path(loaded)
-    windows, inputs, notes = _loss_windows(loaded, texts, bos)
+    windows, inputs, notes = loss_windows(loaded, texts, bos)
     inputs.update(n_windows=len(windows.windows), predicted_tokens=windows.predicted)
     totals = torch.zeros(loaded.n_layer, loaded.n_head, dtype=torch.float64)
     logit_total, count, tokens = 0.0, 0, 0
-    previous = loaded.config._attn_implementation
-    loaded.model.set_attn_implementation(fastest_attention(loaded.model))  # no attention weights are needed
     run = _EncoderRun(loaded, path) if path.masked_head is not None else _DecoderRun(loaded, path)
-    try:
-        with torch.inference_mode():
-            for batch in batches(windows.windows, batch_size, loaded.device, pad_id(loaded.tokenizer), max_tokens):
-                labels = _batch_labels(windows, batch)  # (B, n) or None
-                effects, logits = run.batch(batch.input_ids, batch.attention_mask, labels)  # (P, L, H), (P,)
-                totals += effects.double().sum(0).cpu()
-                logit_total += float(logits.double().sum())
-                count += len(logits)
-                tokens += int(batch.lengths.sum())
-                if progress is not None:
-                    progress(inputs["n_texts"], tokens, tokens / max(inputs["n_tokens"], 1))
-    finally:
-        run.remove()
-        loaded.model.set_attn_implementation(previous)
+    fastest = fastest_attention(loaded.model)  # no attention weights are needed
+    with interventions.attention(loaded, fastest), interventions.hooks(loaded, run.recorder), torch.inference_mode():
+        for batch in batches(windows.windows, batch_size, loaded.device, pad_id(loaded.tokenizer), max_tokens):
+            labels = batch_labels(windows, batch)  # (B, n) or None
+            effects, logits = run.batch(batch.input_ids, batch.attention_mask, labels)  # (P, L, H), (P,)
+            totals += effects.double().sum(0).cpu()
+            logit_total += float(logits.double().sum())
+            count += len(logits)
+            tokens += int(batch.lengths.sum())
+            if progress is not None:
+                progress(inputs["n_texts"], tokens, tokens / max(inputs["n_tokens"], 1))
     heads = (totals / max(count, 1)).numpy()
     check_finite(loaded, "direct effect", heads)
     if getattr(loaded.config, "final_logit_softcapping", None):

@@ -63,7 +63,7 @@ def model_facts(name: str, device: str = "auto", dtype: str = "auto", revision: 
             model_type=raw.get("model_type"), use_bidirectional_attention=raw.get("use_bidirectional_attention")
         )
     )
-    gpt2 = raw.get("model_type") == "gpt2" and not raw.get("add_cross_attention")  # no cross-attention blocks
+    gpt2 = raw.get("model_type") == "gpt2" and not raw.get("add_cross_attention")  # no cross-attention layers
     facts = gpt2_facts(raw, name, family) if gpt2 else _facts_from_architecture(name, folder, family)
     return {**facts, "device": _device_name(device), "dtype": _dtype_name(dtype, raw, folder)}
 
@@ -118,12 +118,12 @@ def _config_folder(name: str, revision: str | None) -> Path:
 
 
 def gpt2_parameter_count(raw: dict[str, Any]) -> tuple[int, int]:
-    """(all parameters of GPT2Model, those of one attention block) from a GPT-2 config.json, with GPT2Config's
+    """(all parameters of GPT2Model, those of one layer's attention) from a GPT-2 config.json, with GPT2Config's
     defaults for what it leaves out. With d = n_embd, I = n_inner (default 4d), V = vocab_size, P = n_positions:
 
         attention = 3d² + 3d (c_attn: W_Q, W_K, W_V and biases) + d² + d (c_proj: W_O and bias) = 4d² + 4d
-        block     = attention + I·d + I (mlp.c_fc) + I·d + d (mlp.c_proj) + 2 · 2d (ln_1, ln_2: weight and bias)
-        total     = V·d (wte) + P·d (wpe) + n_layer · block + 2d (ln_f)
+        layer     = attention + I·d + I (mlp.c_fc) + I·d + d (mlp.c_proj) + 2 · 2d (ln_1, ln_2: weight and bias)
+        total     = V·d (wte) + P·d (wpe) + n_layer · layer + 2d (ln_f)
 
     GPT-2 small (d 768, 12 layers, V 50257, P 1024): 124,439,808.
     """
@@ -132,8 +132,8 @@ def gpt2_parameter_count(raw: dict[str, Any]) -> tuple[int, int]:
     vocab, positions = raw.get("vocab_size", 50257), raw.get("n_positions", raw.get("max_position_embeddings", 1024))
     layers = raw.get("n_layer", raw.get("num_hidden_layers", 12))
     attention = 4 * d * d + 4 * d
-    block = attention + (d * inner + inner) + (inner * d + d) + 2 * (2 * d)
-    return vocab * d + positions * d + layers * block + 2 * d, attention
+    per_layer = attention + (d * inner + inner) + (inner * d + d) + 2 * (2 * d)
+    return vocab * d + positions * d + layers * per_layer + 2 * d, attention
 
 
 def gpt2_facts(raw: dict[str, Any], name: str, family: Family) -> dict[str, Any]:

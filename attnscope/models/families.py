@@ -1,11 +1,12 @@
 """Model families: where each family keeps its attention, its heads' output projection and its language-model head.
 
 One entry per family in FAMILIES; everything else asks the family. Paths are attribute paths from the base model
-(the model without its language-model head): `layers` names the list of blocks, `attention` the module inside a
-block that computes the weights, `output_projection` the module whose input is the heads' outputs side by side
-(head h in columns h·d_head .. (h+1)·d_head), `attention_parameters` the modules whose parameters are W_Q, W_K,
-W_V and W_O with their biases; `weights` (a `WeightPaths`) where the weight-based analyses (`models.weights`) find
-each head's W_Q, W_K, W_V, the norms around the attention, the embedding and the unembedding.
+(the model without its language-model head): `layer_list` names the list of the transformer's layers (GPT-2's `h`:
+`Family.layers` returns them), `attention` the module inside a layer that computes the weights, `output_projection`
+the module whose input is the heads' outputs side by side (head h in columns h·d_head .. (h+1)·d_head),
+`attention_parameters` the modules whose parameters are W_Q, W_K, W_V and W_O with their biases; `weights` (a
+`WeightPaths`) where the weight-based analyses (`models.weights`) find each head's W_Q, W_K, W_V, the norms around
+the attention, the embedding and the unembedding.
 """
 
 from __future__ import annotations
@@ -25,31 +26,31 @@ MASKED_LM = "masked"  # masked-token prediction: AutoModelForMaskedLM
 
 @dataclass(frozen=True)
 class WeightPaths:
-    """Where a family keeps what `models.weights` reads, as attribute paths: from a block (one entry of `layers`)
-    unless said otherwise. Checked against transformers 5.x's modeling code of every family.
+    """Where a family keeps what `models.weights` reads, as attribute paths: from a layer (one entry of
+    `layer_list`) unless said otherwise. Checked against transformers 5.x's modeling code of every family.
 
     qkv: the three projections W_Q, W_K, W_V (nn.Linear), or one fused module whose output holds all three;
     fused: how a fused module's outputs are laid out: "concat" (all heads' queries, then the keys, then the values:
         GPT-2's Conv1D `c_attn`, Phi-3's `qkv_proj`, ModernBERT's `Wqkv`) or "per_head" (per head its query, key and
         value side by side: GPT-NeoX's `query_key_value`, viewed (…, H, 3·d_head) and chunked);
-    read_norm: the norm whose output the attention reads in a pre-norm block (its γ is folded into W_Q, W_K, W_V);
-        None where the attention reads the residual stream itself (OLMo 2, EXAONE 4) or in a post-norm block;
-    post_norms: post-norm blocks (BERT and the encoders derived from it, DistilBERT, OPT-350m): the norms of the
-        residual sums in order (after the attention, after the MLP); layer l > 0 reads the previous block's last one,
+    read_norm: the norm whose output the attention reads in a pre-norm layer (its γ is folded into W_Q, W_K, W_V);
+        None where the attention reads the residual stream itself (OLMo 2, EXAONE 4) or in a post-norm layer;
+    post_norms: post-norm layers (BERT and the encoders derived from it, DistilBERT, OPT-350m): the norms of the
+        residual sums in order (after the attention, after the MLP); layer l > 0 reads the previous layer's last one,
         layer 0 the embedding norm;
     output_norm: a norm of the attention's output alone, before it joins the residual stream (Gemma 2/3's and
         OLMo 2's `post_attention_layernorm`: in Llama's layout that name is the MLP's input norm instead);
     embedding_norm, embedding_projection: from the base model, what the token embeddings pass before the first layer
         (the embeddings' LayerNorm of the encoders; OPT's `project_in`, ELECTRA's `embeddings_project`);
     final_norm, unembedding_projection: from the base model, what the last hidden state passes before the
-        unembedding (post-norm families: none, their last block's last norm is the final one; OPT's `project_out`);
+        unembedding (post-norm families: none, their last layer's last norm is the final one; OPT's `project_out`);
     masked_head: from the masked-LM model, the prediction head's transform before its decoder: (dense, norm), with
         an activation between them;
     pre_norm_flag: a config attribute that chooses between the two (OPT's `do_layer_norm_before`: true, pre-norm with
         `read_norm`; false, post-norm with `post_norms`), resolved by `for_config`;
     rms_offset: Gemma's RMSNorms scale by 1 + γ;
     embedding_multiplier, residual_multiplier, logit_multiplier, logit_divisor: names of config attributes that
-        scale the embeddings (Granite), each block's outputs before the residual sum (Granite), the logits (Cohere)
+        scale the embeddings (Granite), each layer's outputs before the residual sum (Granite), the logits (Cohere)
         or divide them (Granite).
     """
 
@@ -84,7 +85,7 @@ class Family:
     name: str
     model_types: tuple[str, ...]  # config.model_type values of this family
     kind_name: str  # catalog.DECODER or catalog.ENCODER: see `kind`
-    layers: str
+    layer_list: str  # the attribute path of the list of layers
     attention: str
     output_projection: str
     attention_parameters: tuple[str, ...]
@@ -105,37 +106,38 @@ class Family:
             if getattr(module, "layer_idx", None) is None:
                 module.layer_idx = layer
 
-    def blocks(self, model: Any) -> list[Any]:
-        return list(module_at(model, self.layers))
+    def layers(self, model: Any) -> list[Any]:
+        """The transformer's layers (GPT-2's `model.h`), in order: what the other paths start from."""
+        return list(module_at(model, self.layer_list))
 
     def attention_modules(self, model: Any) -> list[Any]:
         """One module per layer, in layer order: the module that computes the attention weights."""
-        return [module_at(block, self.attention) for block in self.blocks(model)]
+        return [module_at(layer, self.attention) for layer in self.layers(model)]
 
     def output_projections(self, model: Any) -> list[Any]:
         """One module per layer: the heads' outputs side by side enter it (where `ablate` gates a head)."""
-        return [module_at(block, self.output_projection) for block in self.blocks(model)]
+        return [module_at(layer, self.output_projection) for layer in self.layers(model)]
 
     def attention_parameter_count(self, model: Any) -> int:
         """Parameters of the first layer's W_Q, W_K, W_V, W_O and their biases."""
-        block = self.blocks(model)[0]
-        return sum(p.numel() for path in self.attention_parameters for p in module_at(block, path).parameters())
+        first = self.layers(model)[0]
+        return sum(p.numel() for path in self.attention_parameters for p in module_at(first, path).parameters())
 
 
 def module_at(root: Any, path: str) -> Any:
-    """The attribute at a dotted `path` from `root` (`"attn.c_proj"` of a GPT-2 block)."""
+    """The attribute at a dotted `path` from `root` (`"attn.c_proj"` of a GPT-2 layer)."""
     for name in path.split("."):
         root = getattr(root, name)
     return root
 
 
-# The decoders whose blocks are `layers[i].self_attn` with an output projection `o_proj` (Llama's layout, which most
+# The decoders whose layers are `layers[i].self_attn` with an output projection `o_proj` (Llama's layout, which most
 # recent decoders took over); each differs only in what the attention function receives (see pipeline.capture).
 LLAMA_WEIGHTS = WeightPaths(
     qkv=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), read_norm="input_layernorm", final_norm="norm"
 )
 LLAMA_LAYOUT = dict(
-    layers="layers",
+    layer_list="layers",
     attention="self_attn",
     output_projection="self_attn.o_proj",
     attention_parameters=("self_attn",),
@@ -160,7 +162,7 @@ BERT_WEIGHTS = WeightPaths(
     embedding_norm="embeddings.LayerNorm",
 )
 BERT_LAYOUT = dict(
-    layers="encoder.layer",
+    layer_list="encoder.layer",
     attention="attention.self",
     output_projection="attention.output.dense",
     attention_parameters=("attention.self", "attention.output.dense"),

@@ -32,8 +32,8 @@ by 1 + γ), so q = n(x) @ (diag(γ) W_Q) + (β @ W_Q + b_Q): W_Q here is diag(γ
 the weight scores of Elhage et al. 2021 treat the norm as a diagonal map, its per-token denominator left out).
 
 Which norm feeds layer l, per family (the table is `models.families.WeightPaths`):
-- pre-norm decoders (GPT-2, Llama and its layout, GPT-NeoX, Phi, OPT but OPT-350m, ModernBERT): the block's own norm;
-- post-norm encoders (BERT, RoBERTa, ELECTRA, DistilBERT) and OPT-350m: the previous block's last norm (the
+- pre-norm decoders (GPT-2, Llama and its layout, GPT-NeoX, Phi, OPT but OPT-350m, ModernBERT): the layer's own norm;
+- post-norm encoders (BERT, RoBERTa, ELECTRA, DistilBERT) and OPT-350m: the previous layer's last norm (the
   LayerNorm of its MLP's residual sum); layer 0 reads the embeddings' output, whose LayerNorm is part of W_E;
 - OLMo 2 and EXAONE 4 normalise the attention's output, not its input: their layers read the stream itself;
 - ModernBERT's layer 0 has no norm of its own (nn.Identity): it reads the embeddings' output (LayerNorm in W_E).
@@ -42,7 +42,7 @@ W_E is the token embedding times the family's embedding scale (Gemma's √d_mode
 γ of the embeddings' own norm (encoders), through the projection into the residual width where there is one (OPT's
 project_in, ELECTRA's embeddings_project). W_U is diag(γ_final) times what follows the final norm (OPT's
 project_out, then the LM head; Cohere's logit scale, Granite's 1 / logits_scaling); the post-norm families have no
-norm after their last block's, which is their final one. Encoders: the masked-LM head's transform (dense, an
+norm after their last layer's, which is their final one. Encoders: the masked-LM head's transform (dense, an
 activation, a LayerNorm) comes between, and its activation is not linear: W_U takes the activation as the identity
 and the transform's LayerNorm as its γ (diag(γ_final) W_dense diag(γ_transform) W_decoder), for the copying score;
 direct logit attribution freezes the activation's gate at its forward value instead (see `analyses.direct_effect`).
@@ -188,11 +188,11 @@ def _per_head(weight: torch.Tensor, bias: torch.Tensor | None, heads: int) -> tu
     return weight.reshape(d, heads, d_head).permute(1, 0, 2), bias.reshape(heads, d_head)
 
 
-def _projections(block: Any, paths: WeightPaths, H: int, H_kv: int, d_head: int) -> list[tuple[Any, Any]]:
-    """[(W, b)] for Q, K and V: W (d, heads·d_head) with heads = H for Q, H_kv for K and V."""
+def _projections(module: Any, paths: WeightPaths, H: int, H_kv: int, d_head: int) -> list[tuple[Any, Any]]:
+    """[(W, b)] for Q, K and V of one layer (`module`): W (d, heads·d_head) with heads = H for Q, H_kv for K and V."""
     if len(paths.qkv) == 3:
-        return [_xw(module_at(block, path)) for path in paths.qkv]
-    weight, bias = _xw(module_at(block, paths.qkv[0]))  # (d, (H + 2 H_kv)·d_head)
+        return [_xw(module_at(module, path)) for path in paths.qkv]
+    weight, bias = _xw(module_at(module, paths.qkv[0]))  # (d, (H + 2 H_kv)·d_head)
     d = weight.shape[0]
     if paths.fused == "concat":  # q of every head, then k, then v (GPT-2, Phi-3, ModernBERT)
         sizes = [H * d_head, H_kv * d_head, H_kv * d_head]
@@ -210,15 +210,15 @@ def reading_norms(loaded: LoadedModel) -> list[Norm | None]:
     """Per layer, the norm whose output the attention reads (None: it reads the residual stream itself)."""
     paths = weight_paths(loaded)
     offset = paths.rms_offset
-    blocks = loaded.family.blocks(loaded.model)
+    layers = loaded.family.layers(loaded.model)
     norms: list[Norm | None] = []
-    for layer, block in enumerate(blocks):
+    for layer, module in enumerate(layers):
         if paths.post_norms:
-            # layer 0 reads the embeddings' output (their norm is in W_E); layer l the previous block's last norm
+            # layer 0 reads the embeddings' output (their norm is in W_E); layer l the previous layer's last norm
             path = paths.post_norms[-1]
-            norms.append(None if layer == 0 else read_norm(module_at(blocks[layer - 1], path), f"{layer - 1}.{path}"))
+            norms.append(None if layer == 0 else read_norm(module_at(layers[layer - 1], path), f"{layer - 1}.{path}"))
         elif paths.read_norm is not None:
-            norms.append(read_norm(module_at(block, paths.read_norm), f"{layer}.{paths.read_norm}", offset))
+            norms.append(read_norm(module_at(module, paths.read_norm), f"{layer}.{paths.read_norm}", offset))
         else:
             norms.append(None)
     return norms
@@ -226,19 +226,19 @@ def reading_norms(loaded: LoadedModel) -> list[Norm | None]:
 
 def output_norms(loaded: LoadedModel) -> list[Norm | None]:
     """Per layer, the norm the attention's output passes first: a norm of that output alone (Gemma 2/3, OLMo 2,
-    EXAONE 4) or, in a post-norm block, the norm of the residual sum it joins; None in a pre-norm block."""
+    EXAONE 4) or, in a post-norm layer, the norm of the residual sum it joins; None in a pre-norm layer."""
     paths = weight_paths(loaded)
     path = paths.output_norm or (paths.post_norms[0] if paths.post_norms else None)
     if path is None:
         return [None] * loaded.n_layer
-    blocks = loaded.family.blocks(loaded.model)
+    layers = loaded.family.layers(loaded.model)
     return [
-        read_norm(module_at(block, path), f"{layer}.{path}", paths.rms_offset) for layer, block in enumerate(blocks)
+        read_norm(module_at(module, path), f"{layer}.{path}", paths.rms_offset) for layer, module in enumerate(layers)
     ]
 
 
 def residual_multiplier(loaded: LoadedModel) -> float:
-    """What each block's outputs are multiplied by before the residual sum (Granite), else 1."""
+    """What each layer's outputs are multiplied by before the residual sum (Granite), else 1."""
     name = weight_paths(loaded).residual_multiplier
     return float(getattr(loaded.config, name)) if name is not None else 1.0
 
@@ -252,16 +252,16 @@ def head_weights(loaded: LoadedModel, dtype: Any = None) -> HeadWeights:
     paths = weight_paths(loaded)
     H, H_kv, k = loaded.n_head, loaded.n_kv_head, loaded.d_head
     device = loaded.device
-    blocks = loaded.family.blocks(loaded.model)
+    layers = loaded.family.layers(loaded.model)
     projections = loaded.family.output_projections(loaded.model)
     reads, outputs = reading_norms(loaded), output_norms(loaded)
     multiplier = residual_multiplier(loaded)
     parts: dict[str, list[torch.Tensor]] = {name: [] for name in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V")}
     W_O, b_O, read_scale, write_scale, names = [], [], [], [], []
-    for layer, block in enumerate(blocks):
+    for layer, module in enumerate(layers):
         norm = reads[layer]
         for letter, (weight, bias), heads in zip(
-            "QKV", _projections(block, paths, H, H_kv, k), (H, H_kv, H_kv), strict=True
+            "QKV", _projections(module, paths, H, H_kv, k), (H, H_kv, H_kv), strict=True
         ):
             weight = weight.to(device, dtype)  # (d, heads·k)
             bias = None if bias is None else bias.to(device, dtype)
@@ -328,11 +328,11 @@ def embedding(loaded: LoadedModel, dtype: Any = None) -> torch.Tensor:
 
 def final_norm(loaded: LoadedModel) -> Norm | None:
     """The norm of the last hidden state before the unembedding: the family's final norm, or a post-norm family's
-    last block's last norm; None where there is none."""
+    last layer's last norm; None where there is none."""
     paths = weight_paths(loaded)
     if paths.post_norms:
         path = paths.post_norms[-1]
-        return read_norm(module_at(loaded.family.blocks(loaded.model)[-1], path), f"{loaded.n_layer - 1}.{path}")
+        return read_norm(module_at(loaded.family.layers(loaded.model)[-1], path), f"{loaded.n_layer - 1}.{path}")
     module = _optional(loaded.model, paths.final_norm)
     return None if module is None else read_norm(module, paths.final_norm, paths.rms_offset)
 
@@ -362,7 +362,7 @@ class MaskedHead:
 @dataclass
 class DirectPath:
     """What lies between each head's output and the logits (see `analyses.direct_effect`): per layer the norm the
-    attention's output passes alone or first (`output_norms`), for post-norm blocks every later norm of the residual
+    attention's output passes alone or first (`output_norms`), for post-norm layers every later norm of the residual
     stream (`stream_norms[l]`, in order), the final norm, then the unembedding W (d, V) with its bias, or an
     encoder's masked-LM head."""
 
@@ -453,17 +453,17 @@ def direct_path(loaded: LoadedModel, dtype: Any = None) -> DirectPath:
 
     dtype = dtype or torch.float32
     paths = weight_paths(loaded)
-    blocks = loaded.family.blocks(loaded.model)
-    stream: list[list[Norm]] = [[] for _ in blocks]
-    if paths.post_norms:  # after layer l's attention: its own post norms, then those of every later block
+    layers = loaded.family.layers(loaded.model)
+    stream: list[list[Norm]] = [[] for _ in layers]
+    if paths.post_norms:  # after layer l's attention: its own post norms, then those of every later layer
         every = [
-            read_norm(module_at(block, path), f"{layer}.{path}")
-            for layer, block in enumerate(blocks)
+            read_norm(module_at(module, path), f"{layer}.{path}")
+            for layer, module in enumerate(layers)
             for path in paths.post_norms
         ]
-        per_block = len(paths.post_norms)
+        per_layer = len(paths.post_norms)
         # the first post norm is the attention output's (output_norms); the chain goes on from the next one
-        stream = [every[layer * per_block + 1 :] for layer in range(len(blocks))]
+        stream = [every[layer * per_layer + 1 :] for layer in range(len(layers))]
     projections = loaded.family.output_projections(loaded.model)
     H, k = loaded.n_head, loaded.d_head
     W_O = torch.stack([_xw(module)[0].to(loaded.device, dtype).reshape(H, k, -1) for module in projections])
@@ -502,8 +502,8 @@ def weight_notes(loaded: LoadedModel) -> list[str]:
         )
     if paths.post_norms:
         notes.append(
-            "post-norm blocks: a head's write passes the LayerNorm of its residual sum (its γ folded into W_O) and "
-            "every later block's LayerNorms, which composition between distant layers leaves out"
+            "post-norm layers: a head's write passes the LayerNorm of its residual sum (its γ folded into W_O) and "
+            "every later layer's LayerNorms, which composition between distant layers leaves out"
         )
     if paths.output_norm is not None:
         notes.append("the attention's output is normalised before the residual sum: its γ is folded into W_O")

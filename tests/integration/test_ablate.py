@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from attnscope.analyses.ablate import IGNORED, MASK_FRACTION, Ablate, masked_windows
+from attnscope.analyses.ablate import Ablate
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import load_model
 from attnscope.pipeline.inputs import Text
+from attnscope.pipeline.loss_windows import IGNORED, MASK_FRACTION, masked_windows
 from attnscope.pipeline.tokens import tokenize
 
 TEXTS = [

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from attnscope.analyses.circuit import Circuit, naive_changes, removal_changes
+from attnscope.analyses.circuit import Circuit
+from attnscope.analyses.circuit_naive import naive_changes
+from attnscope.analyses.circuit_replay import removal_changes
 from attnscope.analyses.heads import Heads
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import load_model
@@ -108,11 +110,11 @@ def test_removal_equals_zeroed_weights_llama_with_grouped_query_attention(family
 @pytest.mark.parametrize("name", list(FAMILY_MODELS))
 def test_every_family_replays_what_the_naive_way_computes(family_dir, name, monkeypatch):
     """The replay from a head's layer gives what the full forward with the head gated gives, for every family: its
-    blocks' own arguments (rotary, masks, sliding windows, sinks, post-norms) are reused as they were, the removals
+    layers' own arguments (rotary, masks, sliding windows, sinks, post-norms) are reused as they were, the removals
     of a layer replayed together as copies of the batch (as on a GPU; the other tests replay them one by one)."""
-    from attnscope.analyses import circuit
+    from attnscope.analyses import circuit_replay
 
-    monkeypatch.setattr(circuit, "COPIES_ON_THE_CPU", True)
+    monkeypatch.setattr(circuit_replay, "COPIES_ON_THE_CPU", True)
     model = load_model(str(family_dir(name)), "cpu")
     heads = Heads(**PROBE)
     texts = _texts(FAMILY_TEXTS)

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from attnscope.analyses.ablate import IGNORED, masked_windows
 from attnscope.analyses.direct_effect import direct_effects
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import load_model
+from attnscope.pipeline.loss_windows import IGNORED, masked_windows
 from attnscope.pipeline.tokens import batches, pad_id, tokenize
 from tests.support import FAMILY_TEXTS, TEXTS, byte_level_tokenizer, check_attention, family_config, randomise_norms
 
@@ -86,8 +86,8 @@ def _decoder_reference(model, name, texts):
     base, lm = model.model, model.lm_model
     family, H = model.family, model.n_head
     projections = family.output_projections(base)
-    blocks = family.blocks(base)
-    output_norms = [block.post_attention_layernorm for block in blocks] if name in OUTPUT_NORMED else None
+    layers = family.layers(base)
+    output_norms = [module.post_attention_layernorm for module in layers] if name in OUTPUT_NORMED else None
     final = next(
         getattr(owner, attr)
         for owner in (base, getattr(base, "decoder", None))
@@ -152,14 +152,14 @@ def test_gpt2_direct_effects_equal_the_frozen_path_and_add_up_to_the_logit(tiny_
     others, count = 0.0, 0
     for window in tokenize(tiny_lm, texts).windows:
         ids = torch.tensor([window.ids])
-        mlps = [block.mlp for block in base.h]
+        mlps = [module.mlp for module in base.h]
         with Inputs([base.ln_f], mlps) as recorded, torch.no_grad():
             hidden = base(input_ids=ids, output_hidden_states=True).hidden_states
         column = W[ids[0, 1:]] - W.mean(0)  # (n-1, d)
         h = recorded[base.ln_f][0, :-1]
         parts = [hidden[0][0, :-1].double()]  # the embeddings
         parts += [recorded.output(mlp)[0, :-1].double() for mlp in mlps]
-        parts += [block.attn.c_proj.bias.double().expand(len(h), -1) for block in base.h]
+        parts += [module.attn.c_proj.bias.double().expand(len(h), -1) for module in base.h]
         for part in parts:
             others += float((frozen(base.ln_f, h, part) * column).sum())
         others += float((base.ln_f.bias.double() * column).sum())
@@ -203,10 +203,10 @@ def test_bert_direct_effects_equal_the_frozen_path_and_add_up_to_the_logit(tiny_
     randomise_norms(model.lm_model)
     got = direct_effects(model, TEXTS, batch_size=2)
     lm, base, H = model.lm_model, model.model, model.n_head
-    blocks = base.encoder.layer
+    layers = base.encoder.layer
     transform = lm.cls.predictions.transform
     decoder = lm.cls.predictions.decoder
-    norms = [norm for block in blocks for norm in (block.attention.output.LayerNorm, block.output.LayerNorm)]
+    norms = [norm for module in layers for norm in (module.attention.output.LayerNorm, module.output.LayerNorm)]
     windows = masked_windows(tokenize(model, TEXTS).windows, model.tokenizer.mask_token_id)
     W = decoder.weight.double()  # (V, d)
     totals, others, logit_total, count = torch.zeros(model.n_layer, H, dtype=torch.float64), 0.0, 0.0, 0
@@ -214,8 +214,8 @@ def test_bert_direct_effects_equal_the_frozen_path_and_add_up_to_the_logit(tiny_
         ids, labels = torch.tensor([window.ids]), torch.tensor(labels)
         masked = labels != IGNORED
         targets = labels[masked]
-        watched = [*norms, transform.LayerNorm, *(block.attention.output.dense for block in blocks)]
-        outputs = [transform.dense, base.embeddings, *(block.output.dense for block in blocks)]
+        watched = [*norms, transform.LayerNorm, *(module.attention.output.dense for module in layers)]
+        outputs = [transform.dense, base.embeddings, *(module.output.dense for module in layers)]
         with Inputs(watched, outputs) as recorded, torch.no_grad():
             logits = lm(input_ids=ids).logits[0].double()[masked]  # (M, V)
         column = W[targets] - W.mean(0)  # (M, d)
@@ -233,16 +233,16 @@ def test_bert_direct_effects_equal_the_frozen_path_and_add_up_to_the_logit(tiny_
             )
             return float((c * column).sum())
 
-        for layer, block in enumerate(blocks):
-            dense = block.attention.output.dense
+        for layer, module in enumerate(layers):
+            dense = module.attention.output.dense
             o = recorded[dense][0][masked].double().view(len(targets), H, -1)  # (M, H, k)
             slices = dense.weight.double().T.reshape(H, -1, dense.weight.shape[0])  # (H, k, d)
             for h in range(H):
                 totals[layer, h] += to_logit(o[:, h] @ slices[h], 2 * layer)
             others += to_logit(dense.bias.double().expand(len(targets), -1), 2 * layer)
-            others += to_logit(block.attention.output.LayerNorm.bias.double().expand(len(targets), -1), 2 * layer + 1)
-            others += to_logit(recorded.output(block.output.dense)[0][masked].double(), 2 * layer + 1)
-            others += to_logit(block.output.LayerNorm.bias.double().expand(len(targets), -1), 2 * layer + 2)
+            others += to_logit(module.attention.output.LayerNorm.bias.double().expand(len(targets), -1), 2 * layer + 1)
+            others += to_logit(recorded.output(module.output.dense)[0][masked].double(), 2 * layer + 1)
+            others += to_logit(module.output.LayerNorm.bias.double().expand(len(targets), -1), 2 * layer + 2)
         others += to_logit(recorded.output(base.embeddings)[0][masked].double(), 0)
         bias_through = frozen(
             transform.LayerNorm, recorded[transform.LayerNorm][0][masked], gate * transform.dense.bias.double()
@@ -306,7 +306,7 @@ def test_every_encoders_masked_head_is_read_where_the_model_reads_it(families, n
 
 @pytest.mark.slow
 def test_a_post_norm_decoder_with_projections(tmp_path):
-    """OPT-350m's shape: LayerNorms after the residual sums (no final norm: the last block's is the final one) and
+    """OPT-350m's shape: LayerNorms after the residual sums (no final norm: the last layer's is the final one) and
     the embeddings projected in and out of a narrower width. Its weights reproduce its attention, and the mean
     centred logit read through project_out and the LM head is the model's own."""
     import transformers

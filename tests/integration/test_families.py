@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from attnscope import api
-from attnscope.analyses.ablate import IGNORED, LossWindows, losses_under, masked_windows
+from attnscope.analyses.ablate import losses_under
 from attnscope.errors import AttnscopeError
 from attnscope.models.families import FAMILIES, family_of
 from attnscope.models.loading import load_model
 from attnscope.pipeline import capture
 from attnscope.pipeline.blocks import Reducer
+from attnscope.pipeline.loss_windows import IGNORED, LossWindows, masked_windows
 from attnscope.pipeline.probe import probe_windows
 from attnscope.pipeline.reducers import HeadStatistics
 from attnscope.pipeline.tokens import batches, pad_id, tokenize

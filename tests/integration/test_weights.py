@@ -104,7 +104,7 @@ def test_a_models_composition_and_copying_equal_explicit_matrices(tiny):
     from the eigenvalues of W_OV W_U W_E (d × d, the same nonzero ones as W_E W_OV W_U)."""
     model = tiny
     got = weight_circuits(model, samples=4)
-    blocks = model.model.h
+    layers = model.model.h
     H, d = model.n_head, model.d_model
     k = d // H
 
@@ -112,13 +112,13 @@ def test_a_models_composition_and_copying_equal_explicit_matrices(tiny):
         return matrix.reshape(d, H, k).transpose(1, 0, 2)
 
     Q, K, V, Wo = [], [], [], []
-    for block in blocks:
-        gamma = block.ln_1.weight.detach().double().numpy()[:, None]
-        c_attn = block.attn.c_attn.weight.detach().double().numpy()  # (d, 3d), Conv1D: x @ W
+    for module in layers:
+        gamma = module.ln_1.weight.detach().double().numpy()[:, None]
+        c_attn = module.attn.c_attn.weight.detach().double().numpy()  # (d, 3d), Conv1D: x @ W
         Q.append(heads(gamma * c_attn[:, :d]))
         K.append(heads(gamma * c_attn[:, d : 2 * d]))
         V.append(heads(gamma * c_attn[:, 2 * d :]))
-        Wo.append(block.attn.c_proj.weight.detach().double().numpy().reshape(H, k, d))
+        Wo.append(module.attn.c_proj.weight.detach().double().numpy().reshape(H, k, d))
     want, ov = _explicit_composition(*(np.stack(x) for x in (Q, K, V, Wo)))
     for kind in "qkv":
         np.testing.assert_allclose(getattr(got.composition, kind), want[kind], atol=2e-6, equal_nan=True)
