@@ -53,10 +53,11 @@ class AttendView(View):
 
     def document(self, every: bool = False) -> dict:
         """The query word, the target, one record per head, the strongest heads (the first --top, or all) and the
-        full attention row of every head (`rows[layer][head][key]`, over tokens); in the words view also `words` (each word's token
-        positions) and `word_rows[layer][head][word]`."""
+        full attention row of every head (`rows[layer][head][key]`, over tokens); in the words view also `words`
+        (each word's token positions) and `word_rows[layer][head][word]`."""
         result = self.result
-        top = result.settings["top"] or result.rows.shape[0] * result.rows.shape[1]
+        every_head = result.rows.shape[0] * result.rows.shape[1]
+        top = every_head if every else result.settings["top"] or every_head
         source = {
             "token": "".join(result.tokens[p] for p in result.from_positions),
             "position": result.from_position,
@@ -88,9 +89,7 @@ class AttendView(View):
             to=target,
             view=result.view,
             heads=attend_records(result),
-            strongest=[
-                f"{layer}.{head}" for layer, head in result.strongest(result.rows[..., 0].size if every else top)
-            ],
+            strongest=[f"{layer}.{head}" for layer, head in result.strongest(top)],
             rows=result.rows.tolist(),
             **words,
         )

@@ -79,7 +79,8 @@ def test_commands_that_capture_no_attention_refuse_a_kernel(cli, tiny_model_dir,
     code, out, err = cli(command, "-m", tiny_model_dir, "--device", "cpu", "--kernel", "blocks")
     assert code == 2 and out == ""
     [line] = err.strip().splitlines()  # the option is not theirs: it is not offered, and --help does not list it
-    assert line.startswith("attnscope: error: No such option: --kernel") and line.endswith(f"attnscope {command} --help)")
+    assert line.startswith("attnscope: error: No such option: --kernel")
+    assert line.endswith(f"attnscope {command} --help)")
 
 
 @pytest.mark.slow

@@ -496,7 +496,10 @@ def other_shapes(tmp_path_factory):
         (["-m", "{tiny}", "-m", "{bert}"], "'{bert_name}' differ in kind: decoder against encoder"),
         (["-m", "{tiny}", "-m", "{tiny}"], "is given twice"),
         (["-m", "{tiny}", "-m", "demo", "--revisions", "a,b"], "revisions (--revisions) are revisions of one model"),
-        (["-m", "gpt2", "--revision", "main", "--revisions", "a,b"], "revision and revisions (--revision, --revisions): give one or the other"),
+        (
+            ["-m", "gpt2", "--revision", "main", "--revisions", "a,b"],
+            "(--revision, --revisions): give one or the other",
+        ),
         (["-m", "gpt2", "--revisions", "a,,b"], "a revision is empty"),
     ],
 )

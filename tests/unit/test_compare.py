@@ -39,7 +39,7 @@ def test_a_role_formed_at_the_first_model_from_which_the_head_holds_it_to_the_en
 def test_compare_takes_two_models_or_more_and_divergence_takes_two():
     with pytest.raises(AttnscopeError, match="compare needs at least two models, 1 given"):
         Compare().check_models(1)
-    with pytest.raises(AttnscopeError, match=r"divergence \(--divergence\) sets the maps of two models side by side; 3 given"):
+    with pytest.raises(AttnscopeError, match=r"\(--divergence\) sets the maps of two models side by side; 3 given"):
         Compare(divergence=True).check_models(3)
     Compare(divergence=True).check_models(2)
     Compare().check_models(5)
