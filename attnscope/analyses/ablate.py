@@ -66,7 +66,7 @@ def _token_losses(loaded: LoadedModel, input_ids, attention_mask, labels=None):
     return losses * valid, valid
 
 
-@dataclass
+@dataclass(repr=False)  # the repr is Result's: a summary
 class AblationResult(Result):
     """Importance of every head, (n_layer, n_head) numpy float64; with the loss method also the loss with the head
     removed; `prune` lists the loss as the least important heads are removed one after another."""
@@ -91,6 +91,10 @@ class AblationResult(Result):
             ((layer, head) for layer in range(n_layer) for head in range(n_head)),
             key=lambda lh: (-self.importance[lh], lh),
         )
+
+    def ranked_labels(self) -> list[str]:
+        """`ranked()` as `L.H` labels: the heads from the most to the least important."""
+        return [f"{layer}.{head}" for layer, head in self.ranked()]
 
 
 def losses_under(

@@ -53,7 +53,7 @@ CHANGES: dict[str, Callable] = {"removal": removal_changes, "gradient": gradient
 # ------------------------------------------------------------------------------------------------- the analysis
 
 
-@dataclass
+@dataclass(repr=False)  # the repr is Result's: a summary
 class CircuitResult(Result):
     """Which heads each explained head depends on.
 
@@ -74,8 +74,13 @@ class CircuitResult(Result):
     notes: list[str] = field(default_factory=list)
 
     @property
-    def top(self) -> int:
+    def top(self) -> int | None:
         return self.settings["top"]
+
+    @property
+    def explained_labels(self) -> list[str]:
+        """The heads B explained (`explained`, the rows of `with_values` and `changes`), as `L.H` labels."""
+        return [f"{layer}.{head}" for layer, head, _ in self.explained]
 
     def dependencies(self, top: int | None = None) -> list[dict[str, Any]]:
         """One record per pair (B, A earlier), B in layer.head order; within B, by change, the most negative first

@@ -20,14 +20,14 @@ def demo() -> dict:
     return {
         "heads": attnscope.heads(model, plot=["1.0", "0.2"]),
         "show": attnscope.show(model, CAT, layer=1),
-        "one head": attnscope.show(model, CAT, layer=1, head=2),
+        "one head": attnscope.show(model, CAT, head="1.2"),
         "diversity": attnscope.diversity(model, layer="all"),
         "attend": attnscope.attend(model, CAT, from_token="it", to_token="cat"),
         "ablate": attnscope.ablate(model),
         "circuit": attnscope.circuit(model),
         "report": attnscope.report(model),
         "info": attnscope.info("demo"),
-        "random-mha": attnscope.random_mha(heads=[1, 2]),
+        "random-mha": attnscope.random_mha(head_counts=[1, 2]),
     }
 
 
