@@ -113,29 +113,31 @@ def _methods(
         capture.run(model, [batch] * calls, statistics, kernel=kernel)
         return statistics.means()
 
-    def tutorial(calls: int = 1) -> list:
+    def one_text_at_a_time(calls: int, scored: Callable[[Any], Any]) -> list:
+        """The notebook ways: the LM-head model with every layer's attention returned, one text at a time, each
+        text's attentions handed to `scored`."""
         lm_model.set_attn_implementation("eager")
         for _ in range(calls):
             results = []
             with torch.inference_mode():
                 for row in range(B):
-                    out = lm_model(input_ids=ids[row : row + 1], output_attentions=True)
-                    results.append([numpy_head_scores(layer[0].float().cpu().numpy()) for layer in out.attentions])
+                    results.append(scored(lm_model(input_ids=ids[row : row + 1], output_attentions=True).attentions))
         return results
+
+    def tutorial(calls: int = 1) -> list:
+        return one_text_at_a_time(
+            calls, lambda attentions: [numpy_head_scores(layer[0].float().cpu().numpy()) for layer in attentions]
+        )
 
     previous = torch.zeros(n, n, device=device)
     previous[torch.arange(1, n), torch.arange(n - 1)] = 1.0
 
     def cache(calls: int = 1) -> list:
-        lm_model.set_attn_implementation("eager")
-        for _ in range(calls):
-            results = []
-            with torch.inference_mode():
-                for row in range(B):
-                    out = lm_model(input_ids=ids[row : row + 1], output_attentions=True)
-                    cached = {f"blocks.{layer}.attn.hook_pattern": a[0] for layer, a in enumerate(out.attentions)}
-                    results.append({name: pattern_share(previous, attn.float()) for name, attn in cached.items()})
-        return results
+        def shares(attentions: Any) -> dict:
+            cached = {f"blocks.{layer}.attn.hook_pattern": a[0] for layer, a in enumerate(attentions)}
+            return {name: pattern_share(previous, attn.float()) for name, attn in cached.items()}
+
+        return one_text_at_a_time(calls, shares)
 
     def diversity(rows: int, calls: int = 1) -> Any:
         # like `analysis`: `calls` passes over the batch in one run

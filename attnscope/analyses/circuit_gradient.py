@@ -27,13 +27,14 @@ from typing import Any
 
 import numpy as np
 
+from attnscope import settings
 from attnscope.analyses.common import too_short
-from attnscope.analyses.heads import Heads, default_probe_period
+from attnscope.analyses.heads import Heads
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import interventions
 from attnscope.pipeline.inputs import Text, Texts
-from attnscope.pipeline.probe import probe_windows
+from attnscope.pipeline.probe import probe_for
 from attnscope.pipeline.tokens import Window, WindowStream, batches, pad_id
 from attnscope.scores import catalog, rows
 
@@ -128,28 +129,21 @@ def gradient_changes(
 
 def _check(loaded: LoadedModel, heads: Heads, layer: Any, head: Any, name: Any) -> _Explained:
     """One explained (layer, head, score), checked against the model and the settings."""
-    if not isinstance(name, str) or catalog.score_named(name) is None:
-        raise AttnscopeError(f"score {name!r}: use one of {', '.join(catalog.SCORE_NAMES)}")
-    score = catalog.score_named(name)
+    score = catalog.score_named(settings.SCORE.check(name, "score"))
     for value, what, size in ((layer, "layer", loaded.n_layer), (head, "head", loaded.n_head)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < size:
             raise AttnscopeError(f"{what} {value!r} is out of range (this model has {what}s 0-{size - 1})")
-    if loaded.kind.name not in score.kinds:
-        raise AttnscopeError(f"score {score.name}: measured for {' and '.join(sorted(score.kinds))}s only")
-    if score.source == catalog.PROBE and not heads.probe:
-        raise AttnscopeError(f"score {score.name}: it comes from the probe, which is off")
+    settings.check_measured(score.name, loaded.kind.name, heads.probe)
     source = catalog.PROBE if score.source == catalog.PROBE else catalog.ROWS
     return _Explained(int(layer), int(head), score.name, source)
 
 
 def _probe(loaded: LoadedModel, heads: Heads) -> tuple[int, list[Window]]:
     """The probe's period and windows, as the heads analysis builds them."""
-    period = heads.probe_len
-    if period is None:
-        period, note = default_probe_period(loaded)
-        if period is None:
-            raise AttnscopeError(note)
-    return period, probe_windows(loaded.tokenizer, period, loaded.n_ctx, heads.probe_seed)
+    probe, notes = probe_for(loaded, heads.probe, heads.probe_len, heads.probe_seed)
+    if probe is None:
+        raise AttnscopeError(notes[0] if notes else "the repeated-token probe is off")
+    return probe.period, probe.windows
 
 
 def _accumulate(

@@ -27,7 +27,7 @@ from attnscope.analyses.common import Progress, too_short
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import interventions
-from attnscope.pipeline.inputs import Text, Texts
+from attnscope.pipeline.inputs import AnyTexts
 
 
 def _naive_pass(
@@ -62,11 +62,7 @@ def _naive_pass(
 
 
 def naive_changes(
-    loaded: LoadedModel,
-    texts: Texts | Sequence[Text],
-    explained: Sequence[Explained],
-    heads: Any,
-    progress: Progress | None = None,
+    loaded: LoadedModel, texts: AnyTexts, explained: Sequence[Explained], heads: Any, progress: Progress | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """The reference: for each head A below an explained head, the texts and the probe run whole again with A's
     slice of the output projection's input zeroed (`HeadGates`, as `ablate` removes a head), every layer scored."""

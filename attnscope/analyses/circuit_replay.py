@@ -32,7 +32,7 @@ from attnscope.analyses.common import Progress, check_finite, too_short
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import interventions
-from attnscope.pipeline.inputs import Text, Texts
+from attnscope.pipeline.inputs import AnyTexts, Text, Texts
 from attnscope.scores import catalog
 
 # Removals of one layer replayed at once, as copies of a batch (up to `interventions.MAX_COPY_TOKENS`, as `ablate`
@@ -225,8 +225,7 @@ def _check_seen(seen: Sequence[int], expected: Iterable[int]) -> None:
 
 def sources_of(loaded: LoadedModel, texts: Texts | Sequence[Text], heads: Any, progress: Progress | None) -> dict:
     """The texts' and the probe's `Source`, as the heads analysis runs them (its windows, batches and probe)."""
-    from attnscope.analyses.heads import default_probe_period
-    from attnscope.pipeline.probe import probe_windows
+    from attnscope.pipeline.probe import probe_for
     from attnscope.pipeline.reducers import HeadStatistics, ProbeStatistics
     from attnscope.pipeline.tokens import WindowStream, batches, pad_id
     from attnscope.scores import rows
@@ -249,12 +248,9 @@ def sources_of(loaded: LoadedModel, texts: Texts | Sequence[Text], heads: Any, p
             lambda reducer: int(reducer.row_count),
         )
     }
-    period = heads.probe_len
-    if heads.probe and kind.probe and period is None:
-        period, _ = default_probe_period(loaded)
-    if heads.probe and kind.probe and period is not None:
-        windows = probe_windows(loaded.tokenizer, period, loaded.n_ctx, heads.probe_seed)
-        first_query = len(windows[0].ids) - period
+    probe, _ = probe_for(loaded, heads.probe, heads.probe_len, heads.probe_seed)
+    if probe is not None:
+        windows, period, first_query = probe.windows, probe.period, probe.first_query
 
         def probe_means(reducer: Any, count: int) -> dict[str, Any]:
             means = reducer.sums.cpu() / count
@@ -310,11 +306,7 @@ def check_explained(loaded: LoadedModel, explained: Sequence[Explained], sources
 
 
 def removal_changes(
-    loaded: LoadedModel,
-    texts: Texts | Sequence[Text],
-    explained: Sequence[Explained],
-    heads: Any,
-    progress: Progress | None = None,
+    loaded: LoadedModel, texts: AnyTexts, explained: Sequence[Explained], heads: Any, progress: Progress | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact removal of every head A below each explained head B, replayed from A's layer (module docstring):
     with_values (n,), changes (n, L, H)."""

@@ -20,13 +20,11 @@ from attnscope.pipeline.blocks import Reducer
 from attnscope.pipeline.divergence import Reducers
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.labels import label_window
-from attnscope.pipeline.probe import MIN_PROBE_LEN, PROBE_SEQUENCES, ordinary_token_ids, probe_windows
+from attnscope.pipeline.probe import PROBE_SEQUENCES, Probe, probe_for
 from attnscope.pipeline.reducers import HeadStatistics, ProbeStatistics
-from attnscope.pipeline.tokens import Window, WindowStream, batches
+from attnscope.pipeline.tokens import WindowStream, batches
 from attnscope.scores import catalog, roles
 from attnscope.scores.kinds import Kind
-
-DEFAULT_PROBE_LEN = 50
 
 
 @dataclass(frozen=True)
@@ -99,17 +97,7 @@ class Heads(settings_module.Heads):
         # each head drawn once, in the order first asked for
         plotted = [options.head_in(label, model.n_layer, model.n_head) for label in self.plot]
         windows = WindowStream(model, texts, self.bos)
-        notes = []
-        probe_input, probe_len = None, self.probe_len
-        if self.probe and not kind.probe:
-            notes.append("the repeated-token probe measures left-to-right copying; skipped for encoder models")
-        elif self.probe:
-            if probe_len is None:
-                probe_len, note = default_probe_period(model)
-                notes += [note] if note else []
-            if probe_len is not None:
-                # built before the texts run, so that a bad probe period or seed stops the command at once
-                probe_input = probe_windows(model.tokenizer, probe_len, model.n_ctx, self.probe_seed)
+        probe, notes = probe_for(model, self.probe, self.probe_len, self.probe_seed)  # before the texts run
         statistics = HeadStatistics(kind, model.n_layer, model.n_head, model.device, self.window)
         keep_layers = sorted({layer for layer, _ in plotted})
         reducer = statistics if also is None else Reducers(statistics, also)
@@ -120,8 +108,8 @@ class Heads(settings_module.Heads):
             raise AttnscopeError(too_short(model, "score"))
         means = statistics.means()
         summary = input_summary(windows, int(statistics.row_count))
-        if probe_input is not None:
-            probe_means, summary["probe"] = probe_scores(model, probe_input, probe_len, self.probe_seed)
+        if probe is not None:
+            probe_means, summary["probe"] = probe_scores(model, probe)
             means.update(probe_means)
         per_layer = torch.cat([value.reshape(model.n_layer, -1) for value in means.values()], dim=1)  # (L, ·)
         check_finite(model, "attention", per_layer, range(model.n_layer))
@@ -165,36 +153,16 @@ class Heads(settings_module.Heads):
         )
 
 
-def default_probe_period(model: LoadedModel) -> tuple[int | None, str | None]:
-    """The probe's period when none was asked for: DEFAULT_PROBE_LEN, or less where the model's context or its
-    vocabulary of ordinary words holds fewer, with a note; None (and why) when not even the shortest probe fits."""
-    prefix = 1 if model.tokenizer.bos_token_id is not None else 0
-    fits = (model.n_ctx - prefix) // 2
-    words = len(ordinary_token_ids(model.tokenizer))
-    period = min(DEFAULT_PROBE_LEN, fits, words)
-    if period < MIN_PROBE_LEN:
-        why = (
-            f"the model's context of {model.n_ctx} tokens cannot hold {'BOS + ' if prefix else ''}two copies of "
-            f"{MIN_PROBE_LEN} tokens"
-            if fits < MIN_PROBE_LEN
-            else f"the vocabulary has only {words} ordinary word tokens (a space and a lowercase word), fewer than "
-            f"{MIN_PROBE_LEN}"
-        )
-        return None, f"the repeated-token probe was skipped: {why}; induction and duplicate_token were not measured"
-    limit = f"the context of {model.n_ctx} tokens" if fits <= words else f"the {words} ordinary word tokens"
-    if period < DEFAULT_PROBE_LEN:
-        return period, f"probe period shortened to {period} tokens to fit {limit}"
-    return period, None
-
-
-def probe_scores(
-    model: LoadedModel, windows: Sequence[Window], period: int, seed: int
-) -> tuple[dict[str, Any], dict[str, Any]]:
+def probe_scores(model: LoadedModel, probe: Probe) -> tuple[dict[str, Any], dict[str, Any]]:
     """Induction and duplicate-token scores of every head, name -> (n_layer, n_head), from one forward pass over
-    the probe `windows` (probe.probe_windows with this `period` and `seed`: seeded random sequences of `period`
-    tokens repeated twice); and a summary for the JSON."""
-    first_query = len(windows[0].ids) - period  # BOS (when any) + the first copy
-    statistics = ProbeStatistics(model.n_layer, model.n_head, model.device, period, first_query)
+    the probe's windows (seeded random sequences of `period` tokens repeated twice); and a summary for the JSON."""
+    statistics = ProbeStatistics(model.n_layer, model.n_head, model.device, probe.period, probe.first_query)
+    windows = probe.windows
     capture.run(model.model, batches(windows, len(windows), model.device), statistics, kernel=model.kernel)
-    summary = {"period": period, "sequences": PROBE_SEQUENCES, "seed": seed, "scored_rows": int(statistics.row_count)}
+    summary = {
+        "period": probe.period,
+        "sequences": PROBE_SEQUENCES,
+        "seed": probe.seed,
+        "scored_rows": int(statistics.row_count),
+    }
     return statistics.means(), summary

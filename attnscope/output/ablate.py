@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.output import notebook
-from attnscope.output.documents import document, to_csv, to_json
+from attnscope.output.documents import document
 from attnscope.output.views import View, fitted, model_shape, shown_rows, summary
 from attnscope.scores.catalog import counted
 
@@ -67,12 +67,12 @@ class AblateView(View):
         """--csv's rows: the heads, the most important first (the first --top)."""
         return ablate_records(self.result, ranked=True)
 
-    def data_files(self, stage: Path) -> list[Path]:
-        """ablate.json and ablate.csv: every head, layer.head order, whatever --top."""
-        return [
-            self.write(stage, "ablate.json", to_json(self.document(every=True))),
-            self.write(stage, "ablate.csv", to_csv(ablate_records(self.result))),
-        ]
+    def full_document(self) -> dict:
+        return self.document(every=True)
+
+    def full_records(self) -> list[dict]:
+        """ablate.csv: every head, layer.head order."""
+        return ablate_records(self.result)
 
     def figures(self) -> dict[str, Any]:
         """importance (layer × head) and, with pruning, prune (the loss against the heads removed)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.output import notebook
-from attnscope.output.documents import document, to_csv, to_json
+from attnscope.output.documents import document
 from attnscope.output.views import View, fitted, shown_rows, summary, words_field
 from attnscope.scores.catalog import counted
 from attnscope.scores.words import CONTINUED_LEGEND, WORDS
@@ -98,12 +98,12 @@ class AttendView(View):
         """--csv's rows: the heads, the strongest first (the first --top)."""
         return attend_records(self.result, ranked=True)
 
-    def data_files(self, stage: Path) -> list[Path]:
-        """attend.json and attend.csv: every head, layer.head order, whatever --top."""
-        return [
-            self.write(stage, "attend.json", to_json(self.document(every=True))),
-            self.write(stage, "attend.csv", to_csv(attend_records(self.result))),
-        ]
+    def full_document(self) -> dict:
+        return self.document(every=True)
+
+    def full_records(self) -> list[dict]:
+        """attend.csv: every head, layer.head order."""
+        return attend_records(self.result)
 
     def figures(self) -> dict[str, Any]:
         """attend: a layer × head heatmap of the weight on the target, or, without one, of each head's largest

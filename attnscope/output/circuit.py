@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.output import notebook
-from attnscope.output.documents import document, to_csv, to_json
+from attnscope.output.documents import document
 from attnscope.output.views import View, fitted, inputs_read, model_shape, shown_rows, summary
 from attnscope.scores.catalog import counted
 
@@ -50,12 +50,12 @@ class CircuitView(View):
         """--csv's rows: each explained head's dependencies (B, A earlier), by change (its --top largest, or all)."""
         return self.result.dependencies(self.result.top)
 
-    def data_files(self, stage: Path) -> list[Path]:
-        """circuit.json and circuit.csv: every dependency, whatever --top."""
-        return [
-            self.write(stage, "circuit.json", to_json(self.document(every=True))),
-            self.write(stage, "circuit.csv", to_csv(self.result.dependencies(), self.columns)),
-        ]
+    def full_document(self) -> dict:
+        return self.document(every=True)
+
+    def full_records(self) -> list[dict]:
+        """circuit.csv: every dependency."""
+        return self.result.dependencies()
 
     # ---------------------------------------------------------------------------------------------- figures
 

@@ -103,7 +103,7 @@ class HeadsView(View):
         kind, thresholds = result.kind.name, result.settings.get("thresholds")
         return [
             terminal.role_map(result.heads, model["n_layer"], model["n_head"], title, kind),
-            heads_table(result.selected, "Heads", kind, result.selection.get("sort"), thresholds, kv_group(model)),
+            HeadsTable(result.selected, "Heads", kind, result.selection.get("sort"), thresholds, kv_group(model)),
         ]
 
     def notebook(self) -> str:
@@ -327,18 +327,6 @@ class HeadsTable:
         shown = self.fitting_columns(console, options)
         yield self.table(shown)
         yield self.key(shown, options.max_width)
-
-
-def heads_table(
-    heads: Sequence[Any],
-    title: str,
-    kind: str,
-    sort: str | None = None,
-    thresholds: dict[str, float] | None = None,
-    group: int = 1,
-) -> HeadsTable:
-    """The heads table (see `HeadsTable`): as many score columns as the console's width holds."""
-    return HeadsTable(heads, title, kind, sort, thresholds, group)
 
 
 # ------------------------------------------------------------------------------------------------------------- notebook

@@ -442,11 +442,14 @@ def _glossary(report: Any) -> str:
 def _models_line(several: Sequence[Any]) -> str:
     if not several:
         return ""
-    labels = ", ".join(_text(page.label) for page in several)
     return (
-        f"<p>{counted(len(several), 'model')}, the same texts through each: {labels}. The slider above the role map "
-        "chooses the model the role map and the head panel show.</p>"
+        f"<p>{counted(len(several), 'model')}, the same texts through each: {_labels(several)}. The slider above "
+        "the role map chooses the model the role map and the head panel show.</p>"
     )
+
+
+def _labels(several: Sequence[Any]) -> str:
+    return ", ".join(_text(page.label) for page in several)
 
 
 def _of_first(several: Sequence[Any]) -> str:
@@ -457,10 +460,9 @@ def _model_slider(several: Sequence[Any]) -> str:
     """The holder of the slider over the models (drawn by the script); without the script, the models' names."""
     if not several:
         return ""
-    labels = ", ".join(_text(page.label) for page in several)
     return (
         f'<div class="asv-models" data-viewer="models"><p class="fallback">The role map shows the first of '
-        f"{len(several)} models ({labels}); the page's script switches between them.</p></div>"
+        f"{len(several)} models ({_labels(several)}); the page's script switches between them.</p></div>"
     )
 
 

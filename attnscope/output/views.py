@@ -75,11 +75,20 @@ class View:
         path = stage / self.pictures.file_name(stem)
         return figures.save(figure, path, self.pictures.format, self.pictures.dpi)
 
+    def full_document(self) -> dict:
+        """The document of --out's JSON file: every row of every list, whatever --top (`document()` where --top
+        cuts nothing)."""
+        return self.document()
+
+    def full_records(self) -> list[dict]:
+        """The rows of --out's CSV file: every row, whatever --top (`records()` where --top cuts nothing)."""
+        return self.records()
+
     def data_files(self, stage: Path) -> list[Path]:
-        """The files of --out that are not pictures: the JSON document and the CSV rows."""
+        """The files of --out that are not pictures: the JSON document and the CSV rows, every row of each."""
         return [
-            self.write(stage, f"{self.command}.json", to_json(self.document())),
-            self.write(stage, f"{self.command}.csv", to_csv(self.records(), self.columns)),
+            self.write(stage, f"{self.command}.json", to_json(self.full_document())),
+            self.write(stage, f"{self.command}.csv", to_csv(self.full_records(), self.columns)),
         ]
 
     def figures(self) -> dict[str, Any]:

@@ -153,6 +153,9 @@ class TextList(Texts):
         return len(self.items)
 
 
+AnyTexts = Texts | Sequence[Text]  # what an analysis reads: a stream, or texts in memory (`as_texts`)
+
+
 def as_texts(texts: Texts | Sequence[Text]) -> Texts:
     """A `Texts` stream of `texts` (a list of `Text` from Python is wrapped as it is)."""
     return texts if isinstance(texts, Texts) else TextList(list(texts))
@@ -270,14 +273,8 @@ class TextFile(Texts):
         (a binary file), and at least one text; a JSON-lines file has every line parsed and checked."""
         checked = _ByteCheck(self.name)
         with self.open_binary() as raw:
-            while True:
-                try:
-                    data = raw.read(BLOCK_BYTES)
-                except OSError as error:
-                    raise AttnscopeError(f"cannot read {self.name}: {error.strerror or error}") from None
-                checked.feed(data)
-                if not data:
-                    break
+            for _ in _checked_blocks(raw, checked):
+                pass
         self.size = checked.offset  # what is read from now on: the bytes checked
         has_text = checked.has_text
         if self.jsonl:  # every line parsed, not only those up to the first text
@@ -331,6 +328,20 @@ class _ByteCheck:
         self.offset += len(data)
 
 
+def _checked_blocks(source: BinaryIO, checked: _ByteCheck) -> Iterator[bytes]:
+    """The blocks of `source` (BLOCK_BYTES each) until its end, each fed to `checked` first; a read that fails is one
+    AttnscopeError naming the input."""
+    while True:
+        try:
+            data = source.read(BLOCK_BYTES)
+        except OSError as error:
+            raise AttnscopeError(f"cannot read {checked.name}: {error.strerror or error}") from None
+        checked.feed(data)
+        if not data:
+            return
+        yield data
+
+
 def _split_blank_lines(blocks: Iterator[str]) -> Iterator[tuple[int, str]]:
     """(k, piece) of the k-th text, for texts separated by blank lines, in order.
 
@@ -382,14 +393,7 @@ def _spool(source: BinaryIO, name: str) -> tuple[Callable[[], BinaryIO], int]:
     spool = tempfile.TemporaryFile(prefix="attnscope-input-")  # noqa: SIM115 (lives as long as the process)
     checked = _ByteCheck(name)
     try:
-        while True:
-            try:
-                data = source.read(BLOCK_BYTES)
-            except OSError as error:
-                raise AttnscopeError(f"cannot read {name}: {error.strerror or error}") from None
-            checked.feed(data)
-            if not data:
-                break
+        for data in _checked_blocks(source, checked):
             if checked.offset > SPOOL_MAX_BYTES:
                 raise AttnscopeError(
                     f"{name} holds more than {SPOOL_MAX_BYTES / 2**30:g} GiB, the most attnscope copies from a stream; "

@@ -15,56 +15,11 @@ never probe an analysis with getattr. The analyses (attnscope.analyses) subclass
 Light: no torch, no transformers, so `attnscope --help` builds every option from here.
 """
 
-from attnscope.settings.commands import (
-    Ablate,
-    Attend,
-    Bench,
-    Circuit,
-    Compare,
-    Diversity,
-    Heads,
-    Info,
-    RandomMha,
-    Report,
-    Show,
-    parse_occurrence,
-)
-from attnscope.settings.declare import (
-    DEFAULT_MODEL,
-    MODEL,
-    MODELS,
-    NONE,
-    ONE,
-    OWN,
-    PROGRESS,
-    SCORE,
-    SEVERAL,
-    STATUS,
-    TEXTS,
-    Declared,
-    Setting,
-    Settings,
-    check_layer,
-    check_measured,
-    declared,
-    setting,
-)
-from attnscope.settings.groups import (
-    SCORING,
-    Batching,
-    DeviceMap,
-    Kernel,
-    Loading,
-    Place,
-    Reading,
-    Revision,
-    Scoring,
-)
+from attnscope.settings.commands import *  # noqa: F403 (each module names what it offers in its __all__)
+from attnscope.settings.commands import __all__ as _commands
+from attnscope.settings.declare import *  # noqa: F403
+from attnscope.settings.declare import __all__ as _declare
+from attnscope.settings.groups import *  # noqa: F403
+from attnscope.settings.groups import __all__ as _groups
 
-__all__ = [
-    "Ablate", "Attend", "Bench", "Circuit", "Compare", "Diversity", "Heads", "Info", "RandomMha", "Report", "Show",
-    "parse_occurrence", "DEFAULT_MODEL", "MODEL", "MODELS", "NONE", "ONE", "OWN", "PROGRESS", "SCORE", "SEVERAL",
-    "STATUS", "TEXTS", "Declared", "Setting", "Settings", "check_layer", "check_measured", "declared", "setting",
-    "SCORING", "Batching", "DeviceMap", "Kernel", "Loading", "Place", "Reading", "Revision",
-    "Scoring",
-]  # fmt: skip
+__all__ = [*_commands, *_declare, *_groups]

@@ -36,6 +36,21 @@ from attnscope.settings.groups import (
     top_setting,
 )  # fmt: skip
 
+__all__ = [
+    "Ablate",
+    "Attend",
+    "Bench",
+    "Circuit",
+    "Compare",
+    "Diversity",
+    "Heads",
+    "Info",
+    "RandomMha",
+    "Report",
+    "Show",
+    "parse_occurrence",
+]
+
 
 @dataclass(frozen=True, kw_only=True)
 class Heads(Scoring, Loading, Settings):

@@ -27,6 +27,30 @@ from attnscope.scores import catalog, roles
 # The contract's `models`: one model; one or several (a page or a comparison of several); a name the analysis loads
 # or reads itself (bench, info); no model at all (random-mha).
 ONE, SEVERAL, OWN, NONE = "one", "several", "own", "none"
+__all__ = [
+    "DEFAULT_MODEL",
+    "MODEL",
+    "MODELS",
+    "NONE",
+    "ONE",
+    "OWN",
+    "PROGRESS",
+    "REQUIRED",
+    "SCORE",
+    "SEVERAL",
+    "STATUS",
+    "TEXTS",
+    "TOP_HELP",
+    "Declared",
+    "Setting",
+    "Settings",
+    "check_fields",
+    "check_layer",
+    "check_measured",
+    "declared",
+    "setting",
+]
+
 DEFAULT_MODEL = "gpt2"
 
 

@@ -13,6 +13,19 @@ from attnscope import options
 from attnscope.scores import catalog
 from attnscope.settings.declare import FILE, THRESHOLDS, TOP_HELP, Declared, setting
 
+__all__ = [
+    "SCORING",
+    "Batching",
+    "DeviceMap",
+    "Kernel",
+    "Loading",
+    "Place",
+    "Reading",
+    "Revision",
+    "Scoring",
+    "top_setting",
+]
+
 
 @dataclass(frozen=True, kw_only=True)
 class Reading(Declared):

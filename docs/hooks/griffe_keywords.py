@@ -5,9 +5,10 @@ as aligned columns for `help()`,
     thresholds  roles' thresholds moved: {"previous-token": 0.6} or ... (--threshold)
                 continued on a line indented to the text
 
-become a Markdown table (Markdown would run the lines together into one paragraph). A function's docstring is taken
-from the function itself, as `help()` shows it: the API appends the keywords several functions share at import
-(`api._keywords`), which reading the source alone would miss. Importing the API is cheap (no torch).
+become a Markdown table (Markdown would run the lines together into one paragraph). A function's docstring and
+signature are taken from the function itself, as `help()` shows them: the API makes each command's keywords, their
+defaults and their docstring lines from its settings' declarations at import (`api.command`), which reading the
+source alone would miss (it says `heads(**given)`). Importing the API is cheap (no torch).
 """
 
 from __future__ import annotations
@@ -46,17 +47,47 @@ def keyword_tables(text: str) -> str:
     return "\n".join(out)
 
 
-def runtime_docstring(obj: griffe.Object) -> str | None:
-    """The docstring of the live object at `obj.path`, cleaned as `help()` cleans it; None where it cannot be had."""
-    import inspect
-
+def _live(obj: griffe.Object) -> Any:
+    """The live object at `obj.path`, or None where it cannot be had."""
     try:
         live: Any = importlib.import_module(obj.module.path)
         for name in obj.path.removeprefix(obj.module.path + ".").split("."):
             live = getattr(live, name)
     except (ImportError, AttributeError):
         return None
-    return inspect.getdoc(live)
+    return live
+
+
+def runtime_docstring(obj: griffe.Object) -> str | None:
+    """The docstring of the live object at `obj.path`, cleaned as `help()` cleans it; None where it cannot be had."""
+    import inspect
+
+    live = _live(obj)
+    return None if live is None else inspect.getdoc(live)
+
+
+KINDS = {
+    "POSITIONAL_ONLY": griffe.ParameterKind.positional_only,
+    "POSITIONAL_OR_KEYWORD": griffe.ParameterKind.positional_or_keyword,
+    "VAR_POSITIONAL": griffe.ParameterKind.var_positional,
+    "KEYWORD_ONLY": griffe.ParameterKind.keyword_only,
+    "VAR_KEYWORD": griffe.ParameterKind.var_keyword,
+}
+
+
+def runtime_parameters(obj: griffe.Object) -> griffe.Parameters | None:
+    """The parameters of a live function whose signature was made at import (`__signature__`): each with its kind
+    and its default as Python writes it; None for any other function (griffe reads those from the source)."""
+    import inspect
+
+    live = _live(obj)
+    if live is None or "__signature__" not in vars(live):
+        return None
+    parameters = []
+    for parameter in inspect.signature(live).parameters.values():
+        default = None if parameter.default is inspect.Parameter.empty else repr(parameter.default)
+        parameters.append(griffe.Parameter(parameter.name, kind=KINDS[parameter.kind.name], default=default))
+    return griffe.Parameters(*parameters)
 
 
 class KeywordTables(griffe.Extension):
@@ -64,3 +95,6 @@ class KeywordTables(griffe.Extension):
         text = runtime_docstring(func) or (func.docstring.value if func.docstring else None)
         if text:
             func.docstring = griffe.Docstring(keyword_tables(text), parent=func)
+        parameters = runtime_parameters(func)
+        if parameters is not None:
+            func.parameters = parameters

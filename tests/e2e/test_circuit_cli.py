@@ -14,7 +14,8 @@ from tests.support import CAT, png_size
 @pytest.mark.slow
 def test_demo_json_heads_top_and_csv(cli):
     """The demo's induction heads explained: each one's dependencies are its --top largest |change|, by change (the
-    most negative first), with = without - change; 0.2 comes first for each; --csv keeps every earlier head."""
+    most negative first), with = without - change; 0.2 comes first for each; --csv holds the same rows (--top 2 of
+    each), and without --top every earlier head."""
     args = ("circuit", "--model", "demo", "--head", "1.3", "--head", "1.0", "--top", "2", "--score", "induction")
     code, out, err = cli(*args, "--json")
     assert code == 0, err
@@ -41,6 +42,10 @@ def test_demo_json_heads_top_and_csv(cli):
     assert cli(*args, "--json")[1] == out  # deterministic
     code, out, err = cli(*args, "--csv", "--no-weights")
     assert code == 0, err
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [(row["label"], row["on"]) for row in rows] == [(d["label"], d["on"]) for d in dependencies]
+    args = tuple(arg for arg in args if arg not in ("--top", "2"))
+    code, out, err = cli(*args, "--csv", "--no-weights")
     rows = list(csv.DictReader(io.StringIO(out)))
     assert len(rows) == 8 and {row["on"] for row in rows} == {f"0.{h}" for h in range(4)}
     code, out, err = cli("circuit", "--model", "demo", "--head", "1.0", "--top", "2")

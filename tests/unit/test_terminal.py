@@ -51,18 +51,18 @@ def rows_of(text: str) -> dict[str, str]:
 
 
 def test_a_kv_column_says_which_key_value_head_a_head_reads_only_under_grouped_query_attention():
-    shared = render(heads_room.heads_table(HEADS, "Heads", DECODER, group=4), width=120)
+    shared = render(heads_room.HeadsTable(HEADS, "Heads", DECODER, group=4), width=120)
     assert re.search(r"^\s*head\s+kv\s+role\s", shared, re.M)
     for label, line in rows_of(shared).items():
         assert line.split()[1] == str(int(label.split(".")[1]) // 4)  # 11.11 reads key/value head 2
     assert "kv the key/value head it reads (4 query heads share each)" in " ".join(shared.split())
-    alone = render(heads_room.heads_table(HEADS, "Heads", DECODER), width=120)
+    alone = render(heads_room.HeadsTable(HEADS, "Heads", DECODER), width=120)
     assert re.search(r"^\s*head\s+role\s", alone, re.M) and " kv " not in alone
 
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_every_row_names_its_head_and_role_at_any_width(width):
-    text = render(heads_room.heads_table(HEADS, "Heads", DECODER), width=width)
+    text = render(heads_room.HeadsTable(HEADS, "Heads", DECODER), width=width)
     assert max(len(line.rstrip()) for line in text.splitlines()) <= width
     assert "…" not in text  # nothing cut
     lines = rows_of(text)
@@ -77,7 +77,7 @@ def test_columns_are_left_out_from_the_right_as_the_width_shrinks_and_the_key_sa
     columns = [score.short for score in table_columns(DECODER)]
     shown = {}
     for width in WIDTHS:
-        text = render(heads_room.heads_table(HEADS, "Heads", DECODER), width=width)
+        text = render(heads_room.HeadsTable(HEADS, "Heads", DECODER), width=width)
         header = next(line for line in text.splitlines() if line.split()[:2] == ["head", "role"])
         shown[width] = header.split()[4:]  # after head, role, decided by
         assert shown[width] == columns[: len(shown[width])]
@@ -94,7 +94,7 @@ def test_columns_are_left_out_from_the_right_as_the_width_shrinks_and_the_key_sa
 def test_the_sorted_score_is_the_last_column_left_out():
     columns = [score.short for score in table_columns(DECODER)]
     for sort, kept in ((None, False), ("confidence", True)):
-        text = render(heads_room.heads_table(HEADS, "Heads", DECODER, sort=sort), width=40)
+        text = render(heads_room.HeadsTable(HEADS, "Heads", DECODER, sort=sort), width=40)
         shown = next(line for line in text.splitlines() if line.split()[:2] == ["head", "role"]).split()[4:]
         assert ("conf" in shown) == kept
         assert shown == [short for short in columns if short in shown]  # in the table's order
@@ -104,7 +104,7 @@ def test_the_sorted_score_is_the_last_column_left_out():
 @pytest.mark.parametrize("sort", [None, "entropy", "local"])
 def test_the_key_names_every_header_in_words(kind, sort):
     records = [head(0, 0, previous_token=0.83)] if kind == DECODER else [head(0, 0, next_token=0.7)]
-    text = " ".join(render(heads_room.heads_table(records, "Heads", kind, sort), width=120).split())
+    text = " ".join(render(heads_room.HeadsTable(records, "Heads", kind, sort), width=120).split())
     for score in table_columns(kind, sort):
         assert f"{score.short} {heads_room.SCORE_KEYS[score.name]}" in text
     assert "head layer.head, from 0" in text
@@ -119,10 +119,10 @@ def test_every_score_a_table_can_show_has_words_in_the_key():
 
 def test_the_key_gives_the_thresholds_the_table_was_decided_with():
     thresholds = dict(catalog.DEFAULT_THRESHOLDS) | {"previous-token": 0.6}
-    table = heads_room.heads_table(HEADS, "Heads", DECODER, thresholds=thresholds)
+    table = heads_room.HeadsTable(HEADS, "Heads", DECODER, thresholds=thresholds)
     text = " ".join(render(table, width=120).split())
     assert "the score that passed its threshold, 0.5 (prev 0.6, Hnorm 0.8)" in text
-    default = " ".join(render(heads_room.heads_table(HEADS, "Heads", DECODER), width=120).split())
+    default = " ".join(render(heads_room.HeadsTable(HEADS, "Heads", DECODER), width=120).split())
     assert "the score that passed its threshold, 0.5 (Hnorm 0.8)" in default
 
 
