@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope import options, settings
 from attnscope.errors import AttnscopeError
-from attnscope.models.sources import ModelSource, check_once, labels
+from attnscope.models.loading import DEMO, LoadedModel  # light: no torch until a model loads
+from attnscope.models.sources import ModelSource, check_once, is_folder, labels
 
 if TYPE_CHECKING:
     from attnscope.analyses.ablate import AblationResult
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
     from attnscope.analyses.maps import ShowResult
     from attnscope.analyses.random_mha import RandomMhaResult
     from attnscope.analyses.report import ReportResult
-    from attnscope.models.loading import LoadedModel
     from attnscope.pipeline.inputs import Texts
 
 LOADING = tuple(declaration.name for declaration in settings.Loading.declarations())
@@ -214,8 +214,6 @@ def model_sources(
     """The models `analysis` runs on, as sources (models.sources): names to load (at each of its `revisions`, where
     it has them) and models already loaded, labelled, each given once; and a note where two labels had to be told
     apart."""
-    from attnscope.models.loading import LoadedModel
-
     several = isinstance(given, (list, tuple)) and analysis.models == settings.SEVERAL
     items = list(given) if several else [given]
     if not items:
@@ -237,10 +235,8 @@ def model_sources(
                 f"revisions (--revisions) are revisions of one model given by name (a Hub id), but "
                 f"{len(items)} models were given: give one model's name, or each model on its own"
             )
-        from attnscope.models.sources import is_folder
-
         name = os.fspath(items[0])
-        if name == "demo" or is_folder(name):
+        if name == DEMO or is_folder(name):
             raise AttnscopeError(
                 f"revisions (--revisions) {','.join(chosen)}: model {name!r} is bundled or a folder on this machine, "
                 "which has no revisions; they pick branches, tags or commits of one model on the Hugging Face Hub"
@@ -297,12 +293,6 @@ def _shape(source: ModelSource) -> Any:
     return config_shape(source.name, source.revision)
 
 
-def _loaded_class() -> type:
-    from attnscope.models.loading import LoadedModel
-
-    return LoadedModel
-
-
 def _callable(value: Any, name: str, takes: str) -> None:
     if value is not None and not callable(value):
         raise AttnscopeError(f"{name} {options.shown(value)}: expected a function of {takes}, or None")
@@ -322,7 +312,7 @@ def _run(analysis_class: type[settings.Settings], given: dict[str, Any]) -> Any:
     if analysis.models == settings.NONE:
         return analysis.run()
     if analysis.models == settings.OWN:  # bench and info: a name they load or read themselves, or (info) a model
-        if isinstance(model, _loaded_class()):
+        if isinstance(model, LoadedModel):
             _check_untouched(_loading(analysis), model)
         else:
             _check_name(model)

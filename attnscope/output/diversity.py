@@ -51,6 +51,9 @@ class DiversityView(View):
     def document(self) -> dict:
         return diversity_document(self.result)
 
+    def full_document(self) -> dict:
+        return diversity_document(self.result, every=True)
+
     def records(self) -> list[dict]:
         return self.result.pairs()
 
@@ -60,7 +63,7 @@ class DiversityView(View):
 
     def data_files(self, stage: Path) -> list[Path]:
         return [
-            self.write(stage, "diversity.json", to_json(diversity_document(self.result, every=True))),
+            self.write(stage, "diversity.json", to_json(self.full_document())),
             self.write(stage, "diversity_pairs.csv", to_csv(self.records(), self.columns)),
         ]
 
