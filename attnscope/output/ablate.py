@@ -152,30 +152,30 @@ class AblateView(View):
 def ablate_importance(result: Any) -> Any:
     """An AblationResult's importance per head: the loss change (signed, centred at 0: red where the loss rises
     without the head, blue where it falls; output.scales' loss_change) or |dL/d gate| (from 0)."""
-    from attnscope.output import figures
+    from attnscope.output import figures, head_grids
 
     subtitle = figures.describe_input(result.model, result.inputs)
     if result.method == "loss":
         label = "loss change (nats/token)"
         title = "Head importance: loss change when each head is removed"
-        return figures.score_heatmap(
+        return head_grids.score_heatmap(
             result.importance, title, label, subtitle, vmin=None, vmax=None, signed=True, scale="loss_change"
         )
     label = "|dL/d gate| (nats/token per unit)"
     title = "Head importance: gradient of the loss by each head's gate"
-    return figures.score_heatmap(result.importance, title, label, subtitle, vmin=0.0, vmax=None)
+    return head_grids.score_heatmap(result.importance, title, label, subtitle, vmin=0.0, vmax=None)
 
 
 def prune_curve(result: Any) -> Any:
     """An AblationResult's pruning: the loss increase over the full model as the least important heads go."""
-    from attnscope.output import figures
+    from attnscope.output import figures, line_plots
 
     removed = [0] + [step["removed"] for step in result.prune]
     increase = [0.0] + [step["loss"] - result.baseline_loss for step in result.prune]
     subtitle = (
         f"{figures.describe_input(result.model, result.inputs)}; full model {result.baseline_loss:.3f} nats/token"
     )
-    return figures.line_plot(
+    return line_plots.line_plot(
         removed,
         {"loss increase": increase},
         "heads removed (least important first)",

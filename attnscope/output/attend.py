@@ -197,13 +197,13 @@ class AttendShown:
 def attend_figure(result: Any) -> Any:
     """An AttendResult, layer × head: the weight on the target or, without one, each head's largest weight with
     the token it falls on written in the cell."""
-    from attnscope.output import figures
+    from attnscope.output import figures, head_grids
 
     source = result.from_name  # as tables name it: she@5, doctor@2-4
     subtitle = figures.describe_input(result.model, n_tokens=len(result.tokens))
     if result.to_weight is not None:
         targets = ", ".join(result.labels.describe(span) for span in result.to_words)
-        return figures.score_heatmap(
+        return head_grids.score_heatmap(
             result.to_weight, f"Attention from {source} to {targets}", figures.FRACTION_LABEL, subtitle
         )
     n_layer, n_head = result.rows.shape[:2]
@@ -220,7 +220,7 @@ def attend_figure(result: Any) -> Any:
     if result.view != WORDS and result.labels.continued:
         subtitle += f"; {CONTINUED_LEGEND}"
     title = f"Where {source} looks: each head's strongest {kind}{skipped} and its weight"
-    return figures.score_heatmap(matrix, title, figures.FRACTION_LABEL, subtitle, cell_text=cells)
+    return head_grids.score_heatmap(matrix, title, figures.FRACTION_LABEL, subtitle, cell_text=cells)
 
 
 # ------------------------------------------------------------------------------------------------------------- terminal

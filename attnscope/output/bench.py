@@ -104,7 +104,7 @@ def bench_figure(result: Any) -> Any:
     """A BenchResult: tokens per second against sequence length, one line per method and batch size (a colour and
     a marker per method, a line style per batch size), each point the median run, with an error bar from the
     slowest to the fastest of its runs (batch × seq tokens over max_s and min_s), on an axis from 0."""
-    from attnscope.output import figures
+    from attnscope.output import line_plots
 
     rows, machine = result.rows, result.settings
     seqs = sorted({row["seq"] for row in rows})
@@ -120,8 +120,8 @@ def bench_figure(result: Any) -> Any:
         spread.setdefault(label, {})[row["seq"]] = (tokens / row["max_s"], tokens / row["min_s"])
         k = methods.index(row["method"])
         styles[label] = {
-            "color": figures.SERIES_COLOURS[k % len(figures.SERIES_COLOURS)],
-            "marker": figures.SERIES_MARKERS[k % len(figures.SERIES_MARKERS)],
+            "color": line_plots.SERIES_COLOURS[k % len(line_plots.SERIES_COLOURS)],
+            "marker": line_plots.SERIES_MARKERS[k % len(line_plots.SERIES_MARKERS)],
             "linestyle": line_styles[row["batch"]],
         }
     lines = {label: [values.get(seq) for seq in seqs] for label, values in series.items()}
@@ -137,7 +137,7 @@ def bench_figure(result: Any) -> Any:
     subtitle = f"{result.model['name']} on {where}, {machine.get('dtype', '')}".rstrip(", ")
     subtitle += f"; points: the median of {'/'.join(map(str, runs))} runs, bars: the slowest to the fastest"
     labels = ("sequence length (tokens)", "tokens per second")
-    return figures.line_plot(
+    return line_plots.line_plot(
         seqs, lines, *labels, "Analysis speed by sequence length", subtitle, log_x=True, styles=styles, spreads=spreads
     )
 

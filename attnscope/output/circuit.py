@@ -178,7 +178,7 @@ def _score_names(result: Any) -> str:
 def circuit_graph(result: Any) -> Any:
     """The circuit: heads in layer columns coloured by role; an arrow A → B for each dependency with |change| of at
     least EDGE_MIN, each head's EDGES_PER_HEAD strongest, EDGES_MAX at most; a note says how many were left out."""
-    from attnscope.output import figures
+    from attnscope.output import figures, head_graph
 
     edges, below, beyond = result.edges(EDGE_MIN, EDGES_PER_HEAD, EDGES_MAX)
     left = []
@@ -187,7 +187,7 @@ def circuit_graph(result: Any) -> Any:
     if beyond:
         left.append(f"{beyond:,} more beyond each head's {EDGES_PER_HEAD} strongest (and {EDGES_MAX} in all) left out")
     note = f"{len(edges):,} dependencies drawn (|change| ≥ {EDGE_MIN:g})" + (f"; {'; '.join(left)}" if left else "")
-    return figures.head_graph(
+    return head_graph.head_graph(
         _roles(result),
         edges,
         "Circuit: which earlier heads each head's score depends on",
@@ -208,14 +208,14 @@ def _pair_axes(result: Any) -> tuple[list[str], list[str], int]:
 
 def dependency_matrix(result: Any) -> Any:
     """B × A: the change of B's score without A, centred at 0 (blue: B depends on A); grey where A is not earlier."""
-    from attnscope.output import figures
+    from attnscope.output import figures, head_matrices
 
     rows, columns, top = _pair_axes(result)
     H = result.model["n_head"]
     matrix = result.changes[:, :top, :].reshape(len(rows), top * H).copy()  # (n, top·H)
     for i, (layer, _, _) in enumerate(result.explained):
         matrix[i, layer * H :] = np.nan  # A in B's layer or later: no such dependency
-    return figures.pair_matrix(
+    return head_matrices.pair_matrix(
         matrix,
         rows,
         columns,
@@ -239,7 +239,7 @@ COMPOSITION_TITLES = {
 
 def composition_matrix(result: Any, kind: str) -> Any:
     """B × A: the `kind` ("q", "k", "v") composition score from the weights, from 0; the random baseline named."""
-    from attnscope.output import figures
+    from attnscope.output import head_matrices
 
     rows, columns, top = _pair_axes(result)
     H = result.model["n_head"]
@@ -248,7 +248,7 @@ def composition_matrix(result: Any, kind: str) -> Any:
     for i, (layer, head, _) in enumerate(result.explained):
         matrix[i, : layer * H] = scores[:layer, :, layer, head].reshape(-1)
     baseline = result.baseline[kind]
-    return figures.pair_matrix(
+    return head_matrices.pair_matrix(
         matrix,
         rows,
         columns,

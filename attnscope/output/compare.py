@@ -245,7 +245,7 @@ def trajectories(result: Any) -> Any:
     formed; heads that hold it only for a while are grey. The dashed line is the role's threshold."""
     import numpy as np
 
-    from attnscope.output import figures
+    from attnscope.output import figures, line_plots
 
     labels = list(result.labels)
     roles = [role for role in ROLES if role.score is not None and any(role.name in h.roles for h in result.heads)]
@@ -256,7 +256,7 @@ def trajectories(result: Any) -> Any:
     width = max(7.0, columns * PANEL[0])
     size = (width, rows * panel_h + figures.TITLE_SPACE + FOOTER)
     offset = (width - columns * PANEL[0]) / 2  # the panels centred
-    figure = figures._figure(size)
+    figure = figures.new_figure(size)
     x = np.arange(len(labels))
     for index, role in enumerate(roles):
         row, column = divmod(index, columns)
@@ -280,7 +280,9 @@ def trajectories(result: Any) -> Any:
         for rank, head in enumerate(formed):
             values = _values(head, role.score)
             named = rank < NAMED_LINES
-            colour = figures.SERIES_COLOURS[rank % len(figures.SERIES_COLOURS)] if named else ROLE[role.name].colour
+            colour = (
+                line_plots.SERIES_COLOURS[rank % len(line_plots.SERIES_COLOURS)] if named else ROLE[role.name].colour
+            )
             axes.plot(x, values, color=colour, linewidth=1.5 if named else 0.8, alpha=1.0 if named else 0.6, zorder=2)
             start = labels.index(head.formed[role.name])
             axes.plot(  # a head that holds the role from the first model on has no star: it did not form here
@@ -325,7 +327,7 @@ def trajectories(result: Any) -> Any:
             fontsize=9,
             color=figures.SUBTITLE_COLOUR,
         )
-    figures._titles(figure, "Each role's deciding score across the models", described(result))
+    figures.add_titles(figure, "Each role's deciding score across the models", described(result))
     key = (
         "★ where the role formed: the head holds it from that model to the last (no star: from the first); "
         "coloured: heads that hold the role in the last model (the strongest named); grey: heads that held it only "
@@ -334,7 +336,7 @@ def trajectories(result: Any) -> Any:
     figure.text(
         0.5,
         0.1 / size[1],
-        figures._wrapped(key, width - 0.4, 7.5),
+        figures.wrapped(key, width - 0.4, 7.5),
         ha="center",
         va="bottom",
         fontsize=7.5,
@@ -386,8 +388,8 @@ def heads_by_models(result: Any, name: str) -> Any:
     column = 0.55
     margins = (0.9, 1.6, figures.TITLE_SPACE, 0.4 + 0.065 * max(len(label) for label in labels))
     size = (max(3.0, column * len(labels)) + margins[0] + margins[1], row * len(heads) + margins[2] + margins[3])
-    figure = figures._figure(size)
-    axes = figures._place_axes(figure, margins)
+    figure = figures.new_figure(size)
+    axes = figures.place_axes(figure, margins)
     if score.unit == SIGNED:
         limit = max(1e-12, float(np.nanmax(np.abs(matrix))) if np.isfinite(matrix).any() else 1.0)
         norm, scale = Normalize(-max(limit, 1.0), max(limit, 1.0)), figures.DIVERGING_SCALE
@@ -398,7 +400,7 @@ def heads_by_models(result: Any, name: str) -> Any:
         norm, scale = Normalize(0.0, high if high > 0 else 1.0), figures.SEQUENTIAL_SCALE
     cmap = figures.colour_map(scale).with_extremes(bad=figures.MISSING_COLOUR)
     image = axes.imshow(np.ma.masked_invalid(matrix), cmap=cmap, norm=norm, aspect="auto", interpolation="none")
-    figures._colour_bar(figure, axes, image, figures.score_colour_label(score))
+    figures.add_colour_bar(figure, axes, image, figures.score_colour_label(score))
     n_head = result.model["n_head"]
     for layer in range(1, result.model["n_layer"]):
         axes.axhline(layer * n_head - 0.5, color="white", linewidth=0.8)
@@ -435,18 +437,18 @@ def heads_by_models(result: Any, name: str) -> Any:
                 marked += 1
     star = f"; ★ where {role} formed" if marked else ""
     subtitle = f"{described(result)}{star}"
-    figures._titles(figure, f"{figures.capital(score.label)} per head in each model", subtitle)
+    figures.add_titles(figure, f"{figures.capital(score.label)} per head in each model", subtitle)
     return figure
 
 
 def divergence_grid(result: Any) -> Any:
     """Two models: each head's divergence, layer × head, on a sequential scale from 0 (exactly 0 is written `0`)."""
-    from attnscope.output import figures
+    from attnscope.output import head_grids
 
     matrix = divergence_matrix(result)
     cells = [[_divergence_text(value) for value in row] for row in matrix]
     first, second = result.labels
-    return figures.score_heatmap(
+    return head_grids.score_heatmap(
         matrix,
         f"How far each head's attention moved from {first} to {second}",
         "mean JS divergence between the models' rows (bits); 0: unchanged",

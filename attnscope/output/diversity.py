@@ -162,7 +162,7 @@ def diversity_matrix(result: Any, name: str) -> Any:
     the average linkage of JS; for one layer, in head order."""
     import numpy as np
 
-    from attnscope.output import figures
+    from attnscope.output import figures, head_matrices
 
     clustered = result.layer is None
     order = result.order if clustered else list(range(len(result.labels)))
@@ -175,7 +175,7 @@ def diversity_matrix(result: Any, name: str) -> Any:
     }[name]
     title = f"{what[0]} {scope}" + (", in clustered order" if clustered else "")
     linkage = getattr(result, "linkage", None) if clustered else None
-    return figures.head_matrix(
+    return head_matrices.head_matrix(
         matrix,
         labels,
         title,
@@ -193,10 +193,10 @@ def diversity_matrix(result: Any, name: str) -> Any:
 def diversity_per_layer(result: Any) -> Any:
     """The mean pairwise JSD of every layer's heads, a line over the layers (a DiversityResult of all layers), on
     an axis from 0."""
-    from attnscope.output import figures
+    from attnscope.output import figures, line_plots
 
     layers = sorted(result.layer_scores)
-    return figures.line_plot(
+    return line_plots.line_plot(
         layers,
         {"mean pairwise JSD": [result.layer_scores[layer] for layer in layers]},
         "layer",

@@ -82,7 +82,7 @@ class HeadsView(View):
     def figures(self) -> dict[str, Any]:
         """role_map, score_<name> per score measured, and attention_<L.H> for each plotted head (by word,
         attention_<L.H>_words, as `show --words` names its picture)."""
-        from attnscope.output import figures
+        from attnscope.output import attention_maps
 
         result = self.result
         drawn = {"role_map": heads_role_map(result)}
@@ -91,7 +91,7 @@ class HeadsView(View):
         for layer, head in result.plotted:
             attention = result.attention[layer]
             stem = f"attention_{layer}.{head}" + ("_words" if attention.view == "words" else "")
-            drawn[stem] = figures.head_attention(result.model, attention, head)
+            drawn[stem] = attention_maps.head_attention(result.model, attention, head)
         return drawn
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
@@ -163,7 +163,7 @@ def score_matrix(heads: Sequence, name: str, n_layer: int, n_head: int) -> Any:
 def heads_role_map(result: Any) -> Any:
     """The layer × head map of roles of a HeadsResult, each cell labelled with the score that decided its role
     (named in a mixed head's cell, where it is only the closest to its threshold)."""
-    from attnscope.output import figures
+    from attnscope.output import figures, head_grids
 
     n_layer, n_head = result.model["n_layer"], result.model["n_head"]
     roles = [[""] * n_head for _ in range(n_layer)]
@@ -173,7 +173,7 @@ def heads_role_map(result: Any) -> Any:
         roles[record.layer][record.head] = role.role
         named = f"{SCORE[role.metric].short} " if role.role == "mixed" else ""
         deciding[record.layer][record.head] = f"{named}{role.score:.2f}"
-    return figures.role_map(roles, deciding, "Head roles", figures.describe_input(result.model, result.inputs))
+    return head_grids.role_map(roles, deciding, "Head roles", figures.describe_input(result.model, result.inputs))
 
 
 def drawn_scores(result: Any) -> list[str]:
@@ -184,7 +184,7 @@ def drawn_scores(result: Any) -> list[str]:
 def heads_score_heatmap(result: Any, name: str) -> Any:
     """One score of every head of a HeadsResult, layer × head: fractions on [0, 1], entropy from 0, a signed
     score (local_lift) on a diverging map centred at 0."""
-    from attnscope.output import figures
+    from attnscope.output import figures, head_grids
 
     score = SCORE[name]
     matrix = score_matrix(result.heads, name, result.model["n_layer"], result.model["n_head"])
@@ -196,7 +196,7 @@ def heads_score_heatmap(result: Any, name: str) -> Any:
         limits = {"vmin": 0.0, "vmax": None}
     title = f"{figures.capital(score.label)} per head"
     subtitle = figures.describe_input(result.model, result.inputs)
-    return figures.score_heatmap(matrix, title, figures.score_colour_label(score), subtitle, **limits)
+    return head_grids.score_heatmap(matrix, title, figures.score_colour_label(score), subtitle, **limits)
 
 
 # ------------------------------------------------------------------------------------------------------------- terminal

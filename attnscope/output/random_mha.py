@@ -82,7 +82,7 @@ RANDOM_MHA_SERIES = {  # a row's key -> its line's name
 
 def random_mha_figure(result: Any) -> Any:
     """A RandomMhaResult: each measure (all in [0, 1]) against the number of heads."""
-    from attnscope.output import figures
+    from attnscope.output import line_plots
 
     rows, settings = result.rows, result.settings
     heads = [row["heads"] for row in rows]
@@ -92,6 +92,6 @@ def random_mha_figure(result: Any) -> Any:
         f"{settings['trials']} trials"
     )
     title = "Diversity of an untrained attention layer's heads, by their number"
-    return figures.line_plot(
+    return line_plots.line_plot(
         heads, series, "heads (d_head = d_model / heads)", "mean (0 to 1)", title, subtitle, log_x=True, y_top=1.0
     )

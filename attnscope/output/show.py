@@ -152,15 +152,15 @@ class ShowView(View):
 
 def show_figure(result: Any) -> Any:
     """A ShowResult: every head of the layer in a grid, or its one head, larger."""
-    from attnscope.output import figures
+    from attnscope.output import attention_maps
 
     attention = result.attention
     if result.head is not None:
-        return figures.head_attention(result.model, attention, result.head)
-    maps, labels, hidden, subtitle = figures.map_view(result.model, attention)
+        return attention_maps.head_attention(result.model, attention, result.head)
+    maps, labels, hidden, subtitle = attention_maps.map_view(result.model, attention)
     heads = [f"head {attention.layer}.{head}" for head in range(maps.shape[0])]
     title = f"Attention of every head of layer {attention.layer}"
-    return figures.layer_grid(maps, labels, title, subtitle, heads, hidden, figures.map_unit(attention))
+    return attention_maps.layer_grid(maps, labels, title, subtitle, heads, hidden, attention_maps.map_unit(attention))
 
 
 # ------------------------------------------------------------------------------------------------------------- notebook

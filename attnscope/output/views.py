@@ -11,9 +11,10 @@
 
 Each command's view lives in its own module of this folder, `output/<command>.py` (its room: the view, its
 figures, its terminal tables and its notebook HTML), built from the shared builders: `documents` (the JSON envelope,
-JSON and CSV text), `files` (staged, atomic writes), `figures` (matplotlib: layout, colour bars, heatmaps, maps,
-line plots), `terminal` (rich: palette, grids, record tables), `notebook` (inline HTML: cells, tables, grids) and
-`viewer` (the report page's interactive viewer). `VIEWS` below registers every room.
+JSON and CSV text), `files` (staged, atomic writes), `figures` (matplotlib: writing, layout, colour bars) and the
+pictures built on it (`head_grids`, `attention_maps`, `head_matrices`, `head_graph`, `line_plots`), `terminal` (rich:
+palette, grids, record tables), `notebook` (inline HTML: cells, tables, grids) and `viewer` (the report page's
+interactive viewer). `VIEWS` below registers every room.
 
 The output stage sits below the analyses (tests/unit/test_layout.py): an analysis result hands itself to its view
 (`analyses.result.Result`), and no module here imports an analysis. A view reads its result by duck typing, the

@@ -180,11 +180,11 @@ def test_the_terminal_role_map_shows_the_catalogs_short_labels(kind):
 def test_the_pictured_role_map_shows_the_catalogs_short_labels():
     """The old bug: the picture said `induct` where the terminal said `induc`. Every cell reads `L.H`, the role's
     short label and its score; the legend lists the roles drawn, in the catalog's order."""
-    from attnscope.output import figures
+    from attnscope.output import head_grids
 
     roles = [list(ROLE_NAMES[:5]), list(ROLE_NAMES[5:])]
     scores = [[f"0.{layer}{head}" for head in range(5)] for layer in range(2)]
-    figure = figures.role_map(roles, scores, "Head roles", "tiny")
+    figure = head_grids.role_map(roles, scores, "Head roles", "tiny")
     expected = [
         f"{layer}.{head}\n{ROLE[roles[layer][head]].short}\n0.{layer}{head}" for layer in range(2) for head in range(5)
     ]

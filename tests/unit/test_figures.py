@@ -1,5 +1,5 @@
-"""Figures (output.figures, and each command's in its room output/<command>.py): the properties a reader relies on,
-checked on the returned Figures, not on pixels.
+"""Figures (output.figures, the families built on it, and each command's in its room output/<command>.py): the
+properties a reader relies on, checked on the returned Figures, not on pixels.
 
 Each drawing function returns a matplotlib Figure; the tests read its parts (images and their norms, colour bars,
 tick labels, legends, axis limits) against values worked out by hand or by scipy.
@@ -25,12 +25,6 @@ LABELS = [f"{layer}.{head}" for layer in range(12) for head in range(12)]  # GPT
 MODEL = {"name": "tiny", "kind": "decoder", "n_layer": 2, "n_head": 4}
 INPUTS = {"n_texts": 3, "n_tokens": 42}
 UNIT_WORDS = ("fraction of the row's attention", "nats", "bits", "cosine similarity", "uniform", "|dL/d gate|")
-
-
-def _figures():
-    from attnscope.output import figures
-
-    return figures
 
 
 def _colour_bar_labels(figure) -> list[str]:
@@ -67,21 +61,24 @@ def _heads_result(roles, scores):
 
 
 def _small_figure():
-    figures = _figures()
+    from attnscope.output import attention_maps, head_grids
+
     matrix = np.arange(8, dtype=float).reshape(2, 4) / 8
-    return figures.score_heatmap(matrix, "Some score per head", figures.ATTENTION_LABEL, "tiny, 3 texts")
+    return head_grids.score_heatmap(matrix, "Some score per head", attention_maps.ATTENTION_LABEL, "tiny, 3 texts")
 
 
 @pytest.mark.parametrize("format", ["svg", "pdf", pytest.param("png", marks=pytest.mark.slow)])
 def test_the_same_figure_gives_the_same_bytes(format):
     """Built twice, a figure renders to identical bytes: no date in SVG or PDF, SVG ids from a fixed salt."""
-    figures = _figures()
+    from attnscope.output import figures
+
     first, second = figures.render(_small_figure(), format), figures.render(_small_figure(), format)
     assert first == second
 
 
 def test_vector_files_are_written_and_parse(tmp_path):
-    figures = _figures()
+    from attnscope.output import figures
+
     svg = figures.save(_small_figure(), tmp_path / "score.svg")
     root = ElementTree.fromstring(svg.read_bytes())  # SVG is XML
     assert root.tag == "{http://www.w3.org/2000/svg}svg"
@@ -106,7 +103,8 @@ def test_the_words_view_of_a_map_has_a_file_name_of_its_own():
 def test_vector_files_keep_their_text_as_text_for_a_paper():
     """A PDF embeds its fonts as TrueType (fonttype 42: a font program, /FontFile2), never as Type 3 (glyphs as
     drawings, which journals' checks refuse); an SVG keeps every text as a <text> element, editable."""
-    figures = _figures()
+    from attnscope.output import figures
+
     pdf = figures.render(_small_figure(), "pdf")
     assert b"/Type3" not in pdf and b"/FontFile2" in pdf
     svg = ElementTree.fromstring(figures.render(_small_figure(), "svg"))
@@ -127,14 +125,15 @@ def _tick_sizes(figure) -> list[float]:
 def test_tick_labels_are_at_least_7_points_at_the_figures_size():
     """At its size in inches (a print's), no figure labels a tick below 7 pt: long texts and many heads thin their
     labels instead (every head of GPT-2 small's 144 still labelled, on a larger matrix: the test after next)."""
-    figures = _figures()
+    from attnscope.output import attention_maps, figures, head_grids, head_matrices
+
     rng = np.random.default_rng(0)
     tokens = [f"tok{k}" for k in range(90)]
     drawn = [
-        figures.attention_heatmap(rng.random((90, 90)), tokens, "long"),  # thinned at 8 pt
-        figures.layer_grid(rng.random((2, 90, 90)), tokens, "layer"),  # thinned at 7 pt
-        figures.head_matrix(rng.random((40, 40)), LABELS[:40], "JS", "JS divergence (bits)"),  # 144: below
-        figures.score_heatmap(rng.random((48, 25)), "many", "fraction"),  # and the role map's axes, the same
+        attention_maps.attention_heatmap(rng.random((90, 90)), tokens, "long"),  # thinned at 8 pt
+        attention_maps.layer_grid(rng.random((2, 90, 90)), tokens, "layer"),  # thinned at 7 pt
+        head_matrices.head_matrix(rng.random((40, 40)), LABELS[:40], "JS", "JS divergence (bits)"),  # 144: below
+        head_grids.score_heatmap(rng.random((48, 25)), "many", "fraction"),  # and the role map's axes, the same
         bench_room.bench_figure(_bench_result()),  # and every line plot's axes, the same
     ]
     for figure in drawn:
@@ -148,7 +147,8 @@ def test_tick_labels_are_at_least_7_points_at_the_figures_size():
 def test_a_png_is_its_inches_times_its_dpi(tmp_path, dpi):
     import struct
 
-    figures = _figures()
+    from attnscope.output import figures
+
     figure = _small_figure()
     # 2 layers × 4 heads: 4 × 0.6 in + 0.9 in and 2.2 in of margins; 2 × 0.44 + 0.3 in + 0.8 in and 0.7 in
     assert tuple(figure.get_size_inches()) == pytest.approx((5.5, 2.68))
@@ -159,7 +159,8 @@ def test_a_png_is_its_inches_times_its_dpi(tmp_path, dpi):
 
 
 def test_a_file_name_and_its_format_must_agree(tmp_path):
-    figures = _figures()
+    from attnscope.output import figures
+
     with pytest.raises(ValueError, match="must end in .pdf"):
         figures.save(_small_figure(), tmp_path / "score.png", "pdf")
     assert list(tmp_path.iterdir()) == []
@@ -180,7 +181,8 @@ def test_pictures_settings_are_checked():
 
 
 def test_a_signed_score_is_drawn_on_a_diverging_map_centred_at_zero():
-    figures = _figures()
+    from attnscope.output import figures
+
     lift = np.array([[-0.3, 0.2, 0.9, 0.0], [-0.1, 0.5, 0.4, 0.1]])  # (L, H)
     result = _heads_result([["local"] * 4, ["mixed"] * 4], {"local_lift": lift, "local": (lift + 1) / 2})
     figure = heads_room.heads_score_heatmap(result, "local_lift")
@@ -248,7 +250,8 @@ def test_ablation_and_similarity_colours_mean_the_same_in_the_pictures_the_page_
 
 
 def test_every_colour_bar_has_a_label_with_a_unit():
-    figures = _figures()
+    from attnscope.output import attention_maps, head_matrices
+
     rng = np.random.default_rng(0)
     scores = {name: rng.random((2, 4)) for name in SCORE_NAMES if SCORE[name].per_head}
     heads = _heads_result([["mixed"] * 4] * 2, scores)
@@ -256,9 +259,9 @@ def test_every_colour_bar_has_a_label_with_a_unit():
     js = np.abs(rng.random((4, 4)))
     drawn = [heads_room.heads_score_heatmap(heads, name) for name in heads_room.drawn_scores(heads)]
     drawn += [
-        figures.attention_heatmap(maps[0], list("abcdef"), "one head"),
-        figures.layer_grid(maps, list("abcdef"), "a layer"),
-        figures.head_matrix(js, ["0.0", "0.1", "0.2", "0.3"], "JS", "JS divergence (bits)"),
+        attention_maps.attention_heatmap(maps[0], list("abcdef"), "one head"),
+        attention_maps.layer_grid(maps, list("abcdef"), "a layer"),
+        head_matrices.head_matrix(js, ["0.0", "0.1", "0.2", "0.3"], "JS", "JS divergence (bits)"),
         ablate_room.ablate_importance(SimpleNamespace(model=MODEL, inputs=INPUTS, importance=js[:2], method="loss")),
         ablate_room.ablate_importance(
             SimpleNamespace(model=MODEL, inputs=INPUTS, importance=js[:2], method="gradient")
@@ -280,24 +283,26 @@ def test_every_colour_bar_has_a_label_with_a_unit():
 
 
 def test_hidden_keys_are_the_causal_triangle_and_what_every_head_gives_zero():
-    figures = _figures()
+    from attnscope.output import attention_maps
+
     n = 5
     maps = np.tril(np.full((2, n, n), 0.2, dtype=np.float32))  # (H, n, n)
     maps[:, 4, 0] = 0.0  # a sliding window hides key 0 from query 4, in every head
     maps[1, 3, 1] = 0.0  # one head ignores key 1 of query 3: attention, not a mask
-    hidden = figures.hidden_keys(maps, causal=True)
+    hidden = attention_maps.hidden_keys(maps, causal=True)
     expected = np.triu(np.ones((n, n), dtype=bool), k=1)
     expected[4, 0] = True
     assert (hidden == expected).all()
-    assert not figures.hidden_keys(np.full((2, n, n), 0.2), causal=False).any()  # an encoder sees every key
+    assert not attention_maps.hidden_keys(np.full((2, n, n), 0.2), causal=False).any()  # an encoder sees every key
 
 
 def test_masked_cells_are_drawn_apart_from_zero_attention():
-    figures = _figures()
+    from attnscope.output import attention_maps
+
     n = 6
     attention = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]  # uniform over the keys each row sees
     hidden = np.triu(np.ones((n, n), dtype=bool), k=1)
-    figure = figures.attention_heatmap(attention, list("abcdef"), "head", hidden=hidden)
+    figure = attention_maps.attention_heatmap(attention, list("abcdef"), "head", hidden=hidden)
     image = figure.axes[0].images[0]
     assert (np.ma.getmaskarray(image.get_array()) == hidden).all()
     hidden_colour = np.array(image.cmap.get_bad())
@@ -305,9 +310,9 @@ def test_masked_cells_are_drawn_apart_from_zero_attention():
     assert np.abs(hidden_colour - zero_colour)[:3].max() > 0.1  # visibly different, not a shade off
     assert hidden_colour[3] == 1.0  # opaque: the same on any background
     legend = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
-    assert legend == [figures.HIDDEN_LABEL]
+    assert legend == [attention_maps.HIDDEN_LABEL]
     # without hidden keys (an encoder), no note
-    assert figures.attention_heatmap(attention, list("abcdef"), "head").legends == []
+    assert attention_maps.attention_heatmap(attention, list("abcdef"), "head").legends == []
 
 
 # ------------------------------------------------------------------------------------------------- tick labels
@@ -315,7 +320,9 @@ def test_masked_cells_are_drawn_apart_from_zero_attention():
 
 @pytest.mark.parametrize("n, fit", [(300, 64), (300, 48), (101, 10), (12, 64), (2, 2), (1000, 7), (44, 25)])
 def test_thinned_ticks_keep_the_first_and_last_and_fit(n, fit):
-    ticks = _figures().thinned_ticks(n, fit)
+    from attnscope.output import figures
+
+    ticks = figures.thinned_ticks(n, fit)
     assert len(ticks) <= fit and ticks[0] == 0 and ticks[-1] == n - 1
     assert ticks == sorted(set(ticks))
     if n <= fit:
@@ -329,18 +336,19 @@ def test_thinned_ticks_keep_the_first_and_last_and_fit(n, fit):
 
 
 def test_token_labels_at_300_tokens_are_thinned_to_a_readable_pitch():
-    figures = _figures()
+    from attnscope.output import attention_maps
+
     n = 300
     tokens = [f" word{k}" for k in range(n)]
     attention = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
-    axes = figures.attention_heatmap(attention, tokens, "head").axes[0]
+    axes = attention_maps.attention_heatmap(attention, tokens, "head").axes[0]
     labels = [label.get_text() for label in axes.get_xticklabels()]
     # 9 in square at 8 pt, a line and a quarter per label: 9 × 72 / 10 = 64 labels at most
     assert len(labels) <= 64 and labels == [label.get_text() for label in axes.get_yticklabels()]
     assert labels[0] == "0  word0" and labels[-1] == "299  word299"  # the position, then the token
     assert len(labels) >= 30  # thinned, not emptied
     # the layer grid's panels: 5 in at 6 pt → 48 labels at most; keys on the bottom row, queries on the left column
-    grid = figures.layer_grid(np.stack([attention] * 4), tokens, "layer")
+    grid = attention_maps.layer_grid(np.stack([attention] * 4), tokens, "layer")
     panels = [axes for axes in grid.axes if axes.images and axes.get_label() != "<colorbar>"][:4]
     x = [[label.get_text() for label in axes.get_xticklabels()] for axes in panels]
     y = [[label.get_text() for label in axes.get_yticklabels()] for axes in panels]
@@ -349,9 +357,10 @@ def test_token_labels_at_300_tokens_are_thinned_to_a_readable_pitch():
 
 
 def test_every_token_is_labelled_when_they_fit():
-    figures = _figures()
+    from attnscope.output import attention_maps
+
     tokens = [f"t{k}" for k in range(20)]
-    axes = figures.attention_heatmap(np.eye(20), tokens, "head").axes[0]
+    axes = attention_maps.attention_heatmap(np.eye(20), tokens, "head").axes[0]
     assert [label.get_text() for label in axes.get_xticklabels()] == tokens
 
 
@@ -359,10 +368,11 @@ def test_every_token_is_labelled_when_they_fit():
 
 
 def test_the_role_legend_lists_only_the_roles_drawn_in_catalog_order():
-    figures = _figures()
+    from attnscope.output import head_grids
+
     roles = [["mixed", "induction", "previous-token"], ["induction", "mixed", "mixed"]]
     scores = [["0.1"] * 3] * 2
-    legend = figures.role_map(roles, scores, "Head roles").axes[0].get_legend()
+    legend = head_grids.role_map(roles, scores, "Head roles").axes[0].get_legend()
     drawn = [text.get_text() for text in legend.get_texts()]
     assert drawn == [name for name in ROLE_NAMES if name in {"mixed", "induction", "previous-token"}]
     assert drawn == ["previous-token", "induction", "mixed"]
@@ -500,9 +510,10 @@ def test_the_clustered_matrix_has_its_dendrogram_in_the_matrix_order():
 
 def test_matrix_of_many_heads_gives_each_head_its_label():
     """The figure as drawn, before it is rendered (rendering 144 × 144 cells takes seconds: see the slow test)."""
-    figures = _figures()
+    from attnscope.output import head_matrices
+
     matrix = np.random.default_rng(0).random((144, 144))
-    figure = figures.head_matrix(matrix, LABELS, "JS", "JS divergence (bits)")
+    figure = head_matrices.head_matrix(matrix, LABELS, "JS", "JS divergence (bits)")
     axes = figure.axes[0]
     assert [label.get_text() for label in axes.get_xticklabels()] == LABELS  # every head labelled, none skipped
     assert [label.get_text() for label in axes.get_yticklabels()] == LABELS
@@ -513,16 +524,17 @@ def test_matrix_of_many_heads_gives_each_head_its_label():
 
 @pytest.mark.slow
 def test_matrix_of_many_heads_renders_at_its_known_size(tmp_path):
+    from attnscope.output import figures, head_matrices
     from tests.support import png_size
 
-    figures = _figures()
     matrix = np.random.default_rng(0).random((144, 144))
-    figure = figures.head_matrix(matrix, LABELS, "JS", "JS divergence (bits)")
+    figure = head_matrices.head_matrix(matrix, LABELS, "JS", "JS divergence (bits)")
     assert png_size(figures.save(figure, tmp_path / "m.png", dpi=100)) == (2122, 2052)
 
 
 def test_titles_say_what_in_words_and_the_model_and_input():
-    figures = _figures()
+    from attnscope.output import figures
+
     result = _heads_result([["mixed"] * 4] * 2, {"previous_token": np.zeros((2, 4))})
     texts = [text.get_text() for text in heads_room.heads_score_heatmap(result, "previous_token").texts]
     assert texts == ["Previous-token attention per head", "tiny, 3 texts, 42 tokens"]
