@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope import options, settings
 from attnscope.errors import AttnscopeError
-from attnscope.models.loading import DEMO, LoadedModel  # light: no torch until a model loads
-from attnscope.models.sources import ModelSource, check_once, is_folder, labels
+from attnscope.models.loading import DEMO, LoadedModel, local_kind  # light: no torch until a model loads
+from attnscope.models.sources import ModelSource, check_once, is_folder, labels, name_notes
 
 if TYPE_CHECKING:
     from attnscope.analyses.ablate import AblationResult
@@ -173,12 +173,12 @@ def read_texts(texts: Any, file: str | None) -> Texts:
     from attnscope.pipeline.inputs import Text, TextList, Texts, read_file, read_stdin, sample_texts, valid_text
 
     def one(item: Any, where: str, source: str) -> Text:
-        if isinstance(item, Text):
-            return item
+        if isinstance(item, Text) and isinstance(item.text, str):
+            return Text(valid_text(item.text, where), item.source)
         if not isinstance(item, str):
-            raise AttnscopeError(f"{where}: expected a string or a Text, not a {type(item).__name__}")
-        if "\0" in item:
-            raise AttnscopeError(f"{where} holds a NUL byte (character {item.index(chr(0))}): it is not text")
+            what = type(item.text if isinstance(item, Text) else item).__name__
+            article = "an" if what[0] in "aeiou" else "a"
+            raise AttnscopeError(f"{where}: expected a string or a Text of a string, not {article} {what}")
         return Text(valid_text(item, where), source)
 
     if texts is not None and file is not None:
@@ -238,8 +238,8 @@ def model_sources(
         name = os.fspath(items[0])
         if name == DEMO or is_folder(name):
             raise AttnscopeError(
-                f"revisions (--revisions) {','.join(chosen)}: model {name!r} is bundled or a folder on this machine, "
-                "which has no revisions; they pick branches, tags or commits of one model on the Hugging Face Hub"
+                f"revisions (--revisions) {','.join(chosen)}: model {name!r} is {local_kind(name)}, which has no "
+                "revisions; they pick branches, tags or commits of one model on the Hugging Face Hub"
             )
         items, revisions = items * len(chosen), list(chosen)
     check_once(items, revisions)
@@ -250,7 +250,8 @@ def model_sources(
         if isinstance(item, LoadedModel):
             sources.append(ModelSource(label, name, None, functools.partial(_given, item), owned=False))
         else:
-            load_it = functools.partial(_load_named, name, revision, loading, status)
+            there = name != DEMO and os.path.isdir(options.expanded_path(name, "--model"))  # a folder, now
+            load_it = functools.partial(_load_named, name, revision, loading, status, there)
             sources.append(ModelSource(label, name, revision, load_it))
     return sources, note
 
@@ -276,8 +277,20 @@ def _given(loaded: LoadedModel, lm_head: bool) -> LoadedModel:
 
 
 def _load_named(
-    name: str, revision: str | None, loading: dict[str, Any], status: Callable[[str], None] | None, lm_head: bool
+    name: str,
+    revision: str | None,
+    loading: dict[str, Any],
+    status: Callable[[str], None] | None,
+    folder: bool,
+    lm_head: bool,
 ) -> LoadedModel:
+    """Load a model given by name, when its turn comes; a `folder` when the run began that is gone by then is said
+    to be gone (it would otherwise be taken for a Hub id, and the Hub's library would complain of its spelling)."""
+    if folder and not os.path.isdir(os.path.expanduser(name)):
+        raise AttnscopeError(
+            f"model {name!r}: the folder is gone (it was there when the run began): it was moved or deleted while "
+            "attnscope ran; give it again once it is back"
+        )
     if status is not None:
         status(f"loading {name}{'' if revision is None else f' at {revision}'} …")
     return load(name, **loading, revision=revision, lm_head=lm_head)
@@ -299,40 +312,62 @@ def _callable(value: Any, name: str, takes: str) -> None:
 
 
 def _run(analysis_class: type[settings.Settings], given: dict[str, Any]) -> Any:
-    """The one flow of every command: its settings (checked when built), then its texts, then its models' configs
-    (what the settings ask of their shape, and that several models agree), then each model loaded and the analysis
-    run. Each step fails with one AttnscopeError before the next, costlier one begins."""
+    """The one flow of every command: its settings (checked when built), then its place among torchrun's processes,
+    its texts, its models' configs (what the settings ask of their shape, and that several models agree), then each
+    model loaded and the analysis run. Each step fails with one AttnscopeError before the next, costlier one begins;
+    what a reader should know of the environment and the models' names goes into the result's notes."""
     from attnscope.models.checks import check_same_shapes
+    from attnscope.pipeline.distributed import world
 
     model, texts = given.pop("model", None), given.pop("texts", None)
     progress, status = given.pop("progress", None), given.pop("status", None)
     analysis = analysis_class(**given)
     _callable(progress, "progress", "(texts, tokens, share)")
     _callable(status, "status", "one line of text")
+    place = world()
+    notes = [place.note] if place.note else []
+    if analysis.models in (settings.NONE, settings.OWN):
+        analysis.check_processes(place.size)
     if analysis.models == settings.NONE:
-        return analysis.run()
+        return _noted(analysis.run(), notes)
     if analysis.models == settings.OWN:  # bench and info: a name they load or read themselves, or (info) a model
         if isinstance(model, LoadedModel):
             _check_untouched(_loading(analysis), model)
         else:
             _check_name(model)
             model = os.fspath(model)
-        return analysis.run(model, status=status)
+            notes += name_notes(model)
+        return _noted(analysis.run(model, status=status), notes)
     gathered = read_texts(texts, analysis.file) if analysis.reads_texts else None
     sources, note = model_sources(model, analysis, status)
     analysis.check_models(len(sources))
+    analysis.check_processes(place.size, len(sources))
+    notes += [text for source in sources if source.owned for text in name_notes(source.name)][:1]
     shapes = [(source.label, _shape(source)) for source in sources]
     for _, shape in shapes:
         if shape is not None:
             analysis.check_shape(shape)
     check_same_shapes(shapes)  # before any weight loads
     if len(sources) > 1:
-        result = analysis.run_models(sources, gathered, progress)
-        result.notes = ([note] if note else []) + list(result.notes)
-        return result
+        return _noted(analysis.run_models(sources, gathered, progress), notes + ([note] if note else []))
     loaded = sources[0].open(analysis.needs_lm_head)
     analysis.check_shape(loaded.shape)
-    return analysis.run(loaded, gathered, progress)
+    return _noted(analysis.run(loaded, gathered, progress), notes)
+
+
+def is_main_process() -> bool:
+    """Whether this process shows results and writes files: the only one, or rank 0 of torchrun's (an environment
+    torchrun did not make whole is refused in one line: `pipeline.distributed.world`)."""
+    from attnscope.pipeline.distributed import world
+
+    return world().is_main
+
+
+def _noted(result: Any, notes: list[str]) -> Any:
+    """`result` with `notes` first among its own."""
+    if notes:
+        result.notes = list(notes) + [text for text in result.notes if text not in notes]
+    return result
 
 
 # ------------------------------------------------------------------------------------------------- commands

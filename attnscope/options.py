@@ -458,9 +458,13 @@ def _shown(value: Any) -> str:
 
 
 def _printable(value: Any) -> bool:
+    """Whether a value's str() is short to make and says what it is: a number, or a short list of them and of
+    strings (a list holding a model would print the model's repr, thousands of characters)."""
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return abs(int(value)) < 10**40  # str() of a huge int is slow, and refused past 4,300 digits
-    return isinstance(value, (bool, float, numbers.Number, list, tuple, type(None)))
+    if isinstance(value, (list, tuple)):
+        return len(value) <= 40 and all(isinstance(item, str) or _printable(item) for item in value)
+    return isinstance(value, (bool, float, numbers.Number, type(None)))
 
 
 def expanded_path(path: str | os.PathLike, flag: str) -> Path:

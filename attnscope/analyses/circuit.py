@@ -142,6 +142,7 @@ class Circuit(settings.Circuit):
         self.check_shape(loaded.shape)
         L, H = loaded.n_layer, loaded.n_head
         heads = scoring(self)
+        check_memory(loaded, texts, heads)  # before any forward
         base = heads.run(loaded, texts, progress)  # every head's scores and role
         chosen = [options.head_of(label) for label in self.head] or [(a, h) for a in range(1, L) for h in range(H)]
         chosen = list(dict.fromkeys(chosen))
@@ -214,4 +215,38 @@ class Circuit(settings.Circuit):
             composition=composition,
             baseline=baseline,
             notes=notes,
+        )
+
+
+def check_memory(loaded: LoadedModel, texts: Texts | Sequence[Text], heads: Any) -> None:
+    """Refuse, before any forward, batches whose replays would not fit: for each batch the removals keep every
+    layer's inputs and its heads' outputs (and, on a GPU, run copies of the batch: `interventions.MAX_COPY_TOKENS`
+    tokens at most), on top of a forward's own activations (bench's estimate, `analyses.bench.estimated_bytes`, a
+    lower bound). The largest batch is that of the longest window (its padded tokens bounded by max_tokens)."""
+    from attnscope.analyses import harness
+    from attnscope.analyses.bench import estimated_bytes
+    from attnscope.pipeline.interventions import MAX_COPY_TOKENS
+    from attnscope.pipeline.tokens import WindowStream
+
+    windows = WindowStream(loaded, texts, heads.bos)
+    for _ in windows:  # tokenized only: the longest window sizes the largest batch
+        pass
+    n = windows.longest
+    if not n:
+        return
+    fitting = n if heads.max_tokens is None else max(1, heads.max_tokens // n)
+    batch = min(heads.batch_size, windows.n_windows, fitting)
+    element = loaded.dtype.itemsize
+    config = loaded.config
+    weights = estimated_bytes(config, 0, 0, "circuit", element)
+    need = estimated_bytes(config, batch, n, "circuit", element) - weights
+    if loaded.device.type == "cuda":  # the removals of one layer replayed as copies of the batch
+        need += element * 16 * config.hidden_size * min(loaded.n_head * batch * n, max(MAX_COPY_TOKENS, batch * n))
+    free = harness.available_bytes(loaded.device)
+    if free is not None and need > free:
+        raise AttnscopeError(
+            f"circuit keeps every layer's inputs and heads' outputs of a batch for its replays: batches of "
+            f"{batch} × {n:,} tokens need about {need / 2**30:,.1f} GiB (estimated), more than the "
+            f"{free / 2**30:,.1f} GiB available on {loaded.device.type}; lower batch_size or max_tokens "
+            "(--batch-size, --max-tokens), or give shorter texts"
         )

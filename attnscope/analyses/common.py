@@ -56,7 +56,8 @@ def check_finite(model: LoadedModel, what: str, values: Any, layers: Sequence[in
     if layers is not None:
         finite = np.isfinite(values.reshape(len(layers), -1)).all(axis=1)
         where = f" from layer {layers[int(np.argmin(finite))]} on"
-    weights = first_non_finite_weight(model.model)
+    lm_model = getattr(model, "lm_model", None)  # its language-model head included, where it was loaded
+    weights = first_non_finite_weight(model.model if lm_model is None else lm_model)
     dtype = str(model.dtype).removeprefix("torch.")
     if weights is not None:
         cause = damaged_weights(weights)
@@ -81,6 +82,22 @@ def first_non_finite_weight(network: Any) -> str | None:
             if not (math.isfinite(low) and math.isfinite(high)):
                 return name
     return None
+
+
+def check_rows(model: LoadedModel, windows: WindowStream) -> None:
+    """Refuse texts whose only scored row is each window's first after the first token (one token each, after BOS):
+    that row's previous token is the first token, so every head's previous-token and first-token scores are one
+    weight, and the role it would be given was made up by the row, not the head (the probe's rows are not enough:
+    a role weighs every score)."""
+    if windows.n_windows and model.kind.only_first_rows(windows.longest):
+        special = len(windows.prefix) + len(windows.suffix)
+        needed = model.kind.sinks + 2 - special
+        raise AttnscopeError(
+            f"every window has one scored row (the longest is {windows.longest} tokens"
+            f"{f', {special} of them special' if special else ''}), and that row's previous token is the window's "
+            "first token: previous-token and first-token attention are the same weight, so no head's role can be "
+            f"told; give texts of at least {needed} tokens"
+        )
 
 
 def too_short(model: LoadedModel, what: str) -> str:

@@ -119,8 +119,7 @@ class Compare(settings.Compare):
         divergences = None
         try:
             for index, source in enumerate(sources):
-                model = source.open()
-                try:
+                with source.opened() as model:  # an error names the model
                     if reference is None:
                         reference = model
                         self.check_shape(model.shape)
@@ -136,9 +135,7 @@ class Compare(settings.Compare):
                     if isinstance(also, DivergenceStatistics):
                         divergences = also.means()
                     info = model.info()
-                finally:
-                    source.close(model)
-                    del model
+                del model
                 runs.append(result)
                 facts = {key: info[key] for key in ("n_params", "device", "dtype")}
                 infos.append({"label": source.label, "name": source.name, "revision": source.revision, **facts})

@@ -54,6 +54,7 @@ def weight_circuits(
     head's copying score (see the module docstring)."""
     weights = head_weights(loaded)
     written = weights.W_O_written
+    _check_finite(loaded, weights.W_Q, weights.W_K, weights.W_V, written)
     composition = composition_scores(weights.W_Q, weights.W_K, weights.W_V, written, readers=readers)
     L, H, d, k = weights.shape
     baseline = random_baseline(d, k, samples=samples, seed=seed)
@@ -64,8 +65,24 @@ def weight_circuits(
         "above that"
     )
     try:
-        copying = copying_scores(embedding(loaded), weights.W_V, written, unembedding(loaded))
+        W_E, W_U = embedding(loaded), unembedding(loaded)
     except AttnscopeError as error:
         copying = None
         notes.append(f"no copying scores: {error}")
+    else:
+        _check_finite(loaded, W_E, W_U)
+        copying = copying_scores(W_E, weights.W_V, written, W_U)
     return WeightCircuits(composition, baseline, copying, notes)
+
+
+def _check_finite(loaded: LoadedModel, *matrices: Any) -> None:
+    """Refuse weights holding NaN or infinity before any linear algebra sees them: LAPACK fails on them, and prints
+    its complaint on standard output (`Intel oneMKL ERROR: Parameter 3 was incorrect on entry to DGEBAL`), where
+    only the result may go."""
+    from attnscope.analyses.common import damaged_weights, first_non_finite_weight
+
+    if all(bool(matrix.isfinite().all()) for matrix in matrices):
+        return
+    network = loaded.lm_model if loaded.lm_model is not None else loaded.model
+    name = first_non_finite_weight(network) or "a weight"
+    raise AttnscopeError(f"the weight circuits cannot be computed: {damaged_weights(name)}")

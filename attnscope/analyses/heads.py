@@ -10,7 +10,14 @@ import torch
 
 from attnscope import options
 from attnscope import settings as settings_module
-from attnscope.analyses.common import Progress, check_finite, input_summary, run_windows, too_short
+from attnscope.analyses.common import (
+    Progress,
+    check_finite,
+    check_rows,
+    input_summary,
+    run_windows,
+    too_short,
+)
 from attnscope.analyses.maps import AttentionMap, with_words
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
@@ -59,8 +66,8 @@ class HeadsResult(Result):
         name = None if sort is None else settings_module.SCORE.check(sort, "sort")
         settings_module.check_measured(sort, self.kind.name, "probe" in self.inputs, "sort by")
         selected = [record for record in self.heads if layer is None or record.layer == layer]
-        if name is not None:
-            selected.sort(key=lambda record: -record.scores[name])
+        if name is not None:  # a score left out of this run (None) sorts last
+            selected.sort(key=lambda record: (record.scores[name] is None, -(record.scores[name] or 0.0)))
         return selected if top is None else selected[:top]
 
     @property
@@ -106,7 +113,15 @@ class Heads(settings_module.Heads):
         distributed.all_reduce_sum(statistics.sums, statistics.uniform_sum, statistics.row_count)
         if int(statistics.row_count) == 0:
             raise AttnscopeError(too_short(model, "score"))
+        check_rows(model, windows)
         means = statistics.means()
+        if kind.window_covers(windows.longest, self.window):  # local_lift would be a function of the sinks alone
+            del means["local_lift"]
+            notes.append(
+                f"the local window (window {self.window}) holds every token each row sees but the first, since no "
+                f"window is longer than {windows.longest} tokens: local attention is all that is not on the first "
+                "token, so local_lift (and the local role) is not reported; use a smaller window or longer texts"
+            )
         summary = input_summary(windows, int(statistics.row_count))
         if probe is not None:
             probe_means, summary["probe"] = probe_scores(model, probe)

@@ -344,22 +344,16 @@ class Report(settings.Report):
         labels = [source.label for source in sources]
         budget = MULTI_MAP_CELLS // len(sources)
         heads_analysis = scoring(self)
-        first = sources[0].open(self.needs_lm_head)  # the ablation is the first model's
-        try:
-            result = self.run(first, texts, progress, budget=budget)
-        finally:
-            sources[0].close(first)  # its config and tokenizer stay, to check the others against
+        with sources[0].opened(self.needs_lm_head) as first:  # the ablation is the first model's; once closed, its
+            result = self.run(first, texts, progress, budget=budget)  # config and tokenizer stay, for the others
         pages = [ReportModel(labels[0], result.heads, result.characteristic, result.texts)]
         first_ids = [text.ids for text in result.texts]
         for source in sources[1:]:
-            loaded = source.open()
-            try:
+            with source.opened() as loaded:  # an error names the model
                 check_comparable(first, loaded, labels[0], source.label)
                 heads = heads_analysis.run(loaded, texts, progress)
                 shown, _, _ = shown_texts(loaded, texts, self.bos, _probe(loaded, heads), budget=budget)
-            finally:
-                source.close(loaded)
-                del loaded
+            del loaded
             if [text.ids for text in shown] != first_ids:
                 raise AttnscopeError(
                     f"models {labels[0]} and {source.label} cannot be compared: the texts drawn are not the same "

@@ -27,6 +27,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from attnscope import options
 from attnscope.errors import AttnscopeError
 from attnscope.output import documents, files, notebook
 from attnscope.output.views import view_of
@@ -68,7 +69,9 @@ class Result:
         (nothing half-written on an error); returns their paths. `format` (png, svg or pdf) and `dpi` are the
         pictures' (--format, --dpi; dpi None: output.files.DPI)."""
         if isinstance(out, bytes) or not isinstance(out, (str, os.PathLike)) or not os.fspath(out).strip():
-            raise AttnscopeError(f"out {out!r}: give a folder to write into, e.g. save('results/') ('.': this one)")
+            raise AttnscopeError(
+                f"out {options.shown(out)}: give a folder to write into, e.g. save('results/') ('.': this one)"
+            )
         view = view_of(self, files.Pictures(format=format, dpi=files.DPI if dpi is None else dpi))
         return files.write_all(files.prepare_out_dir(out), view.files)
 

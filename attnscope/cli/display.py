@@ -33,11 +33,56 @@ def note(message: str) -> None:
     print(one_line(f"note: {message}"), file=sys.stderr)
 
 
-def console(stderr: bool = False) -> Any:
+def console(stderr: bool = False, width: int | None = None) -> Any:
     from rich.console import Console
 
     # markup off: a model's name, a text or a folder holding `[red]` is shown as it is, not as a style
-    return Console(stderr=stderr, highlight=False, markup=False, width=_width())
+    return Console(stderr=stderr, highlight=False, markup=False, width=width or _width())
+
+
+MIN_WIDTH = 40  # columns every view is drawn in at least (GPT-2 small's role map fits in 40)
+WIDEST = 200  # columns a view is widened to at most, to keep its cells whole
+
+
+def needed_width(shown: Any, items: list[Any]) -> int:
+    """The columns `items` need on `shown` so that nothing is cut: at least MIN_WIDTH, and where a table would cut
+    a cell at that width (rich writes `0…` for 0.396, and narrows a column below its widest word), the narrowest
+    width at which it cuts none; the widest word of a title. Lines of text (a file's path) wrap; views that choose
+    their own columns by the width (heads' table, which says what it left out; the role map) measure nothing."""
+    base = max(shown.width, MIN_WIDTH)
+    return max([base, *(_whole_width(shown, item, base) for item in items if not isinstance(item, str))])
+
+
+def _whole_width(shown: Any, item: Any, base: int) -> int:
+    from rich.console import Group
+    from rich.measure import Measurement
+    from rich.table import Table
+
+    if isinstance(item, Group):
+        return max([0, *(_whole_width(shown, part, base) for part in item.renderables)])
+    measured = Measurement.get(shown, shown.options.update(max_width=WIDEST), item)
+    if not isinstance(item, Table):
+        return measured.minimum
+    whole = _cut_cells(item, measured.maximum)
+    if measured.maximum <= base or _cut_cells(item, base) == whole:
+        return base
+    low, high = base, measured.maximum  # rich narrows the widest columns first, whatever their words: search
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if _cut_cells(item, middle) == whole else (middle + 1, high)
+    return high
+
+
+def _cut_cells(table: Any, width: int) -> int:
+    """The cells of `table` that rich cuts (with `…`) at `width` columns, plus those cut by design."""
+    import io
+
+    from rich.console import Console
+
+    probe = Console(width=width, file=io.StringIO(), highlight=False, markup=False, color_system=None)
+    with probe.capture() as captured:
+        probe.print(table)
+    return captured.get().count("…")
 
 
 def _width() -> int | None:
@@ -52,8 +97,10 @@ def _width() -> int | None:
 
 
 def is_main() -> bool:
-    """Only rank 0 prints and writes under torchrun."""
-    return int(os.environ.get("RANK", "0")) == 0
+    """Only rank 0 prints and writes under torchrun (RANK is trusted only where torchrun set every variable)."""
+    from attnscope.api import is_main_process
+
+    return is_main_process()
 
 
 class Live:
@@ -155,7 +202,15 @@ def emit(result: Any, output: Any, folder: Path | None) -> None:
             sys.stdout.write(to_csv(view.records(), view.columns))
         else:
             shown = console()
-            for item in view.terminal(written):
+            items = list(view.terminal(written))
+            width = needed_width(shown, items)
+            if width > shown.width:  # drawn wider, whole: the terminal wraps the lines, and says nothing was cut
+                note(
+                    f"the terminal is {shown.width} columns wide and these tables need {width}: they are printed "
+                    f"{width} wide (the terminal wraps their lines); widen the terminal, or use --json or --csv"
+                )
+                shown = console(width=width)
+            for item in items:
                 # a line of text (a file's path above all) is never cut in two: scripts read it back
                 shown.print(item, soft_wrap=isinstance(item, str))
         sys.stdout.flush()

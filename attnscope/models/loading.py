@@ -23,6 +23,7 @@ from attnscope import options
 from attnscope.errors import AttnscopeError
 from attnscope.models import checks
 from attnscope.models.families import CAUSAL_LM, Family, family_of
+from attnscope.models.stored import check_stored_shapes, check_tokenizer_files
 
 if TYPE_CHECKING:
     from attnscope.scores.kinds import Kind
@@ -178,9 +179,14 @@ def _check_revision(name: str, revision: str | None) -> None:
     """A revision is a Hub model's: transformers would ignore it for a folder, silently analysing what is there."""
     if revision is not None and (name == DEMO or _looks_like_path(name)):
         raise AttnscopeError(
-            f"--revision {revision}: model '{name}' is a folder on this machine, which has no revisions; --revision "
-            "picks a branch, tag or commit of a model on the Hugging Face Hub"
+            f"revision (--revision) {revision}: model '{name}' is {local_kind(name)}, which has no revisions; a "
+            "revision picks a branch, tag or commit of a model on the Hugging Face Hub"
         )
+
+
+def local_kind(name: str) -> str:
+    """What a model on this machine is, in words: the bundled demo, or a folder."""
+    return "the demo model bundled with attnscope" if name == DEMO else "a folder on this machine"
 
 
 def _expanded(name: str) -> Path:
@@ -319,8 +325,9 @@ def _is_not_found(error: BaseException, first_line: str) -> bool:
     )
 
 
-def _from_pretrained(name: str, loader: Any, source: str, local_only: bool, **options: Any) -> Any:
-    """`loader.from_pretrained(source)`, with every failure turned into one line naming the model and the cause."""
+def _from_pretrained(name: str, loader: Any, source: str, local_only: bool, part: str = "", **options: Any) -> Any:
+    """`loader.from_pretrained(source)`, with every failure turned into one line naming the model, the `part` of it
+    being loaded (`the tokenizer (tokenizer.json) of `) and the cause."""
     try:
         return loader.from_pretrained(source, trust_remote_code=False, local_files_only=local_only, **options)
     except Exception as error:  # only transformers runs here, and a damaged file makes it raise almost anything
@@ -331,24 +338,30 @@ def _from_pretrained(name: str, loader: Any, source: str, local_only: bool, **op
             raise AttnscopeError(_unknown_model_message(name, options.get("revision"))) from error
         # transformers' OSErrors are sentences; anything else (SafetensorError, ...) is known by its type
         cause = first_line if isinstance(error, OSError) else f"{type(error).__name__}: {first_line}"
-        raise AttnscopeError(f"cannot load model '{name}': {cause}") from error
+        raise AttnscopeError(f"cannot load {part}model '{name}': {cause}") from error
+
+
+def _stored_folder(source: str, revision: str | None) -> Path | None:
+    """The folder on this machine that holds `source`'s files: the folder itself, or a Hub id's snapshot in the
+    cache (None: not cached yet)."""
+    folder = Path(source)
+    if folder.is_dir():
+        return folder
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(source, "config.json", revision=revision)
+    except ValueError:  # not a repository name: from_pretrained says so
+        return None
+    return Path(cached).parent if isinstance(cached, str) else None
 
 
 def _check_stored_config(name: str, source: str, revision: str | None) -> None:
     """Check the config.json that `source` (a folder, or a Hub id whose config is in the cache) holds, before
     transformers builds anything from it (see models.checks); a Hub id not cached yet is checked once loaded."""
-    folder = Path(source)
-    if not folder.is_dir():
-        from huggingface_hub import try_to_load_from_cache
-
-        try:
-            cached = try_to_load_from_cache(source, "config.json", revision=revision)
-        except ValueError:  # not a repository name: from_pretrained says so
-            return
-        if not isinstance(cached, str):
-            return
-        folder = Path(cached).parent
-    checks.check_config(checks.read_raw_config(folder, name), name)
+    folder = _stored_folder(source, revision)
+    if folder is not None:
+        checks.check_config(checks.read_raw_config(folder, name), name)
 
 
 def load_model(
@@ -402,7 +415,14 @@ def load_model(
     config = _from_pretrained(name, AutoConfig, source, local_only, **at_revision)
     checks.check_config_object(config, name)
     family = family_of(config)
-    tokenizer = _from_pretrained(name, AutoTokenizer, source, local_only, **at_revision)
+    # an encoder's language-model head predicts masked tokens, a decoder's the next token
+    lm_class = AutoModelForCausalLM if family.lm_head == CAUSAL_LM else AutoModelForMaskedLM
+    folder = _stored_folder(source, revision)
+    if folder is not None:  # a config claiming more than the weights hold is refused before it is built
+        check_stored_shapes(name, folder, config, family, lm_class if lm_head else AutoModel)
+    files = [] if folder is None else check_tokenizer_files(folder, name)
+    part = f"the tokenizer ({', '.join(files)}) of " if files else "the tokenizer of "
+    tokenizer = _from_pretrained(name, AutoTokenizer, source, local_only, part, **at_revision)
     # Finding no tokenizer file, transformers builds an empty tokenizer (one special token at most) instead of failing.
     if len(tokenizer) <= 1:
         raise AttnscopeError(
@@ -411,8 +431,6 @@ def load_model(
             else f"model '{name}' has no usable tokenizer: transformers read no vocabulary from it "
             f"({', '.join(TOKENIZER_FILES)})"
         )
-    # an encoder's language-model head predicts masked tokens, a decoder's the next token
-    lm_class = AutoModelForCausalLM if family.lm_head == CAUSAL_LM else AutoModelForMaskedLM
     loaded = _from_pretrained(
         name,
         lm_class if lm_head else AutoModel,

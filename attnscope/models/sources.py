@@ -18,13 +18,14 @@ copy would hide the mistake.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import DEMO, LoadedModel
+from attnscope.options import expanded_path
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,20 @@ class ModelSource:
         """Free `loaded`'s weights if this run loaded it (a model the caller gave is left as it is)."""
         if self.owned:
             release(loaded)
+
+    @contextmanager
+    def opened(self, lm_head: bool = False) -> Iterator[LoadedModel]:
+        """The model, open for as long as the `with` lasts, then closed; an error a user can cause while it is open
+        names the model by its label (in a run of several, which of them holds NaN?), unless it names it already."""
+        loaded = self.open(lm_head)
+        try:
+            yield loaded
+        except AttnscopeError as error:
+            if f"'{self.label}'" in str(error):
+                raise
+            raise AttnscopeError(f"model '{self.label}': {error}") from error
+        finally:
+            self.close(loaded)
 
 
 def release(loaded: LoadedModel) -> None:
@@ -68,12 +83,20 @@ def is_folder(name: str) -> bool:
     return name != DEMO and (name.startswith((".", "/", "~")) or os.path.isdir(os.path.expanduser(name)))
 
 
+def name_notes(name: str) -> list[str]:
+    """What a reader should know of how a model's name was read: `demo` is always the bundled model, even where a
+    folder of that name lies in the current folder."""
+    if name == DEMO and os.path.isdir(DEMO):
+        return [f"{DEMO} is the bundled model; the folder ./{DEMO} was not used: give ./{DEMO} to use it"]
+    return []
+
+
 def label_of(name: str, revision: str | None = None) -> str:
     """How a model is named: its revision, a folder's name, `demo`, or its Hub id."""
     if revision is not None:
         return revision
     if is_folder(name):
-        path = Path(name).expanduser()
+        path = expanded_path(name, "--model")  # ~nosuchuser: one line, not Path's RuntimeError
         return path.resolve().name or str(path)
     return name
 
@@ -95,7 +118,7 @@ def labels(names: Sequence[str], revisions: Sequence[str | None]) -> tuple[list[
         same = [k for k, other in enumerate(first) if other == label]
         if len(same) < 2 or not all(is_folder(names[k]) and revisions[k] is None for k in same):
             continue
-        parts = [Path(names[k]).expanduser().resolve().parts for k in same]
+        parts = [expanded_path(names[k], "--model").resolve().parts for k in same]
         for depth in range(2, max(len(p) for p in parts) + 1):
             longer = ["/".join(p[-depth:]) for p in parts]
             if len(set(longer)) == len(longer):

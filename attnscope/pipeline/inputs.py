@@ -57,8 +57,12 @@ class Piece:
 
 
 def valid_text(text: str, where: str) -> str:
-    """`text` if it is valid Unicode: a lone surrogate (from invalid UTF-8 in a command-line argument, which Python
-    keeps as `\\udcff`, or a `\\ud800` escape in JSON) is refused, naming `where` and the character."""
+    """`text` if it is text: valid Unicode without a NUL character. A lone surrogate (from invalid UTF-8 in a
+    command-line argument, which Python keeps as `\\udcff`, or a `\\ud800` escape in JSON) is refused, naming `where`
+    and the character; so is NUL, as a file holding one is (a string from Python, a `\\u0000` in a JSON line: no
+    byte of the file is NUL there)."""
+    if "\0" in text:
+        raise AttnscopeError(f"{where} holds a NUL byte (character {text.index(chr(0))}): it is not text")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:

@@ -113,12 +113,17 @@ class WindowStream:
         special = {self.tokenizer.bos_token_id, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id}
         unknown = self.tokenizer.unk_token_id
         self.unknown_id = unknown if unknown is not None and unknown not in special else None
+        # special tokens written in a text (`<|endoftext|>`) are read as themselves, as the tokenizer reads them
+        self.special_ids = set(getattr(self.tokenizer, "all_special_ids", ()) or ()) - {self.unknown_id}
         self.exact_cuts = _cuts_exactly(self.tokenizer)
         self._reset()
 
     def _reset(self) -> None:
         self.n_texts = self.n_windows = self.n_tokens = self.text_tokens = 0
+        self.longest = 0  # tokens of the longest window, special tokens included
         self.split_texts = self.rough_cuts = self.unknown = 0
+        self.specials: dict[int, int] = {}  # special token id -> times written in the texts
+        self.first_special = ""  # the text it was first written in
         self.sources: list[str] = []
         self.coverage = Coverage()
         self._text = (0, "")  # the text being tokenized: its index and source, for messages
@@ -161,6 +166,7 @@ class WindowStream:
         self.n_windows += 1
         window = Window(index, self.prefix + tuple(ids) + self.suffix, start)
         self.n_tokens += len(window.ids)
+        self.longest = max(self.longest, len(window.ids))
         return window
 
     def _token_chunks(self, parts: Iterator[str]) -> Iterator[list[int]]:
@@ -199,6 +205,9 @@ class WindowStream:
             )
         if self.unknown_id is not None:
             self.unknown += ids.count(self.unknown_id)
+        for special in self.special_ids.intersection(ids):
+            self.specials[special] = self.specials.get(special, 0) + ids.count(special)
+            self.first_special = self.first_special or f"text {self._text[0]} ({self._text[1]})"
         self.text_tokens += len(ids)
         return ids
 
@@ -226,7 +235,23 @@ class WindowStream:
                 f"{self.unknown:,} of {self.text_tokens:,} text tokens ({share:.0%}) are the unknown token {token}: "
                 "the tokenizer does not know those words, so attention to them says little about the text"
             )
+        if self.specials:
+            notes.append(self._specials_note())
         return notes
+
+    def _specials_note(self) -> str:
+        count = sum(self.specials.values())
+        found = ", ".join(
+            f"{self.tokenizer.convert_ids_to_tokens(token)} × {times:,} (id {token}"
+            f"{', the BOS' if token == self.tokenizer.bos_token_id else ''})"
+            for token, times in sorted(self.specials.items())
+        )
+        return (
+            f"the texts write {counted(count, 'special token')} of the tokenizer ({found}; first in "
+            f"{self.first_special}): each is read as that token, not as its characters, so the model sees it "
+            f"mid-text (a BOS there is a second first token, where attention may sink); remove "
+            f"{'it' if count == 1 else 'them'} to analyse the text alone"
+        )
 
     def summary(self) -> dict[str, Any]:
         """The input part of a result: counts, whether special tokens were added, the first SOURCES_LISTED

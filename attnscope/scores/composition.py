@@ -55,6 +55,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from attnscope.errors import AttnscopeError
+
 if TYPE_CHECKING:
     import torch
 
@@ -93,13 +95,24 @@ class Composition:
         ]
 
 
+def _finite(matrix: torch.Tensor) -> torch.Tensor:
+    """`matrix`, if it holds no NaN nor infinity: LAPACK fails on those and prints its complaint on standard output
+    (the weights themselves are checked before; a product of finite weights can still overflow)."""
+    if not bool(matrix.isfinite().all()):
+        raise AttnscopeError(
+            "the weight circuits cannot be computed: products of the model's weights overflowed (NaN or infinity); "
+            "its weights are far larger than any trained model's"
+        )
+    return matrix
+
+
 def _r_factor(W: torch.Tensor) -> torch.Tensor:
     """R (…, k, k) with RᵀR = WᵀW for W (…, d, k), so that ‖M Wᵀ‖_F = ‖M Rᵀ‖_F for any M: the Cholesky factor of
     the Gram matrix (on a CPU forty times faster than batched QR), or, for a rank-deficient W (a pruned head, a
     planted test), Λ^½ Eᵀ from its eigendecomposition."""
     import torch
 
-    gram = W.transpose(-1, -2) @ W  # (…, k, k)
+    gram = _finite(W.transpose(-1, -2) @ W)  # (…, k, k)
     lower, info = torch.linalg.cholesky_ex(gram)
     R = lower.transpose(-1, -2)
     singular = info != 0
@@ -209,7 +222,7 @@ def copying_scores(W_E: torch.Tensor, W_V: torch.Tensor, W_O: torch.Tensor, W_U:
 
     with torch.no_grad():
         M = W_U @ W_E  # (d, d): the only product over the vocabulary
-        small = W_O @ M @ W_V  # (L, H, k, k): same nonzero eigenvalues as W_E W_V W_O W_U
+        small = _finite(W_O @ M @ W_V)  # (L, H, k, k): same nonzero eigenvalues as W_E W_V W_O W_U
         eigenvalues = torch.linalg.eigvals(small.double().cpu())  # (L, H, k) complex
         total = eigenvalues.abs().sum(-1)
         copying = torch.where(total > 0, eigenvalues.real.sum(-1) / total.clamp_min(1e-300), 0.0)

@@ -62,6 +62,20 @@ class Kind:
         an encoder, the last)."""
         raise NotImplementedError
 
+    # Tokens of a window that are never scored nor local: the first (BOS or [CLS]), and an encoder's last ([SEP]).
+    sinks: int = 1
+
+    def only_first_rows(self, longest: int) -> bool:
+        """Whether windows of at most `longest` tokens have no scored row but row 1, whose previous token is the
+        first token itself: previous-token and first-token attention are then one weight (and an encoder's next
+        token its last), and no pattern role can be told."""
+        return longest <= self.sinks + 1
+
+    def window_covers(self, longest: int, window: int) -> bool:
+        """Whether the local window of every scored row of windows of at most `longest` tokens holds every key the
+        row sees but the sinks: `local` is then everything not on a sink, and `local_lift` measures no locality."""
+        return longest <= window + self.sinks + 1
+
     def visible_mask(self, positions: torch.Tensor, lengths: torch.Tensor, n_keys: int) -> torch.Tensor:
         """(B, b, n_keys) bool: the keys rows `positions` see without a sliding window (the reference form; the
         capture reads a layer's real mask)."""
@@ -228,5 +242,5 @@ class BidirectionalKind(Kind):
 
 
 DECODER = CausalKind(catalog.DECODER, causal=True, special_tokens="bos", probe=True)
-ENCODER = BidirectionalKind(catalog.ENCODER, causal=False, special_tokens="cls_sep", probe=False)
+ENCODER = BidirectionalKind(catalog.ENCODER, causal=False, special_tokens="cls_sep", probe=False, sinks=2)
 KINDS = {kind.name: kind for kind in (DECODER, ENCODER)}

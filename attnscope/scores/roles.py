@@ -48,7 +48,7 @@ def parse_thresholds(items: Mapping[str, float] | Sequence[str] | str | None) ->
         pairs = [(f"{name}={value}", str(name), value) for name, value in items.items()]
     elif items is not None and (isinstance(items, bytes) or not isinstance(items, (str, Iterable))):
         raise AttnscopeError(
-            f"thresholds {items!r}: expected {{ROLE: VALUE}} or ROLE=VALUE strings, e.g. {{'previous-token': 0.6}}"
+            f"thresholds {shown(items)}: expected {{ROLE: VALUE}} or ROLE=VALUE strings, e.g. {{'previous-token': 0.6}}"
         )
     else:
         strings = [str(item) for item in ([items] if isinstance(items, str) else items or [])]

@@ -14,6 +14,7 @@ from attnscope import options
 from attnscope.errors import AttnscopeError
 from attnscope.models.checks import Shape
 from attnscope.settings.declare import (
+    HEAD_SCORE,
     NONE,
     OWN,
     REVISIONS,
@@ -56,6 +57,7 @@ __all__ = [
 class Heads(Scoring, Loading, Settings):
     """`attnscope heads`: every head's scores and role."""
 
+    torchrun: ClassVar[bool] = True  # each process scores its share of the windows; the sums are added
     sort: str | None = setting(
         SCORE.or_none(),
         None,
@@ -102,6 +104,7 @@ class Show(Reading, Loading, Settings):
     """`attnscope show`: one layer's attention maps, or one head's."""
 
     default_out: ClassVar[str | None] = "."
+    torchrun: ClassVar[bool] = True  # one window, the same in every process
 
     layer: int | None = setting(
         options.LAYER.or_none(),
@@ -136,6 +139,7 @@ class Show(Reading, Loading, Settings):
 class Diversity(Reading, Batching, Loading, Settings):
     """`attnscope diversity`: cosine and Jensen–Shannon between every pair of heads of a layer, or of all."""
 
+    torchrun: ClassVar[bool] = True  # each process sums its share of the windows; the sums are added
     layer: int | str | None = setting(
         options.LAYER_OR_ALL,
         help="Layer number (0-based) or 'all'.",
@@ -186,6 +190,7 @@ class RandomMha(Settings):
 class Attend(Reading, Loading, Settings):
     """`attnscope attend`: where one word looks, in every layer and head."""
 
+    torchrun: ClassVar[bool] = True  # one window, the same in every process
     from_token: str = setting(
         options.TEXT,
         help="The word that looks: its text without the leading space; WORD@K its K-th occurrence (0-based).",
@@ -285,7 +290,7 @@ class Circuit(Scoring, Loading, Settings):
         python_help="the heads explained, 'L.H' labels (None: every head of layer 1 and above)",
     )
     score: str | None = setting(
-        SCORE.or_none(),
+        HEAD_SCORE.or_none(),
         None,
         "Explain this score of every head; default: each head's deciding score (the one that gave it its role).",
         metavar="SCORE",
@@ -365,6 +370,11 @@ class Report(Scoring, Loading, Settings):
     def needs_lm_head(self) -> bool:
         return self.ablate
 
+    @property
+    def torchrun(self) -> bool:
+        """The heads and the diversity are shared among torchrun's processes; the ablation and the circuit not yet."""
+        return not (self.ablate or self.circuit)
+
     def check_models(self, count: int) -> None:
         if count > 1 and self.circuit:
             raise AttnscopeError(
@@ -379,6 +389,7 @@ class Compare(Scoring, Place, DeviceMap, Kernel, Settings):
     model beside itself: compare takes --revisions, not --revision)."""
 
     models: ClassVar[str] = SEVERAL
+    torchrun: ClassVar[bool] = True  # each model's heads are shared among the processes; the divergence: see below
 
     revisions: Sequence[str] | str | None = setting(REVISIONS, None, REVISIONS_HELP, metavar="REV,REV,...")
     divergence: bool | None = setting(
@@ -388,7 +399,7 @@ class Compare(Scoring, Place, DeviceMap, Kernel, Settings):
         "between the two models' rows on the same tokens (default: on for two models; needs exactly two).",
     )
     score: str | None = setting(
-        SCORE.or_none(),
+        HEAD_SCORE.or_none(),
         None,
         "The score drawn as heads × models (default: induction when the probe ran, else previous_token).",
         metavar="SCORE",
@@ -408,6 +419,15 @@ class Compare(Scoring, Place, DeviceMap, Kernel, Settings):
 
     def check_shape(self, shape: Shape) -> None:
         check_measured(self.score, shape.kind_name, self.probe)
+
+    def check_processes(self, size: int, count: int = 1) -> None:
+        """Each model's heads are shared among torchrun's processes; the divergence of two models is not yet (each
+        process would measure its own share of the texts, and the first's share alone would be reported)."""
+        if size > 1 and (self.divergence if self.divergence is not None else count == 2):
+            raise AttnscopeError(
+                f"divergence (--divergence) is not shared among torchrun's processes yet (each of the {size} would "
+                "measure its own share of the texts): run compare as one process, or give --no-divergence"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -464,5 +484,6 @@ class Info(Place, Revision, Settings):
     """`attnscope info`: the model's shape, from its config alone."""
 
     models: ClassVar[str] = OWN
+    torchrun: ClassVar[bool] = True  # a config read, the same in every process
     reads_texts: ClassVar[bool] = False
     draws: ClassVar[bool] = False

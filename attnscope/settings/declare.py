@@ -36,6 +36,7 @@ __all__ = [
     "OWN",
     "PROGRESS",
     "REQUIRED",
+    "HEAD_SCORE",
     "SCORE",
     "SEVERAL",
     "STATUS",
@@ -151,17 +152,26 @@ def check_fields(settings: Any) -> None:
 
 @dataclass(frozen=True)
 class ScoreName(Option):
-    """A score of the catalog: its name, its short label or its column header (`prev`, `Hnorm`), stored by name."""
+    """A score of the catalog: its name, its short label or its column header (`prev`, `Hnorm`), stored by name.
+    `per_head`: only a score that differs between heads (not local_uniform, a property of the texts), for a setting
+    that explains or draws a score head by head."""
 
     kind: str = "score"
     choices: tuple[str, ...] = catalog.SCORE_NAMES
+    per_head: bool = False
 
     def domain(self) -> str:
-        return f"one of {', '.join(catalog.SCORE_NAMES)} (or a column header)"
+        return f"one of {', '.join(self.choices)} (or a column header)"
 
     def problem(self, value: Any) -> str | None:
-        if not isinstance(value, str) or catalog.score_named(value) is None:
+        found = catalog.score_named(value) if isinstance(value, str) else None
+        if found is None:
             return f"use {self.domain()}"
+        if found.name not in self.choices:
+            return (
+                f"{found.name} is the same for every head (a property of the texts, not of a head), so it tells "
+                f"no head from another; use {self.domain()}"
+            )
         return None
 
     def normal(self, value: Any) -> str:
@@ -226,6 +236,7 @@ class File(Option):
 
 
 SCORE = ScoreName()
+HEAD_SCORE = ScoreName(choices=tuple(score.name for score in catalog.SCORES if score.per_head), per_head=True)
 THRESHOLDS = Thresholds()
 REVISIONS = Revisions().or_none()
 FILE = File()
@@ -327,10 +338,28 @@ class Settings(Declared):
     draws: ClassVar[bool] = True  # the command has pictures (--format, --dpi)
     default_out: ClassVar[str | None] = None  # a command whose output is its files: where they go without --out
     revisions: ClassVar[tuple[str, ...] | None] = None  # several models: revisions of one repository (a field there)
+    # Under torchrun: True where the command's passes over the texts are shared among the processes and their sums
+    # added (heads, diversity), or where it reads one window that every process reads alike (show, attend); a command
+    # that would run whole in every process, or report one process's share, is refused there (`check_processes`).
+    torchrun: ClassVar[bool] = False
 
     @property
     def needs_lm_head(self) -> bool:
         return False
+
+    def check_processes(self, size: int, count: int = 1) -> None:
+        """Refuse to run as one of `size` processes (torchrun; `count` models) what does not share its work among
+        them: each process would repeat the whole of it, or report its own share alone."""
+        if size > 1 and not self.torchrun:
+            raise AttnscopeError(
+                f"{self.command_name} does not share its work among torchrun's processes (each of the {size} would "
+                "run it whole): run it as one process"
+            )
+
+    @property
+    def command_name(self) -> str:
+        """The command's name on the command line (`random-mha` for RandomMha and its analysis)."""
+        return "".join(f"-{char.lower()}" if char.isupper() else char for char in type(self).__name__).lstrip("-")
 
     def check_shape(self, shape: Shape) -> None:
         """What these settings ask of the model's shape (`--layer 99`), from its config before any weight loads."""

@@ -660,7 +660,8 @@ def test_a_revision_of_a_folder_is_refused_rather_than_ignored(cli, tiny_model_d
     """transformers ignores a revision for a folder: the analysis would be of what is there, not of step1000."""
     for command in (["info"], ["heads", CAT]):
         line = one_error_line(*cli(*command, "-m", tiny_model_dir, "--revision", "step1000"))
-        assert "--revision step1000: model" in line and "is a folder on this machine, which has no revisions" in line
+        assert "revision (--revision) step1000: model" in line
+        assert "is a folder on this machine, which has no revisions" in line
 
 
 def test_control_characters_and_long_values_keep_the_message_one_readable_line(cli, tmp_path):
@@ -770,3 +771,385 @@ def test_a_long_path_with_brackets_is_printed_whole_on_one_line(cli, tiny_model_
     assert code == 0, err
     assert out == f"{folder / 'attention_L1.png'}\n"
     assert (folder / "attention_L1.png").is_file()
+
+
+# ====================================================================================================================
+# Issue 30, part 2: a fourth round, by kind.
+
+TORCHRUN_ENV = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+
+
+@pytest.fixture
+def no_process_group(monkeypatch):
+    """A test of torchrun's variables never waits for processes that will not come."""
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda *a, **k: pytest.fail("joined a group"))
+
+
+# ------------------------------------------------------------------------------- silent wrong answers: processes
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["compare", CAT, "-m", "demo", "-m", "TINY"], "divergence (--divergence) is not shared among torchrun's"),
+        (["circuit", CAT, "-m", "TINY"], "circuit does not share its work among torchrun's processes"),
+        (["ablate", CAT, "-m", "TINY"], "ablate does not share its work among torchrun's processes"),
+        (["report", CAT, "-m", "TINY", "--ablate", "--json"], "report does not share its work among torchrun's"),
+        (["random-mha", "--trials", "1"], "random-mha does not share its work among torchrun's processes"),
+    ],
+)
+def test_what_torchrun_would_get_wrong_or_repeat_is_refused_before_any_model(
+    cli, tiny_model_dir, monkeypatch, no_process_group, args, expected
+):
+    """compare's divergence under torchrun was one process's share of the texts (0.1267 against 0.1184, exit 0);
+    circuit, ablate, report --ablate and random-mha ran whole in every process."""
+    from attnscope.models import loading
+
+    for name, value in TORCHRUN_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("a model loaded before the refusal"))
+    line = one_error_line(*cli(*[str(tiny_model_dir) if arg == "TINY" else arg for arg in args]))
+    assert expected in line and "(each of the 2 would" in line
+
+
+def test_what_torchrun_shares_among_its_processes_is_not_refused():
+    from attnscope import settings
+
+    for allowed in (settings.Heads(), settings.Diversity(layer=1), settings.Report(), settings.Compare()):
+        allowed.check_processes(2, 3)  # heads and diversity sum across processes; compare of 3: no divergence
+    settings.Compare(divergence=False).check_processes(2, 2)
+    with pytest.raises(AttnscopeError, match="give --no-divergence"):
+        settings.Compare().check_processes(2, 2)
+
+
+def test_a_stray_rank_without_torchrun_is_ignored_with_a_note(cli, tiny_model_dir, monkeypatch):
+    """`RANK=1` alone made every command skip the first window, then print nothing, exit 0."""
+    import json
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    code, out, err = cli("heads", CAT, "-m", tiny_model_dir, "--json")
+    assert code == 0, err
+    document = json.loads(out)
+    assert document["input"]["n_windows"] == 1 and document["input"]["scored_rows"] > 0
+    assert document["notes"][0].startswith("RANK=1 ignored: WORLD_SIZE is not set (torchrun sets both)")
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({"WORLD_SIZE": "abc"}, "WORLD_SIZE=abc: torchrun sets it to a whole number"),
+        ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 says this is one of 2 processes, but RANK, LOCAL_RANK, MASTER_ADDR"),
+        ({**TORCHRUN_ENV, "RANK": "x"}, "RANK=x: torchrun sets it to a whole number"),
+        ({**TORCHRUN_ENV, "RANK": "2"}, "RANK=2 with WORLD_SIZE=2: a rank is below the number of processes"),
+    ],
+)
+def test_an_environment_torchrun_did_not_make_is_one_line(
+    cli, tiny_model_dir, monkeypatch, no_process_group, env, expected
+):
+    for name in TORCHRUN_ENV:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert expected in one_error_line(*cli("heads", CAT, "-m", tiny_model_dir))
+
+
+# ----------------------------------------------------------------------------- silent wrong answers: the numbers
+
+
+@pytest.mark.parametrize("kind", ["decoder", "encoder"])
+def test_texts_of_one_token_give_no_made_up_role(cli, model_dirs, kind):
+    """Its only scored row looks back at the BOS ([CLS]): previous-token and first-token are one weight, and every
+    head of the tiny GPT-2 was called previous-token."""
+    import attnscope
+
+    line = one_error_line(*cli("heads", "cat", "-m", model_dirs[kind]))
+    assert "every window has one scored row" in line and "previous-token and first-token attention are the same" in line
+    with pytest.raises(AttnscopeError, match="give texts of at least 2 tokens$"):
+        attnscope.report(model_dirs[kind], ["cat", "a"])
+    attnscope.heads(model_dirs[kind], ["cat", "the cat"])  # one text of two tokens gives every head real rows
+
+
+def test_a_window_that_holds_every_text_reports_no_local_lift(cli, tiny_model_dir):
+    """With a window as long as the texts, local is everything but the first token (checked below from the scores
+    themselves), and local_lift came out −1.75, −10.06: a function of the first-token score, not of locality."""
+    import json
+
+    code, out, err = cli("heads", "The cat sat on", "-m", tiny_model_dir, "--window", "4", "--json")
+    assert code == 0, err
+    document = json.loads(out)
+    for head in document["heads"]:
+        assert head["local"] + head["first_token"] == pytest.approx(1.0, abs=1e-5)  # the window holds the rest
+        assert head["local_lift"] is None and head["role"] != "local"
+    assert any("local_lift (and the local role) is not reported" in note for note in document["notes"])
+    code, out, err = cli("heads", "The cat sat on", "-m", tiny_model_dir, "--window", "1", "--json", "--sort", "lift")
+    assert all(head["local_lift"] is not None for head in json.loads(out)["heads"])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["circuit", CAT, "--score", "local_uniform"], ["compare", CAT, "-m", "demo", "--score", "unif"]],
+    ids=["circuit", "compare"],
+)
+def test_a_score_the_same_for_every_head_is_refused_where_heads_are_told_apart(cli, tiny_model_dir, args):
+    line = one_error_line(*cli(*args, "-m", tiny_model_dir))
+    assert "local_uniform is the same for every head (a property of the texts, not of a head)" in line
+    assert "(see: attnscope" in line  # refused with the options, before any model
+
+
+def test_the_same_score_still_sorts_the_heads(cli, tiny_model_dir):
+    code, out, err = cli("heads", CAT, "-m", tiny_model_dir, "--sort", "local_uniform", "--top", "2")
+    assert code == 0, err
+
+
+def test_a_nul_character_is_refused_from_every_input(cli, tmp_path, tiny_model_dir):
+    """The CLI refused a file with a NUL byte; a JSON line's `\\u0000`, a Text object and a list of them went
+    through."""
+    import attnscope
+    from attnscope.pipeline.inputs import Text
+
+    corpus = tmp_path / "nul.jsonl"
+    corpus.write_text('{"text": "The cat\\u0000 sat"}\n')
+    line = one_error_line(*cli("heads", "--file", corpus, "-m", tiny_model_dir))
+    assert line.endswith('nul.jsonl:1: the "text" field holds a NUL byte (character 7): it is not text')
+    for given, where in [
+        (Text("The\0 cat", "mine"), "the text given (TEXT)"),
+        ([Text("The cat", "a"), Text("The\0 cat", "b")], "text 1 of the list"),
+        (str(corpus), None),
+    ]:
+        with pytest.raises(AttnscopeError, match="holds a NUL byte"):
+            if where is None:
+                attnscope.heads(tiny_model_dir, file=given)
+            else:
+                attnscope.heads(tiny_model_dir, given)
+
+
+def test_a_special_token_written_in_a_text_is_noted(cli, tiny_model_dir):
+    """`<|endoftext|>` in a text is GPT-2's BOS mid-text, as its tokenizer reads it: said, with the id."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    bos = AutoTokenizer.from_pretrained(tiny_model_dir).bos_token_id
+    code, out, err = cli("heads", "The cat<|endoftext|> sat on the mat.", "-m", tiny_model_dir, "--json")
+    assert code == 0, err
+    notes = json.loads(out)["notes"]
+    assert f"the texts write 1 special token of the tokenizer (<|endoftext|> × 1 (id {bos}, the BOS)" in notes[0]
+    code, out, err = cli("heads", CAT, "-m", tiny_model_dir, "--json")
+    assert not any("special token" in note for note in json.loads(out)["notes"])
+
+
+# ----------------------------------------------------------------------------------- clean streams, one line
+
+
+@pytest.fixture(scope="module")
+def infinite_head_dir(tmp_path_factory):
+    """A tiny GPT-2 whose untied unembedding holds an infinity: its attention is finite, its circuits are not."""
+    from transformers import GPT2LMHeadModel
+
+    folder = build_tiny_gpt2(tmp_path_factory.mktemp("inf-head"), tie_word_embeddings=False)
+    model = GPT2LMHeadModel.from_pretrained(folder)
+    with torch.no_grad():
+        model.lm_head.weight[5, 3] = float("inf")
+    model.save_pretrained(folder)
+    return folder
+
+
+def test_infinite_weights_leave_standard_output_to_the_result(capfd, infinite_head_dir):
+    """LAPACK printed `Intel oneMKL ERROR: Parameter 3 was incorrect on entry to DGEBAL` on the C-level stdout:
+    `--json > file` was corrupted. The weights are checked before any linear algebra sees them."""
+    from attnscope.cli import run
+
+    code = run(["circuit", CAT, "-m", str(infinite_head_dir), "--json", "--head", "1.0"])
+    out, err = capfd.readouterr()
+    assert code == 2 and out == "", out
+    assert err.strip().splitlines() == [
+        "attnscope: error: the weight circuits cannot be computed: the model's weights hold NaN or infinite values "
+        "(first in lm_head.weight): the checkpoint is damaged"
+    ]
+
+
+# ------------------------------------------------------------------------------ lies refused before allocation
+
+
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({"n_layer": 9999}, "its config.json describes 9,999 layers (n_layer), but the checkpoint holds 2 (h.0 to"),
+        ({"n_embd": 65536}, "the checkpoint's h.0.attn.c_attn.bias has shape (96,), but the config makes it (196608,)"),
+    ],
+    ids=["9,999 layers", "hidden size 65,536"],
+)
+def test_a_config_that_claims_more_than_its_weights_is_refused_before_the_model_is_built(
+    cli, tiny_model_dir, tmp_path, monkeypatch, changes, expected
+):
+    """9,999 layers over two allocated until memory ran out (111 s); a hidden size of 65,536 asked for 64 GiB."""
+    from attnscope.models import loading
+
+    real = loading._from_pretrained
+
+    def config_and_tokenizer_only(name, loader, *args, **kwargs):
+        assert loader.__name__ in ("AutoConfig", "AutoTokenizer"), "transformers built the model"
+        return real(name, loader, *args, **kwargs)
+
+    monkeypatch.setattr(loading, "_from_pretrained", config_and_tokenizer_only)
+    folder = _copy_with_config(tiny_model_dir, tmp_path / "lie", **changes)
+    line = one_error_line(*cli("heads", CAT, "-m", folder))
+    assert f"model '{folder}': " in line and expected in line and "belongs to other weights" in line
+
+
+def test_a_sharded_checkpoint_is_read_from_its_index(cli, tmp_path):
+    import json
+
+    from transformers import GPT2LMHeadModel
+
+    folder = build_tiny_gpt2(tmp_path / "sharded")
+    GPT2LMHeadModel.from_pretrained(folder).save_pretrained(folder, max_shard_size="20KB")
+    (folder / "model.safetensors").unlink(missing_ok=True)
+    assert len(json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]) > 2
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "n_layer": 500}))
+    line = one_error_line(*cli("heads", CAT, "-m", folder))
+    assert "describes 500 layers (n_layer), but the checkpoint holds 2" in line
+    (folder / "model.safetensors.index.json").write_text("{not json")
+    line = one_error_line(*cli("heads", CAT, "-m", folder))
+    assert "the model.safetensors.index.json of model" in line and "is not a valid JSON file" in line
+
+
+def test_circuit_refuses_batches_that_would_not_fit_before_any_forward(cli, tiny_model_dir, monkeypatch):
+    from attnscope.analyses import harness
+    from attnscope.pipeline import capture
+
+    monkeypatch.setattr(harness, "available_bytes", lambda device: 2**10)  # 1 KiB free: the tiny model needs 32 KiB
+    monkeypatch.setattr(capture, "run", lambda *a, **k: pytest.fail("a forward ran before the check"))
+    line = one_error_line(*cli("circuit", CAT, "-m", tiny_model_dir))
+    assert "circuit keeps every layer's inputs and heads' outputs of a batch for its replays: batches of 1 × " in line
+    assert "more than the 0.0 GiB available on cpu; lower batch_size or max_tokens (--batch-size, --max-tokens)" in line
+
+
+# ------------------------------------------------------------------------------------- errors name the culprit
+
+
+@pytest.mark.parametrize("command", ["compare", "report"])
+def test_a_damaged_model_among_several_is_named(cli, fresh_loads, tiny_model_dir, nan_model_dir, tmp_path, command):
+    args = [command, CAT, "-m", tiny_model_dir, "-m", nan_model_dir]
+    line = one_error_line(*cli(*args, *(["--out", tmp_path / "page"] if command == "report" else [])))
+    assert line.startswith(f"attnscope: error: model '{nan_model_dir.name}': the attention is not finite")
+
+
+def test_a_folder_that_vanishes_during_a_run_is_said_to_be_gone(fresh_loads, tiny_model_dir, tmp_path, monkeypatch):
+    """It was taken for a Hub id, and the Hub's library complained of its spelling ("Repo id must be in the
+    form...")."""
+    import attnscope
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("a", "b"):
+        (tmp_path / "runs" / "x" / name).mkdir(parents=True)
+        for entry in tiny_model_dir.iterdir():
+            (tmp_path / "runs" / "x" / name / entry.name).symlink_to(entry)
+    moved = []
+
+    def progress(*_):
+        if not moved:
+            moved.append(os.rename("runs/x/b", "runs/x/b-moved"))
+
+    with pytest.raises(AttnscopeError, match=r"^model 'runs/x/b': the folder is gone \(it was there when the run"):
+        attnscope.compare(["runs/x/a", "runs/x/b"], CAT, divergence=False, progress=progress)
+
+
+def test_no_message_repeats_a_large_object(tiny):
+    """An error carried a model's repr: 3,797 characters."""
+    import attnscope
+
+    network = tiny.model
+    assert len(repr(network)) > 500
+    calls = [
+        lambda: attnscope.heads(tiny, CAT, thresholds=network),
+        lambda: attnscope.heads(tiny, CAT).save(network),
+        lambda: attnscope.heads(tiny, CAT, plot=[network]),
+        lambda: attnscope.heads(network, CAT),
+    ]
+    for call in calls:
+        with pytest.raises(AttnscopeError) as raised:
+            call()
+        assert len(str(raised.value)) < 200 and "Embedding(" not in str(raised.value), str(raised.value)[:300]
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        ("", "the tokenizer.json of model 'broken' is not a valid JSON file (Expecting value: line 1 column 1"),
+        ('{"version": "1.0"}', "cannot load the tokenizer (tokenizer.json, tokenizer_config.json) of model 'broken'"),
+    ],
+    ids=["empty", "not a tokenizer"],
+)
+def test_a_broken_tokenizer_file_is_named(cli, tiny_model_dir, tmp_path, monkeypatch, content, expected):
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    for entry in tiny_model_dir.iterdir():
+        if entry.name != "tokenizer.json":
+            (folder / entry.name).symlink_to(entry)
+    (folder / "tokenizer.json").write_text(content)
+    monkeypatch.chdir(tmp_path)
+    assert expected in one_error_line(*cli("heads", CAT, "-m", "broken"))
+
+
+def test_revisions_of_the_demo_say_what_the_demo_is(cli):
+    for args in (["report", CAT, "--revisions", "a,b"], ["heads", CAT, "--revision", "a"]):
+        line = one_error_line(*cli(*args, "-m", "demo"))
+        assert "model 'demo' is the demo model bundled with attnscope, which has no revisions" in line
+        assert "folder" not in line and ("revisions (--revisions) a,b" in line or "revision (--revision) a" in line)
+
+
+def test_demo_says_which_model_it_used_beside_a_demo_folder(cli, tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "demo").mkdir()
+    code, out, err = cli("info", "-m", "demo", "--json")
+    assert code == 0, err
+    expected = "demo is the bundled model; the folder ./demo was not used: give ./demo to use it"
+    assert json.loads(out)["notes"] == [expected] and f"note: {expected}" in err
+
+
+@pytest.mark.parametrize("spelling", ["slash", "link"])
+def test_report_refuses_a_model_given_twice_however_it_is_spelled(cli, tiny_model_dir, tmp_path, spelling):
+    other = f"{tiny_model_dir}/" if spelling == "slash" else tmp_path / "link"
+    if spelling == "link":
+        other.symlink_to(tiny_model_dir)
+    line = one_error_line(*cli("report", CAT, "-m", tiny_model_dir, "-m", other, "--out", tmp_path / "page"))
+    assert "is given twice" in line and "give each model once" in line
+    assert not (tmp_path / "page").exists()
+
+
+def test_a_home_folder_of_no_user_in_a_models_name_is_one_line(cli):
+    line = one_error_line(*cli("compare", CAT, "-m", "~nosuchuser-attnscope/m", "-m", "demo"))
+    assert "--model ~nosuchuser-attnscope/m: cannot expand ~nosuchuser-attnscope" in line
+
+
+# ------------------------------------------------------------------------------------------- narrow terminals
+
+
+@pytest.mark.parametrize(
+    "columns, args",
+    [("5", ["heads", CAT]), ("20", ["circuit", CAT, "--head", "1.0"]), ("40", ["ablate", CAT])],
+)
+def test_a_narrow_terminal_keeps_every_cell_whole_and_says_so(cli, tiny_model_dir, monkeypatch, columns, args):
+    """At COLUMNS=5 the role map was one "…" and the tables had no rows; at 20 every circuit cell was "0…"."""
+    monkeypatch.setenv("COLUMNS", columns)
+    code, out, err = cli(*args, "-m", tiny_model_dir)
+    assert code == 0, err
+    assert "…" not in out
+    assert f"note: the terminal is {columns} columns wide and these tables need" in err
+    assert "--json or --csv" in err
+    if args[0] == "heads":
+        assert "0.3" in out and "L\\H" in out  # a row of the table, the role map's header
+    if args[0] == "circuit":
+        assert "0.2" in out and "-0." in out  # a head removed, and its change
+
+
+def test_a_terminal_of_usual_width_gets_no_note(cli, tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    for args in (["heads", CAT], ["ablate", CAT], ["circuit", CAT, "--head", "1.0"]):
+        code, out, err = cli(*args, "-m", tiny_model_dir)
+        assert code == 0 and "columns wide" not in err, err

@@ -50,7 +50,7 @@ def test_no_texts_means_the_bundled_samples(tiny):
         (CAT, "corpus.txt", "texts and file (TEXT, --file): give one or the other"),
         ("   ", None, "the text given (TEXT) holds no text"),
         ([], None, "the texts given holds no text"),
-        (["fine", 3], None, "text 1 of the list: expected a string or a Text, not a int"),
+        (["fine", 3], None, "text 1 of the list: expected a string or a Text of a string, not an int"),
         (42, None, "texts: expected a string or a list of strings, not a int"),
         (b"bytes", None, "texts: expected a string or a list of strings, not a bytes"),
         (None, "no-such-file.txt", "no such file: no-such-file.txt"),

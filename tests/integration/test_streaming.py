@@ -53,6 +53,7 @@ def test_a_sentencepiece_tokenizer_is_cut_where_it_tokenizes_as_the_whole(tmp_pa
     whole = tokenizer(LONG, add_special_tokens=False)["input_ids"]
     stream = WindowStream.__new__(WindowStream)
     stream.tokenizer, stream.vocabulary, stream.unknown_id, stream.exact_cuts = tokenizer, None, None, True
+    stream.special_ids = set()
     stream._reset()
     pieced = [
         token

@@ -56,5 +56,5 @@ def test_report_and_compare_resolve_their_models_alike(command, tmp_path):
             command(revisions=wrong)
     with pytest.raises(AttnscopeError, match="revisions of one model given by name .* 2 models were given"):
         api.model_sources(["a/b", "c/d"], command(revisions="step0"), None)
-    with pytest.raises(AttnscopeError, match="bundled or a folder on this machine, which has no revisions"):
+    with pytest.raises(AttnscopeError, match="'demo' is the demo model bundled with attnscope, which has no revisions"):
         api.model_sources("demo", command(revisions="step0"), None)
