@@ -24,6 +24,7 @@ from attnscope import settings
 from attnscope.analyses.common import Progress
 from attnscope.analyses.heads import scoring
 from attnscope.analyses.result import Result
+from attnscope.errors import AttnscopeError
 from attnscope.models.checks import check_comparable
 from attnscope.models.loading import LoadedModel
 from attnscope.models.sources import ModelSource
@@ -149,6 +150,8 @@ class Compare(settings.Compare):
         kind = first.kind
         measured = first.measured
         score = self.score or next((name for name in DEFAULT_SCORES if name in measured), measured[0])
+        if score not in measured:  # local_lift where the window holds every text
+            raise AttnscopeError(f"score {score} was not measured (see the notes of heads)")
         role_names = [role.name for role in catalog.roles_for(kind.name) if role.name != "mixed"]
         heads = []
         for position, record in enumerate(first.heads):

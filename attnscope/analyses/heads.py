@@ -10,14 +10,7 @@ import torch
 
 from attnscope import options
 from attnscope import settings as settings_module
-from attnscope.analyses.common import (
-    Progress,
-    check_finite,
-    check_rows,
-    input_summary,
-    run_windows,
-    too_short,
-)
+from attnscope.analyses.common import Progress, check_finite, check_rows, input_summary, run_windows, too_short
 from attnscope.analyses.maps import AttentionMap, with_words
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError

@@ -27,6 +27,8 @@ CASES = {
     "lone surrogate in JSON": (["heads", "--file", "@surrogate", *D], 'surrogate.jsonl:1: the "text" field is not'),
     "invalid UTF-8 argument": (["heads", "caf\udce9", *D], "the text given (TEXT) is not valid text: byte 0xe9"),
     "a single token": (["heads", "cat", *D, "--no-bos"], "every text is a single token once tokenized"),
+    "a single token after BOS": (["heads", "cat", *D], "every window has one scored row (the longest is 2 tokens"),
+    "one token between [CLS] and [SEP]": (["heads", "cat", *E], "and that row's previous token is the window's first"),
     "nothing between [CLS] and [SEP]": (["heads", "cat", *E, "--no-bos"], "no text has a token between"),
     # models
     "unknown model path": (["heads", CAT, "-m", "@tmp/no-model"], "no such model directory"),
@@ -132,6 +134,10 @@ CASES = {
     "circuit head out of range": (["circuit", CAT, *D, "--head", "1.9"], "head 9 is out of range"),
     "circuit head form": (["circuit", CAT, *D, "--head", "one"], "expected LAYER.HEAD such as 4.11"),
     "circuit method": (["circuit", CAT, *D, "--method", "exact"], "--method exact: use one of removal, gradient"),
+    "circuit score the same for every head": (
+        ["circuit", CAT, *D, "--score", "local_uniform"],
+        "--score local_uniform: local_uniform is the same for every head",
+    ),
     "circuit probe score": (
         ["circuit", CAT, *D, "--score", "induction", "--no-probe"],
         "score induction: that score comes from the probe, which is off",
@@ -140,6 +146,14 @@ CASES = {
     "report window 0": (["report", CAT, *D, "--window", "0"], "--window 0: must be a whole number"),
     "report threshold": (["report", CAT, *D, "--threshold", "x=1"], "threshold 'x=1': expected ROLE=VALUE"),
     "report probe too long": (["report", CAT, *D, "--probe-len", "64"], "BOS + twice the period (129 tokens)"),
+    "compare score the same for every head": (
+        ["compare", CAT, *D, "-m", "demo", "--score", "unif"],
+        "--score unif: local_uniform is the same for every head",
+    ),
+    "report revisions of the demo": (
+        ["report", CAT, "-m", "demo", "--revisions", "a,b", "--out", "@tmp/page"],
+        "revisions (--revisions) a,b: model 'demo' is the demo model bundled with attnscope, which has no revisions",
+    ),
     "info json and csv": (["info", *D, "--json", "--csv"], "give --json or --csv, not both"),
     # bench is written for GPT-2
     "bench is for decoders": (["bench", *E, "--device", "cpu"], "bench times decoders"),

@@ -870,7 +870,7 @@ def test_texts_of_one_token_give_no_made_up_role(cli, model_dirs, kind):
     attnscope.heads(model_dirs[kind], ["cat", "the cat"])  # one text of two tokens gives every head real rows
 
 
-def test_a_window_that_holds_every_text_reports_no_local_lift(cli, tiny_model_dir):
+def test_a_window_that_holds_every_text_reports_no_local_lift(cli, fresh_loads, tiny_model_dir, tmp_path):
     """With a window as long as the texts, local is everything but the first token (checked below from the scores
     themselves), and local_lift came out −1.75, −10.06: a function of the first-token score, not of locality."""
     import json
@@ -884,6 +884,12 @@ def test_a_window_that_holds_every_text_reports_no_local_lift(cli, tiny_model_di
     assert any("local_lift (and the local role) is not reported" in note for note in document["notes"])
     code, out, err = cli("heads", "The cat sat on", "-m", tiny_model_dir, "--window", "1", "--json", "--sort", "lift")
     assert all(head["local_lift"] is not None for head in json.loads(out)["heads"])
+    twin = tmp_path / "twin"  # the same weights in another folder: a second model
+    twin.mkdir()
+    for entry in tiny_model_dir.iterdir():
+        (twin / entry.name).symlink_to(entry)
+    args = ["compare", "The cat sat on", "-m", tiny_model_dir, "-m", twin, "--window", "4", "--score", "local_lift"]
+    assert "score local_lift was not measured" in one_error_line(*cli(*args, "--out", tmp_path / "pictures"))
 
 
 @pytest.mark.parametrize(
@@ -891,7 +897,7 @@ def test_a_window_that_holds_every_text_reports_no_local_lift(cli, tiny_model_di
     [["circuit", CAT, "--score", "local_uniform"], ["compare", CAT, "-m", "demo", "--score", "unif"]],
     ids=["circuit", "compare"],
 )
-def test_a_score_the_same_for_every_head_is_refused_where_heads_are_told_apart(cli, tiny_model_dir, args):
+def test_a_score_the_same_for_every_head_is_refused_where_heads_are_told_apart(cli, fresh_loads, tiny_model_dir, args):
     line = one_error_line(*cli(*args, "-m", tiny_model_dir))
     assert "local_uniform is the same for every head (a property of the texts, not of a head)" in line
     assert "(see: attnscope" in line  # refused with the options, before any model
@@ -1099,6 +1105,14 @@ def test_revisions_of_the_demo_say_what_the_demo_is(cli):
         line = one_error_line(*cli(*args, "-m", "demo"))
         assert "model 'demo' is the demo model bundled with attnscope, which has no revisions" in line
         assert "folder" not in line and ("revisions (--revisions) a,b" in line or "revision (--revision) a" in line)
+
+
+def test_an_empty_score_is_named_as_the_score(tiny):
+    import attnscope
+
+    for call in (attnscope.circuit, attnscope.compare):
+        with pytest.raises(AttnscopeError, match=r"^score '': use one of previous_token, first_token"):
+            call(tiny, CAT, score="")
 
 
 def test_demo_says_which_model_it_used_beside_a_demo_folder(cli, tmp_path, monkeypatch):

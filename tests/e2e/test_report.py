@@ -70,7 +70,9 @@ def test_report_roles_follow_the_role_settings_as_heads_does(cli, tiny_model_dir
 @pytest.mark.slow
 def test_report_prints_the_page_path_and_quiet_prints_nothing_else(cli, tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, out, err = cli("report", "Hello world", "-m", tiny_model_dir, "--no-diversity", "--no-probe", "-q")
+    code, out, err = cli(
+        "report", "Hello world, hello again", "-m", tiny_model_dir, "--no-diversity", "--no-probe", "-q"
+    )
     assert code == 0 and err == ""
     assert out == "attnscope-report/report.html\n"  # the default folder, in the current one
     assert [p.name for p in (tmp_path / "attnscope-report").iterdir()] == ["report.html"]

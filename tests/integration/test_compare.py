@@ -109,7 +109,7 @@ def test_the_cli_refuses_another_shape_before_loading_and_another_tokenizer_afte
 
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(demo_model_dir() / name, other / name)
-    code, out, err = cli("compare", "x", "--model", tiny_model_dir, "--model", other, "--device", "cpu")
+    code, out, err = cli("compare", "x y", "--model", tiny_model_dir, "--model", other, "--device", "cpu")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "have different tokenizers:" in err and "tokens" in err, err
 
