@@ -11,8 +11,9 @@ Methods, on the same random token ids, batch shape and device:
 - `cache`: TransformerLens-style caching: one prompt at a time, every layer's attention pattern kept in a cache,
   then scored (TransformerLens's `detect_head` scores a head by the share of its attention on a pattern).
 - `circuit`, `circuit-naive` (only when asked for): `attnscope circuit`'s removals without the probe: every head of
-  layer 1 and above explained by its row statistics, each earlier head removed, replayed from its layer (`circuit`)
-  or by one full forward per removed head, every layer scored (`circuit-naive`, the reference).
+  layer 1 and above explained by its row statistics, each earlier head removed (mean ablation, circuit's default),
+  replayed from its layer (`circuit`) or by one full forward per removed head, every layer scored (`circuit-naive`,
+  the reference).
 - `diversity`, `diversity-sampled` (only when asked for): `attnscope diversity --layer all`'s reduction, every pair
   of heads of all layers, exact or with JS on `sample_rows` random rows per window; batches sized as that
   command sizes them (all layers' maps of a batch within its memory budget).

@@ -1,10 +1,11 @@
 """`attnscope circuit`: which heads each head depends on, by removing every earlier head and scoring it again.
 
 For every explained head B and every head A of an earlier layer: B's score with A, without A (A's slice of the
-output projection's input zeroed, exactly as `ablate` removes a head: `pipeline.interventions.HeadGates`), and the
-change, on the same texts and the same repeated-token probe as `heads`. B's score is its deciding score by default
-(the score that gave it its role; for a `mixed` head, the score that came closest to its role's threshold), or the
-one `score` names.
+output projection's input replaced, exactly as `ablate` removes a head: by its mean over the input's positions, 0, or
+another window's output at the same position, as `ablation` says: `pipeline.ablation`), and the change, on the same
+texts and the same repeated-token probe as `heads` (each input with its own means and donors). B's score is its
+deciding score by default (the score that gave it its role; for a `mixed` head, the score that came closest to its
+role's threshold), or the one `score` names.
 
     change(B, A) = score_B(A removed) − score_B(every head kept)          (B's layer > A's layer; 0 otherwise)
 
@@ -35,7 +36,9 @@ from attnscope.analyses.heads import scoring
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
+from attnscope.pipeline.ablation import describe
 from attnscope.pipeline.inputs import Text, Texts
+from attnscope.scores import catalog
 
 METHODS = options.CIRCUIT_METHODS
 
@@ -156,9 +159,11 @@ class Circuit(settings.Circuit):
         function = CHANGES[self.method]
         # the removal pass reports its progress (the texts' pass again, the longest); the gradient takes its steps
         shown = {"progress": progress} if self.method == "removal" else {"steps": self.steps}
-        with_values, changes = function(loaded, texts, explained, heads, **shown)
+        ablation = {"ablation": self.ablation, "seed": self.resample_seed}
+        with_values, changes = function(loaded, texts, explained, heads, **shown, **ablation)
         with_values, changes = np.asarray(with_values, dtype=np.float64), np.asarray(changes, dtype=np.float64)
-        notes = list(base.notes)
+        probed = any(catalog.score_named(score).source == catalog.PROBE for _, _, score in explained)
+        notes = list(base.notes) + [describe(self.ablation, self.resample_seed, probed)]
         composition = baseline = copying = effects = None
         if self.weights:
             from attnscope.analyses.composition import weight_circuits
@@ -193,6 +198,8 @@ class Circuit(settings.Circuit):
             "head": list(self.head),
             "top": self.top,
             "method": self.method,
+            "ablation": self.ablation,
+            "resample_seed": self.resample_seed if self.ablation == "resample" else None,
             "steps": self.steps,
             "weights": self.weights,
             "window": self.window,

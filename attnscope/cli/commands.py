@@ -68,15 +68,18 @@ HELP = {
     """,
     "ablate": """Which heads matter: the language-model loss when each head's output is removed.
 
-    --top K lists the K most important heads (and --csv's rows); the grid and the files of --out show every head.
+    A removed head's output is replaced by its mean over the texts' positions (--ablation mean, the default), by 0,
+    or by its output on another text (resample). --top K lists the K most important heads (and --csv's rows); the
+    grid and the files of --out show every head. --remove L.H,... removes heads first; --save DIR writes that model.
 
-    Example: attnscope ablate "The cat sat on the mat because it was tired." --prune 20
+    Example: attnscope ablate "The cat sat on the mat because it was tired." --prune 20;
+    attnscope ablate --model demo --remove 0.2 --save demo-no-0.2
     """,
     "circuit": """Which earlier heads each head depends on: its score with and without each of them.
 
-    Every head of an earlier layer is removed in turn (its slice of the output projection zeroed, as ablate removes
-    a head) and the explained heads are scored again on the same texts and probe. --head L.H explains only those
-    heads; --top K lists each one's K largest changes, most negative first.
+    Every head of an earlier layer is removed in turn (its output replaced as --ablation says, as ablate removes a
+    head: its mean by default) and the explained heads are scored again on the same texts and probe. --head L.H
+    explains only those heads; --top K lists each one's K largest changes, most negative first.
 
     Example: attnscope circuit --model demo --head 1.0 --top 3
     """,

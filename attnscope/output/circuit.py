@@ -119,7 +119,7 @@ class CircuitView(View):
         result = self.result
         shown: list[Any] = [
             f"{len(result.explained)} head{'s' if len(result.explained) != 1 else ''} explained by removing each "
-            f"earlier head ({result.settings['method']}); the {shown_rows(result, SHOWN)} largest changes of each, "
+            f"earlier head ({_how(result)}); the {shown_rows(result, SHOWN)} largest changes of each, "
             "most negative first"
         ]
         for title, rows in self._tables():
@@ -147,6 +147,7 @@ class CircuitView(View):
         method = result.settings.get("method", "removal")
         steps = result.settings.get("steps")
         how = f"{method} ({counted(steps, 'step')})" if method == "gradient" and steps else method
+        how += f", {result.settings['ablation']} ablation" if result.settings.get("ablation") else ""
         headline = (
             f"{model_shape(result.model)}; {counted(len(result.explained), 'head')} explained by {how}"
             f"{inputs_read(result.inputs)}"
@@ -157,6 +158,12 @@ class CircuitView(View):
         weights = self._weights_line()  # its parts one per line: the composition, the copying, the direct effect
         lines += weights.split("; ") if weights else []
         return summary(self, headline, lines, [".dependencies(top)", ".heads", ".explained"])
+
+
+def _how(result: Any) -> str:
+    """The method, and the ablation where one was recorded: `removal, mean ablation`."""
+    ablation = result.settings.get("ablation")
+    return result.settings["method"] + (f", {ablation} ablation" if ablation else "")
 
 
 # -------------------------------------------------------------------------------------------------------------- figures

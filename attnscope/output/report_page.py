@@ -249,7 +249,8 @@ def _ablation(report: Any) -> str:
     ]
     return (
         '<section id="ablation"><h2>Ablation</h2>'
-        f"<p>The loss with each head's output removed, minus the loss of the whole model "
+        f"<p>The loss with each head's output removed ({_text(ablation.settings.get('ablation', 'zero'))} "
+        "ablation), minus the loss of the whole model "
         f"({ablation.baseline_loss:.4f} nats per predicted token over {ablation.inputs['predicted_tokens']:,} "
         "tokens): positive (red) = the model needs the head, negative (blue) = it does better without it, as in "
         "importance.png. The colour scale is centred at 0. Click a head to show it.</p>"

@@ -6,8 +6,8 @@ every kind of hook is a small object that says where it goes by layer, found thr
 `hooks(loaded, *kinds)` installs them all and removes, in `finally`, every handle it installed, even when a forward
 raises or a kind fails halfway through its installation. The analyses hold the kinds and read what they recorded.
 
-    HeadGates                 each head's output times a gate, where the output projection takes it in (ablate,
-                              circuit's naive way and its gradient)
+    HeadGates                 each head's output times a gate, where the output projection takes it in, or moved
+                              towards a replacement (ablate, circuit's gradient; `pipeline.ablation` says what)
     LayerInputsRecorder       what each layer received, and its heads' outputs: what circuit's replay starts from
     AttentionWeightsRecorder  the attention probabilities with their graph, and the keys each row sees (circuit's
                               gradient)
@@ -107,11 +107,14 @@ class HeadGates:
 
     `values` is (B, L, H): one row of gates per sequence of the batch, so one forward pass can run the same window
     under many head configurations (1 = kept, 0 = removed; a gate that requires grad gives ∂/∂ξ). None switches the
-    gates off (the model runs unchanged).
+    gates off (the model runs unchanged). `replacements` (layer -> r, see `pipeline.ablation`) says what a removed
+    head's output becomes: the output is x·ξ + r·(1 − ξ), r broadcastable to (b, n, H, d_head), b 1 or the windows
+    that `values` repeats in B / b copies (configuration-major, as `ablate` runs them); none for a layer: 0.
     """
 
     def __init__(self) -> None:
         self.values: Any = None
+        self.replacements: dict[int, Any] | None = None
 
     def install(self, loaded: LoadedModel) -> Iterator[Handle]:
         for layer, module in enumerate(loaded.family.output_projections(loaded.model)):
@@ -123,9 +126,15 @@ class HeadGates:
                 return None
             x = args[0]  # (B, n, d) the heads' outputs side by side, head h in columns h·d_head .. (h+1)·d_head
             B, n, d = x.shape
-            gate = self.values[:, layer].to(x.dtype)  # (B, H)
+            gate = self.values[:, layer].to(x.dtype).expand(B, n_head)  # (B, H)
             gated = x.view(B, n, n_head, d // n_head) * gate[:, None, :, None]  # (B, n, H, d_head)
-            return (gated.view(B, n, d),) + tuple(args[1:])
+            replacement = None if self.replacements is None else self.replacements.get(layer)
+            if replacement is not None:  # + r·(1 − ξ): what a removed head's output becomes
+                b = replacement.shape[0]
+                r = replacement[:, :n].to(x.dtype)  # (b, n or 1, H, d_head)
+                off = (1 - gate).view(B // b, b, 1, n_head, 1)  # (copies, b, 1, H, 1)
+                gated = (gated.view(B // b, b, n, n_head, -1) + r * off).view(B, n, n_head, -1)
+            return (gated.reshape(B, n, d),) + tuple(args[1:])
 
         return gate_heads
 

@@ -5,6 +5,7 @@ what it asks of a model's shape (`check_shape`, from the config before any weigh
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,6 +14,8 @@ from typing import ClassVar
 from attnscope import options
 from attnscope.errors import AttnscopeError
 from attnscope.models.checks import Shape
+from attnscope.models.removal import check_destination
+from attnscope.scores.catalog import counted
 from attnscope.settings.declare import (
     NONE,
     OWN,
@@ -31,6 +34,7 @@ from attnscope.settings.groups import (
     Loading,
     Place,
     Reading,
+    Removal,
     Revision,
     Scoring,
     top_setting,
@@ -254,26 +258,59 @@ def parse_occurrence(spec: str) -> tuple[str, int | None]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Ablate(Reading, Batching, Place, Revision, DeviceMap, Settings):
-    """`attnscope ablate`: the language-model loss with each head removed."""
+class Ablate(Reading, Batching, Removal, Place, Revision, DeviceMap, Settings):
+    """`attnscope ablate`: the language-model loss with each head removed; with `remove`, of the model without
+    those heads, which `save` writes."""
 
     method: str = setting(
         options.ABLATION_METHOD, "loss", "loss: remove each head and measure the loss; gradient: |dL/d gate| (fast)."
     )
     prune: int = setting(options.PRUNE, 0, "Also remove the K least important heads one after another.", metavar="K")
     top: int | None = top_setting("the most important heads (10 on the terminal)")
+    remove: Sequence[str] = setting(
+        options.HEAD_SET,
+        (),
+        "Remove these heads first (as --ablation says; not resample): the analysis is of the model without them.",
+        metavar="L.H,...",
+        many=True,
+        python_help="heads 'L.H' removed first (a list, or '0.2,1.0'): the analysis is of the model without them",
+    )
+    save: str | os.PathLike | None = setting(
+        options.MODEL_FOLDER.or_none(),
+        None,
+        "Write the model without the heads of --remove to this new folder (save_pretrained: weights, config, "
+        "tokenizer; zero or mean ablation).",
+        metavar="DIR",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.remove and self.ablation == "resample":
+            raise AttnscopeError(
+                "remove (--remove) takes heads out of the model for good, and resample ablation has no fixed value to "
+                "put in their place: use ablation mean or zero"
+            )
+        if self.save is not None:
+            if not self.remove:
+                raise AttnscopeError("save (--save DIR) writes the model without the heads of remove: give remove too")
+            check_destination(self.save)
 
     @property
     def needs_lm_head(self) -> bool:
         return True
 
     def check_shape(self, shape: Shape) -> None:
-        if self.prune > shape.n_layer * shape.n_head:
-            raise AttnscopeError(f"prune {self.prune}: this model has {shape.n_layer * shape.n_head} heads")
+        for label in self.remove:
+            options.head_in(label, shape.n_layer, shape.n_head)
+        left = shape.n_layer * shape.n_head - len(self.remove)
+        if self.prune > left:
+            if self.remove:
+                raise AttnscopeError(f"prune {self.prune}: {counted(left, 'head')} left once remove's are removed")
+            raise AttnscopeError(f"prune {self.prune}: this model has {left} heads")
 
 
 @dataclass(frozen=True, kw_only=True)
-class Circuit(Scoring, Loading, Settings):
+class Circuit(Scoring, Removal, Loading, Settings):
     """`attnscope circuit`: which earlier heads each head depends on."""
 
     head: Sequence[str] | None = setting(

@@ -24,6 +24,8 @@ def test_demo_json_heads_top_and_csv(cli):
                              "dependencies"]  # fmt: skip
     assert {"composition", "composition_baseline", "heads"} <= set(doc)
     assert doc["settings"]["head"] == ["1.3", "1.0"] and doc["settings"]["method"] == "removal"
+    assert doc["settings"]["ablation"] == "mean" and doc["settings"]["resample_seed"] is None  # the default
+    assert any(note.startswith("mean ablation: ") for note in doc["notes"])
     dependencies = doc["dependencies"]
     assert [d["label"] for d in dependencies] == ["1.0", "1.0", "1.3", "1.3"]  # B in layer.head order, 2 each
     for label in ("1.0", "1.3"):
@@ -48,9 +50,10 @@ def test_demo_json_heads_top_and_csv(cli):
     code, out, err = cli(*args, "--csv", "--no-weights")
     rows = list(csv.DictReader(io.StringIO(out)))
     assert len(rows) == 8 and {row["on"] for row in rows} == {f"0.{h}" for h in range(4)}
-    code, out, err = cli("circuit", "--model", "demo", "--head", "1.0", "--top", "2")
+    code, out, err = cli("circuit", "--model", "demo", "--head", "1.0", "--top", "2", "--ablation", "resample")
     assert code == 0, err
-    assert "0.2" in out and "previous-token" in out
+    assert "0.2" in out and "previous-token" in out and "(removal, resample ablation)" in out
+    assert "resample ablation (seed 0)" in err  # the note
 
 
 @pytest.mark.slow

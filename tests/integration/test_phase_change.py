@@ -115,8 +115,8 @@ def test_the_trained_circuit_by_removal_and_by_gradient(checkpoints):
     texts = [Text(" ".join(INDUCTION_WORDS[k : k + 20] * 2), f"w{k}") for k in (0, 20, 40)]
     settings = Heads()
     explained = [(1, head, "induction") for head in range(4)]
-    values, linear = gradient_changes(loaded, texts, explained, settings)
-    _, integrated = gradient_changes(loaded, texts, explained, settings, steps=4)
+    values, linear = gradient_changes(loaded, texts, explained, settings, ablation="zero")
+    _, integrated = gradient_changes(loaded, texts, explained, settings, steps=4, ablation="zero")
     exact = np.zeros((4, 4))  # (B, A of layer 0)
     for a in range(4):
         removed = copy.deepcopy(loaded)
