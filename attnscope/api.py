@@ -319,6 +319,13 @@ def _run(analysis_class: type[settings.Settings], given: dict[str, Any]) -> Any:
             model = os.fspath(model)
         return analysis.run(model, status=status)
     gathered = read_texts(texts, analysis.file) if analysis.reads_texts else None
+    if model is None:  # only several models' commands leave it out: one model's default is the declared gpt2
+        if analysis.revisions is not None:
+            raise AttnscopeError(
+                "revisions (--revisions) are revisions of a model: name it with --model (e.g. --model "
+                "EleutherAI/pythia-160m --revisions step0,step512)"
+            )
+        model = settings.DEFAULT_MODEL
     sources, note = model_sources(model, analysis, status)
     analysis.check_models(len(sources))
     shapes = [(source.label, _shape(source)) for source in sources]

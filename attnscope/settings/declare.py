@@ -270,10 +270,11 @@ MODEL = Setting(
 MODELS = replace(
     MODEL,
     many=True,
+    default=None,  # gpt2, unless --revisions asks for revisions of a model: then the model must be named
     help=MODEL.help + " Repeat it for several models, in order: the same texts through each; they must share "
-    "layers × heads and the tokenizer.",
+    f"layers × heads and the tokenizer. Default: {DEFAULT_MODEL} (with --revisions, name the model).",
     python_help="one model, or a list of them in order (names, or models `load` returned): the same texts through "
-    "each; they must share layers × heads and the tokenizer",
+    f"each; they must share layers × heads and the tokenizer (None: {DEFAULT_MODEL}; with revisions, give its name)",
 )
 TEXTS = Setting(
     None,
