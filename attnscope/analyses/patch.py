@@ -58,7 +58,7 @@ from attnscope.pipeline.tokens import default_bos, special_tokens
 from attnscope.scores.catalog import counted
 
 GAP_MIN = 1e-3  # logits: a mean clean − corrupted difference smaller than this leaves nothing to share
-OVERSHOOT = 1.05  # a share past this (or below −(OVERSHOOT − 1)) is named in the notes
+OVERSHOOT, BACKWARDS = 1.05, -0.1  # shares above the one or below the other are counted in the notes
 
 
 def continuation(prompt: str, answer: str) -> str:
@@ -357,10 +357,15 @@ def _notes(pairs: Sequence[PromptPair], clean_ld: Any, corrupt_ld: Any, restored
             f"({listed}): in the shares, they count against the others"
         )
     for name, shares in (("restored", restored), ("removed", removed)):
-        past = int((shares > OVERSHOOT).sum() + (shares < 1 - OVERSHOOT).sum())
-        if past:
+        above, below = int((shares > OVERSHOOT).sum()), int((shares < BACKWARDS).sum())
+        if above:
             notes.append(
-                f"the {name} share of {counted(past, 'head')} lies outside 0-1 (from {shares.min():.2f} to "
-                f"{shares.max():.2f}): patching moves the logit difference past the other run's, or the other way"
+                f"the {name} share of {counted(above, 'head')} is above 1 (up to {shares.max():.2f}): patching each "
+                "overshoots, moving the logit difference past the other run's"
+            )
+        if below:
+            notes.append(
+                f"the {name} share of {counted(below, 'head')} is below {BACKWARDS:g} (down to {shares.min():.2f}): "
+                "patching each moves the logit difference the other way"
             )
     return notes

@@ -386,6 +386,8 @@ class Patch(Reading, Batching, Place, Revision, DeviceMap, Settings):
                 f"{named([*given, 'file'])}: give one pair with --clean, --corrupt, --answer and --wrong, or pairs "
                 "in a file, not both"
             )
+        if self.file is None and not given:
+            raise AttnscopeError(f"no pair to patch: give one with {named(missing)}, or pairs in a file (--file)")
         if self.file is None and missing:
             raise AttnscopeError(
                 f"{named(missing)}: a pair needs clean, corrupt, answer and wrong (or give pairs in a file with --file)"

@@ -73,7 +73,7 @@ def test_what_is_no_file_of_pairs_is_refused(tmp_path, monkeypatch):
     "given, message",
     [
         ({"clean": "a", "corrupt": "b", "answer": "c"}, "^wrong \\(--wrong\\): a pair needs clean, corrupt, answer"),
-        ({}, "^clean, corrupt, answer and wrong \\(--clean, --corrupt, --answer, --wrong\\)"),
+        ({}, "^no pair to patch: give one with clean, corrupt, answer and wrong \\(--clean, .*\\), or pairs in"),
         (PAIR | {"file": "p.jsonl"}, "^clean, .* and file \\(.* --file\\): give one pair with --clean.* or pairs in"),
         (PAIR | {"answer": ""}, "^answer '': expected a non-empty string"),
     ],
