@@ -291,12 +291,11 @@ class Patch(settings.Patch):
         total = float(np.sum(clean_ld - corrupt_ld))
         restored = (denoised - corrupt_ld[:, None, None]).sum(axis=0) / total  # (L, H)
         removed = (clean_ld[:, None, None] - noised).sum(axis=0) / total  # (L, H)
+        source = pairs[0].source if self.file is None else "standard input" if self.file == "-" else self.file
         return PatchResult(
             loaded.info(),
             {
-                "source": pairs[0].source
-                if self.file is None
-                else ("standard input" if self.file == "-" else self.file),
+                "source": source,
                 "n_pairs": P,
                 "n_tokens": sum(len(pair.clean) for pair in tokens),
                 "bos": bos,
