@@ -80,6 +80,14 @@ SCALES = {
             key="blue: the head's score falls without the removed head (it depends on it); red: it rises; white: no "
             "change",
         ),
+        ColourScale(  # patch's shares: 1 (all of the difference) is full red unless a head overshoots it
+            "logit_diff_share",
+            DIVERGING,
+            signed=True,
+            high=1.0,
+            key="red: a share of the clean − corrupted logit difference (1: all of it); blue: a share the other way; "
+            "white: none",
+        ),
         ColourScale("score", VIRIDIS, key="dark: 0; yellow: the largest"),
         ColourScale("js", VIRIDIS, low=0.0, high=1.0, key="dark: the same rows (0 bits); yellow: disjoint (1 bit)"),
         ColourScale(  # compare's divergence of a head between two models: small values, so from 0 to the largest

@@ -333,6 +333,11 @@ class Settings(Declared):
     def needs_lm_head(self) -> bool:
         return False
 
+    def read_inputs(self) -> Any:
+        """What a command that reads no TEXT reads itself (patch's prompt pairs), read and checked before any model
+        loads, and handed to `run` in place of the texts; None: nothing."""
+        return None
+
     def check_shape(self, shape: Shape) -> None:
         """What these settings ask of the model's shape (`--layer 99`), from its config before any weight loads."""
 

@@ -255,6 +255,7 @@ REQUIRED = {
     "attend": {"from_token": "cat", "to_token": "mat"},
     "random-mha": {"head_counts": [1]},  # dividing any d_model
     "circuit": {"method": "gradient"},  # --steps are the gradient's
+    "patch": {"clean": "a b", "corrupt": "a c", "answer": "b", "wrong": "c"},
 }
 
 
