@@ -208,29 +208,35 @@ def _loss_here(folder, texts) -> float:
 
 
 @pytest.mark.slow
-def test_each_models_loss_is_its_next_token_loss_computed_here(tmp_path):
+def test_each_models_loss_is_its_next_token_loss_computed_here(tiny_model_dir, tmp_path):
     """`loss`, one per model at the top of the JSON: each model's mean next-token loss of the texts, as computed
-    here with its own language-model head; --no-loss (loss=False) leaves it out and loads no head."""
+    here with its own language-model head (the tiny GPT-2, and a copy of it with head 0.1 removed by hand)."""
     import json
 
-    folders = [build_tiny_gpt2(tmp_path / f"seed-{seed}", seed=seed) for seed in (0, 1)]
+    from tests.support import save_without_head
+
+    folders = [tiny_model_dir, save_without_head(tiny_model_dir, tmp_path / "without-0.1", 0, 1)]
     result = api.compare([str(folder) for folder in folders], TEXTS, device="cpu", divergence=False, probe=False)
     expected = [_loss_here(folder, TEXTS) for folder in folders]
     assert expected[0] != pytest.approx(expected[1], rel=1e-3)  # two different models
     np.testing.assert_allclose(result.losses, expected, rtol=1e-5)
     assert json.loads(result.to_json())["loss"] == pytest.approx(expected, rel=1e-5)
     assert result.settings["loss"] is True
-    off = api.compare([str(folder) for folder in folders], TEXTS, divergence=False, probe=False, loss=False)
-    assert off.losses == [] and json.loads(off.to_json())["loss"] is None
 
 
 def test_a_model_without_its_head_has_no_loss_and_a_note(tiny):
-    """Models given loaded without their language-model head: compared as before, their loss None, one note each."""
+    """Models given loaded without their language-model head: compared as before, their loss None, one note each;
+    loss=False (--no-loss): no loss asked, none noted, `loss` null in the JSON."""
+    import json
+
     copy = without_head(tiny, 0, 2, name="copy")
     result = api.compare([tiny, copy], TEXTS, probe=False, divergence=False)
     assert result.losses == [None, None] and not result.has_loss
     assert [note.split(": ")[0] for note in result.notes if "no loss" in note] == [result.labels[0], "copy"]
     assert all("language-model head" in note for note in result.notes if "no loss" in note)
+    off = api.compare([tiny, copy], TEXTS, probe=False, divergence=False, loss=False)
+    assert off.losses == [] and json.loads(off.to_json())["loss"] is None and off.settings["loss"] is False
+    assert not any("no loss" in note for note in off.notes)
 
 
 @pytest.mark.slow
