@@ -461,6 +461,12 @@ class Compare(Scoring, Place, DeviceMap, Kernel, Settings):
         "Measure how much each head's attention moved: the mean JS divergence (bits) "
         "between the two models' rows on the same tokens (default: on for two models; needs exactly two).",
     )
+    loss: bool = setting(
+        options.FLAG,
+        True,
+        "Also each model's language-model loss on the texts (nats per predicted token, as `ablate` measures it; "
+        "loads each model's language-model head, where it has one).",
+    )
     score: str | None = setting(
         SCORE.or_none(),
         None,
@@ -468,7 +474,8 @@ class Compare(Scoring, Place, DeviceMap, Kernel, Settings):
         metavar="SCORE",
     )
     top: int | None = top_setting(
-        "the heads ranked by divergence and the heads whose role changes (20 each on the terminal)"
+        "the heads ranked by divergence and the heads whose role changes, the most changed first (20 each on the "
+        "terminal)"
     )
 
     def check_models(self, count: int) -> None:
