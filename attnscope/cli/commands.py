@@ -112,6 +112,18 @@ HELP = {
 
     Example: attnscope info --model gpt2-medium
     """,
+    "patch": """Activation patching per head: which heads carry what a clean prompt and a corrupted one differ in.
+
+    The metric is the logit difference answer − wrong at the last position. For each head, its clean output (at
+    every position) goes into the corrupted run: the share of the clean − corrupted difference it restores
+    (denoising); and its corrupted output into the clean run: the share it removes (noising). The prompts must have
+    as many tokens; --answer and --wrong are one token each, as the next word (Mary means ' Mary'). --file takes
+    several pairs (JSON lines with clean, corrupt, answer, wrong), combined as a ratio of sums.
+
+    Example: attnscope patch --model demo --clean "The file and the list hold the value method. The file and the list
+    hold the value" --corrupt "The file and the list hold the value table. The file and the list hold the value"
+    --answer method --wrong table --top 5
+    """,
 }
 NEEDS_OUT = {"plot"}  # options whose pictures are drawn into the folder of --out
 

@@ -8,6 +8,12 @@ raises or a kind fails halfway through its installation. The analyses hold the k
 
     HeadGates                 each head's output times a gate, where the output projection takes it in, or moved
                               towards a replacement (ablate, circuit's gradient; `pipeline.ablation` says what)
+    PatchedHeads              chosen heads' outputs replaced by given values, per copy of the batch, head and
+                              position (patch)
+    HeadOutputsRecorder       every layer's heads' outputs, as the output projection takes them in (patch)
+    LayerOutputsRecorder      what every layer returned (patch)
+    SkippedLayers             the layers below one return what they returned in an earlier run, without computing
+                              (patch: a change in layer l leaves the layers below it as they were)
     LayerInputsRecorder       what each layer received, and its heads' outputs: what circuit's replay starts from
     AttentionWeightsRecorder  the attention probabilities with their graph, and the keys each row sees (circuit's
                               gradient)
@@ -137,6 +143,80 @@ class HeadGates:
             return (gated.reshape(B, n, d),) + tuple(args[1:])
 
         return gate_heads
+
+
+class PatchedHeads:
+    """Forward pre-hooks on every layer's output projection replacing chosen heads' outputs by given values.
+
+    The batch is C copies of B rows, copy-major (row c·B + b is copy c of row b: one forward pass runs several
+    configurations, as `HeadGates`' rows do). For each layer in `chosen`, `chosen[layer]` is a bool tensor
+    broadcastable to (C, B, n, H), True where the head's output at that position is replaced, its first dimension
+    the number of copies C; `values[layer]` is broadcastable to (C, B, n, H, d_head): the outputs put there, e.g.
+    (B, n, H, d_head), the same for every copy (another input's outputs: patching, resample ablation), or
+    (H, d_head) (a mean: mean ablation). A layer not in `chosen` runs unchanged; `chosen` empty: the model does.
+    """
+
+    def __init__(self) -> None:
+        self.chosen: dict[int, Any] = {}
+        self.values: dict[int, Any] = {}
+
+    def install(self, loaded: LoadedModel) -> Iterator[Handle]:
+        for layer, module in enumerate(loaded.family.output_projections(loaded.model)):
+            yield module.register_forward_pre_hook(self._hook(layer, loaded.n_head))
+
+    def _hook(self, layer: int, n_head: int) -> Callable:
+        import torch
+
+        def patch_heads(module, args):
+            chosen = self.chosen.get(layer)
+            if chosen is None:
+                return None
+            x = args[0]  # (C·B, n, H·d_head) the heads' outputs side by side
+            copies = chosen.shape[0]
+            rows, n, d = x.shape
+            heads = x.view(copies, rows // copies, n, n_head, d // n_head)  # (C, B, n, H, d_head)
+            values = self.values[layer].to(device=x.device, dtype=x.dtype)
+            patched = torch.where(chosen.to(x.device)[..., None], values, heads)  # (C, B, n, H, d_head)
+            return (patched.reshape(rows, n, d),) + tuple(args[1:])
+
+        return patch_heads
+
+
+class HeadOutputsRecorder:
+    """Forward pre-hooks on every layer's output projection keeping a copy of its input, the heads' outputs side by
+    side, as `outputs[layer]` (B, n, H, d_head), from the last forward pass."""
+
+    def __init__(self) -> None:
+        self.outputs: dict[int, Any] = {}
+
+    def install(self, loaded: LoadedModel) -> Iterator[Handle]:
+        for layer, module in enumerate(loaded.family.output_projections(loaded.model)):
+            yield module.register_forward_pre_hook(self._hook(layer, loaded.n_head))
+
+    def _hook(self, layer: int, n_head: int) -> Callable:
+        def record(module, args):
+            x = args[0]  # (B, n, H·d_head)
+            self.outputs[layer] = x.detach().reshape(*x.shape[:2], n_head, -1).clone()  # (B, n, H, d_head)
+
+        return record
+
+
+class LayerOutputsRecorder:
+    """Forward hooks on every layer keeping what it returned (a tensor (B, n, d), or a tuple whose first element is
+    one), as `outputs[layer]`, from the last forward pass: what `SkippedLayers` returns in a later run."""
+
+    def __init__(self) -> None:
+        self.outputs: dict[int, Any] = {}
+
+    def install(self, loaded: LoadedModel) -> Iterator[Handle]:
+        for layer, module in enumerate(loaded.family.layers(loaded.model)):
+            yield module.register_forward_hook(self._hook(layer))
+
+    def _hook(self, layer: int) -> Callable:
+        def record(module, args, output):
+            self.outputs[layer] = output
+
+        return record
 
 
 # ------------------------------------------------------------------------------------------------- recorders
@@ -296,6 +376,29 @@ class ReplacedAttention:
 
     def install(self, loaded: LoadedModel) -> Iterator[Handle]:
         yield _RestoredForward(loaded.family.attention_modules(loaded.model)[self.layer], self.forward)
+
+
+class SkippedLayers:
+    """The layers below `below` compute nothing: layer j returns `outputs[j]` (what it returned in an earlier run of
+    the same batch: `LayerOutputsRecorder`), its hidden states repeated `copies` times along the batch (copy-major, as
+    `PatchedHeads` reads the batch). A run whose changes all lie in layer `below` or above computes only those layers:
+    the ones below would compute what they did before."""
+
+    def __init__(self, outputs: dict[int, Any], below: int, copies: int):
+        self.outputs, self.below, self.copies = outputs, below, copies
+
+    def install(self, loaded: LoadedModel) -> Iterator[Handle]:
+        for layer, module in enumerate(loaded.family.layers(loaded.model)[: self.below]):
+            yield _RestoredForward(module, self._recorded(layer))
+
+    def _recorded(self, layer: int) -> Callable[..., Any]:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            output = self.outputs[layer]
+            if isinstance(output, tuple):
+                return (output[0].repeat(self.copies, 1, 1), *output[1:])
+            return output.repeat(self.copies, 1, 1)  # (C·B, n, d)
+
+        return forward
 
 
 class _RestoredForward:

@@ -17,6 +17,7 @@ from attnscope.models.checks import Shape
 from attnscope.models.removal import check_destination
 from attnscope.scores.catalog import counted
 from attnscope.settings.declare import (
+    FILE,
     NONE,
     OWN,
     REVISIONS,
@@ -49,6 +50,7 @@ __all__ = [
     "Diversity",
     "Heads",
     "Info",
+    "Patch",
     "RandomMha",
     "Report",
     "Show",
@@ -368,6 +370,77 @@ class Circuit(Scoring, Removal, Loading, Settings):
         check_measured(self.score, shape.kind_name, self.probe)
 
 
+PAIR_FIELDS = ("clean", "corrupt", "answer", "wrong")  # a pair's fields, as --file's JSON lines name them too
+
+
+@dataclass(frozen=True, kw_only=True)
+class Patch(Reading, Batching, Place, Revision, DeviceMap, Settings):
+    """`attnscope patch`: activation patching per head, for clean and corrupted prompts (no TEXT: the pairs come
+    from --clean/--corrupt/--answer/--wrong or from --file)."""
+
+    reads_texts: ClassVar[bool] = False
+
+    clean: str | None = setting(
+        options.TEXT.or_none(), None, "The clean prompt: the model should continue it with --answer.", metavar="TEXT"
+    )
+    corrupt: str | None = setting(
+        options.TEXT.or_none(),
+        None,
+        "The corrupted prompt: the clean one with a few tokens changed, as many tokens long.",
+        metavar="TEXT",
+    )
+    answer: str | None = setting(
+        options.TEXT.or_none(),
+        None,
+        "The token the clean prompt predicts, as the next word: Mary means ' Mary' (punctuation as written).",
+        metavar="TOKEN",
+    )
+    wrong: str | None = setting(
+        options.TEXT.or_none(), None, "The token it is measured against (written as --answer is).", metavar="TOKEN"
+    )
+    top: int | None = top_setting("the heads that restore the most (10 on the terminal)")
+    file: str | os.PathLike | None = setting(  # Reading's --file, here a file of pairs
+        FILE,
+        None,
+        "Several pairs: a JSON-lines file, one object per line with clean, corrupt, answer and wrong (combined "
+        "as a ratio of sums); '-' reads standard input.",
+        flags=("--file", "-f"),
+        metavar="PATH",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        given = [name for name in PAIR_FIELDS if getattr(self, name) is not None]
+        missing = [name for name in PAIR_FIELDS if name not in given]
+
+        def named(names: list[str]) -> str:  # `clean, answer and file (--clean, --answer, --file)`
+            listed = ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + names[-1]
+            return f"{listed} ({', '.join(f'--{name}' for name in names)})"
+
+        if given and self.file is not None:
+            raise AttnscopeError(
+                f"{named([*given, 'file'])}: give one pair with --clean, --corrupt, --answer and --wrong, or pairs "
+                "in a file, not both"
+            )
+        if self.file is None and not given:
+            raise AttnscopeError(f"no pair to patch: give one with {named(missing)}, or pairs in a file (--file)")
+        if self.file is None and missing:
+            raise AttnscopeError(
+                f"{named(missing)}: a pair needs clean, corrupt, answer and wrong (or give pairs in a file with --file)"
+            )
+
+    @property
+    def needs_lm_head(self) -> bool:
+        return True  # the logits of the answer and the wrong token
+
+    def check_shape(self, shape: Shape) -> None:
+        if shape.kind_name is not None and shape.kind_name != "decoder":
+            raise AttnscopeError(
+                "patch reads the logits of the token that follows each prompt: it needs a decoder (a causal language "
+                f"model); this model is an {shape.kind_name}"
+            )
+
+
 REVISIONS_HELP = (
     "Several revisions of --model (one Hub repository), in order, each a model labelled by its revision (e.g. "
     "Pythia's checkpoints: step0,step512,step1000)."
@@ -424,6 +497,12 @@ class Compare(Scoring, Place, DeviceMap, Kernel, Settings):
         "Measure how much each head's attention moved: the mean JS divergence (bits) "
         "between the two models' rows on the same tokens (default: on for two models; needs exactly two).",
     )
+    loss: bool = setting(
+        options.FLAG,
+        True,
+        "Also each model's language-model loss on the texts (nats per predicted token, as `ablate` measures it; "
+        "loads each model's language-model head, where it has one).",
+    )
     score: str | None = setting(
         SCORE.or_none(),
         None,
@@ -431,7 +510,8 @@ class Compare(Scoring, Place, DeviceMap, Kernel, Settings):
         metavar="SCORE",
     )
     top: int | None = top_setting(
-        "the heads ranked by divergence and the heads whose role changes (20 each on the terminal)"
+        "the heads ranked by divergence and the heads whose role changes, the most changed first (20 each on the "
+        "terminal)"
     )
 
     def check_models(self, count: int) -> None:

@@ -256,6 +256,7 @@ REQUIRED = {
     "random-mha": {"head_counts": [1]},  # dividing any d_model
     "circuit": {"method": "gradient", "ablation": "resample"},  # --steps are the gradient's, a seed resample's
     "ablate": {"ablation": "resample"},  # --resample-seed is resample ablation's
+    "patch": {"clean": "a b", "corrupt": "a c", "answer": "b", "wrong": "c"},
 }
 
 
