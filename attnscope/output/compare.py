@@ -216,7 +216,7 @@ def divergence_table(matrix: Any) -> Any:
             for value in row
         ]
         table.add_row(str(layer), *cells)
-    return Group(Text(f"Change per head: {DIVERGENCE_UNIT}", style="bold"), table)
+    return Group(Text(f"Divergence per head: {DIVERGENCE_UNIT}", style="bold"), table)
 
 
 def divergence_rows(result: Any) -> list[dict]:
