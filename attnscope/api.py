@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from attnscope.analyses.heads import HeadsResult
     from attnscope.analyses.info import InfoResult
     from attnscope.analyses.maps import ShowResult
+    from attnscope.analyses.patch import PatchResult
     from attnscope.analyses.random_mha import RandomMhaResult
     from attnscope.analyses.report import ReportResult
     from attnscope.pipeline.inputs import Texts
@@ -338,7 +339,14 @@ def _run(analysis_class: type[settings.Settings], given: dict[str, Any]) -> Any:
             model = os.fspath(model)
             notes += name_notes(model)
         return _noted(analysis.run(model, status=status), notes)
-    gathered = read_texts(texts, analysis.file) if analysis.reads_texts else None
+    gathered = read_texts(texts, analysis.file) if analysis.reads_texts else analysis.read_inputs()
+    if model is None:  # only several models' commands leave it out: one model's default is the declared gpt2
+        if analysis.revisions is not None:
+            raise AttnscopeError(
+                "revisions (--revisions) are revisions of a model: name it with --model (e.g. --model "
+                "EleutherAI/pythia-160m --revisions step0,step512)"
+            )
+        model = settings.DEFAULT_MODEL
     sources, note = model_sources(model, analysis, status)
     analysis.check_models(len(sources))
     analysis.check_processes(place.size, len(sources))
@@ -425,6 +433,17 @@ def circuit(**given: Any) -> CircuitResult:
     return _run(Circuit, given)
 
 
+@command(settings.Patch)
+def patch(**given: Any) -> PatchResult:
+    """Activation patching per head (`attnscope patch`): for clean and corrupted prompts, the share of the logit
+    difference (answer − wrong, at the last position) that each head's clean output restores in the corrupted run,
+    and that its corrupted output removes from the clean run. A model already loaded must have been loaded with
+    `load(..., lm_head=True)`; one given by name is loaded so."""
+    from attnscope.analyses.patch import Patch
+
+    return _run(Patch, given)
+
+
 @command(settings.Report)
 def report(**given: Any) -> ReportResult:
     """Everything the report page shows (`attnscope report`): `save(folder)` writes report.html; a notebook shows
@@ -475,4 +494,5 @@ def bench(**given: Any) -> BenchResult:
 COMMANDS = {  # the command line's name of each function, in the order `attnscope --help` lists them
     "heads": heads, "show": show, "diversity": diversity, "random-mha": random_mha, "attend": attend,
     "ablate": ablate, "circuit": circuit, "report": report, "compare": compare, "bench": bench, "info": info,
+    "patch": patch,
 }  # fmt: skip

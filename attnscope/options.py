@@ -28,6 +28,8 @@ DEVICE_MAPS = ("auto", "balanced", "sequential")
 PICTURE_FORMATS = ("png", "svg", "pdf")
 DEVICE_PATTERN = r"auto|cpu|cuda(?::(\d{1,9}))?"  # a device; its number, if any, is group 1
 ABLATION_METHODS = ("loss", "gradient")
+# what a removed head's output becomes (ablate, circuit): 0, its mean over the texts' positions, or another text's
+ABLATIONS = ("zero", "mean", "resample")
 CIRCUIT_METHODS = ("removal", "gradient")  # exact removal of each earlier head, or its first-order estimate
 BENCH_METHODS = ("floor", "attnscope", "tutorial", "cache")  # bench's default set
 BENCH_KERNEL_METHODS = ("fused", "blocks")  # the analysis with one kernel or the other
@@ -328,6 +330,35 @@ class HeadList(Head):
 
 
 @dataclass(frozen=True)
+class HeadSet(HeadList):
+    """Heads as `HeadList` takes them, and also comma-separated (`--remove 0.2,1.0` or repeated on the command line,
+    as `--methods` and `--seq-lens` list their values; `"0.2,1.0"` or a list in Python): `parse` reads a tuple."""
+
+    def check(self, value: Any, name: str) -> tuple[str, ...]:
+        items = () if value is None else (value,) if isinstance(value, str) else value
+        if isinstance(items, Iterable) and not isinstance(items, (bytes, Mapping)):
+            items = [part for item in items for part in _parts(item)]
+        return super().check(items, name)
+
+    def parse(self, text: str) -> tuple[str, ...]:
+        if isinstance(text, tuple):
+            return text
+        parts = [part for part in text.split(",") if part.strip()]
+        if not parts:
+            return self._refuse(text, f"expected {HEAD_DOMAIN}, comma-separated")
+        return tuple(Head().parse(part.strip()) for part in parts)
+
+
+def _parts(item: Any) -> tuple[Any, ...]:
+    """The heads of one item of a `HeadSet`: a tuple as it is, a string cut at its commas, anything else alone."""
+    if isinstance(item, tuple):
+        return item
+    if isinstance(item, str) and "," in item:
+        return tuple(part.strip() for part in item.split(",") if part.strip())
+    return (item,)
+
+
+@dataclass(frozen=True)
 class LayerOrAll(Option):
     """A layer (0-based) or every layer: "all" (and None, in Python), stored as None."""
 
@@ -367,10 +398,11 @@ class Folder(Option):
     """A folder to write into: an empty name is refused (it would quietly mean the current folder)."""
 
     kind: str = "folder"
+    example: str = "--out results/ (or . for this one)"
 
     def problem(self, value: Any) -> str | None:
         if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)) or not os.fspath(value).strip():
-            return "an empty folder name; give a folder, e.g. --out results/ (or . for this one)"
+            return f"an empty folder name; give a folder, e.g. {self.example}"
         return None
 
     def normal(self, value: Any) -> Path:
@@ -413,12 +445,15 @@ DEVICE = Device()
 DEVICE_MAP = choice(*DEVICE_MAPS).or_none()
 FORMAT = choice(*PICTURE_FORMATS)
 ABLATION_METHOD = choice(*ABLATION_METHODS)
+ABLATION = choice(*ABLATIONS)
 CIRCUIT_METHOD = choice(*CIRCUIT_METHODS)
 BOS = FLAG.or_none()  # None: on when the model has the special tokens
 HEAD = Head()
 HEADS = HeadList()
+HEAD_SET = HeadSet()
 LAYER_OR_ALL = LayerOrAll()
 FOLDER = Folder()
+MODEL_FOLDER = Folder(example="--save demo-without-0.2/")  # where ablate --save writes a model
 
 
 def check_text(value: Any, name: str, optional: bool = False) -> str | None:

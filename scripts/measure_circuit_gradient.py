@@ -55,10 +55,10 @@ def measure(name, loaded, texts):
     explained = [(1, head, score) for head in range(loaded.n_head) for score in scores]
     timings = {}
     start = time.perf_counter()
-    values, linear = gradient_changes(loaded, texts, explained, settings)
+    values, linear = gradient_changes(loaded, texts, explained, settings, ablation="zero")
     timings["gradient"] = time.perf_counter() - start
     start = time.perf_counter()
-    _, integrated = gradient_changes(loaded, texts, explained, settings, steps=4)
+    _, integrated = gradient_changes(loaded, texts, explained, settings, steps=4, ablation="zero")
     timings["gradient, steps 4"] = time.perf_counter() - start
     exact = np.zeros(linear.shape)
     start = time.perf_counter()

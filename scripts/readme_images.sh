@@ -20,6 +20,9 @@ OMP_NUM_THREADS=1 attnscope bench --model "$model" --device cpu --seq-lens 32,64
   --repeats 5 --warmup 1 --no-micro --out "$tmp/bench" --quiet --json > /dev/null
 attnscope report --model "$model" --out "$tmp/report" --quiet > /dev/null
 attnscope circuit --model "$model" --out "$tmp/circuit" --quiet --json > /dev/null
+repeat="The file and the list hold the value method. The file and the list hold the value"
+attnscope patch --model "$model" --clean "$repeat" --corrupt "${repeat/value method/code method}" --answer method \
+  --wrong table --out "$tmp/patch" --quiet --json > /dev/null
 # compare: the test suite's training run of a tiny GPT-2 on repeated random words (tests.support), its 17 checkpoints
 python -c "import sys; from pathlib import Path; from tests.support import train_induction_checkpoints as t; t(Path(sys.argv[1]))" "$tmp/run" 2> /dev/null
 words=$(python -c "from tests.support import INDUCTION_WORDS as w; print(' '.join(w[:20] * 2))")
@@ -31,6 +34,7 @@ cp "$tmp/attend/attend.png" "$tmp/ablate/importance.png" "$tmp/random/random_mha
 cp "$tmp/bench/tokens_per_s.png" "$tmp/circuit/circuit.png" "$out/"
 cp "$tmp/circuit/dependencies.png" "$out/circuit_dependencies.png"
 cp "$tmp/compare/trajectories.png" "$out/compare_induction_run.png"
+cp "$tmp/patch/restored.png" "$out/patch_restored.png"
 python - "$tmp/report/report.html" "$out/report.png" <<'EOF' || echo "report.png left as it was (needs playwright and chromium)" >&2
 import shutil, sys
 from pathlib import Path

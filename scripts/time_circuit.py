@@ -2,12 +2,15 @@
 weights (12 layers × 12 heads, d_model 768): 16 texts × 400 tokens by default, in batches of 8 (the CLI's default).
 
     python scripts/time_circuit.py --device cuda
-    python scripts/time_circuit.py --device cpu --texts 2 --tokens 128
+    python scripts/time_circuit.py --device cpu --texts 2 --tokens 128 --ablation resample
 
 Both explain every head of layer 1 and above by its row statistics (the probe left out, as bench's methods leave it out)
 and remove each head of an earlier layer: 132 removals. `removal` runs each batch once and replays it from each removed
-head's layer (`analyses.circuit_replay.removal_pass`); `naive` runs the whole model once per removed head, the head
-gated off, every layer scored (`analyses.circuit_naive`). A small untimed warm-up first; then `--repeats` rounds, each
+head's layer (`analyses.circuit_replay.removal_pass`); `naive` runs the whole model once per removed head, the head's
+output replaced, every layer scored (`analyses.circuit_naive`). `--ablation` (zero, mean: circuit's default, resample)
+says what replaces a removed head's output; each way computes its own means and donors, inside its timing (the
+replay: one pass for the means, the donors' forward beside each batch; the naive way: every window run alone once).
+A small untimed warm-up first; then `--repeats` rounds, each
 timing both methods, in alternating order. Prints one JSON line: the median seconds of each, their ratio (the goal is
 removal ≤ 0.6 × naive), the ratio of the fastest runs, the ratio of this process's CPU time (on a CPU shared with other
 work, steadier than the wall clock: with one thread it counts only this process's work), the largest difference between
@@ -48,6 +51,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--width", type=int, default=768)
+    parser.add_argument("--ablation", choices=("zero", "mean", "resample"), default="mean")
+    parser.add_argument("--seed", type=int, default=0, help="resample's donors")
     args = parser.parse_args()
 
     from attnscope.analyses.circuit_naive import timed_pass
@@ -68,16 +73,16 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start, start_cpu = time.perf_counter(), time.process_time()
-        means = timed_pass(loaded, batches, naive)
+        means = timed_pass(loaded, batches, naive, args.ablation, args.seed)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return time.perf_counter() - start, time.process_time() - start_cpu, means
 
-    warm = [batch for batch in batches[:1]]
-    timed_pass(loaded, [Batch(b.indices[:1], b.input_ids[:1, :32], b.attention_mask[:1, :32],
-                              torch.full((1,), 32, device=device)) for b in warm], False)  # fmt: skip
-    timed_pass(loaded, [Batch(b.indices[:1], b.input_ids[:1, :32], b.attention_mask[:1, :32],
-                              torch.full((1,), 32, device=device)) for b in warm], True)  # fmt: skip
+    first = batches[0]  # two windows of 32 tokens: resample needs a donor
+    warm = [Batch(first.indices[:2], first.input_ids[:2, :32], first.attention_mask[:2, :32],
+                  torch.full((min(2, len(first.indices)),), 32, device=device))]  # fmt: skip
+    timed_pass(loaded, warm, False, args.ablation, args.seed)
+    timed_pass(loaded, warm, True, args.ablation, args.seed)
     times: dict[str, list[float]] = {"removal": [], "naive": []}
     cpu: dict[str, list[float]] = {"removal": [], "naive": []}  # this process's CPU time: steadier on a shared CPU
     difference = 0.0
@@ -106,6 +111,7 @@ def main() -> None:
                 "batch_size": args.batch_size,
                 "repeats": args.repeats,
                 "removals": (args.layers - 1) * args.heads,
+                "ablation": args.ablation,
                 "removal_s": round(removal, 4),
                 "naive_s": round(naive, 4),
                 "ratio": round(removal / naive, 4),

@@ -87,16 +87,16 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     every = [(layer, head, "previous_token") for layer in range(L) for head in range(H)]
-    _, seconds = timed(device, gradient_changes, loaded, texts, every, settings)
+    _, seconds = timed(device, gradient_changes, loaded, texts, every, settings, ablation="zero")
     peak = f", peak {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB" if device.type == "cuda" else ""
     print(f"gradient: previous_token of all {len(every)} heads: {seconds:.2f} s{peak}")
     last = [(L - 1, head, "previous_token") for head in range(H)]
-    _, seconds = timed(device, gradient_changes, loaded, texts, last, settings)
+    _, seconds = timed(device, gradient_changes, loaded, texts, last, settings, ablation="zero")
     print(f"gradient: previous_token of the {len(last)} heads of layer {L - 1}: {seconds:.2f} s")
-    _, seconds = timed(device, gradient_changes, loaded, texts, last, settings, steps=4)
+    _, seconds = timed(device, gradient_changes, loaded, texts, last, settings, steps=4, ablation="zero")
     print(f"gradient, steps 4: the {len(last)} heads of layer {L - 1}: {seconds:.2f} s")
     inductive = [(L - 1, head, "induction") for head in range(H)]
-    _, seconds = timed(device, gradient_changes, loaded, texts, inductive, settings)
+    _, seconds = timed(device, gradient_changes, loaded, texts, inductive, settings, ablation="zero")
     print(f"gradient: induction (the probe) of the {len(inductive)} heads of layer {L - 1}: {seconds:.2f} s")
     # the machine may be shared: the same things again, interleaved, and their medians
     rounds = {
@@ -107,12 +107,14 @@ def main() -> None:
     }
     for _ in range(3):
         rounds["heads run"].append(timed(device, settings.run, loaded, texts)[1])
-        rounds["gradient, 144 scores"].append(timed(device, gradient_changes, loaded, texts, every, settings)[1])
+        rounds["gradient, 144 scores"].append(
+            timed(device, gradient_changes, loaded, texts, every, settings, ablation="zero")[1]
+        )
         rounds["gradient, 12 scores of the last layer"].append(
-            timed(device, gradient_changes, loaded, texts, last, settings)[1]
+            timed(device, gradient_changes, loaded, texts, last, settings, ablation="zero")[1]
         )
         rounds["gradient, 1 score of the last layer"].append(
-            timed(device, gradient_changes, loaded, texts, last[:1], settings)[1]
+            timed(device, gradient_changes, loaded, texts, last[:1], settings, ablation="zero")[1]
         )
     for what, times in rounds.items():
         print(f"interleaved, median of 3: {what}: {np.median(times):.2f} s ({', '.join(f'{t:.2f}' for t in times)})")

@@ -1,13 +1,21 @@
 """Which heads matter: the change in language-model loss when a head's output is removed (`attnscope ablate`).
 
-A head is removed by zeroing its slice of the input of the output projection W_O (the concatenated head outputs:
-GPT-2's `attn.c_proj`, BERT's `attention.output.dense`) with a forward pre-hook (`pipeline.interventions.HeadGates`):
-transformers v5 has no `head_mask`. Every head's output passes through one gate ξ_h (1 = kept, 0 = removed); Michel
-et al. 2019 ("Are Sixteen Heads Really Better than One?") estimate importance without removing anything as
-|∂L/∂ξ_h| at ξ = 1, one backward pass for all heads.
+A head is removed by replacing its slice of the input of the output projection W_O (the concatenated head outputs:
+GPT-2's `attn.c_proj`, BERT's `attention.output.dense`) with a forward pre-hook (`pipeline.interventions.HeadGates`;
+transformers v5 has no `head_mask`) by what `ablation` says (`pipeline.ablation`): its mean over every position of
+the loss windows (the default), 0, or its output at the same position of another window. Every head's output x_h
+passes through one gate ξ_h: x_h·ξ_h + r_h·(1 − ξ_h) (1 = kept, 0 = replaced by r_h); Michel et al. 2019 ("Are
+Sixteen Heads Really Better than One?") estimate importance without removing anything as |∂L/∂ξ_h| at ξ = 1, one
+backward pass for all heads (with zero ablation their gate's; with the others, the same first-order estimate of
+their removal).
 
     loss:     importance_h = L(ξ_h = 0) − L(ξ = 1)             (one forward per head; heads batched together)
     gradient: importance_h = mean over windows of |∂L_w/∂ξ_h|   (L_w: mean loss of window w)
+
+`remove`: those heads are removed first, in every configuration (their gates 0); the analysis is of the model
+without them (their own importance is 0), which `save` writes (`models.removal`): what `ablate` then measures on the
+saved model, it measures here. With mean ablation the means of the other heads are those of the model without them,
+as they would be measured on the saved model; the removed heads' own are the whole model's.
 
 Decoders: L is the mean next-token cross-entropy (nats) over every predicted token of every window (a window's first
 token is not predicted; with BOS prepended, the text's first token is predicted from BOS).
@@ -21,6 +29,7 @@ of the original tokens at the masked positions, pooled over all windows. Windows
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,11 +46,14 @@ from attnscope.analyses.common import (
 )
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
+from attnscope.models import removal
 from attnscope.models.loading import LoadedModel, fastest_attention
 from attnscope.pipeline import interventions
+from attnscope.pipeline.ablation import Ablation
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.loss_windows import IGNORED, LossWindows, batch_labels, loss_windows
 from attnscope.pipeline.tokens import batches, pad_id
+from attnscope.scores.catalog import counted
 
 METHODS = options.ABLATION_METHODS
 
@@ -69,7 +81,8 @@ def _token_losses(loaded: LoadedModel, input_ids, attention_mask, labels=None):
 @dataclass(repr=False)  # the repr is Result's: a summary
 class AblationResult(Result):
     """Importance of every head, (n_layer, n_head) numpy float64; with the loss method also the loss with the head
-    removed; `prune` lists the loss as the least important heads are removed one after another."""
+    removed; `prune` lists the loss as the least important heads are removed one after another. With `remove`, the
+    baseline is the loss without those heads and `intact_loss` the whole model's."""
 
     model: dict[str, Any]
     inputs: dict[str, Any]
@@ -79,10 +92,16 @@ class AblationResult(Result):
     ablated_loss: np.ndarray | None
     prune: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    intact_loss: float | None = None
 
     @property
     def method(self) -> str:
         return self.settings["method"]
+
+    @property
+    def ablation(self) -> str:
+        """What a removed head's output became: mean, zero or resample (`pipeline.ablation`)."""
+        return self.settings.get("ablation", "zero")
 
     def ranked(self) -> list[tuple[int, int]]:
         """Heads from the most to the least important, ties in layer.head order."""
@@ -103,9 +122,11 @@ def losses_under(
     configurations: Any,
     batch_size: int = DEFAULT_BATCH_SIZE,
     max_tokens: int | None = DEFAULT_MAX_TOKENS,
+    ablation: Ablation | None = None,
 ) -> np.ndarray:
-    """Mean loss over all windows under each head configuration: configurations (K, L, H) of gates; returns (K,)
-    float64. Each batch of windows is repeated once per configuration in as few forward passes as fit the budget."""
+    """Mean loss over all windows under each head configuration: configurations (K, L, H) of gates, a removed
+    head's output replaced as `ablation` says (None: zero); returns (K,) float64. Each batch of windows is repeated
+    once per configuration in as few forward passes as fit the budget."""
     import torch
 
     configurations = torch.as_tensor(configurations, dtype=torch.float32, device=loaded.device)  # (K, L, H)
@@ -114,7 +135,9 @@ def losses_under(
     count = 0
     gates = interventions.HeadGates()
     with interventions.hooks(loaded, gates), torch.inference_mode():
-        for batch in batches(windows.windows, batch_size, loaded.device, pad_id(loaded.tokenizer), max_tokens):
+        for batch in _batches(loaded, windows, batch_size, max_tokens):
+            gates.values = None  # the donors of resample run through the intact model
+            gates.replacements = None if ablation is None else ablation.for_batch(batch)
             B, n = batch.input_ids.shape
             labels = batch_labels(windows, batch)  # (B, n) or None
             per_pass = max(1, interventions.MAX_COPY_TOKENS // (B * n))  # configurations per forward pass
@@ -133,22 +156,35 @@ def losses_under(
     return (total / count).numpy()
 
 
+def _batches(loaded: LoadedModel, windows: LossWindows, batch_size: int, max_tokens: int | None) -> Any:
+    return batches(windows.windows, batch_size, loaded.device, pad_id(loaded.tokenizer), max_tokens)
+
+
 def _gradient_importance(
-    loaded: LoadedModel, windows: LossWindows, batch_size: int, max_tokens: int | None
+    loaded: LoadedModel,
+    windows: LossWindows,
+    batch_size: int,
+    max_tokens: int | None,
+    ablation: Ablation | None = None,
+    keep: Any = None,
 ) -> tuple[float, np.ndarray]:
-    """Baseline loss and mean over windows of |∂L_w/∂ξ| at ξ = 1: gates per window, so one backward gives each
-    window's own gradient (∂ of Σ_w L_w with respect to window w's gates is ∂L_w/∂ξ)."""
+    """Baseline loss and mean over windows of |∂L_w/∂ξ| at ξ = 1 (the heads `keep` (L, H) marks 0 removed for
+    good): gates per window, so one backward gives each window's own gradient (∂ of Σ_w L_w with respect to window
+    w's gates is ∂L_w/∂ξ)."""
     import torch
 
     L, H = loaded.n_layer, loaded.n_head
+    keep = torch.ones(L, H) if keep is None else keep
     total_abs = torch.zeros(L, H, dtype=torch.float64)
     loss_sum, token_count = 0.0, 0
     head_gates = interventions.HeadGates()
     with interventions.hooks(loaded, head_gates):
-        for batch in batches(windows.windows, batch_size, loaded.device, pad_id(loaded.tokenizer), max_tokens):
+        for batch in _batches(loaded, windows, batch_size, max_tokens):
             B = batch.input_ids.shape[0]
+            head_gates.values = None  # the donors of resample run through the intact model
+            head_gates.replacements = None if ablation is None else ablation.for_batch(batch)
             gates = torch.ones(B, L, H, device=loaded.device, requires_grad=True)  # (B, L, H)
-            head_gates.values = gates
+            head_gates.values = gates * keep.to(loaded.device)  # (B, L, H)
             labels = batch_labels(windows, batch)
             losses, valid = _token_losses(loaded, batch.input_ids, batch.attention_mask, labels)  # (B, n-1) or (B, n)
             per_window = losses.sum(-1) / valid.sum(-1)  # (B,) mean loss of each window
@@ -161,7 +197,8 @@ def _gradient_importance(
 
 class Ablate(settings.Ablate):
     """Importance of every head over the texts (see the module docstring); `prune` > 0 also reports the loss as the
-    `prune` least important heads are removed cumulatively. Needs the model loaded with its language-model head."""
+    `prune` least important heads are removed cumulatively; `remove` removes heads first, `save` writes the model
+    without them. Needs the model loaded with its language-model head."""
 
     @property
     def batching(self) -> tuple[int, int | None]:
@@ -174,6 +211,8 @@ class Ablate(settings.Ablate):
             raise AttnscopeError("ablation needs the model's language-model head: load it with lm_head=True")
         L, H = loaded.n_layer, loaded.n_head
         self.check_shape(loaded.shape)
+        if self.save is not None:
+            removal.check_removable(loaded, self.ablation)  # before any pass
         # SDPA, which the losses run with, turns a NaN head's output into zeros: a damaged head would pass for an
         # ablated one, so the weights are checked first (a scan costs less than one of the forward passes here)
         damaged = first_non_finite_weight(loaded.lm_model)
@@ -185,8 +224,16 @@ class Ablate(settings.Ablate):
             n_tokens=sum(len(w.ids) for w in windows.windows),
             predicted_tokens=windows.predicted,
         )
+        removed = [options.head_of(label) for label in self.remove]
+        keep = torch.ones(L, H)  # (L, H) 0: removed first, in every configuration
+        for layer, head in removed:
+            keep[layer, head] = 0
         settings = {
             "method": self.method,
+            "ablation": self.ablation,
+            "resample_seed": self.resample_seed if self.ablation == "resample" else None,
+            "remove": list(self.remove),
+            "save": None if self.save is None else os.fspath(self.save),
             "prune": self.prune,
             "batch_size": self.batch_size,
             "max_tokens": self.max_tokens,
@@ -194,26 +241,63 @@ class Ablate(settings.Ablate):
             "loss_unit": "nats per predicted token",
         }
         with interventions.attention(loaded, fastest_attention(loaded.model)):  # no attention weights are needed here
-            keep_all = torch.ones(1, L, H)
+            ablation, whole_means = self._ablation(loaded, windows, keep)
+            notes.append(ablation.describe())
+            intact = None
+            if removed:
+                intact = float(losses_under(loaded, windows, torch.ones(1, L, H), *self.batching)[0])
             if self.method == "loss":
-                one_off = torch.ones(L * H, L, H)  # configuration k removes head k (layer-major)
-                one_off.view(L * H, L * H)[torch.arange(L * H), torch.arange(L * H)] = 0
-                losses = losses_under(loaded, windows, torch.cat([keep_all, one_off]), *self.batching)
-                baseline, ablated = float(losses[0]), losses[1:].reshape(L, H)
+                free = [(layer, head) for layer in range(L) for head in range(H) if keep[layer, head]]
+                one_off = keep.repeat(len(free), 1, 1)  # (F, L, H) configuration k removes free head k as well
+                for k, (layer, head) in enumerate(free):
+                    one_off[k, layer, head] = 0
+                losses = losses_under(loaded, windows, torch.cat([keep[None], one_off]), *self.batching, ablation)
+                baseline = float(losses[0])
+                ablated = np.full((L, H), baseline)  # a head removed first: nothing more to remove
+                for k, (layer, head) in enumerate(free):
+                    ablated[layer, head] = losses[1 + k]
                 importance = ablated - baseline
             else:
-                baseline, importance = _gradient_importance(loaded, windows, *self.batching)
+                baseline, importance = _gradient_importance(loaded, windows, *self.batching, ablation, keep)
                 ablated = None
             check_finite(loaded, "loss", [baseline, *np.asarray(importance).ravel()])
-            result = AblationResult(loaded.info(), inputs, settings, baseline, importance, ablated, notes=notes)
+            if removed:
+                notes.append(
+                    f"{counted(len(removed), 'head')} removed first ({', '.join(self.remove)}, {self.ablation} "
+                    f"ablation): the loss is {intact:.4f} with every head, {baseline:.4f} without them (the baseline)"
+                )
+            result = AblationResult(
+                loaded.info(), inputs, settings, baseline, importance, ablated, notes=notes, intact_loss=intact
+            )
             if self.prune:
-                order = result.ranked()[::-1][: self.prune]  # least important first
-                steps = torch.ones(self.prune, L, H)
+                order = [lh for lh in result.ranked()[::-1] if keep[lh]][: self.prune]  # least important first
+                steps = keep.repeat(self.prune, 1, 1)  # (prune, L, H)
                 for k, (layer, head) in enumerate(order):
                     steps[k:, layer, head] = 0  # step k has heads order[0..k] removed
-                pruned = losses_under(loaded, windows, steps, *self.batching)
+                pruned = losses_under(loaded, windows, steps, *self.batching, ablation)
                 result.prune = [
                     {"removed": k + 1, "head": f"{layer}.{head}", "loss": float(pruned[k])}
                     for k, (layer, head) in enumerate(order)
                 ]
+        if self.save is not None:
+            with removal.removed(loaded, removed, whole_means):
+                saved = removal.save(loaded, self.save)
+            notes.append(
+                f"the model without {', '.join(self.remove)} ({self.ablation} ablation) is saved in {saved}: "
+                "attnscope.load or transformers' from_pretrained read it"
+            )
         return result
+
+    def _ablation(self, loaded: LoadedModel, windows: LossWindows, keep: Any) -> tuple[Ablation, Any]:
+        """What a removed head's output becomes on these windows, and the whole model's means (mean ablation; None
+        otherwise). With heads removed first and mean ablation, the other heads' means are those of the model
+        without them (a second pass with them replaced by the whole model's means): the saved model's."""
+        ablation = Ablation(loaded, self.ablation, self.resample_seed)
+        ablation.prepare(lambda: _batches(loaded, windows, *self.batching))
+        whole_means = ablation.means if self.ablation == "mean" else None
+        if self.ablation == "mean" and not bool(keep.all()):
+            gates = interventions.HeadGates()
+            gates.values, gates.replacements = keep[None].to(loaded.device), ablation.for_batch(None)  # (1, L, H)
+            with interventions.hooks(loaded, gates):
+                ablation.prepare(lambda: _batches(loaded, windows, *self.batching))
+        return ablation, whole_means

@@ -11,8 +11,9 @@ Methods, on the same random token ids, batch shape and device:
 - `cache`: TransformerLens-style caching: one prompt at a time, every layer's attention pattern kept in a cache,
   then scored (TransformerLens's `detect_head` scores a head by the share of its attention on a pattern).
 - `circuit`, `circuit-naive` (only when asked for): `attnscope circuit`'s removals without the probe: every head of
-  layer 1 and above explained by its row statistics, each earlier head removed, replayed from its layer (`circuit`)
-  or by one full forward per removed head, every layer scored (`circuit-naive`, the reference).
+  layer 1 and above explained by its row statistics, each earlier head removed (mean ablation, circuit's default),
+  replayed from its layer (`circuit`) or by one full forward per removed head, every layer scored (`circuit-naive`,
+  the reference).
 - `diversity`, `diversity-sampled` (only when asked for): `attnscope diversity --layer all`'s reduction, every pair
   of heads of all layers, exact or with JS on `sample_rows` random rows per window; batches sized as that
   command sizes them (all layers' maps of a batch within its memory budget).
@@ -52,6 +53,7 @@ METHODS = options.BENCH_METHODS  # the default set
 DIVERSITY_METHODS = options.BENCH_DIVERSITY_METHODS
 KERNEL_METHODS = options.BENCH_KERNEL_METHODS  # the analysis with one kernel or the other
 ALL_METHODS = options.ALL_BENCH_METHODS
+MEASURABLE = 2**20  # bytes: a floor's peak below this is too small (and too noisy) to divide another peak by
 DEFAULT_SAMPLE_ROWS = settings.Bench.sample_rows  # rows per window of `diversity-sampled` (--sample-rows)
 # A timed sample lasts at least this long (calls of a short forward are repeated to fill it; see harness.measure),
 # and makes at most harness.MAX_CALLS calls.
@@ -272,7 +274,8 @@ def records(measurements: Sequence[Measurement]) -> list[dict]:
 
     - `time_vs_floor`, `time_vs_tutorial`, `time_vs_cache`: this method's median time / that method's (below 1:
       faster than it), on every record where that method was timed;
-    - `memory_vs_floor`: this method's peak memory / the floor's;
+    - `memory_vs_floor`: this method's peak memory / the floor's (None where the floor's peak is under MEASURABLE,
+      1 MB: a small model's peaks are noise, and a ratio of them would read as a finding);
     - `speedup_vs_tutorial`, `speedup_vs_cache` (attnscope's records only): the baseline's median time /
       attnscope's (2.0: attnscope takes half the time), the inverse of attnscope's `time_vs_*`;
     - `runs`: the timed runs behind the median (`spread` of a single run is 0, and means nothing)."""
@@ -292,7 +295,7 @@ def records(measurements: Sequence[Measurement]) -> list[dict]:
             "tokens_per_s": m.tokens_per_second,
             "time_vs_floor": m.median / floor.median if floor else None,
             "peak_mb": m.peak_bytes / 2**20,
-            "memory_vs_floor": m.peak_bytes / floor.peak_bytes if floor and floor.peak_bytes > 0 else None,
+            "memory_vs_floor": m.peak_bytes / floor.peak_bytes if floor and floor.peak_bytes >= MEASURABLE else None,
         }
         for baseline in BASELINES:
             other = by_config.get((baseline, m.batch, m.seq))

@@ -1,10 +1,11 @@
 """`attnscope circuit`: which heads each head depends on, by removing every earlier head and scoring it again.
 
 For every explained head B and every head A of an earlier layer: B's score with A, without A (A's slice of the
-output projection's input zeroed, exactly as `ablate` removes a head: `pipeline.interventions.HeadGates`), and the
-change, on the same texts and the same repeated-token probe as `heads`. B's score is its deciding score by default
-(the score that gave it its role; for a `mixed` head, the score that came closest to its role's threshold), or the
-one `score` names.
+output projection's input replaced, exactly as `ablate` removes a head: by its mean over the input's positions, 0, or
+another window's output at the same position, as `ablation` says: `pipeline.ablation`), and the change, on the same
+texts and the same repeated-token probe as `heads` (each input with its own means and donors). B's score is its
+deciding score by default (the score that gave it its role; for a `mixed` head, the score that came closest to its
+role's threshold), or the one `score` names.
 
     change(B, A) = score_B(A removed) − score_B(every head kept)          (B's layer > A's layer; 0 otherwise)
 
@@ -35,7 +36,9 @@ from attnscope.analyses.heads import scoring
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
+from attnscope.pipeline.ablation import describe
 from attnscope.pipeline.inputs import Text, Texts
+from attnscope.scores import catalog
 
 METHODS = options.CIRCUIT_METHODS
 
@@ -48,6 +51,13 @@ def gradient_changes(*args: Any, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]
 
 
 CHANGES: dict[str, Callable] = {"removal": removal_changes, "gradient": gradient_changes}  # the methods, by name
+ESTIMATE_NOTE = (
+    "method gradient: every change is an estimate, not a measure (attribution patching: the first-order change from "
+    "the gradient of the score by each head's gate, {how}); it can miss or reverse the effect of a head whose "
+    "attention is saturated: confirm the dependencies that matter with method removal (--method removal), which "
+    "measures them. Where with + change leaves the range the score can take, `without` is clipped to it and marked "
+    "clipped"
+)
 
 
 # ------------------------------------------------------------------------------------------------- the analysis
@@ -82,26 +92,42 @@ class CircuitResult(Result):
         """The heads B explained (`explained`, the rows of `with_values` and `changes`), as `L.H` labels."""
         return [f"{layer}.{head}" for layer, head, _ in self.explained]
 
+    @property
+    def estimate(self) -> bool:
+        """Whether the changes are estimates (`gradient`: attribution patching) rather than measured (`removal`)."""
+        return self.settings.get("method") == "gradient"
+
     def dependencies(self, top: int | None = None) -> list[dict[str, Any]]:
         """One record per pair (B, A earlier), B in layer.head order; within B, by change, the most negative first
-        (the heads B needs most), ties in A's layer.head order. `top` keeps each B's `top` largest |change|."""
+        (the heads B needs most), ties in A's layer.head order. `top` keeps each B's `top` largest |change|.
+
+        `estimate`: the change is the gradient's estimate, not a removal's measure. `without` is `with + change`,
+        except where an estimate leaves the range the score can take (catalog.RANGES: a share below 0 or above 1, a
+        lift above 1, an entropy below 0): it is clipped to the range there and `clipped` is true (`with + change`
+        still gives the raw estimate; a linear estimate that leaves the range has broken down: confirm by removal).
+        A removal's scores are measured, so never clipped."""
         _, L, H = self.changes.shape
         records = []
         for i, (layer, head, score) in enumerate(self.explained):
+            low, high = catalog.RANGES[catalog.SCORE[score].unit]
             pairs = [(a, h) for a in range(layer) for h in range(H)]
             if top is not None:
                 pairs = sorted(pairs, key=lambda ah: (-abs(self.changes[i][ah]), ah))[:top]
             pairs.sort(key=lambda ah: (self.changes[i][ah], ah))
             for a, h in pairs:
                 change = float(self.changes[i, a, h])
+                implied = float(self.with_values[i]) + change
+                kept = min(high, max(low, implied)) if self.estimate else implied
                 records.append(
                     {
                         "label": f"{layer}.{head}",
                         "on": f"{a}.{h}",
                         "score": score,
                         "with": float(self.with_values[i]),
-                        "without": float(self.with_values[i]) + change,
+                        "without": kept,
                         "change": change,
+                        "estimate": self.estimate,
+                        "clipped": kept != implied,
                     }
                 )
         return records
@@ -157,9 +183,15 @@ class Circuit(settings.Circuit):
         function = CHANGES[self.method]
         # the removal pass reports its progress (the texts' pass again, the longest); the gradient takes its steps
         shown = {"progress": progress} if self.method == "removal" else {"steps": self.steps}
-        with_values, changes = function(loaded, texts, explained, heads, **shown)
+        ablation = {"ablation": self.ablation, "seed": self.resample_seed}
+        with_values, changes = function(loaded, texts, explained, heads, **shown, **ablation)
         with_values, changes = np.asarray(with_values, dtype=np.float64), np.asarray(changes, dtype=np.float64)
-        notes = list(base.notes)
+        probed = any(catalog.score_named(score).source == catalog.PROBE for _, _, score in explained)
+        notes = list(base.notes) + [describe(self.ablation, self.resample_seed, probed)]
+        if self.method == "gradient":
+            notes.append(
+                ESTIMATE_NOTE.format(how=f"integrated over {self.steps} points" if self.steps else "at every head kept")
+            )
         composition = baseline = copying = effects = None
         if self.weights:
             from attnscope.analyses.composition import weight_circuits
@@ -194,6 +226,8 @@ class Circuit(settings.Circuit):
             "head": list(self.head),
             "top": self.top,
             "method": self.method,
+            "ablation": self.ablation,
+            "resample_seed": self.resample_seed if self.ablation == "resample" else None,
             "steps": self.steps,
             "weights": self.weights,
             "window": self.window,

@@ -9,7 +9,10 @@ et al. 2019 for gates):
 
     change(B, A) = S(ξ_A = 0) - S(ξ = 1)  ≈  -∂S/∂ξ_A  at ξ = 1
 
-exactly 0 for A in B's layer or above (B's attention is computed before A writes anything). Cost: one forward and
+exactly 0 for A in B's layer or above (B's attention is computed before A writes anything). With mean or resample
+ablation the gate interpolates between the head's output x and its replacement r (`pipeline.ablation`, the same
+means and donors as the exact method's): x·ξ + r·(1 − ξ), so −∂S/∂ξ_A estimates the removal that replaces x by r.
+Cost: one forward and
 one backward per explained score (the backward of a layer-l score runs through layers < l only), against one
 forward of the layers above A per removal for the exact method.
 
@@ -33,6 +36,7 @@ from attnscope.analyses.heads import Heads
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import interventions
+from attnscope.pipeline.ablation import Ablation
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.probe import probe_for
 from attnscope.pipeline.tokens import Window, WindowStream, batches, pad_id
@@ -59,6 +63,8 @@ def gradient_changes(
     heads: Heads,
     *,
     steps: int = 0,
+    ablation: str,
+    seed: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Attribution patching of each explained score: (with_values (n,), changes (n, L, H)) float64.
 
@@ -70,6 +76,9 @@ def gradient_changes(
     steps > 0: integrated gradients instead, -∫₀¹ ∂S/∂ξ_{a.h}(α·1) dα by the midpoint rule over `steps` points (every
     gate at α together), `steps` forwards and backwards more: closer to exact removal where a softmax is saturated
     (docs/circuit.md, `--method gradient`, gives both methods' measured errors).
+
+    ablation: what a removed head's output becomes (zero, mean, or resample with `seed`), the gate moving the
+    output from itself (ξ = 1) to that (ξ = 0).
     """
     import torch
 
@@ -86,6 +95,20 @@ def gradient_changes(
     # window makes it differ between layers)
     from_texts = [k for k, item in enumerate(wanted) if item.source == catalog.ROWS]
     from_probe = [k for k, item in enumerate(wanted) if item.source == catalog.PROBE]
+    pad = pad_id(loaded.tokenizer)
+    replacing: dict[str, Ablation] = {}  # source -> what a removed head's output becomes there
+    if from_texts:
+        stream = WindowStream(loaded, texts, heads.bos)
+
+        def text_batches() -> Any:
+            return batches(stream, heads.batch_size, loaded.device, pad, heads.max_tokens)
+
+        replacing = {catalog.ROWS: Ablation(loaded, ablation, seed).prepare(text_batches)}
+    if from_probe:
+        period, windows = _probe(loaded, heads)
+        replacing[catalog.PROBE] = Ablation(loaded, ablation, seed).prepare(
+            lambda: batches(windows, len(windows), loaded.device)
+        )
     gates, recorder = interventions.HeadGates(), interventions.AttentionWeightsRecorder()
     with (
         interventions.attention(loaded, "eager"),  # the probabilities themselves, differentiable
@@ -93,9 +116,9 @@ def gradient_changes(
         interventions.hooks(loaded, gates, recorder),
     ):
         if from_texts:
-            windows = WindowStream(loaded, texts, heads.bos)
-            pad = pad_id(loaded.tokenizer)
-            for batch in batches(windows, heads.batch_size, loaded.device, pad, heads.max_tokens):
+            for batch in text_batches():
+                recorder.layers = frozenset()  # the donors of resample run through the intact model, unrecorded
+                gates.replacements = replacing[catalog.ROWS].for_batch(batch)
                 count, batch_uniform = _accumulate(
                     loaded, heads, batch, [wanted[k] for k in from_texts], from_texts, gates, recorder,
                     values, gradients, alphas,
@@ -106,8 +129,9 @@ def gradient_changes(
             if counts[catalog.ROWS] == 0:
                 raise AttnscopeError(too_short(loaded, "explain"))
         if from_probe:
-            period, windows = _probe(loaded, heads)
             batch = next(batches(windows, len(windows), loaded.device))
+            recorder.layers = frozenset()
+            gates.replacements = replacing[catalog.PROBE].for_batch(batch)
             count, _ = _accumulate(
                 loaded, heads, batch, [wanted[k] for k in from_probe], from_probe, gates, recorder,
                 values, gradients, alphas, period=period,

@@ -4,8 +4,9 @@ each removed head only.
 Removing head A of layer l changes nothing below l, nor layer l's attention. So each batch runs once, with hooks
 noting what every layer received (its hidden states and arguments) and each layer's heads' outputs z (the output
 projection's input: `pipeline.interventions.LayerInputsRecorder`); then, for each A, the forward is replayed from
-layer l only: the attention module of layer l returns the projection of the noted z with A's slice zeroed (what
-`HeadGates` feeds the projection: `pipeline.interventions.ReplacedAttention`), the rest of layer l (its MLP, norms,
+layer l only: the attention module of layer l returns the projection of the noted z with A's slice replaced as the
+ablation says (`pipeline.ablation`: 0, A's mean, or the donor windows' z; what `HeadGates` feeds the projection:
+`pipeline.interventions.ReplacedAttention`), the rest of layer l (its MLP, norms,
 residual sums) and the layers above run as the model runs them, their attention captured with the capture's
 streaming statistics (no map kept), and the replay stops right after the attention of the last layer holding an
 explained head (`StopAfterAttention`: what follows changes no score). Only the layers with an explained head above l
@@ -13,6 +14,11 @@ are scored. The probe is replayed the same way. A removal in layer l costs layer
 top layer's attention; the naive way (`analyses.circuit_naive`: one full forward per removed head) costs every layer
 every time. Removals of one layer are replayed together, as copies of the batch (`interventions.MAX_COPY_TOKENS`), each
 copy scored by its own reducer (on a GPU; see COPIES_ON_THE_CPU). The two agree to float rounding (tests).
+
+What replaces A's output costs the replays nothing: mean ablation's means come from one pass over the input before
+(`Ablation.prepare`: one forward of the layers below the top one per batch); resample's donors run once per batch,
+beside the batch's own pass (one forward of the donor windows up to the top layer's heads, their z kept while the
+batch's removals replay), so each removal still replays from A's layer only, whatever the mode.
 
 Here too live what the naive way shares with the replay, so that both score the same inputs the same way: the
 inputs as the heads analysis runs them (`sources_of`, one `Source` each for the texts and the probe), the explained
@@ -32,6 +38,7 @@ from attnscope.analyses.common import Progress, check_finite, too_short
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import interventions
+from attnscope.pipeline.ablation import Ablation
 from attnscope.pipeline.inputs import AnyTexts, Text, Texts
 from attnscope.scores import catalog
 
@@ -113,9 +120,11 @@ def _replay(
     heads: Sequence[int],
     top: int,
     state: Any,
+    replacement: Any = None,
 ) -> list[int]:
     """Run layers `layer` .. `top` again from the noted inputs, as len(`heads`) copies of the batch, copy c with head
-    `heads[c]` of `layer` removed; the attention of the layers above goes to `state`'s reducer. Returns the layers
+    `heads[c]` of `layer` removed: its output replaced by `replacement` ((B or 1, n or 1, H, d_head), see
+    `pipeline.ablation`; None: 0); the attention of the layers above goes to `state`'s reducer. Returns the layers
     whose attention ran (for the check)."""
     import torch
 
@@ -128,9 +137,14 @@ def _replay(
     k = len(heads)
 
     def removed(*args: Any, **kwargs: Any) -> Any:
-        kept = z.repeat(k, 1, 1).view(k, B, n, loaded.n_head, width // loaded.n_head)  # (k, B, n, H, d_head)
+        H = loaded.n_head
+        kept = z.repeat(k, 1, 1).view(k, B, n, H, width // H)  # (k, B, n, H, d_head)
         copies, removed_heads = torch.arange(k, device=z.device), torch.as_tensor(heads, device=z.device)
-        kept[copies, :, :, removed_heads] = 0  # copy c without head heads[c], as HeadGates
+        if replacement is None:
+            kept[copies, :, :, removed_heads] = 0  # copy c without head heads[c], as HeadGates
+        else:  # copy c with head heads[c]'s output replaced, as HeadGates with its replacements
+            r = replacement[:, :n].to(z.dtype).expand(B, n, H, width // H)  # (B, n, H, d_head)
+            kept[copies, :, :, removed_heads] = r[:, :, removed_heads].permute(2, 0, 1, 3)  # (k, B, n, d_head)
         kept = kept.view(k * B, n, width)
         output = projection(kept) if inside else kept
         return (output, *rest) if is_tuple else output
@@ -165,10 +179,15 @@ class Source:
 
 
 def removal_pass(
-    loaded: LoadedModel, source: Source, layers: Sequence[int], after_batch: Callable[[Any], None] | None = None
+    loaded: LoadedModel,
+    source: Source,
+    layers: Sequence[int],
+    after_batch: Callable[[Any], None] | None = None,
+    ablation: Ablation | None = None,
 ) -> tuple[dict[str, Any], dict[tuple[int, int], dict[str, Any]]]:
     """The base means, and the means with each head A of a layer below max(`layers`) removed (scored only on the
-    `layers` above A's), of every batch of `source`: each batch runs once, then is replayed from each A's layer."""
+    `layers` above A's), of every batch of `source`: each batch runs once, then is replayed from each A's layer, A's
+    output replaced as `ablation` (prepared on `source`) says (None: 0)."""
     from attnscope.pipeline import capture
     from attnscope.pipeline.blocks import CaptureState
 
@@ -184,6 +203,7 @@ def removal_pass(
 
     with capture.capturing(network):
         for batch in source.batches():
+            replacements = None if ablation is None else ablation.for_batch(batch)  # layer -> (B|1, n|1, H, d_head)
             recorded = interventions.LayerInputsRecorder(top)
             state = state_of(base, batch.lengths)
             with interventions.hooks(loaded, recorded):
@@ -202,10 +222,11 @@ def removal_pass(
                     heads = list(range(first, min(H, first + per_pass)))
                     reducer = _Copies([removed[(a, h)] for h in heads], above, B)
                     lengths = batch.lengths.repeat(len(heads))  # (k·B,)
-                    seen = _replay(loaded, recorded, a, heads, max(above), state_of(reducer, lengths))
+                    replacement = None if replacements is None else replacements[a]
+                    seen = _replay(loaded, recorded, a, heads, max(above), state_of(reducer, lengths), replacement)
                     _check_seen(seen, range(a + 1, max(above) + 1))
                     reducer.end_run()  # scored now: nothing of a replay is kept past it
-            del recorded
+            del recorded, replacements
             if after_batch is not None:
                 after_batch(batch)
         base.end_run()
@@ -306,10 +327,18 @@ def check_explained(loaded: LoadedModel, explained: Sequence[Explained], sources
 
 
 def removal_changes(
-    loaded: LoadedModel, texts: AnyTexts, explained: Sequence[Explained], heads: Any, progress: Progress | None = None
+    loaded: LoadedModel,
+    texts: AnyTexts,
+    explained: Sequence[Explained],
+    heads: Any,
+    progress: Progress | None = None,
+    *,
+    ablation: str,
+    seed: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Exact removal of every head A below each explained head B, replayed from A's layer (module docstring):
-    with_values (n,), changes (n, L, H)."""
+    """Exact removal of every head A below each explained head B, replayed from A's layer (module docstring), A's
+    output replaced as `ablation` (zero, mean, resample with `seed`: `pipeline.ablation`) says, on each input (the
+    texts, the probe) its own: with_values (n,), changes (n, L, H)."""
     sources = sources_of(loaded, texts, heads, progress)
     check_explained(loaded, explained, sources)
     stream, tokens = sources["stream"], [0]
@@ -321,8 +350,9 @@ def removal_changes(
 
     base, removed = {}, {}
     for source, layers in layers_by_source(explained).items():
+        replacing = Ablation(loaded, ablation, seed, top=max(layers)).prepare(sources[source].batches)
         base[source], removed[source] = removal_pass(
-            loaded, sources[source], layers, after_batch if source == catalog.ROWS else None
+            loaded, sources[source], layers, after_batch if source == catalog.ROWS else None, replacing
         )
     with_values, changes = assemble(loaded, explained, base, removed)
     check_finite(loaded, "attention", np.concatenate([with_values, changes.ravel()]))

@@ -1,6 +1,7 @@
 """`attnscope compare`: the same texts and the same probe through several models (checkpoints of one training run,
 a base model and its fine-tune, revisions of one Hub repository): every head's scores and role in each, when each
-role formed, and, for two models, how far each head's attention itself moved (its divergence).
+role formed and where its score rose most (its transition), each model's language-model loss on the texts, and, for
+two models, how far each head's attention itself moved (its divergence).
 
 Models are loaded one at a time and freed before the next loads (models.sources): memory is that of one model. Each
 runs the `heads` analysis with the same settings (so a model's scores are exactly those `attnscope heads` gives it);
@@ -9,9 +10,28 @@ divergence (bits) between the two models' attention rows on the same tokens, com
 (pipeline.divergence): the first model's rows are spooled to a temporary file, the second's compared with them as
 they are produced. ("Change" is kept for a difference of scores, as in `circuit`.)
 
+When a role appeared, two ways (`formation`, `transition`), which differ on a training run: a score that rises
+steeply and then slowly crosses a threshold late, after the change itself.
+
+    formed[role]      the first model from which the head holds the role in every later model (a threshold
+                      crossing: where the role's score passed its threshold for good, and the other rules let it)
+    transition[role]  the model that ends the largest rise of the role's deciding score s between consecutive
+                      models: argmax over k ≥ 1 of s[k] − s[k−1] (the earliest on a tie; None where s never rises,
+                      or is not measured); whatever the threshold, and whether or not the head ever holds the role
+
+A head's `change` (the ranking of "heads whose role changes", and what --top keeps): its largest step between
+consecutive models, up or down, of the deciding score of the role it holds in the last model (for a head that ends
+mixed, of the roles it held before): how sharply it became what it is, or stopped being what it was.
+
+Each model's `loss`: the mean language-model loss of the texts in nats per predicted token, exactly as `ablate`
+measures its baseline (`pipeline.loss_windows`: a decoder's next-token cross-entropy over every predicted token; an
+encoder's masked-LM loss on a deterministic 15 % of its tokens), from the model loaded with its own language-model
+head (exact whatever the head: tied or not, soft-capped or not), while it is the one model in memory; one forward
+pass over the texts more per model, with the fastest attention. None, with a note, for a model without a head.
+
     from attnscope import compare
     result = compare(["runs/step-0000", "runs/step-1000"], "The cat sat on the mat.")
-    result.heads[0].formed["induction"], result.heads[0].divergence
+    result.heads[0].formed["induction"], result.heads[0].transition["induction"], result.losses
 """
 
 from __future__ import annotations
@@ -38,10 +58,22 @@ DEFAULT_SCORES = ("induction", "previous_token", "entropy_normalized")
 
 
 @dataclass(frozen=True)
+class Step:
+    """A step of a score between two consecutive models: the score's name, its `value` (later − earlier) and the
+    label of the `model` that ends it."""
+
+    score: str
+    value: float
+    model: str
+
+
+@dataclass(frozen=True)
 class CompareHead:
     """One head across the models: `scores[name][k]` is its score in model k (None where not measured),
     `roles[k]` its role there, `formed[role]` the label of the first model from which it holds `role` to the last
-    (None: it does not hold it in the last), `divergence` its mean JSD in bits between two models (None otherwise)."""
+    (None: it does not hold it in the last), `divergence` its mean JSD in bits between two models (None otherwise),
+    `transition[role]` the label of the model that ends the largest rise of the role's deciding score, `change` its
+    largest step of the deciding score of its last role (see the module docstring; None: mixed in every model)."""
 
     layer: int
     head: int
@@ -49,6 +81,8 @@ class CompareHead:
     roles: list[str]
     formed: dict[str, str | None]
     divergence: float | None = None
+    transition: dict[str, str | None] = field(default_factory=dict)
+    change: Step | None = None
 
     @property
     def label(self) -> str:
@@ -66,18 +100,25 @@ class CompareResult(Result):
     measured: tuple[str, ...]
     score: str  # the score of the heads × models heatmap
     notes: list[str] = field(default_factory=list)
+    losses: list[float | None] = field(default_factory=list)  # each model's loss (nats per predicted token); [] off
 
     @property
     def has_divergence(self) -> bool:
         return any(head.divergence is not None for head in self.heads)
+
+    @property
+    def has_loss(self) -> bool:
+        return any(loss is not None for loss in self.losses)
 
     def ranked_by_divergence(self) -> list[CompareHead]:
         """Heads by divergence, largest first (ties in layer.head order)."""
         return sorted(self.heads, key=lambda head: -(head.divergence or 0.0))
 
     def role_changes(self) -> list[CompareHead]:
-        """The heads whose role is not the same in every model, in layer.head order."""
-        return [head for head in self.heads if len(set(head.roles)) > 1]
+        """The heads whose role is not the same in every model, the most changed first: by the size of their
+        `change` (the largest step of a deciding score of a role they hold), ties in layer.head order."""
+        changing = [head for head in self.heads if len(set(head.roles)) > 1]
+        return sorted(changing, key=lambda head: -abs(head.change.value) if head.change else 0.0)
 
 
 def formation(held: Sequence[str], labels: Sequence[str], role_names: Sequence[str]) -> dict[str, str | None]:
@@ -99,6 +140,67 @@ def formation(held: Sequence[str], labels: Sequence[str], role_names: Sequence[s
     return formed
 
 
+def transition(values: Sequence[float | None], labels: Sequence[str]) -> str | None:
+    """The label of the model that ends the largest rise of `values` (a score in each model, in order) between two
+    consecutive models: argmax over k ≥ 1 of values[k] − values[k−1], the earliest on a tie; None when no step
+    rises (a step from or to a model without the score is skipped).
+
+    transition([0.02, 0.03, 0.07, 0.24, 0.36, 0.49, 0.51], [f"s{k}" for k in range(7)]) == "s3": the rise of 0.17
+    ends there, where the threshold of 0.5 is crossed only at s6."""
+    if len(values) != len(labels):
+        raise ValueError("one value per model")
+    step = largest_step(values, rises_only=True)
+    return None if step is None else labels[step[1]]
+
+
+def largest_step(values: Sequence[float | None], rises_only: bool = False) -> tuple[float, int] | None:
+    """(values[k] − values[k−1], k) of the largest step between consecutive values, by size (`rises_only`: the
+    largest rise), the earliest on a tie; None when there is none (or, `rises_only`, none rises)."""
+    best: tuple[float, int] | None = None
+    for k in range(1, len(values)):
+        before, after = values[k - 1], values[k]
+        if before is None or after is None:
+            continue
+        step = after - before
+        size = step if rises_only else abs(step)
+        if size > 0 and (best is None or size > (best[0] if rises_only else abs(best[0]))):
+            best = (step, k)
+    return best
+
+
+def head_change(scores: dict[str, list[float | None]], held: Sequence[str], labels: Sequence[str]) -> Step | None:
+    """A head's largest step, up or down, between consecutive models, of the deciding score of the role it holds in
+    the last model; for a head that ends mixed, of any role it held before (the largest). Ties: the earlier model,
+    then the catalog's order of the roles. None for a head that is mixed in every model."""
+    final = catalog.ROLE[held[-1]]
+    roles = [final] if final.score is not None else [role for role in catalog.ROLES if role.name in held]
+    best: Step | None = None
+    for role in roles:
+        if role.score is None or role.score not in scores:
+            continue
+        step = largest_step(scores[role.score])
+        if step is not None and (best is None or abs(step[0]) > abs(best.value)):
+            best = Step(role.score, step[0], labels[step[1]])
+    return best
+
+
+def model_loss(loaded: LoadedModel, texts: Texts | Sequence[Text], compare: settings.Compare) -> tuple[float, list]:
+    """A model's mean language-model loss of `texts` (nats per predicted token) as `ablate` measures its baseline,
+    and the notes of the windows it ran on; the model must have its language-model head."""
+    import torch
+
+    from attnscope.analyses.ablate import losses_under
+    from attnscope.models.loading import fastest_attention
+    from attnscope.pipeline import interventions
+    from attnscope.pipeline.loss_windows import loss_windows
+
+    windows, _, notes = loss_windows(loaded, texts, compare.bos)
+    keep_all = torch.ones(1, loaded.n_layer, loaded.n_head)  # (1, L, H): every head kept
+    with interventions.attention(loaded, fastest_attention(loaded.model)):
+        loss = float(losses_under(loaded, windows, keep_all, compare.batch_size, compare.max_tokens)[0])
+    return loss, notes
+
+
 class Compare(settings.Compare):
     """A comparison of several models (attnscope.settings.Compare): the same scoring settings for every model, the
     divergence of each head with two models, the heatmap's score and the ranked tables' rows."""
@@ -115,12 +217,15 @@ class Compare(settings.Compare):
         heads = scoring(self)
         runs: list[Any] = []  # each model's HeadsResult, without its maps
         infos: list[dict[str, Any]] = []
+        losses: list[float | None] = []
+        loss_notes: list[str] = []
         reference: LoadedModel | None = None  # the first model, its weights freed: its config and tokenizer stay
         spool: AttentionSpool | None = None
         divergences = None
         try:
             for index, source in enumerate(sources):
-                with source.opened() as model:  # an error names the model
+                model = self._open(source, loss_notes)
+                with source.holding(model):  # closed after; an error names the model
                     if reference is None:
                         reference = model
                         self.check_shape(model.shape)
@@ -135,6 +240,8 @@ class Compare(settings.Compare):
                     result = heads.run(model, texts, _part(progress, index, len(sources)), also)
                     if isinstance(also, DivergenceStatistics):
                         divergences = also.means()
+                    if self.loss:
+                        losses.append(self._loss(model, source.label, texts, loss_notes))
                     info = model.info()
                 del model
                 runs.append(result)
@@ -143,7 +250,35 @@ class Compare(settings.Compare):
         finally:
             if spool is not None:
                 spool.close()
-        return self._result(runs, infos, labels, divergences)
+        result = self._result(runs, infos, labels, divergences)
+        result.losses = losses
+        result.notes += loss_notes
+        return result
+
+    def _open(self, source: ModelSource, notes: list[str]) -> LoadedModel:
+        """A model with its language-model head for the loss (without, and a note, where it has none); without it
+        when the loss is off."""
+        if not self.loss:
+            return source.open()
+        try:
+            return source.open(True)
+        except AttnscopeError as error:  # a checkpoint saved without its head: the heads need none
+            model = source.open()  # anything else fails here again, as it would have without the loss
+            notes.append(f"{source.label}: no loss ({error})")
+            return model
+
+    def _loss(self, model: LoadedModel, label: str, texts: Texts | Sequence[Text], notes: list[str]) -> float | None:
+        if model.lm_model is None:
+            if not any(note.startswith(f"{label}: no loss") for note in notes):
+                notes.append(f"{label}: no loss (the model was given without its language-model head)")
+            return None
+        try:
+            loss, windows_notes = model_loss(model, texts, self)
+        except AttnscopeError as error:
+            notes.append(f"{label}: no loss ({error})")
+            return None
+        notes += [note for note in windows_notes if note.startswith("masked-LM") and note not in notes]
+        return loss
 
     def _result(self, runs: list[Any], infos: list[dict], labels: list[str], divergences: Any) -> CompareResult:
         first = runs[0]
@@ -157,14 +292,22 @@ class Compare(settings.Compare):
         for position, record in enumerate(first.heads):
             records = [run.heads[position] for run in runs]
             held = [record.role.role for record in records]
+            scores = {name: [r.scores[name] for r in records] for name in catalog.SCORE_NAMES if name in measured}
             heads.append(
                 CompareHead(
                     record.layer,
                     record.head,
-                    {name: [r.scores[name] for r in records] for name in catalog.SCORE_NAMES if name in measured},
+                    scores,
                     held,
                     formation(held, labels, role_names),
                     None if divergences is None else float(divergences[record.layer, record.head]),
+                    {
+                        role: transition(scores[catalog.ROLE[role].score], labels)
+                        if catalog.ROLE[role].score in scores
+                        else None
+                        for role in role_names
+                    },
+                    head_change(scores, held, labels),
                 )
             )
         notes = list(first.notes)
@@ -176,6 +319,7 @@ class Compare(settings.Compare):
             "probe_seed": self.probe_seed,
             "revisions": None if self.revisions is None else list(self.revisions),
             "divergence": divergences is not None,
+            "loss": self.loss,
             "score": score,
             "top": self.top,
         }

@@ -17,7 +17,8 @@ one at a time (loaded, run, what the page needs kept, freed), each checked compa
 (`models.checks.check_comparable`: the same layers × heads and tokenizer). Each model's heads are scored and its
 maps drawn on the same texts, cut to the same cap; the models share one budget of MULTI_MAP_CELLS cells (twice a
 one-model page's: two models keep a one-model page's maps each, more models share it, their texts cut shorter).
-The diversity, the ablation and the tables of the page are the first model's.
+The page opens on the last model (for a training run, the trained one; models are given in the order of the run),
+and the diversity, the ablation and the tables of the page are the last model's.
 
 With `circuit`, the page also carries the circuit analysis's dependencies (`circuit_records`): for every head B its
 CIRCUIT_TOP heads A whose removal changes B's deciding score most, as `attnscope circuit`'s JSON records them.
@@ -339,31 +340,50 @@ class Report(settings.Report):
         self, sources: Sequence[ModelSource], texts: Texts | Sequence[Text], progress: Progress | None = None
     ) -> ReportResult:
         """The report of several models, opened one at a time (and freed once read when this run loaded them): the
-        first model's report, with every model's heads and maps in `models`."""
+        last model's report (for a training run, the trained model), with every model's heads and maps in
+        `models`. Each model is checked comparable with the first, whose config and tokenizer stay."""
         self.check_models(len(sources))
         labels = [source.label for source in sources]
         budget = MULTI_MAP_CELLS // len(sources)
         heads_analysis = scoring(self)
-        with sources[0].opened(self.needs_lm_head) as first:  # the ablation is the first model's; once closed, its
-            result = self.run(first, texts, progress, budget=budget)  # config and tokenizer stay, for the others
-        pages = [ReportModel(labels[0], result.heads, result.characteristic, result.texts)]
-        first_ids = [text.ids for text in result.texts]
-        for source in sources[1:]:
-            with source.opened() as loaded:  # an error names the model
-                check_comparable(first, loaded, labels[0], source.label)
-                heads = heads_analysis.run(loaded, texts, progress)
-                shown, _, _ = shown_texts(loaded, texts, self.bos, _probe(loaded, heads), budget=budget)
+        pages: list[ReportModel] = []
+        first: LoadedModel | None = None  # the first model, its weights freed: its config and tokenizer stay
+        result: ReportResult | None = None
+        for index, source in enumerate(sources):
+            last = index == len(sources) - 1
+            loaded = source.open(self.needs_lm_head and last)  # the ablation is the last model's
+            with source.holding(loaded):  # closed after; an error names the model
+                if first is None:
+                    first = loaded
+                else:
+                    check_comparable(first, loaded, labels[0], source.label)
+                if last:
+                    result = self.run(loaded, texts, progress, budget=budget)
+                    heads, shown = result.heads, result.texts
+                else:
+                    heads = heads_analysis.run(loaded, texts, progress)
+                    shown, _, _ = shown_texts(loaded, texts, self.bos, _probe(loaded, heads), budget=budget)
             del loaded
-            if [text.ids for text in shown] != first_ids:
+            if pages and [text.ids for text in shown] != [text.ids for text in pages[0].texts]:
                 raise AttnscopeError(
                     f"models {labels[0]} and {source.label} cannot be compared: the texts drawn are not the same "
                     "tokens in both (a different tokenizer, context or probe)"
                 )
             pages.append(ReportModel(source.label, heads, characteristic_heads(heads.heads), shown))
+        assert result is not None
         result.models = pages
+        ran = ["the tables"] + [
+            name
+            for name, done in (
+                ("the diversity", result.diversity is not None),
+                ("the ablation", result.ablation is not None),
+            )
+            if done
+        ]
+        listed = ", ".join(ran[:-1]) + f" and {ran[-1]}" if len(ran) > 1 else ran[0]
         result.notes = list(result.notes) + [
-            f"{counted(len(pages), 'model')} ({', '.join(labels)}): the role map and the head panel follow the "
-            f"model chosen; the tables, the diversity and the ablation are the first model's ({labels[0]})"
+            f"{counted(len(pages), 'model')} ({', '.join(labels)}): the page opens on the last, {labels[-1]}; the role "
+            f"map and the head panel follow the model chosen; {listed} are the last model's ({labels[-1]})"
         ]
         each = "as a one-model page" if budget >= MAP_CELLS else f"a one-model page holds {MAP_CELLS:,}"
         result.map_notes = list(result.map_notes) + [

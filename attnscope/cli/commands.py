@@ -68,15 +68,18 @@ HELP = {
     """,
     "ablate": """Which heads matter: the language-model loss when each head's output is removed.
 
-    --top K lists the K most important heads (and --csv's rows); the grid and the files of --out show every head.
+    A removed head's output is replaced by its mean over the texts' positions (--ablation mean, the default), by 0,
+    or by its output on another text (resample). --top K lists the K most important heads (and --csv's rows); the
+    grid and the files of --out show every head. --remove L.H,... removes heads first; --save DIR writes that model.
 
-    Example: attnscope ablate "The cat sat on the mat because it was tired." --prune 20
+    Example: attnscope ablate "The cat sat on the mat because it was tired." --prune 20;
+    attnscope ablate --model demo --remove 0.2 --save demo-no-0.2
     """,
     "circuit": """Which earlier heads each head depends on: its score with and without each of them.
 
-    Every head of an earlier layer is removed in turn (its slice of the output projection zeroed, as ablate removes
-    a head) and the explained heads are scored again on the same texts and probe. --head L.H explains only those
-    heads; --top K lists each one's K largest changes, most negative first.
+    Every head of an earlier layer is removed in turn (its output replaced as --ablation says, as ablate removes a
+    head: its mean by default) and the explained heads are scored again on the same texts and probe. --head L.H
+    explains only those heads; --top K lists each one's K largest changes, most negative first.
 
     Example: attnscope circuit --model demo --head 1.0 --top 3
     """,
@@ -108,6 +111,18 @@ HELP = {
     Reads the model's config.json only: no weights are loaded or downloaded.
 
     Example: attnscope info --model gpt2-medium
+    """,
+    "patch": """Activation patching per head: which heads carry what a clean prompt and a corrupted one differ in.
+
+    The metric is the logit difference answer − wrong at the last position. For each head, its clean output (at
+    every position) goes into the corrupted run: the share of the clean − corrupted difference it restores
+    (denoising); and its corrupted output into the clean run: the share it removes (noising). The prompts must have
+    as many tokens; --answer and --wrong are one token each, as the next word (Mary means ' Mary'). --file takes
+    several pairs (JSON lines with clean, corrupt, answer, wrong), combined as a ratio of sums.
+
+    Example: attnscope patch --model demo --clean "The file and the list hold the value method. The file and the list
+    hold the value" --corrupt "The file and the list hold the value table. The file and the list hold the value"
+    --answer method --wrong table --top 5
     """,
 }
 NEEDS_OUT = {"plot"}  # options whose pictures are drawn into the folder of --out

@@ -84,8 +84,8 @@ def parameter(item: Any) -> inspect.Parameter:
             keywords["autocompletion"] = lambda incomplete="": [name for name in choices if name.startswith(incomplete)]
     if item.many:
         annotation = Annotated[list[python_type] | None, typer.Option(*item.options, **keywords)]
-        default = None if not isinstance(item.default, str) else [item.default]  # --model's one default
-        return inspect.Parameter(item.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+        # left out: None, so the function's own default applies (and it can tell the option was not given)
+        return inspect.Parameter(item.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
     annotation = Annotated[python_type | None if optional else python_type, typer.Option(*item.options, **keywords)]
     default = ... if item.required else _shown_default(item.default)  # as typed: the parser reads it
     return inspect.Parameter(item.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)

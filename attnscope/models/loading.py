@@ -299,20 +299,28 @@ def _check_accelerate() -> None:
         raise AttnscopeError("a device map needs accelerate: pip install 'attnscope[big]' (or pip install accelerate)")
 
 
+def _no_folder(name: str) -> str:
+    """What a name of the form `a/b` (a Hub id, or a folder relative to here: `runs/step-0000`) adds when neither
+    exists: that there is no such folder here either, so a user who meant a folder sees where it was looked for."""
+    if "/" not in name.strip("/") or os.path.exists(name):
+        return ""
+    return f" (nor is there a folder {Path(name).absolute()})"
+
+
 def _offline_message(name: str, revision: str | None = None) -> str:
     at = "" if revision is None else f" at revision '{revision}'"
     return (
-        f"model '{name}'{at} is not in the local Hugging Face cache and the Hub cannot be reached; {DEMO_HINT}; "
-        "or pass a directory saved with save_pretrained (--model PATH), or point HF_HOME at a cache that has it "
-        "(with HF_HUB_OFFLINE=1 to skip the network)"
+        f"model '{name}'{at} is not in the local Hugging Face cache and the Hub cannot be reached{_no_folder(name)}; "
+        f"{DEMO_HINT}; or pass a directory saved with save_pretrained (--model PATH), or point HF_HOME at a cache "
+        "that has it (with HF_HUB_OFFLINE=1 to skip the network)"
     )
 
 
 def _unknown_model_message(name: str, revision: str | None = None) -> str:
     at = "" if revision is None else f" at revision '{revision}'"
     return (
-        f"model '{name}'{at} is neither a local directory nor a model on the Hugging Face Hub (check the spelling, "
-        f"or log in with `hf auth login` for a private or gated one); {DEMO_HINT}"
+        f"model '{name}'{at} is neither a local directory nor a model on the Hugging Face Hub{_no_folder(name)} "
+        f"(check the spelling, or log in with `hf auth login` for a private or gated one); {DEMO_HINT}"
     )
 
 

@@ -48,10 +48,10 @@ class ModelSource:
             release(loaded)
 
     @contextmanager
-    def opened(self, lm_head: bool = False) -> Iterator[LoadedModel]:
-        """The model, open for as long as the `with` lasts, then closed; an error a user can cause while it is open
-        names the model by its label (in a run of several, which of them holds NaN?), unless it names it already."""
-        loaded = self.open(lm_head)
+    def holding(self, loaded: LoadedModel) -> Iterator[LoadedModel]:
+        """`loaded`, this source's model, for as long as the `with` lasts, then closed; an error a user can cause
+        meanwhile names the model by its label (in a run of several, which of them holds NaN?), unless it names it
+        already."""
         try:
             yield loaded
         except AttnscopeError as error:

@@ -1,8 +1,8 @@
 """`attnscope ablate`, shown: every head's importance as JSON and CSV, the importance grid and the pruning curve as
 pictures, the terminal's and notebook's grid and tables.
 
-Reads an AblationResult (analyses.ablate) by duck typing: `model`, `inputs`, `settings`, `notes`, `method`,
-`baseline_loss`, `importance` (L, H), `ablated_loss`, `prune`, `ranked()`.
+Reads an AblationResult (analyses.ablate) by duck typing: `model`, `inputs`, `settings` (`ablation`, `remove`),
+`notes`, `method`, `baseline_loss`, `intact_loss`, `importance` (L, H), `ablated_loss`, `prune`, `ranked()`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,12 @@ from attnscope.output.views import View, fitted, model_shape, shown_rows, summar
 from attnscope.scores.catalog import counted
 
 SHOWN = 10  # the most important heads the terminal and a notebook list without --top
+
+
+def _how(result: Any) -> str:
+    """The method, and the ablation where one was recorded: `loss, mean ablation`."""
+    ablation = result.settings.get("ablation")
+    return result.method + (f", {ablation} ablation" if ablation else "")
 
 
 def ablate_records(result: Any, ranked: bool = False) -> list[dict]:
@@ -47,8 +53,9 @@ class AblateView(View):
     command = "ablate"
 
     def document(self, every: bool = False) -> dict:
-        """The baseline loss, one record per head, the most important heads (the ranked list: the first --top, or
-        all) and the pruning curve."""
+        """The baseline loss (with `remove`, of the model without those heads; `intact_loss` the whole model's, else
+        null), one record per head, the most important heads (the ranked list: the first --top, or all) and the
+        pruning curve."""
         result = self.result
         top = None if every else result.settings["top"]
         return document(
@@ -58,6 +65,7 @@ class AblateView(View):
             result.settings,
             result.notes,
             baseline_loss=result.baseline_loss,
+            intact_loss=getattr(result, "intact_loss", None),
             heads=ablate_records(result),
             most_important=[f"{layer}.{head}" for layer, head in result.ranked()[:top]],
             prune=result.prune,
@@ -90,9 +98,9 @@ class AblateView(View):
         ranked = [by_label[f"{layer}.{head}"] for layer, head in result.ranked()[: shown_rows(result, SHOWN)]]
         shown = [
             f"baseline loss {result.baseline_loss:.4f} nats/token over {result.inputs['predicted_tokens']} predicted "
-            "tokens",
+            "tokens" + (f"; {result.settings['ablation']} ablation" if result.settings.get("ablation") else ""),
             terminal.layer_head_grid(result.importance, f"Head importance, {unit}", unit_range=False),
-            terminal.records_table(ranked, f"Most important heads ({result.method})"),
+            terminal.records_table(ranked, f"Most important heads ({_how(result)})"),
         ]
         if result.prune:
             shown.append(terminal.records_table(result.prune, "Loss as the least important heads are removed"))
@@ -116,7 +124,7 @@ class AblateView(View):
                 scale,
                 "loss_change" if result.method == "loss" else "score",  # as importance.png
             ),
-            notebook.records_table(ranked, f"Most important heads ({result.method})"),
+            notebook.records_table(ranked, f"Most important heads ({_how(result)})"),
         ]
         if result.prune:
             parts.append(notebook.records_table(result.prune, "Loss as the least important heads are removed"))
@@ -129,7 +137,8 @@ class AblateView(View):
         inputs = result.inputs
         read = f" over {counted(inputs['n_texts'], 'text')}" if "n_texts" in inputs else ""
         read += f" ({counted(inputs['predicted_tokens'], 'predicted token')})" if "predicted_tokens" in inputs else ""
-        headline = f"{model_shape(result.model)}; {result.method} method{read}"
+        ablation = f", {result.settings['ablation']} ablation" if result.settings.get("ablation") else ""
+        headline = f"{model_shape(result.model)}; {result.method} method{ablation}{read}"
         if result.method == "loss":
             important = [f"{layer}.{head} {result.importance[layer, head]:+.3f}" for layer, head in result.ranked()]
             ranked = fitted("most important (loss change, nats): ", important)

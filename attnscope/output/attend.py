@@ -204,7 +204,10 @@ def attend_figure(result: Any) -> Any:
     if result.to_weight is not None:
         targets = ", ".join(result.labels.describe(span) for span in result.to_words)
         return head_grids.score_heatmap(
-            result.to_weight, f"Attention from {source} to {targets}", figures.FRACTION_LABEL, subtitle
+            result.to_weight,
+            f"Attention from {source} to {targets}",
+            f"attention weight ({figures.FRACTION_LABEL})",
+            subtitle,
         )
     n_layer, n_head = result.rows.shape[:2]
     matrix = result.strength()
@@ -220,7 +223,8 @@ def attend_figure(result: Any) -> Any:
     if result.view != WORDS and result.labels.continued:
         subtitle += f"; {CONTINUED_LEGEND}"
     title = f"Where {source} looks: each head's strongest {kind}{skipped} and its weight"
-    return head_grids.score_heatmap(matrix, title, figures.FRACTION_LABEL, subtitle, cell_text=cells)
+    label = f"weight of the strongest {kind} ({figures.FRACTION_LABEL})"
+    return head_grids.score_heatmap(matrix, title, label, subtitle, cell_text=cells)
 
 
 # ------------------------------------------------------------------------------------------------------------- terminal

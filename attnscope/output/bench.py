@@ -166,9 +166,12 @@ def bench_table(rows: Sequence[dict], title: str) -> Any:
                 "median ms: of one call (a batch);",
                 "spread: (max - min) / median time of the runs"
                 + (" ('–': one run only)." if 1 in runs else f" ({_runs(runs)})."),
-                f"time {', '.join(f'×{name}' for name in baselines)}: the method's median time / that method's "
-                "(below 1: faster).",
-                "peak MB: the median of the runs' peaks; memory ×floor: it / the floor's.",
+                f"time {', '.join(f'×{name}' for name in baselines)}: this row's median time divided by "
+                f"{', '.join(f'the {name} method' + chr(39) + 's' for name in baselines)} at the same B × n (below 1: "
+                "faster).",
+                "peak MB: the median of the runs' peaks above the memory in use before;",
+                "memory ×floor: this row's peak divided by the floor's ('–' where the floor's peak is under 1 MB, too "
+                "small to divide by).",
             ]
         ),
         caption_justify="left",
@@ -196,8 +199,8 @@ def bench_table(rows: Sequence[dict], title: str) -> Any:
             "–" if row.get("runs") == 1 else f"{row['spread']:.0%}",
             f"{row['tokens_per_s']:,.0f}",
             *(_times(row.get(f"time_vs_{name}")) for name in baselines),
-            f"{row['peak_mb']:.0f}",
-            _times(row["memory_vs_floor"]),
+            _megabytes(row["peak_mb"]),
+            _times(row["memory_vs_floor"]) or "–",
             end_section=last,
         )
     return table
@@ -247,3 +250,8 @@ def micro_table(rows: Sequence[dict], title: str, repeats: int, d_model: int) ->
 
 def _times(ratio: float | None) -> str:
     return "" if ratio is None else f"{ratio:.2f}×"
+
+
+def _megabytes(value: float) -> str:
+    """A peak in MB with the digits it needs: 1,234, 12, 3.4, 0.42 (a small model's peaks are under a megabyte)."""
+    return f"{value:,.0f}" if value >= 10 else f"{value:.1f}" if value >= 1 else f"{value:.2f}"

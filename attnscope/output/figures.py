@@ -226,14 +226,15 @@ def capital(text: str) -> str:
 
 
 def score_colour_label(score: Score) -> str:
-    """A score's colour bar label: its unit (the title names the score)."""
+    """A score's colour bar label: the score and its unit (a colour bar says what it measures even cut from its
+    picture)."""
     if score.name == "entropy_normalized":
-        return "entropy / ln(keys seen): 1 = uniform"
+        return f"{score.label}: entropy / ln(keys seen); 1 = uniform"
     if score.unit == NATS:
-        return "nats"
+        return f"{score.label} (nats)"
     if score.unit == SIGNED:
-        return "lift: 0 = uniform, 1 = all in the window"
-    return FRACTION_LABEL
+        return f"{score.label}: 0 = uniform, 1 = all in the window"
+    return f"{score.label} ({FRACTION_LABEL})"
 
 
 def colour_map(scale: str) -> LinearSegmentedColormap:

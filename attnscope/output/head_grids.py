@@ -115,7 +115,8 @@ def score_heatmap(
             for head in range(n_head):
                 value = matrix[layer, head]
                 missing = not np.isfinite(value)
-                text = ("n/a" if missing else f"{value:.2f}") if cell_text is None else cell_text[layer][head]
+                shown = "n/a" if missing else f"{value:.2f}".replace("-0.00", "0.00")  # no -0.00 for a tiny loss
+                text = shown if cell_text is None else cell_text[layer][head]
                 colour = "black" if missing else ink(cmap(norm(value)))
                 axes.text(head, layer, text, ha="center", va="center", fontsize=7, color=colour)
     _grid_axes(figure, axes, n_layer, n_head)

@@ -139,19 +139,35 @@ def pair_matrix(
     vmax: float | None = None,
     row_title: str = "head (layer.head)",
     column_title: str = "head (layer.head)",
+    centre: float | None = None,
+    half_width: float | None = None,
+    band: tuple[float, float] | None = None,
+    digits: int | None = None,
 ) -> Figure:
     """A heads × heads matrix of any shape (`rows` × `columns`, `L.H` labels), coloured by `scale` (output.scales):
-    `signed`, centred at 0 to ± the largest magnitude; else from `vmin` to `vmax` (None: the largest value). Cells
-    without a value (NaN: a pair that does not exist) light grey; thin lines between layers; values written in
-    when the matrix is small; labels thinned to a readable pitch on a large one."""
+    with `centre`, from centre − `half_width` to centre + `half_width` (a reference value, such as a random
+    baseline, in the middle of a diverging scale); `signed`, centred at 0 to ± the largest magnitude; else from
+    `vmin` to `vmax` (None: the largest value). `band` (low, high): a hatched span on the colour bar (the reference's
+    spread). Cells without a value (NaN: a pair that does not exist) light grey; thin lines between layers; values
+    written in (with `digits` decimals; default 2, 3 around a `centre`) when the matrix is small; labels thinned to
+    a readable pitch on a large one."""
     n_rows, n_columns = matrix.shape
     cell = min(0.45, PAIR_MAX / max(n_rows, n_columns, 1))
     figure = new_figure(with_margins((max(cell * n_columns, 2.6), max(cell * n_rows, 1.2)), PAIR_MARGINS))
     axes = place_axes(figure, PAIR_MARGINS)
-    norm = colour_norm(matrix, vmin, vmax, signed)
+    if centre is not None:
+        half = half_width or float(np.nanmax(np.abs(matrix - centre))) or 1.0
+        norm = Normalize(centre - half, centre + half)
+    else:
+        norm = colour_norm(matrix, vmin, vmax, signed)
+    digits = digits if digits is not None else 3 if centre is not None else 2
     cmap = colour_map(scale).with_extremes(bad=MISSING_COLOUR)
     image = axes.imshow(masked(matrix, None), cmap=cmap, norm=norm, aspect="auto", interpolation="none")
-    add_colour_bar(figure, axes, image, colour_label)
+    colour_bar = add_colour_bar(figure, axes, image, colour_label)
+    if centre is not None:
+        colour_bar.ax.axhline(centre, color="black", linewidth=0.8)
+    if band is not None:
+        colour_bar.ax.axhspan(*band, facecolor="none", edgecolor="#333333", hatch="////", linewidth=0.5)
     box = axes.get_position()
     inches = figure.get_size_inches()
     for count, labels, set_ticks, set_labels, length in (
@@ -181,10 +197,10 @@ def pair_matrix(
                     axes.text(
                         j,
                         i,
-                        f"{value:.2f}".replace("-0.00", "0.00"),
+                        f"{value:.{digits}f}".replace("-0.00", "0.00"),
                         ha="center",
                         va="center",
-                        fontsize=6.5,
+                        fontsize=6.5 if digits <= 2 else 6.0,
                         color=colour,
                     )
     add_titles(figure, title, subtitle)

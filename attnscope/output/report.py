@@ -10,10 +10,11 @@ font, style sheet or script is fetched, and nothing is evaluated: the page reads
 network.
 
 Several models (`report --model A --model B`): the page gets a slider over the models (labelled) that redraws the role
-map, the examples and the head panel for the model chosen, the selected head staying selected; the viewer's data
-then carries each model's records and maps (`models`, see `report_viewer`). With `--circuit`, the records of
-`attnscope circuit` (`dependencies`) travel in the page, and clicking a head lists what it depends on and what
-depends on it, and marks those heads in the role map.
+map, the examples and the head panel for the model chosen, the selected head staying selected; it opens on the last
+model (`primary`: for a training run, the trained one), whose tables, diversity and ablation the page holds; the
+viewer's data then carries each model's records and maps (`models`, see `report_viewer`). With `--circuit`, the
+records of `attnscope circuit` (`dependencies`) travel in the page, and clicking a head lists what it depends on and
+what depends on it, and marks those heads in the role map (its arrows pass under the cells' labels).
 
 Reads a ReportResult (analyses.report) by duck typing: `heads` (a HeadsResult), `diversity`, `ablation`, `model`,
 `notes`, `texts` (each: name, kind, ids, labels, maps (L, H, n, n), length, cut), `examples`, `characteristic`,
@@ -98,7 +99,7 @@ class ReportView(View):
         return notebook.fragment(*parts)
 
     def summary(self) -> str:
-        """The model (or the models), what was read, the heads per role and the characteristic heads (the first
+        """The model (or the models), what was read, the heads per role and the characteristic heads (the last
         model's), the passes the page holds besides the heads, and the texts it draws. Each nested result
         (`.heads`, `.diversity`, `.ablation`) has its own summary."""
         result = self.result
@@ -109,7 +110,7 @@ class ReportView(View):
             headline = f"of {counted(len(several), 'model')} ({labels}): {shape} each{inputs_read(heads.inputs)}"
         else:
             headline = f"{model_shape(heads.model)}{inputs_read(heads.inputs)}"
-        first = f" in {several[0].label}" if several else ""
+        first = f" in {several[-1].label}" if several else ""
         characteristic = [f"{record.label} {record.role.role}" for record in result.characteristic]
         lines = [
             role_lines(heads.heads)[0].replace("roles: ", f"roles{first}: ", 1),
@@ -158,14 +159,16 @@ def report_viewer(result: Any) -> dict[str, Any]:
         "scales": {name: scale.as_data() for name, scale in SCALES.items()},  # the pictures' colours (output.scales)
     }
     several = several_models(result)
-    if several:  # each model's records and characteristic heads; its maps on the same texts (the first's: `texts`)
+    if several:  # each model's records and characteristic heads; its maps on the same texts (the last's: `texts`)
+        primary = len(several) - 1  # the model the page opens on, whose tables, diversity and ablation it holds
+        data["primary"] = primary
         data["models"] = [
             {
                 "label": page.label,
                 "name": page.heads.model["name"],
                 "heads": heads_document(page.heads, page.heads.heads)["heads"],  # as the page's `heads`: rounded
                 "characteristic": [record.label for record in page.characteristic],
-                "maps": None if k == 0 else [_maps_entry(text, causal) for text in page.texts],
+                "maps": None if k == primary else [_maps_entry(text, causal) for text in page.texts],
             }
             for k, page in enumerate(several)
         ]

@@ -141,7 +141,8 @@ def _role_map(report: Any) -> str:
             tip += f"; reads key/value head {head // group}" if group > 1 else ""
             cells.append(
                 f'<td class="cell" data-head="{record.label}" data-role="{_text(role.name)}" title="{_text(tip)}" '
-                f'style="background:{role.colour};color:{role.ink}">{_text(role.short)}</td>'
+                f'style="background:{role.colour};color:{role.ink}"><span class="asv-label">{_text(role.short)}</span>'
+                "</td>"
             )
         rows.append(f"<tr><th>{layer}</th>{''.join(cells)}</tr>")
     present = {record.role.role for record in report.heads.heads}
@@ -249,7 +250,8 @@ def _ablation(report: Any) -> str:
     ]
     return (
         '<section id="ablation"><h2>Ablation</h2>'
-        f"<p>The loss with each head's output removed, minus the loss of the whole model "
+        f"<p>The loss with each head's output removed ({_text(ablation.settings.get('ablation', 'zero'))} "
+        "ablation), minus the loss of the whole model "
         f"({ablation.baseline_loss:.4f} nats per predicted token over {ablation.inputs['predicted_tokens']:,} "
         "tokens): positive (red) = the model needs the head, negative (blue) = it does better without it, as in "
         "importance.png. The colour scale is centred at 0. Click a head to show it.</p>"
@@ -326,8 +328,8 @@ def _models_line(several: Sequence[Any]) -> str:
     if not several:
         return ""
     return (
-        f"<p>{counted(len(several), 'model')}, the same texts through each: {_labels(several)}. The slider above "
-        "the role map chooses the model the role map and the head panel show.</p>"
+        f"<p>{counted(len(several), 'model')}, the same texts through each: {_labels(several)}. The page opens on "
+        "the last; the slider above the role map chooses the model the role map and the head panel show.</p>"
     )
 
 
@@ -335,8 +337,19 @@ def _labels(several: Sequence[Any]) -> str:
     return ", ".join(_text(page.label) for page in several)
 
 
-def _of_first(several: Sequence[Any]) -> str:
-    return f" ({_text(several[0].label)}, the first model)" if several else ""
+def _of_shown(several: Sequence[Any]) -> str:
+    """What a section of a page of several models is of: the last model, the one the page opens on."""
+    return f" ({_text(several[-1].label)}, the last model)" if several else ""
+
+
+def page_title(report: Any) -> str:
+    """What the page is of: the model's name, or the models' labels (the first and the last of more than three)."""
+    several = several_models(report)
+    if not several:
+        return str(report.heads.model["name"])
+    labels = [page.label for page in several]
+    shown = ", ".join(labels) if len(labels) <= 3 else f"{labels[0]} … {labels[-1]}"
+    return f"{shown} ({counted(len(labels), 'model')})"
 
 
 def _model_slider(several: Sequence[Any]) -> str:
@@ -344,7 +357,7 @@ def _model_slider(several: Sequence[Any]) -> str:
     if not several:
         return ""
     return (
-        f'<div class="asv-models" data-viewer="models"><p class="fallback">The role map shows the first of '
+        f'<div class="asv-models" data-viewer="models"><p class="fallback">The role map shows the last of '
         f"{len(several)} models ({_labels(several)}); the page's script switches between them.</p></div>"
     )
 
@@ -391,7 +404,7 @@ def render(
     embedded in the page (the diversity's matrices travel encoded in `viewer_data`, the viewer's data, instead)."""
     heads = report.heads
     model = heads.model
-    name = model["name"]
+    name = page_title(report)
     inputs = heads.inputs
     several = several_models(report)
     sections = [("explore", "Heads"), ("top-heads", "Top heads per role")]
@@ -422,12 +435,12 @@ def render(
         f"{_text(__version__)}.</p>{_models_line(several)}<nav>{nav}</nav></header>"
         + notes
         + explore
-        + f'<section id="top-heads"><h2>Top heads per role{_of_first(several)}</h2><p>The heads with the highest '
+        + f'<section id="top-heads"><h2>Top heads per role{_of_shown(several)}</h2><p>The heads with the highest '
         f"score of each role's rule, whatever role they were given.</p>{_top_heads(report)}</section>"
         + _circuit(report)
-        + _diversity(report).replace("<h2>Diversity</h2>", f"<h2>Diversity{_of_first(several)}</h2>", 1)
-        + _ablation(report).replace("<h2>Ablation</h2>", f"<h2>Ablation{_of_first(several)}</h2>", 1)
-        + f'<section id="every-head"><h2>Every head{_of_first(several)}</h2>{_every_head(report)}</section>'
+        + _diversity(report).replace("<h2>Diversity</h2>", f"<h2>Diversity{_of_shown(several)}</h2>", 1)
+        + _ablation(report).replace("<h2>Ablation</h2>", f"<h2>Ablation{_of_shown(several)}</h2>", 1)
+        + f'<section id="every-head"><h2>Every head{_of_shown(several)}</h2>{_every_head(report)}</section>'
         + _inputs(report)
         + _glossary(report)
     )

@@ -8,7 +8,8 @@ matplotlib's LinearSegmentedColormap and the page's `ramp` do). Two families:
 
 - diverging, for signed values, centred at 0 (white), its ends at ± the largest magnitude shown: ColorBrewer's RdBu
   (9 classes, Brewer 2002; colour-blind safe), blue below 0 and red above, so that red reads as "more" (a head the
-  model needs; attention packed into the local window);
+  model needs; attention packed into the local window); `composition` uses the same colours centred on a reference
+  instead of 0 (random heads' mean score: white is "as random heads", output/circuit.py);
 - sequential, for values from 0: viridis (van der Walt & Smith 2015; perceptually uniform, readable in grey),
   sampled at 9 stops. The two similarity measures between heads share one reading, dark = similar: JS divergence
   from dark (0 bits, the same rows) to yellow (1 bit, disjoint), cosine similarity reversed, from yellow (0) to dark
@@ -79,6 +80,20 @@ SCALES = {
             signed=True,
             key="blue: the head's score falls without the removed head (it depends on it); red: it rises; white: no "
             "change",
+        ),
+        ColourScale(  # patch's shares: 1 (all of the difference) is full red unless a head overshoots it
+            "logit_diff_share",
+            DIVERGING,
+            signed=True,
+            high=1.0,
+            key="red: a share of the clean − corrupted logit difference (1: all of it); blue: a share the other way; "
+            "white: none",
+        ),
+        ColourScale(  # circuit's composition pictures: diverging, centred on random heads' mean, not on 0
+            "composition",
+            DIVERGING,
+            key="white: what random heads of the same shapes give (their mean); red: more composition than random; "
+            "blue: less",
         ),
         ColourScale("score", VIRIDIS, key="dark: 0; yellow: the largest"),
         ColourScale("js", VIRIDIS, low=0.0, high=1.0, key="dark: the same rows (0 bits); yellow: disjoint (1 bit)"),

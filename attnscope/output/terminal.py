@@ -105,13 +105,14 @@ def records_table(rows: Sequence[dict], title: str) -> Table:
     return table
 
 
-def layer_head_grid(matrix: Any, title: str, unit_range: bool = True) -> Group:
+def layer_head_grid(matrix: Any, title: str, unit_range: bool = True, percent: bool = False) -> Group:
     """A layer × head matrix; GPT-2 small (12 × 12) fits in 80 columns. Weights in [0, 1] (`unit_range`) are written
-    with two decimals without the leading zero, heavy cells in bold; any other values as a signed percentage of the
+    with two decimals without the leading zero, heavy cells in bold; shares of a whole (`percent`: 1 = all of it,
+    signed, past 1 where they overshoot) as signed whole percentages; any other values as a signed percentage of the
     largest magnitude, which the title then states."""
     n_layer, n_head = matrix.shape
-    scale = max(float(abs(matrix).max()), 1e-300)
-    if not unit_range:
+    scale = 1.0 if percent else max(float(abs(matrix).max()), 1e-300)
+    if not unit_range and not percent:
         title = f"{title}, as % of the largest magnitude ({scale:.3g})"
     table = Table(header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
     table.add_column("L\\H", justify="right", style="bold")
@@ -121,11 +122,11 @@ def layer_head_grid(matrix: Any, title: str, unit_range: bool = True) -> Group:
         cells = []
         for head in range(n_head):
             value = float(matrix[layer, head])
-            share = value if unit_range else value / scale
-            if unit_range:
+            share = value if unit_range or percent else value / scale
+            if unit_range and not percent:
                 text = "1.0" if value >= 0.995 else f"{value:.2f}".lstrip("0")
             else:
-                text = f"{100 * share:.0f}"
+                text = str(round(100 * share))  # round, not a format: -0.1 % is 0, not -0
             cells.append(Text(text, style="bold" if share >= 0.5 else "dim" if abs(share) < 0.05 else ""))
         table.add_row(str(layer), *cells)
     return Group(Text(title, style="bold"), table)

@@ -13,12 +13,14 @@
   var data = JSON.parse(source.textContent);
   var V = data.viewer;
   var HEADS = V.head_ids.length;
-  // A report of several models: V.models[m] holds model m's records, characteristic heads and maps (the first
-  // model's maps are the texts' own); `records` and V.characteristic are the model shown's.
+  // A report of several models: V.models[m] holds model m's records, characteristic heads and maps (the primary
+  // model's maps, V.primary's, are the texts' own: the last model, the one the page opens on and whose tables,
+  // diversity and ablation it holds); `records` and V.characteristic are the model shown's.
   var MODELS = V.models && V.models.length > 1 ? V.models : null;
+  var PRIMARY = MODELS ? (typeof V.primary === "number" ? V.primary : MODELS.length - 1) : 0;
   var records = {};
   function useRecords(list) { records = {}; (list || []).forEach(function (r) { records[r.label] = r; }); }
-  useRecords(MODELS ? MODELS[0].heads : data.heads && data.heads.heads);
+  useRecords(MODELS ? MODELS[PRIMARY].heads : data.heads && data.heads.heads);
   var roles = {};
   V.roles.forEach(function (r) { roles[r.name] = r; });
   var scores = {};
@@ -96,7 +98,7 @@
 
   // --------------------------------------------------------------------------------------------------- maps
   var cache = {}, cacheKeys = [];
-  function mapsOf(t, model) { return model > 0 ? MODELS[model].maps[t] : V.texts[t]; }  // {maps, scale}
+  function mapsOf(t, model) { return MODELS && MODELS[model].maps ? MODELS[model].maps[t] : V.texts[t]; }  // {maps, scale}
   function tokenMap(t, li, hi, model) {
     var text = V.texts[t], n = text.n, source = mapsOf(t, model);
     if (!source.bytes) { source.bytes = bytesOf(source.maps); }
@@ -305,7 +307,7 @@
   }
 
   // ----------------------------------------------------------------------------------------------- the state
-  var state = { li: 0, hi: 0, text: "auto", unit: V.words ? "words" : "tokens", view: "map", scope: "head", hover: null, model: 0 };
+  var state = { li: 0, hi: 0, text: "auto", unit: V.words ? "words" : "tokens", view: "map", scope: "head", hover: null, model: PRIMARY };
   var explore = root.querySelector(".explore") || root.querySelector('[data-viewer="head"]');
   var panel = root.querySelector('[data-viewer="head"]');
   var shown = [];  // what the panel draws now: {highlight} components
@@ -563,6 +565,13 @@
     chooser.addEventListener("change", function () { colouring = chooser.value; paintRoleMap(); });
   }
 
+  // A role map cell's text, in its label (the chip the circuit's arrows pass under).
+  function cellText(cell, text) {
+    var span = cell.querySelector(".asv-label");
+    if (!span) { span = el("span", { cls: "asv-label" }); clear(cell).appendChild(span); }
+    span.textContent = text;
+  }
+
   // The role map's cells from the records of the model shown: each head's role (colour, short name, tooltip), or
   // its value of the score chosen, on the score's picture's scale.
   function paintRoleMap() {
@@ -576,7 +585,7 @@
         var metric = scores[r.role_metric];
         cell.style.background = role.colour;
         cell.style.color = role.ink;
-        cell.textContent = role.short;
+        cellText(cell, role.short);
         cell.dataset.role = r.role;
         cell.title = r.label + " " + r.role + ": " + (metric ? metric.short : r.role_metric) + " " + fixed(r.role_score, 2) + (cell.dataset.kv || "");
       });
@@ -593,7 +602,7 @@
       var rgb = scaleColour(scale, values[k], largest);
       cell.style.background = css(rgb);
       cell.style.color = inkOn(rgb);
-      cell.textContent = fixed(values[k], 2);
+      cellText(cell, fixed(values[k], 2));
       cell.dataset.role = records[cell.dataset.head].role;
     });
     if (key) {
@@ -625,9 +634,9 @@
     var holder = root.querySelector('[data-viewer="models"]');
     if (!holder || !MODELS) { return; }
     var last = MODELS.length - 1;
-    var slider = el("input", { type: "range", min: "0", max: String(last), step: "1", value: "0", "aria-label": "model" });
+    var slider = el("input", { type: "range", min: "0", max: String(last), step: "1", value: String(PRIMARY), "aria-label": "model" });
     var named = el("span", { cls: "asv-model-name" });
-    var buttons = toggle(MODELS.map(function (m, k) { return [String(k), m.label]; }), "0", function (v) { showModel(Number(v)); });
+    var buttons = toggle(MODELS.map(function (m, k) { return [String(k), m.label]; }), String(PRIMARY), function (v) { showModel(Number(v)); });
     buttons.classList.add("asv-model-buttons");
     slider.addEventListener("input", function () { showModel(Number(slider.value)); });
     clear(holder);
@@ -639,7 +648,7 @@
         (MODELS[m].name !== MODELS[m].label ? " (" + MODELS[m].name + ")" : "");
       buttons.querySelectorAll("button").forEach(function (b) { b.classList.toggle("on", b.dataset.value === String(m)); });
     };
-    holder.show(0);
+    holder.show(PRIMARY);
   }
 
   function showModel(m) {
@@ -731,8 +740,9 @@
     drawEdges(table, name, found);
   }
 
-  // Arrows over the role map (a canvas laid over it), from a head to the head that depends on it, coloured by the
-  // change, thicker for a larger one; the canvas lists them in data-edges ("0.2>1.0 0.2>1.3").
+  // Arrows over the role map (a canvas laid over its cells and under their labels), from the edge of a head's cell
+  // to the edge of the head that depends on it, coloured by the change, thicker for a larger one; the canvas lists
+  // them in data-edges ("0.2>1.0 0.2>1.3").
   function drawEdges(table, name, found) {
     var wrap = table.parentNode;
     var canvas = wrap.querySelector("canvas.asv-edges");
@@ -752,12 +762,18 @@
     function centre(head) {
       var cell = table.querySelector('td.cell[data-head="' + head + '"]');
       if (!cell) { return null; }
-      var b = cell.getBoundingClientRect();
-      return [b.left - box.left + b.width / 2, b.top - box.top + b.height / 2];
+      var b = cell.getBoundingClientRect(), point = [b.left - box.left + b.width / 2, b.top - box.top + b.height / 2];
+      point.box = b;
+      return point;
     }
     var edges = found.upstream.map(function (d) { return [d.on, name, d.change]; })
       .concat(found.downstream.map(function (d) { return [name, d.label, d.change]; }));
     var drawn = [];
+    // how far from a cell's centre a line leaving it in direction (x, y) meets its edge
+    function toEdge(b, x, y) {
+      var half = [b.width / 2, b.height / 2];
+      return Math.min(x ? half[0] / Math.abs(x) : Infinity, y ? half[1] / Math.abs(y) : Infinity);
+    }
     edges.forEach(function (edge) {
       var a = centre(edge[0]), b = centre(edge[1]);
       if (!a || !b) { return; }
@@ -767,14 +783,20 @@
       var bend = Math.min(24, 0.25 * length), cx = (a[0] + b[0]) / 2 - uy * bend, cy = (a[1] + b[1]) / 2 + ux * bend;
       var tx = b[0] - cx, ty = b[1] - cy, tl = Math.sqrt(tx * tx + ty * ty) || 1;
       tx /= tl; ty /= tl;  // the direction the curve arrives in
-      var size = 8, x2 = b[0] - tx * 6, y2 = b[1] - ty * 6;  // the tip stops short of the cell's centre
+      var sx = cx - a[0], sy = cy - a[1], sl = Math.sqrt(sx * sx + sy * sy) || 1;
+      sx /= sl; sy /= sl;  // the direction it leaves in
+      // from the edge of one cell to the edge of the other: the labels in the cells' middles stay clear (the canvas
+      // also lies under them), and the arrow's head shows at the dependent cell's border
+      var start = toEdge(a.box, sx, sy), stop = toEdge(b.box, tx, ty);
+      var x1 = a[0] + sx * start, y1 = a[1] + sy * start;
+      var size = 8, x2 = b[0] - tx * stop, y2 = b[1] - ty * stop;
       var width_ = 1.5 + 2.5 * Math.min(1, Math.abs(edge[2]) / CHANGE_TOP);
       draw.lineCap = "round";
       [["#fff", width_ + 2.5], [colour, width_]].forEach(function (stroke) {  // a white halo, then the arrow
         draw.strokeStyle = stroke[0];
         draw.lineWidth = stroke[1];
         draw.beginPath();
-        draw.moveTo(a[0], a[1]);
+        draw.moveTo(x1, y1);
         draw.quadraticCurveTo(cx, cy, x2 - tx * size, y2 - ty * size);
         draw.stroke();
       });
@@ -948,10 +970,10 @@
     var grid = el("div", { cls: "asv-grid" });
     [a, b].forEach(function (text, k) {
       var r = records[text];
-      var map = Heatmap(matrix(t, at[k][0], at[k][1], "tokens", 0), names, 380, { onHover: function (h) {
+      var map = Heatmap(matrix(t, at[k][0], at[k][1], "tokens", PRIMARY), names, 380, { onHover: function (h) {
         maps.forEach(function (other) { other.highlight(h ? h.query : null, h ? h.key : null); });
         line.textContent = h && h.query !== undefined ? "query “" + names[h.query] + "”@" + h.query + (h.key !== undefined ?
-          " → “" + names[h.key] + "”@" + h.key + ": " + text + " " + fixed(matrix(t, at[k][0], at[k][1], "tokens", 0)[h.query * names.length + h.key], 3) : "") :
+          " → “" + names[h.key] + "”@" + h.key + ": " + text + " " + fixed(matrix(t, at[k][0], at[k][1], "tokens", PRIMARY)[h.query * names.length + h.key], 3) : "") :
           "Hover a row or a cell to highlight it in both maps.";
       } });
       maps.push(map);
@@ -1042,7 +1064,7 @@
     renderHead();
     markCircuit();
   }
-  if (MODELS) { root.dataset.model = MODELS[0].label; }
+  if (MODELS) { root.dataset.model = MODELS[PRIMARY].label; }
   if (V.dependencies && typeof window !== "undefined") {
     window.addEventListener("resize", function () { markCircuit(); });
   }

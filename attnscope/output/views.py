@@ -206,6 +206,7 @@ VIEWS: dict[str, str] = {
     "InfoResult": "attnscope.output.info.InfoView",
     "CircuitResult": "attnscope.output.circuit.CircuitView",
     "CompareResult": "attnscope.output.compare.CompareView",
+    "PatchResult": "attnscope.output.patch.PatchView",
 }
 
 

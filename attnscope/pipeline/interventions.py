@@ -6,8 +6,14 @@ every kind of hook is a small object that says where it goes by layer, found thr
 `hooks(loaded, *kinds)` installs them all and removes, in `finally`, every handle it installed, even when a forward
 raises or a kind fails halfway through its installation. The analyses hold the kinds and read what they recorded.
 
-    HeadGates                 each head's output times a gate, where the output projection takes it in (ablate,
-                              circuit's naive way and its gradient)
+    HeadGates                 each head's output times a gate, where the output projection takes it in, or moved
+                              towards a replacement (ablate, circuit's gradient; `pipeline.ablation` says what)
+    PatchedHeads              chosen heads' outputs replaced by given values, per copy of the batch, head and
+                              position (patch)
+    HeadOutputsRecorder       every layer's heads' outputs, as the output projection takes them in (patch)
+    LayerOutputsRecorder      what every layer returned (patch)
+    SkippedLayers             the layers below one return what they returned in an earlier run, without computing
+                              (patch: a change in layer l leaves the layers below it as they were)
     LayerInputsRecorder       what each layer received, and its heads' outputs: what circuit's replay starts from
     AttentionWeightsRecorder  the attention probabilities with their graph, and the keys each row sees (circuit's
                               gradient)
@@ -107,11 +113,14 @@ class HeadGates:
 
     `values` is (B, L, H): one row of gates per sequence of the batch, so one forward pass can run the same window
     under many head configurations (1 = kept, 0 = removed; a gate that requires grad gives ∂/∂ξ). None switches the
-    gates off (the model runs unchanged).
+    gates off (the model runs unchanged). `replacements` (layer -> r, see `pipeline.ablation`) says what a removed
+    head's output becomes: the output is x·ξ + r·(1 − ξ), r broadcastable to (b, n, H, d_head), b 1 or the windows
+    that `values` repeats in B / b copies (configuration-major, as `ablate` runs them); none for a layer: 0.
     """
 
     def __init__(self) -> None:
         self.values: Any = None
+        self.replacements: dict[int, Any] | None = None
 
     def install(self, loaded: LoadedModel) -> Iterator[Handle]:
         for layer, module in enumerate(loaded.family.output_projections(loaded.model)):
@@ -123,11 +132,91 @@ class HeadGates:
                 return None
             x = args[0]  # (B, n, d) the heads' outputs side by side, head h in columns h·d_head .. (h+1)·d_head
             B, n, d = x.shape
-            gate = self.values[:, layer].to(x.dtype)  # (B, H)
+            gate = self.values[:, layer].to(x.dtype).expand(B, n_head)  # (B, H)
             gated = x.view(B, n, n_head, d // n_head) * gate[:, None, :, None]  # (B, n, H, d_head)
-            return (gated.view(B, n, d),) + tuple(args[1:])
+            replacement = None if self.replacements is None else self.replacements.get(layer)
+            if replacement is not None:  # + r·(1 − ξ): what a removed head's output becomes
+                b = replacement.shape[0]
+                r = replacement[:, :n].to(x.dtype)  # (b, n or 1, H, d_head)
+                off = (1 - gate).view(B // b, b, 1, n_head, 1)  # (copies, b, 1, H, 1)
+                gated = (gated.view(B // b, b, n, n_head, -1) + r * off).view(B, n, n_head, -1)
+            return (gated.reshape(B, n, d),) + tuple(args[1:])
 
         return gate_heads
+
+
+class PatchedHeads:
+    """Forward pre-hooks on every layer's output projection replacing chosen heads' outputs by given values.
+
+    The batch is C copies of B rows, copy-major (row c·B + b is copy c of row b: one forward pass runs several
+    configurations, as `HeadGates`' rows do). For each layer in `chosen`, `chosen[layer]` is a bool tensor
+    broadcastable to (C, B, n, H), True where the head's output at that position is replaced, its first dimension
+    the number of copies C; `values[layer]` is broadcastable to (C, B, n, H, d_head): the outputs put there, e.g.
+    (B, n, H, d_head), the same for every copy (another input's outputs: patching, resample ablation), or
+    (H, d_head) (a mean: mean ablation). A layer not in `chosen` runs unchanged; `chosen` empty: the model does.
+    """
+
+    def __init__(self) -> None:
+        self.chosen: dict[int, Any] = {}
+        self.values: dict[int, Any] = {}
+
+    def install(self, loaded: LoadedModel) -> Iterator[Handle]:
+        for layer, module in enumerate(loaded.family.output_projections(loaded.model)):
+            yield module.register_forward_pre_hook(self._hook(layer, loaded.n_head))
+
+    def _hook(self, layer: int, n_head: int) -> Callable:
+        import torch
+
+        def patch_heads(module, args):
+            chosen = self.chosen.get(layer)
+            if chosen is None:
+                return None
+            x = args[0]  # (C·B, n, H·d_head) the heads' outputs side by side
+            copies = chosen.shape[0]
+            rows, n, d = x.shape
+            heads = x.view(copies, rows // copies, n, n_head, d // n_head)  # (C, B, n, H, d_head)
+            values = self.values[layer].to(device=x.device, dtype=x.dtype)
+            patched = torch.where(chosen.to(x.device)[..., None], values, heads)  # (C, B, n, H, d_head)
+            return (patched.reshape(rows, n, d),) + tuple(args[1:])
+
+        return patch_heads
+
+
+class HeadOutputsRecorder:
+    """Forward pre-hooks on every layer's output projection keeping a copy of its input, the heads' outputs side by
+    side, as `outputs[layer]` (B, n, H, d_head), from the last forward pass."""
+
+    def __init__(self) -> None:
+        self.outputs: dict[int, Any] = {}
+
+    def install(self, loaded: LoadedModel) -> Iterator[Handle]:
+        for layer, module in enumerate(loaded.family.output_projections(loaded.model)):
+            yield module.register_forward_pre_hook(self._hook(layer, loaded.n_head))
+
+    def _hook(self, layer: int, n_head: int) -> Callable:
+        def record(module, args):
+            x = args[0]  # (B, n, H·d_head)
+            self.outputs[layer] = x.detach().reshape(*x.shape[:2], n_head, -1).clone()  # (B, n, H, d_head)
+
+        return record
+
+
+class LayerOutputsRecorder:
+    """Forward hooks on every layer keeping what it returned (a tensor (B, n, d), or a tuple whose first element is
+    one), as `outputs[layer]`, from the last forward pass: what `SkippedLayers` returns in a later run."""
+
+    def __init__(self) -> None:
+        self.outputs: dict[int, Any] = {}
+
+    def install(self, loaded: LoadedModel) -> Iterator[Handle]:
+        for layer, module in enumerate(loaded.family.layers(loaded.model)):
+            yield module.register_forward_hook(self._hook(layer))
+
+    def _hook(self, layer: int) -> Callable:
+        def record(module, args, output):
+            self.outputs[layer] = output
+
+        return record
 
 
 # ------------------------------------------------------------------------------------------------- recorders
@@ -287,6 +376,29 @@ class ReplacedAttention:
 
     def install(self, loaded: LoadedModel) -> Iterator[Handle]:
         yield _RestoredForward(loaded.family.attention_modules(loaded.model)[self.layer], self.forward)
+
+
+class SkippedLayers:
+    """The layers below `below` compute nothing: layer j returns `outputs[j]` (what it returned in an earlier run of
+    the same batch: `LayerOutputsRecorder`), its hidden states repeated `copies` times along the batch (copy-major, as
+    `PatchedHeads` reads the batch). A run whose changes all lie in layer `below` or above computes only those layers:
+    the ones below would compute what they did before."""
+
+    def __init__(self, outputs: dict[int, Any], below: int, copies: int):
+        self.outputs, self.below, self.copies = outputs, below, copies
+
+    def install(self, loaded: LoadedModel) -> Iterator[Handle]:
+        for layer, module in enumerate(loaded.family.layers(loaded.model)[: self.below]):
+            yield _RestoredForward(module, self._recorded(layer))
+
+    def _recorded(self, layer: int) -> Callable[..., Any]:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            output = self.outputs[layer]
+            if isinstance(output, tuple):
+                return (output[0].repeat(self.copies, 1, 1), *output[1:])
+            return output.repeat(self.copies, 1, 1)  # (C·B, n, d)
+
+        return forward
 
 
 class _RestoredForward:

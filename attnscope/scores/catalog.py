@@ -19,6 +19,10 @@ BOTH = frozenset({DECODER, ENCODER})
 FRACTION = "fraction"  # a share of a row's attention, or a ratio in [0, 1]
 NATS = "nats"
 SIGNED = "signed"  # may be negative: a lift over a baseline
+# The values a score of each unit can take (what a linear estimate of a score, circuit's gradient, may leave): a
+# share in [0, 1]; an entropy from 0 up (at most ln of the keys a row sees); a lift at most 1 (all attention in the
+# window), below 0 as far as attention avoids the window.
+RANGES = {FRACTION: (0.0, 1.0), NATS: (0.0, float("inf")), SIGNED: (float("-inf"), 1.0)}
 
 # Where a score comes from.
 ROWS = "rows"  # the input texts, every scored row

@@ -5,6 +5,7 @@ what it asks of a model's shape (`check_shape`, from the config before any weigh
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,7 +14,10 @@ from typing import ClassVar
 from attnscope import options
 from attnscope.errors import AttnscopeError
 from attnscope.models.checks import Shape
+from attnscope.models.removal import check_destination
+from attnscope.scores.catalog import counted
 from attnscope.settings.declare import (
+    FILE,
     HEAD_SCORE,
     NONE,
     OWN,
@@ -32,6 +36,7 @@ from attnscope.settings.groups import (
     Loading,
     Place,
     Reading,
+    Removal,
     Revision,
     Scoring,
     top_setting,
@@ -46,6 +51,7 @@ __all__ = [
     "Diversity",
     "Heads",
     "Info",
+    "Patch",
     "RandomMha",
     "Report",
     "Show",
@@ -259,26 +265,59 @@ def parse_occurrence(spec: str) -> tuple[str, int | None]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Ablate(Reading, Batching, Place, Revision, DeviceMap, Settings):
-    """`attnscope ablate`: the language-model loss with each head removed."""
+class Ablate(Reading, Batching, Removal, Place, Revision, DeviceMap, Settings):
+    """`attnscope ablate`: the language-model loss with each head removed; with `remove`, of the model without
+    those heads, which `save` writes."""
 
     method: str = setting(
         options.ABLATION_METHOD, "loss", "loss: remove each head and measure the loss; gradient: |dL/d gate| (fast)."
     )
     prune: int = setting(options.PRUNE, 0, "Also remove the K least important heads one after another.", metavar="K")
     top: int | None = top_setting("the most important heads (10 on the terminal)")
+    remove: Sequence[str] = setting(
+        options.HEAD_SET,
+        (),
+        "Remove these heads first (as --ablation says; not resample): the analysis is of the model without them.",
+        metavar="L.H,...",
+        many=True,
+        python_help="heads 'L.H' removed first (a list, or '0.2,1.0'): the analysis is of the model without them",
+    )
+    save: str | os.PathLike | None = setting(
+        options.MODEL_FOLDER.or_none(),
+        None,
+        "Write the model without the heads of --remove to this new folder (save_pretrained: weights, config, "
+        "tokenizer; zero or mean ablation).",
+        metavar="DIR",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.remove and self.ablation == "resample":
+            raise AttnscopeError(
+                "remove (--remove) takes heads out of the model for good, and resample ablation has no fixed value to "
+                "put in their place: use ablation mean or zero"
+            )
+        if self.save is not None:
+            if not self.remove:
+                raise AttnscopeError("save (--save DIR) writes the model without the heads of remove: give remove too")
+            check_destination(self.save)
 
     @property
     def needs_lm_head(self) -> bool:
         return True
 
     def check_shape(self, shape: Shape) -> None:
-        if self.prune > shape.n_layer * shape.n_head:
-            raise AttnscopeError(f"prune {self.prune}: this model has {shape.n_layer * shape.n_head} heads")
+        for label in self.remove:
+            options.head_in(label, shape.n_layer, shape.n_head)
+        left = shape.n_layer * shape.n_head - len(self.remove)
+        if self.prune > left:
+            if self.remove:
+                raise AttnscopeError(f"prune {self.prune}: {counted(left, 'head')} left once remove's are removed")
+            raise AttnscopeError(f"prune {self.prune}: this model has {left} heads")
 
 
 @dataclass(frozen=True, kw_only=True)
-class Circuit(Scoring, Loading, Settings):
+class Circuit(Scoring, Removal, Loading, Settings):
     """`attnscope circuit`: which earlier heads each head depends on."""
 
     head: Sequence[str] | None = setting(
@@ -334,6 +373,77 @@ class Circuit(Scoring, Loading, Settings):
             if layer == 0:
                 raise AttnscopeError(f"head {label}: it is in layer 0, and no head comes before it to depend on")
         check_measured(self.score, shape.kind_name, self.probe)
+
+
+PAIR_FIELDS = ("clean", "corrupt", "answer", "wrong")  # a pair's fields, as --file's JSON lines name them too
+
+
+@dataclass(frozen=True, kw_only=True)
+class Patch(Reading, Batching, Place, Revision, DeviceMap, Settings):
+    """`attnscope patch`: activation patching per head, for clean and corrupted prompts (no TEXT: the pairs come
+    from --clean/--corrupt/--answer/--wrong or from --file)."""
+
+    reads_texts: ClassVar[bool] = False
+
+    clean: str | None = setting(
+        options.TEXT.or_none(), None, "The clean prompt: the model should continue it with --answer.", metavar="TEXT"
+    )
+    corrupt: str | None = setting(
+        options.TEXT.or_none(),
+        None,
+        "The corrupted prompt: the clean one with a few tokens changed, as many tokens long.",
+        metavar="TEXT",
+    )
+    answer: str | None = setting(
+        options.TEXT.or_none(),
+        None,
+        "The token the clean prompt predicts, as the next word: Mary means ' Mary' (punctuation as written).",
+        metavar="TOKEN",
+    )
+    wrong: str | None = setting(
+        options.TEXT.or_none(), None, "The token it is measured against (written as --answer is).", metavar="TOKEN"
+    )
+    top: int | None = top_setting("the heads that restore the most (10 on the terminal)")
+    file: str | os.PathLike | None = setting(  # Reading's --file, here a file of pairs
+        FILE,
+        None,
+        "Several pairs: a JSON-lines file, one object per line with clean, corrupt, answer and wrong (combined "
+        "as a ratio of sums); '-' reads standard input.",
+        flags=("--file", "-f"),
+        metavar="PATH",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        given = [name for name in PAIR_FIELDS if getattr(self, name) is not None]
+        missing = [name for name in PAIR_FIELDS if name not in given]
+
+        def named(names: list[str]) -> str:  # `clean, answer and file (--clean, --answer, --file)`
+            listed = ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + names[-1]
+            return f"{listed} ({', '.join(f'--{name}' for name in names)})"
+
+        if given and self.file is not None:
+            raise AttnscopeError(
+                f"{named([*given, 'file'])}: give one pair with --clean, --corrupt, --answer and --wrong, or pairs "
+                "in a file, not both"
+            )
+        if self.file is None and not given:
+            raise AttnscopeError(f"no pair to patch: give one with {named(missing)}, or pairs in a file (--file)")
+        if self.file is None and missing:
+            raise AttnscopeError(
+                f"{named(missing)}: a pair needs clean, corrupt, answer and wrong (or give pairs in a file with --file)"
+            )
+
+    @property
+    def needs_lm_head(self) -> bool:
+        return True  # the logits of the answer and the wrong token
+
+    def check_shape(self, shape: Shape) -> None:
+        if shape.kind_name is not None and shape.kind_name != "decoder":
+            raise AttnscopeError(
+                "patch reads the logits of the token that follows each prompt: it needs a decoder (a causal language "
+                f"model); this model is an {shape.kind_name}"
+            )
 
 
 REVISIONS_HELP = (
@@ -398,6 +508,12 @@ class Compare(Scoring, Place, DeviceMap, Kernel, Settings):
         "Measure how much each head's attention moved: the mean JS divergence (bits) "
         "between the two models' rows on the same tokens (default: on for two models; needs exactly two).",
     )
+    loss: bool = setting(
+        options.FLAG,
+        True,
+        "Also each model's language-model loss on the texts (nats per predicted token, as `ablate` measures it; "
+        "loads each model's language-model head, where it has one).",
+    )
     score: str | None = setting(
         HEAD_SCORE.or_none(),
         None,
@@ -405,7 +521,8 @@ class Compare(Scoring, Place, DeviceMap, Kernel, Settings):
         metavar="SCORE",
     )
     top: int | None = top_setting(
-        "the heads ranked by divergence and the heads whose role changes (20 each on the terminal)"
+        "the heads ranked by divergence and the heads whose role changes, the most changed first (20 each on the "
+        "terminal)"
     )
 
     def check_models(self, count: int) -> None:
@@ -421,12 +538,19 @@ class Compare(Scoring, Place, DeviceMap, Kernel, Settings):
         check_measured(self.score, shape.kind_name, self.probe)
 
     def check_processes(self, size: int, count: int = 1) -> None:
-        """Each model's heads are shared among torchrun's processes; the divergence of two models is not yet (each
-        process would measure its own share of the texts, and the first's share alone would be reported)."""
-        if size > 1 and (self.divergence if self.divergence is not None else count == 2):
+        """Each model's heads are shared among torchrun's processes; the divergence of two models and the loss are
+        not yet: each process would measure the divergence on its own share of the texts (the first's share alone
+        reported), and the loss on all of them."""
+        if size <= 1:
+            return
+        divergence = self.divergence if self.divergence is not None else count == 2
+        unshared = [name for name, on in (("divergence", divergence), ("loss", self.loss)) if on]
+        if unshared:
             raise AttnscopeError(
-                f"divergence (--divergence) is not shared among torchrun's processes yet (each of the {size} would "
-                "measure its own share of the texts): run compare as one process, or give --no-divergence"
+                f"{' and '.join(unshared)} ({', '.join(f'--{name}' for name in unshared)}) "
+                f"{'is' if len(unshared) == 1 else 'are'} not shared among torchrun's {size} processes yet (each would "
+                "measure the divergence on its own share of the texts, the loss on all of them): run compare as one "
+                f"process, or give {' '.join(f'--no-{name}' for name in unshared)}"
             )
 
 

@@ -281,10 +281,11 @@ MODEL = Setting(
 MODELS = replace(
     MODEL,
     many=True,
+    default=None,  # gpt2, unless --revisions asks for revisions of a model: then the model must be named
     help=MODEL.help + " Repeat it for several models, in order: the same texts through each; they must share "
-    "layers × heads and the tokenizer.",
+    f"layers × heads and the tokenizer. Default: {DEFAULT_MODEL} (with --revisions, name the model).",
     python_help="one model, or a list of them in order (names, or models `load` returned): the same texts through "
-    "each; they must share layers × heads and the tokenizer",
+    f"each; they must share layers × heads and the tokenizer (None: {DEFAULT_MODEL}; with revisions, give its name)",
 )
 TEXTS = Setting(
     None,
@@ -360,6 +361,11 @@ class Settings(Declared):
     def command_name(self) -> str:
         """The command's name on the command line (`random-mha` for RandomMha and its analysis)."""
         return "".join(f"-{char.lower()}" if char.isupper() else char for char in type(self).__name__).lstrip("-")
+
+    def read_inputs(self) -> Any:
+        """What a command that reads no TEXT reads itself (patch's prompt pairs), read and checked before any model
+        loads, and handed to `run` in place of the texts; None: nothing."""
+        return None
 
     def check_shape(self, shape: Shape) -> None:
         """What these settings ask of the model's shape (`--layer 99`), from its config before any weight loads."""

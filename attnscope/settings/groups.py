@@ -1,6 +1,7 @@
 """The settings several commands share, each declared once: what texts are read and how (`Reading`), how a model
 given by name is loaded (`Place`, `Revision`, `DeviceMap`, `Kernel`: a command inherits those it takes), how texts
-are batched (`Batching`), what decides every head's scores and role (`Scoring`), ."""
+are batched (`Batching`), what decides every head's scores and role (`Scoring`), how a head is removed
+(`Removal`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnscope import options
+from attnscope.errors import AttnscopeError
 from attnscope.scores import catalog
 from attnscope.settings.declare import FILE, THRESHOLDS, TOP_HELP, Declared, setting
 
@@ -21,6 +23,7 @@ __all__ = [
     "Loading",
     "Place",
     "Reading",
+    "Removal",
     "Revision",
     "Scoring",
     "top_setting",
@@ -133,6 +136,29 @@ class Scoring(Reading, Batching):
         metavar="T",
     )
     probe_seed: int = setting(options.SEED, 0, "Seed of the probe's random tokens.", metavar="SEED")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Removal(Declared):
+    """How `ablate` and `circuit` remove a head (`pipeline.ablation`): what its output is replaced by."""
+
+    ablation: str = setting(
+        options.ABLATION,
+        "mean",
+        "What a removed head's output becomes: mean, its mean over every position of the texts (Wang et al. 2022); "
+        "zero; resample, its output at the same position of another window, drawn with --resample-seed (Chan et "
+        "al. 2022).",
+    )
+    resample_seed: int = setting(
+        options.SEED, 0, "Seed of the windows --ablation resample takes each head's output from.", metavar="SEED"
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.resample_seed and self.ablation != "resample":
+            raise AttnscopeError(
+                "resample_seed (--resample-seed) seeds the donors of resample ablation: give ablation resample too"
+            )
 
 
 SCORING = tuple(declaration.name for declaration in Scoring.declarations())

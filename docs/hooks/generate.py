@@ -9,6 +9,10 @@ what it names, built from the code as it is now:
     <!-- generated: roles -->          the catalog's roles, in the order they are tried
     <!-- generated: info MODEL -->      what `attnscope info --model MODEL --device cpu` prints (config only, fast)
 
+A marker may also hold what it generated, up to `<!-- end generated -->`: the page then reads on a code host too
+(docs/reference.md does: `python docs/hooks/generate.py` rewrites its block, and tests/unit/test_docs.py fails while
+the block differs from what the CLI says); the build replaces the block with what the code says now.
+
 The CLI is read the way `--help` reads it: Typer's click command tree (`typer.main.get_command`), and for each
 parameter its help record (`get_help_record`: names, metavar, help, then click's `[default: ...; range; required]`),
 so the reference says exactly what `attnscope COMMAND --help` says, and a new command or option appears in it with
@@ -22,7 +26,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-MARKER = re.compile(r"^<!-- generated: (\w+)(?: ([\w-]+))? -->$", re.MULTILINE)
+MARKER = re.compile(
+    r"^<!-- generated: (\w+)(?: ([\w-]+))? -->$(?:\n(?P<block>.*?)\n<!-- end generated -->$)?", re.MULTILINE | re.DOTALL
+)
+REFERENCE = "reference.md"  # the page whose generated block is kept in the repository
 
 
 # ------------------------------------------------------------------------------------------------- the CLI
@@ -255,3 +262,22 @@ def expand(markdown: str) -> str:
 def on_page_markdown(markdown: str, page: Any = None, config: Any = None, files: Any = None) -> str:
     """MkDocs' hook: the page's Markdown with its markers expanded."""
     return expand(markdown)
+
+
+def with_blocks(markdown: str) -> str:
+    """`markdown` with each marker followed by what it generates now, kept between the marker and its end (what a
+    page kept in the repository holds)."""
+
+    def replace(found: re.Match) -> str:
+        marker = found.group(0).split("\n", 1)[0]
+        return f"{marker}\n{expand(marker)}\n<!-- end generated -->"
+
+    return MARKER.sub(replace, markdown)
+
+
+if __name__ == "__main__":  # python docs/hooks/generate.py: docs/reference.md's block made current
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[1] / REFERENCE
+    page.write_text(with_blocks(page.read_text(encoding="utf-8")), encoding="utf-8")
+    print(f"wrote {page}")

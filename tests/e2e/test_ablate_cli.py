@@ -94,3 +94,44 @@ def test_top_is_the_number_of_rows_shown(cli, model_dir, top):
     assert labels == by_rank[:top] == doc["most_important"]  # the table, and its ranked list in the JSON
     importance = np.array([h["importance"] for h in heads])
     assert len(set(importance.round(6))) == 8  # distinct, so the order is the measurement's, not a tie's
+
+
+def test_ablation_and_removed_heads_are_recorded(cli, tmp_path):
+    """--ablation and its seed in the settings, the note saying which ran; --remove (comma-separated or repeated)
+    with the whole model's loss beside the baseline."""
+    texts = tmp_path / "texts.txt"
+    texts.write_text("The cat sat on the mat.\n\nThe doctor said that she would help.\n", encoding="utf-8")
+    args = ("ablate", "--model", "demo", "--file", texts, "--method", "gradient", "--json")
+    doc = _ablate(cli, *args[1:], "--ablation", "resample", "--resample-seed", "2")
+    assert doc["settings"]["ablation"] == "resample" and doc["settings"]["resample_seed"] == 2
+    assert any(note.startswith("resample ablation (seed 2): ") for note in doc["notes"])
+    assert doc["intact_loss"] is None and doc["settings"]["remove"] == []
+    doc = _ablate(cli, *args[1:], "--remove", "0.2,1.0", "--remove", "L1H3")
+    assert doc["settings"]["ablation"] == "mean" and doc["settings"]["remove"] == ["0.2", "1.0", "1.3"]
+    assert abs(doc["intact_loss"] - doc["baseline_loss"]) > 1e-3  # the whole model's loss, and the loss without them
+    assert {h["label"]: h["importance"] for h in doc["heads"]}["1.3"] == 0
+    code, out, err = cli(*args[:-1], "--ablation", "resample", "--remove", "0.2")
+    assert code == 2 and "resample ablation has no fixed value" in err and "\n" not in err.strip()
+
+
+@pytest.mark.slow
+def test_save_then_compare_the_model_without_a_head(cli, tmp_path, monkeypatch, fresh_loads):
+    """The README's offline compare: `ablate --remove 0.2 --save demo-no-0.2`, then `compare --model demo --model
+    demo-no-0.2`; the folder holds a model and its tokenizer, labelled by its name (fresh loads: compare frees the
+    models it loads, and the same name means another folder in another test)."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli(
+        "ablate", "--model", "demo", "--remove", "0.2", "--save", "demo-no-0.2", "--method", "gradient"
+    )
+    assert code == 0, err
+    assert "is saved in demo-no-0.2" in err
+    names = {path.name for path in (tmp_path / "demo-no-0.2").iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
+    code, out, err = cli("compare", "--model", "demo", "--model", "demo-no-0.2", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["models"] == ["demo", "demo-no-0.2"]
+    moved = {head["label"]: head["divergence"] for head in doc["heads"]}
+    assert all(moved[f"0.{h}"] == 0 for h in range(4)) and max(moved[f"1.{h}"] for h in range(4)) > 0.05
+    code, out, err = cli("ablate", "--model", "demo", "--remove", "0.2", "--save", "demo-no-0.2")
+    assert code == 2 and "the folder exists and is not empty" in err

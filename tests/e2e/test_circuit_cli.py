@@ -20,10 +20,13 @@ def test_demo_json_heads_top_and_csv(cli):
     code, out, err = cli(*args, "--json")
     assert code == 0, err
     doc = json.loads(out)
-    assert list(doc)[:8] == ["schema_version", "command", "attnscope_version", "model", "input", "settings", "notes",
-                             "dependencies"]  # fmt: skip
+    assert list(doc)[:9] == ["schema_version", "command", "attnscope_version", "model", "input", "settings", "notes",
+                             "estimate", "dependencies"]  # fmt: skip
+    assert doc["estimate"] is False  # removal: measured
     assert {"composition", "composition_baseline", "heads"} <= set(doc)
     assert doc["settings"]["head"] == ["1.3", "1.0"] and doc["settings"]["method"] == "removal"
+    assert doc["settings"]["ablation"] == "mean" and doc["settings"]["resample_seed"] is None  # the default
+    assert any(note.startswith("mean ablation: ") for note in doc["notes"])
     dependencies = doc["dependencies"]
     assert [d["label"] for d in dependencies] == ["1.0", "1.0", "1.3", "1.3"]  # B in layer.head order, 2 each
     for label in ("1.0", "1.3"):
@@ -32,7 +35,8 @@ def test_demo_json_heads_top_and_csv(cli):
         assert [d["change"] for d in mine] == sorted(d["change"] for d in mine)
         for d in mine:
             assert d["without"] == pytest.approx(d["with"] + d["change"], abs=2e-6)
-    assert list(dependencies[0]) == ["label", "on", "score", "with", "without", "change"]
+    assert list(dependencies[0]) == ["label", "on", "score", "with", "without", "change", "estimate", "clipped"]
+    assert not any(d["estimate"] or d["clipped"] for d in dependencies)
     assert {(c["from"], c["to"]) for c in doc["composition"]} == {
         (f"0.{a}", b) for a in range(4) for b in ("1.0", "1.3")
     }
@@ -48,9 +52,10 @@ def test_demo_json_heads_top_and_csv(cli):
     code, out, err = cli(*args, "--csv", "--no-weights")
     rows = list(csv.DictReader(io.StringIO(out)))
     assert len(rows) == 8 and {row["on"] for row in rows} == {f"0.{h}" for h in range(4)}
-    code, out, err = cli("circuit", "--model", "demo", "--head", "1.0", "--top", "2")
+    code, out, err = cli("circuit", "--model", "demo", "--head", "1.0", "--top", "2", "--ablation", "resample")
     assert code == 0, err
-    assert "0.2" in out and "previous-token" in out
+    assert "0.2" in out and "previous-token" in out and "(removal: measured, resample ablation)" in out
+    assert "resample ablation (seed 0)" in err  # the note
 
 
 @pytest.mark.slow
@@ -82,3 +87,22 @@ def test_gradient_with_steps_finds_the_demos_induction_circuit(cli):
     code, out, err = cli("circuit", "--model", "demo", "--steps", "4")
     assert (code, out) == (2, "")
     assert err == "attnscope: error: steps (--steps) are the gradient's integration points: give method gradient too\n"
+
+
+@pytest.mark.slow
+def test_the_gradient_says_it_estimates_and_never_shows_a_share_above_1(cli):
+    """The issue's case: on the demo, the plain gradient puts 1.3's induction score (0.914) at 1.039 without 0.2, a
+    share above 1 (removal measures 0.23). The JSON says `estimate` and a note says to confirm by removal; 0.2's
+    `without` is clipped to 1 and marked; the terminal heads its table as estimates and shows no 1.039."""
+    args = ("circuit", "--model", "demo", "--head", "1.3", "--method", "gradient", "--no-weights")
+    code, out, err = cli(*args, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["estimate"] is True and any("confirm the dependencies that matter" in note for note in doc["notes"])
+    record = next(d for d in doc["dependencies"] if d["on"] == "0.2")
+    assert record["with"] + record["change"] > 1.0  # the raw first-order estimate leaves [0, 1] ...
+    assert record["without"] == 1.0 and record["clipped"] is True  # ... and is not shown as a measured share
+    assert all(0.0 <= d["without"] <= 1.0 and d["estimate"] for d in doc["dependencies"])
+    code, out, err = cli(*args)
+    assert code == 0, err
+    assert "ESTIMATES of each earlier head's removal" in out and "1.000 (clipped)" in out and "1.039" not in out

@@ -430,24 +430,24 @@ def pair(tmp_path_factory):
 
 @pytest.mark.slow
 def test_a_page_of_several_models_carries_each_models_own_report(pair):
-    """Each model's records and maps on the page are those of its own one-model page; the first model's maps are
-    the texts' own; head 0.2 removed leaves layer 0's maps alone and changes layer 1's; the page is the same on
-    every run."""
+    """Each model's records and maps on the page are those of its own one-model page; the last model's maps are
+    the texts' own (the page opens on it: `primary`); head 0.2 removed leaves layer 0's maps alone and changes layer
+    1's; the page is the same on every run."""
     folder, pages = pair
     both, demo, without = pages["both"], pages["demo"], pages["without"]
     assert (folder / "both" / "report.html").read_bytes() == (folder / "again" / "report.html").read_bytes()
     viewer = both["viewer"]
-    assert [m["label"] for m in viewer["models"]] == ["demo", "demo-without-0.2"]
-    assert viewer["models"][0]["heads"] == demo["heads"]["heads"] == both["heads"]["heads"]
-    assert viewer["models"][1]["heads"] == without["heads"]["heads"]
-    assert viewer["models"][1]["characteristic"] == without["viewer"]["characteristic"]
-    assert viewer["models"][0]["maps"] is None and viewer["texts"] == demo["viewer"]["texts"]
-    entries = without["viewer"]["texts"]
-    assert viewer["models"][1]["maps"] == [{"scale": t["scale"], "maps": t["maps"]} for t in entries]
+    assert [m["label"] for m in viewer["models"]] == ["demo", "demo-without-0.2"] and viewer["primary"] == 1
+    assert viewer["models"][0]["heads"] == demo["heads"]["heads"]
+    assert viewer["models"][1]["heads"] == without["heads"]["heads"] == both["heads"]["heads"]
+    assert viewer["models"][0]["characteristic"] == demo["viewer"]["characteristic"]
+    assert viewer["models"][1]["maps"] is None and viewer["texts"] == without["viewer"]["texts"]
+    entries = demo["viewer"]["texts"]
+    assert viewer["models"][0]["maps"] == [{"scale": t["scale"], "maps": t["maps"]} for t in entries]
     changed = 0
-    for text, other in zip(viewer["texts"], viewer["models"][1]["maps"], strict=True):
-        first = _decoded_maps(text, 2, 4, causal=True)
-        second = _decoded_maps({**text, **other}, 2, 4, causal=True)
+    for text, other in zip(viewer["texts"], viewer["models"][0]["maps"], strict=True):
+        first = _decoded_maps({**text, **other}, 2, 4, causal=True)
+        second = _decoded_maps(text, 2, 4, causal=True)
         np.testing.assert_array_equal(first[0], second[0])  # below the head removed: the same attention
         changed += np.nanmax(np.abs(first[1] - second[1])) > 0.01
     assert changed == len(viewer["texts"])
@@ -469,7 +469,10 @@ def test_several_models_json_and_csv_are_each_models_heads(cli, fresh_loads, tin
     assert doc["settings"] == {"diversity": False, "ablate": False, "circuit": False}
     for heads, model in zip(doc["by_model"], (tiny_model_dir, without), strict=True):
         assert heads["heads"] == _json(cli, "heads", CAT, "-m", model)["heads"]
-    assert doc["heads"] == doc["by_model"][0]
+    assert doc["heads"] == doc["by_model"][-1]  # the page's own tables are the last model's
+    notes = " ".join(doc["notes"])
+    assert "the tables are the last model's (tiny-without-0.1)" in notes
+    assert "ablation" not in notes and "diversity" not in notes  # neither ran
     code, out, err = cli("report", CAT, *given, "--csv")
     assert code == 0, err
     rows = out.splitlines()
@@ -617,12 +620,17 @@ def test_the_model_slider_redraws_the_role_map_and_keeps_the_head(browser, pair)
     page, seen = _open(browser, folder / "both" / "report.html")
     page.wait_for_selector("body[data-ready=yes]", timeout=20_000)
     cell = f'table.rolemap td.cell[data-head="{head}"]'
+    # it opens on the last model: the slider, the role map and the panel show it
+    assert page.locator("body").get_attribute("data-model") == "demo-without-0.2"
+    assert page.locator('[data-viewer="models"] input[type="range"]').input_value() == "1"
+    assert page.locator(cell).get_attribute("data-role") == records[1][head]
     page.click(cell)
     panel = page.locator('[data-viewer="head"]')
+    assert panel.get_attribute("data-model") == "demo-without-0.2"
     map_canvas = '[data-viewer="head"] .asv-view .asv-heat canvas'
-    drawn = _pixels(page, map_canvas)
     page.select_option('[data-viewer="head"] select[aria-label="text"]', "0")  # one text for both models
-    drawn = _pixels(page, map_canvas)
+    page.click('[data-viewer="models"] button[data-value="0"]')
+    drawn = _pixels(page, map_canvas)  # the first model's map
     for model in (0, 1, 0):
         if model == 1:
             page.locator('[data-viewer="models"] input[type="range"]').fill("1")  # the slider itself
@@ -649,6 +657,7 @@ def test_the_model_slider_redraws_the_role_map_and_keeps_the_head(browser, pair)
     first = _pixels(page, map_canvas)
     page.locator('[data-viewer="models"] input[type="range"]').fill("1")
     assert _pixels(page, map_canvas) == first
+    assert page.title() == "attnscope report: demo, demo-without-0.2 (2 models)"  # the labels, not the paths
     assert seen["console"] == [] and len(seen["requests"]) == 1
     page.close()
 
@@ -696,4 +705,40 @@ def test_clicking_a_head_shows_its_dependencies_and_marks_them_in_the_role_map(b
     page.click('#circuit tr[data-head="1.0"]')  # and a row of the circuit's table
     assert page.locator('[data-viewer="head"]').get_attribute("data-head") == "1.0"
     assert seen["console"] == [] and len(seen["requests"]) == 1
+    page.close()
+
+
+@pytest.mark.slow
+def test_the_circuits_arrows_never_cover_a_cells_label(browser, circuit_page):
+    """On the demo's small role map (2 × 4 cells, where arrows between neighbours cross other cells), every cell's
+    label reads the same with the arrows drawn and with the arrows' canvas hidden: the arrows pass under the labels.
+    The arrows are there (the map differs outside the labels)."""
+    import io
+
+    from PIL import Image
+
+    page, seen = _open(browser, circuit_page)
+    page.wait_for_selector("body[data-ready=yes]", timeout=20_000)
+    table = page.locator("table.rolemap")
+    for head in ("1.0", "0.2", "1.3"):
+        page.click(f'table.rolemap td.cell[data-head="{head}"]')
+        assert page.locator("canvas.asv-edges").get_attribute("data-edges")
+        drawn = np.asarray(Image.open(io.BytesIO(table.screenshot())).convert("RGB"), dtype=int)
+        page.eval_on_selector("canvas.asv-edges", "canvas => { canvas.style.visibility = 'hidden'; }")
+        bare = np.asarray(Image.open(io.BytesIO(table.screenshot())).convert("RGB"), dtype=int)
+        page.eval_on_selector("canvas.asv-edges", "canvas => { canvas.style.visibility = ''; }")
+        assert drawn.shape == bare.shape and np.abs(drawn - bare).sum() > 0  # the arrows show somewhere
+        boxes = page.eval_on_selector_all(
+            "table.rolemap td.cell .asv-label",
+            """labels => { const t = labels[0].closest("table").getBoundingClientRect();
+                return labels.map(l => { const b = l.getBoundingClientRect();
+                    return [b.left - t.left, b.top - t.top, b.right - t.left, b.bottom - t.top]; }); }""",
+        )
+        assert len(boxes) == 8
+        for left, top, right, bottom in boxes:  # each label's box, less its anti-aliased edge
+            box = (slice(int(np.ceil(top)) + 1, int(bottom) - 1), slice(int(np.ceil(left)) + 1, int(right) - 1))
+            # within 3 of 255 per channel: a faded cell's white veil is a gradient, which chromium dithers; an
+            # arrow (its white halo on the veil's grey, 12 apart at least, or its colour) would differ more
+            assert np.abs(drawn[box] - bare[box]).max() <= 3, (head, left, top)
+    assert seen["console"] == []
     page.close()

@@ -38,6 +38,23 @@ def test_a_model_that_is_not_there_points_to_the_demo(cli, args):
     assert "is not in the local Hugging Face cache and the Hub cannot be reached" in err and DEMO_HINT in err
 
 
+def test_a_missing_folder_that_reads_as_a_hub_id_says_both(cli, tmp_path, monkeypatch):
+    """`runs/step-0000` could be a folder (here, relative) or a Hub id: when it is neither, the line says where the
+    folder was looked for, as well as that the Hub has no such model."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli("heads", CAT, "-m", "runs/step-0000")
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+    assert "model 'runs/step-0000' is not in the local Hugging Face cache" in err
+    assert f"(nor is there a folder {tmp_path / 'runs' / 'step-0000'})" in err
+
+
+@pytest.mark.parametrize("command", ["compare", "report"])
+def test_revisions_without_a_model_name_the_model_option(cli, command):
+    code, out, err = cli(command, CAT, "--revisions", "step0,step512")
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+    assert "revisions (--revisions) are revisions of a model: name it with --model" in err
+
+
 @pytest.mark.parametrize("command", ["heads", "info"])
 def test_a_missing_model_directory_points_to_the_demo(cli, tmp_path, command):
     code, out, err = cli(command, *([CAT] if command == "heads" else []), "-m", tmp_path / "nope")

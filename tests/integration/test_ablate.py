@@ -1,6 +1,8 @@
 """`Ablate` on both kinds of model against an independent removal: a fresh transformers model whose output-projection
 weights of a head are zeroed by hand, scored with transformers' own loss (next-token for GPT-2, masked-LM for BERT);
-finite differences of that loss for the gradient method."""
+finite differences of that loss for the gradient method. Mean and resample ablation against their definitions,
+written here: each window run alone, a hook on the output projection putting in a head's place its mean over every
+position of every window, or the donor window's output at the same position."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import torch
 from attnscope.analyses.ablate import Ablate
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import load_model
+from attnscope.pipeline.ablation import donors
 from attnscope.pipeline.inputs import Text
 from attnscope.pipeline.loss_windows import IGNORED, MASK_FRACTION, masked_windows
 from attnscope.pipeline.tokens import tokenize
@@ -118,7 +121,9 @@ def _reference_window_losses(fresh_models, lm_model, kind, texts, scale):
 
 
 def test_loss_method_equals_zeroed_weights(lm, kind, fresh_models):
-    result = Ablate(method="loss", batch_size=2).run(lm, TEXTS)  # padded batches of windows of different lengths
+    result = Ablate(method="loss", ablation="zero", batch_size=2).run(
+        lm, TEXTS
+    )  # padded batches of windows of different lengths
     baseline = _reference_loss(fresh_models, lm, kind, TEXTS)
     assert result.baseline_loss == pytest.approx(baseline, abs=1e-5)
     assert result.importance.shape == result.ablated_loss.shape == (2, 4)
@@ -131,7 +136,7 @@ def test_loss_method_equals_zeroed_weights(lm, kind, fresh_models):
 
 
 def test_gradient_method_equals_finite_differences(lm, kind, fresh_models):
-    result = Ablate(method="gradient", batch_size=3).run(lm, TEXTS)
+    result = Ablate(method="gradient", ablation="zero", batch_size=3).run(lm, TEXTS)
     eps = 1e-2
     for layer, head in [(0, 0), (0, 3), (1, 1), (1, 2)]:
         up = _reference_window_losses(fresh_models, lm, kind, TEXTS, scale=((layer, head), 1 + eps))
@@ -143,7 +148,7 @@ def test_gradient_method_equals_finite_differences(lm, kind, fresh_models):
 
 
 def test_prune_removes_the_least_important_heads_cumulatively(lm, kind, fresh_models):
-    result = Ablate(method="loss", prune=3).run(lm, TEXTS[:2])
+    result = Ablate(method="loss", ablation="zero", prune=3).run(lm, TEXTS[:2])
     least = sorted(HEADS, key=lambda lh: (result.importance[lh], -lh[0], -lh[1]))[:3]  # by hand: least first
     assert result.ranked()[::-1][:3] == least
     assert [step["head"] for step in result.prune] == [f"{layer}.{head}" for layer, head in least]
@@ -226,3 +231,116 @@ def test_too_short_windows_are_one_line_errors(lm_models, kind_, message):
     with pytest.raises(AttnscopeError, match=message) as raised:
         Ablate(method="loss", bos=False).run(lm_models[kind_], [Text("cat", "t")])
     assert "\n" not in str(raised.value)
+
+
+# ---------------------------------------------------------------------------------- mean and resample ablation
+
+
+def _projection(model, kind, layer):
+    """The module whose input is layer `layer`'s heads' outputs side by side."""
+    if kind == "decoder":
+        return model.transformer.h[layer].attn.c_proj
+    return model.bert.encoder.layer[layer].attention.output.dense
+
+
+def _outputs(model, kind, layer, ids) -> torch.Tensor:
+    """(n, H·d_head): layer `layer`'s heads' outputs for one window run alone."""
+    found = {}
+    handle = _projection(model, kind, layer).register_forward_pre_hook(lambda m, args: found.update(z=args[0][0]))
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([ids]))
+    finally:
+        handle.remove()
+    return found["z"].clone()
+
+
+def _loss_sum(model, kind, layer, head, ids, targets, value=None) -> tuple[float, int]:
+    """transformers' own loss of one window, summed over its predicted tokens, with head `head` of `layer` giving
+    `value(x)` ((n, d_head) from its own output x) in place of its output; and the count of predicted tokens."""
+    d_head = model.config.hidden_size // model.config.num_attention_heads
+    part = slice(head * d_head, (head + 1) * d_head)
+
+    def replace(module, args):
+        x = args[0].clone()
+        x[0, :, part] = value(x[0, :, part])
+        return (x,)
+
+    handle = _projection(model, kind, layer).register_forward_pre_hook(replace) if value is not None else None
+    try:
+        with torch.no_grad():
+            loss = float(model(input_ids=torch.tensor([ids]), labels=torch.tensor([targets])).loss)
+    finally:
+        if handle is not None:
+            handle.remove()
+    count = len(ids) - 1 if kind == "decoder" else sum(target != -100 for target in targets)
+    return loss * count, count
+
+
+_OUTPUTS: dict = {}  # (model, layer, window ids) -> _outputs: the references ask for each several times
+
+
+def _replacements(model, kind, windows, layer, head, mode, seed=0) -> list:
+    """Per window, what head `head` of `layer` gives once removed, as the definitions say: its mean over every
+    position of every window (each run alone), or the donor window's output at the same position (the mean past the
+    donor's end)."""
+    d_head = model.config.hidden_size // model.config.num_attention_heads
+    part = slice(head * d_head, (head + 1) * d_head)
+    for ids, _ in windows:
+        if (id(model), layer, tuple(ids)) not in _OUTPUTS:
+            _OUTPUTS[(id(model), layer, tuple(ids))] = _outputs(model, kind, layer, ids)
+    outputs = [_OUTPUTS[(id(model), layer, tuple(ids))][:, part] for ids, _ in windows]  # (n_w, d_head) each
+    mean = torch.cat(outputs).double().mean(0).float()  # (d_head,)
+    if mode == "mean":
+        return [mean.expand(len(ids), d_head) for ids, _ in windows]
+    given = donors([len(ids) for ids, _ in windows], seed)
+    values = []
+    for (ids, _), d in zip(windows, given, strict=True):
+        value = mean.repeat(len(ids), 1)  # (n, d_head)
+        shared = min(len(ids), len(outputs[d]))
+        value[:shared] = outputs[d][:shared]
+        values.append(value)
+    return values
+
+
+def _reference(fresh_models, lm, kind, mode, layer, head, seed=0, xi=0.0) -> float:
+    """The loss over every window, head `layer`.`head`'s output x made x·ξ + r·(1 − ξ), r as `mode` says."""
+    model = fresh_models[kind]
+    windows = _reference_windows(lm, kind, TEXTS)
+    values = _replacements(model, kind, windows, layer, head, mode, seed)
+    total, count = 0.0, 0
+    for (ids, targets), value in zip(windows, values, strict=True):
+        part, n = _loss_sum(model, kind, layer, head, ids, targets, lambda x, value=value: x * xi + value * (1 - xi))
+        total, count = total + part, count + n
+    return total / count
+
+
+@pytest.mark.parametrize("mode", ["mean", "resample"])
+def test_the_loss_without_each_head_equals_the_definition(lm_models, fresh_models, kind, mode):
+    lm = lm_models[kind]
+    result = Ablate(ablation=mode, resample_seed=3 if mode == "resample" else 0, batch_size=2).run(lm, TEXTS)
+    assert result.settings["ablation"] == mode
+    assert result.settings["resample_seed"] == (3 if mode == "resample" else None)
+    for layer, head in [(0, 1), (0, 3), (1, 0), (1, 2)]:  # every head is computed alike: four of the eight
+        expected = _reference(fresh_models, lm, kind, mode, layer, head, seed=3)
+        assert result.ablated_loss[layer, head] == pytest.approx(expected, abs=1e-5), (layer, head)
+    zero = Ablate(ablation="zero", batch_size=2).run(lm, TEXTS)
+    assert result.baseline_loss == pytest.approx(zero.baseline_loss, abs=1e-9)  # nothing removed, nothing changed
+    assert np.abs(result.ablated_loss - zero.ablated_loss).max() > 1e-3  # the modes differ: the test has teeth
+
+
+def test_the_gradient_estimates_the_mean_ablation(lm_models, fresh_models, kind):
+    """|∂L_w/∂ξ| of x·ξ + m·(1 − ξ) at ξ = 1, window by window, against finite differences of the reference."""
+    lm = lm_models[kind]
+    result = Ablate(method="gradient", ablation="mean").run(lm, TEXTS)
+    model, windows, eps = fresh_models[kind], _reference_windows(lm, kind, TEXTS), 1e-2
+    for layer, head in [(0, 1), (1, 2)]:
+        values = _replacements(model, kind, windows, layer, head, "mean")
+        slopes = []
+        for (ids, targets), value in zip(windows, values, strict=True):
+            losses = [
+                _loss_sum(model, kind, layer, head, ids, targets, lambda x, v=value, xi=xi: x * xi + v * (1 - xi))
+                for xi in (1 + eps, 1 - eps)
+            ]
+            slopes.append(abs(losses[0][0] - losses[1][0]) / losses[0][1] / (2 * eps))
+        assert result.importance[layer, head] == pytest.approx(np.mean(slopes), rel=2e-2, abs=1e-4), (layer, head)

@@ -55,7 +55,7 @@ def _every_deciding_score(loaded, texts, heads: Heads) -> list[tuple[int, int, s
 def _check_against_zeroed_copies(loaded, texts, heads: Heads, removed: list[tuple[int, int]]) -> np.ndarray:
     explained = _every_deciding_score(loaded, texts, heads)
     explained += [(layer, head, "entropy_normalized") for layer, head, _ in explained[:2]]  # a rows score for sure
-    with_values, changes = removal_changes(loaded, texts, explained, heads)
+    with_values, changes = removal_changes(loaded, texts, explained, heads, ablation="zero")
     base = _scores(loaded, texts, heads)
     for i, (layer, head, score) in enumerate(explained):
         assert with_values[i] == pytest.approx(base[(layer, head)][score], abs=1e-9)
@@ -76,7 +76,7 @@ def test_the_demo_induction_circuit_is_found_and_equals_zeroed_weights():
     texts = _texts(TEXTS)
     heads = Heads(probe_len=None)
     explained = [(1, head, "induction") for head in (0, 2, 3)]
-    with_values, changes = removal_changes(demo, texts, explained, heads)
+    with_values, changes = removal_changes(demo, texts, explained, heads, ablation="zero")
     for removed in ((0, 2), (0, 1)):
         without = _scores(_zeroed(demo, *removed), texts, heads)
         for i, (layer, head, score) in enumerate(explained):
@@ -119,11 +119,34 @@ def test_every_family_replays_what_the_naive_way_computes(family_dir, name, monk
     heads = Heads(**PROBE)
     texts = _texts(FAMILY_TEXTS)
     explained = _every_deciding_score(model, texts, heads)
-    with_values, changes = removal_changes(model, texts, explained, heads)
-    naive_with, naive = naive_changes(model, texts, explained, heads)
+    with_values, changes = removal_changes(model, texts, explained, heads, ablation="zero")
+    naive_with, naive = naive_changes(model, texts, explained, heads, ablation="zero")
     np.testing.assert_allclose(with_values, naive_with, atol=1e-9)
     np.testing.assert_allclose(changes, naive, atol=2e-5)
     assert np.abs(changes).max() > 1e-4
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean", "resample"])
+def test_the_replay_of_each_ablation_equals_the_naive_way(mode):
+    """The replay puts 0, the means, or the donors' outputs recorded beside each batch, where the naive way puts its
+    own (every window run alone, in a full forward per removal), on the texts (four windows of different lengths in
+    one padded batch: the longest takes the mean past its donor's end) and on the probe (its own means and donors)."""
+    demo = load_model("demo", "cpu")
+    texts, heads = _texts(TEXTS), Heads(probe_len=8)
+    explained = [(1, 0, "induction"), (1, 2, "previous_token"), (1, 3, "first_token")]
+    with_values, changes = removal_changes(demo, texts, explained, heads, ablation=mode, seed=5)
+    naive_with, naive = naive_changes(demo, texts, explained, heads, ablation=mode, seed=5)
+    np.testing.assert_allclose(with_values, naive_with, atol=1e-9)
+    np.testing.assert_allclose(changes, naive, atol=2e-6)
+    assert np.abs(changes).max() > 0.3  # 0.2 removed: the induction head falls
+    if mode != "zero":
+        _, zero = removal_changes(demo, texts, explained, heads, ablation="zero")
+        assert np.abs(changes - zero).max() > 1e-2  # the replacement matters: the comparison has teeth
+    seed = 5 if mode == "resample" else 0
+    result = Circuit(head=["1.0"], ablation=mode, resample_seed=seed, weights=False, probe_len=8)
+    found = result.run(demo, texts)
+    assert found.settings["ablation"] == mode and found.settings["resample_seed"] == (5 if mode == "resample" else None)
+    assert any(note.startswith(f"{mode} ablation") for note in found.notes)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -132,8 +155,8 @@ def test_on_a_gpu_the_replay_equals_the_naive_way():
     demo = load_model("demo", "cuda")
     texts, heads = _texts(TEXTS), Heads()
     explained = _every_deciding_score(demo, texts, heads)
-    with_values, changes = removal_changes(demo, texts, explained, heads)
-    naive_with, naive = naive_changes(demo, texts, explained, heads)
+    with_values, changes = removal_changes(demo, texts, explained, heads, ablation="zero")
+    naive_with, naive = naive_changes(demo, texts, explained, heads, ablation="zero")
     np.testing.assert_allclose(with_values, naive_with, atol=1e-6)
     np.testing.assert_allclose(changes, naive, atol=1e-4)
     assert changes[[i for i, e in enumerate(explained) if e[2] == "induction"], 0, 2].max() < -0.3

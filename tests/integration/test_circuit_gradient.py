@@ -74,7 +74,7 @@ def _without(loaded, layer: int, head: int):
 
 def test_values_equal_the_heads_analysis(model):
     explained = _every_pair(model)
-    values, changes = gradient_changes(model, TEXTS, explained, SETTINGS)
+    values, changes = gradient_changes(model, TEXTS, explained, SETTINGS, ablation="zero")
     expected = _scores(model, TEXTS, SETTINGS)
     assert values.shape == (len(explained),) and changes.shape == (len(explained), model.n_layer, model.n_head)
     np.testing.assert_allclose(values, [expected[item] for item in explained], atol=2e-6)
@@ -83,7 +83,7 @@ def test_values_equal_the_heads_analysis(model):
 def test_the_estimate_is_minus_the_derivative_and_zero_from_the_head_s_own_layer_up(model):
     explained = [(1, head, name) for head in range(model.n_head) for name in _measured(model, smooth=True)]
     explained.append((0, 2, "previous_token"))
-    _, changes = gradient_changes(model, TEXTS, explained, SETTINGS)
+    _, changes = gradient_changes(model, TEXTS, explained, SETTINGS, ablation="zero")
     step = 1e-3
     for head in range(model.n_head):  # central differences of the heads analysis, one layer-0 head scaled at a time
         up = _scores(model, TEXTS, SETTINGS, ((0, head), 1 + step))
@@ -99,7 +99,7 @@ def test_a_head_whose_output_weights_are_zero_is_estimated_to_change_nothing(tin
     removed = _without(tiny, 0, 1)
     explained = [(1, head, "previous_token") for head in range(tiny.n_head)] + [(1, 0, "induction")]
     for steps in (0, 2):
-        _, changes = gradient_changes(removed, TEXTS, explained, SETTINGS, steps=steps)
+        _, changes = gradient_changes(removed, TEXTS, explained, SETTINGS, steps=steps, ablation="zero")
         assert (changes[:, 0, 1] == 0).all()
         assert np.abs(changes[:, 0, [0, 2, 3]]).max() > 0
 
@@ -107,7 +107,7 @@ def test_a_head_whose_output_weights_are_zero_is_estimated_to_change_nothing(tin
 def test_the_model_is_left_as_it_was(tiny):
     before = _scores(tiny, TEXTS, SETTINGS)
     implementation = tiny.config._attn_implementation
-    gradient_changes(tiny, TEXTS, [(1, 0, "induction"), (1, 1, "entropy")], SETTINGS, steps=2)
+    gradient_changes(tiny, TEXTS, [(1, 0, "induction"), (1, 1, "entropy")], SETTINGS, steps=2, ablation="zero")
     assert tiny.config._attn_implementation == implementation
     assert all(parameter.grad is None and parameter.requires_grad for parameter in tiny.model.parameters())
     assert _scores(tiny, TEXTS, SETTINGS) == before
@@ -119,9 +119,11 @@ def test_batched_backward_passes_equal_one_after_another(tiny, monkeypatch):
     from attnscope.analyses import circuit_gradient
 
     explained = [(1, head, name) for head in range(tiny.n_head) for name in ("previous_token", "induction")]
-    _, batched = gradient_changes(tiny, TEXTS, explained, SETTINGS)
+    _, batched = gradient_changes(tiny, TEXTS, explained, SETTINGS, ablation="zero")
     monkeypatch.setattr(circuit_gradient, "GRADIENTS_AT_ONCE", 1)
-    np.testing.assert_allclose(gradient_changes(tiny, TEXTS, explained, SETTINGS)[1], batched, atol=1e-6)
+    np.testing.assert_allclose(
+        gradient_changes(tiny, TEXTS, explained, SETTINGS, ablation="zero")[1], batched, atol=1e-6
+    )
     grad = torch.autograd.grad
 
     def refuse_batches(*args, **kwargs):
@@ -131,7 +133,9 @@ def test_batched_backward_passes_equal_one_after_another(tiny, monkeypatch):
 
     monkeypatch.setattr(circuit_gradient, "GRADIENTS_AT_ONCE", 16)
     monkeypatch.setattr(torch.autograd, "grad", refuse_batches)
-    np.testing.assert_allclose(gradient_changes(tiny, TEXTS, explained, SETTINGS)[1], batched, atol=1e-6)
+    np.testing.assert_allclose(
+        gradient_changes(tiny, TEXTS, explained, SETTINGS, ablation="zero")[1], batched, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize(
@@ -146,14 +150,14 @@ def test_batched_backward_passes_equal_one_after_another(tiny, monkeypatch):
 )
 def test_bad_requests_are_refused(tiny, explained, settings, message):
     with pytest.raises(AttnscopeError, match=message):
-        gradient_changes(tiny, TEXTS, explained, settings)
+        gradient_changes(tiny, TEXTS, explained, settings, ablation="zero")
     with pytest.raises(AttnscopeError, match="steps"):
-        gradient_changes(tiny, TEXTS, [(1, 0, "self")], SETTINGS, steps=-1)
+        gradient_changes(tiny, TEXTS, [(1, 0, "self")], SETTINGS, steps=-1, ablation="zero")
 
 
 def test_an_encoder_has_no_probe_score(tiny_bert):
     with pytest.raises(AttnscopeError, match="measured for decoders only"):
-        gradient_changes(tiny_bert, TEXTS, [(1, 0, "induction")], SETTINGS)
+        gradient_changes(tiny_bert, TEXTS, [(1, 0, "induction")], SETTINGS, ablation="zero")
 
 
 @pytest.mark.slow
@@ -164,7 +168,7 @@ def test_values_equal_the_heads_analysis_with_windows_softcaps_and_sinks(family_
     loaded = load_model(str(family_dir(family)), "cpu")
     texts = [*TEXTS, *FAMILY_TEXTS]
     explained = _every_pair(loaded)
-    values, changes = gradient_changes(loaded, texts, explained, SETTINGS)
+    values, changes = gradient_changes(loaded, texts, explained, SETTINGS, ablation="zero")
     expected = _scores(loaded, texts, SETTINGS)
     np.testing.assert_allclose(values, [expected[item] for item in explained], atol=2e-6)
     assert np.isfinite(changes).all() and np.abs(changes[[k for k, item in enumerate(explained) if item[0]]]).max() > 0
@@ -176,7 +180,7 @@ def test_grouped_query_llama_values_and_derivative(family_dir):
     llama = load_model(str(family_dir("llama")), "cpu")
     texts = [*TEXTS, *FAMILY_TEXTS]
     explained = [(1, head, name) for head in range(llama.n_head) for name in _measured(llama, smooth=True)]
-    values, changes = gradient_changes(llama, texts, explained, SETTINGS)
+    values, changes = gradient_changes(llama, texts, explained, SETTINGS, ablation="zero")
     expected = _scores(llama, texts, SETTINGS)
     np.testing.assert_allclose(values, [expected[item] for item in explained], atol=2e-6)
     step = 1e-3
@@ -197,8 +201,8 @@ def test_the_demo_s_induction_circuit():
     texts = sample_texts()
     settings = Heads()
     inductive = [(1, head, "induction") for head in (0, 2, 3)]
-    values, linear = gradient_changes(demo, texts, inductive, settings)
-    _, integrated = gradient_changes(demo, texts, inductive, settings, steps=4)
+    values, linear = gradient_changes(demo, texts, inductive, settings, ablation="zero")
+    _, integrated = gradient_changes(demo, texts, inductive, settings, steps=4, ablation="zero")
     exact = _scores(_without(demo, 0, 2), texts, settings)
     for k, item in enumerate(inductive):
         change = exact[item] - values[k]
@@ -210,5 +214,7 @@ def test_the_demo_s_induction_circuit():
 
 def test_gradient_texts_may_be_a_stream(tiny):
     """Texts as any analysis takes them: a list of Text, or one Text alone in a list."""
-    values, _ = gradient_changes(tiny, [Text("The cat sat on the mat.", "x")], [(1, 0, "self")], SETTINGS)
+    values, _ = gradient_changes(
+        tiny, [Text("The cat sat on the mat.", "x")], [(1, 0, "self")], SETTINGS, ablation="zero"
+    )
     assert 0 <= values[0] <= 1

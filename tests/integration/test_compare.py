@@ -9,6 +9,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 
 from attnscope import api
 from attnscope.analyses.compare import Compare
@@ -187,3 +188,64 @@ def test_the_spool_is_removed_after_an_error_or_ctrl_c(tiny, monkeypatch, tmp_pa
     with pytest.raises(type(stop)):
         Compare().run_models(sources, TEXTS[:1])
     assert list(tmp_path.iterdir()) == []
+
+
+def _loss_here(folder, texts) -> float:
+    """The mean next-token cross-entropy (nats) over every predicted token of `texts`, computed here with the
+    model's own language-model head (transformers' GPT2LMHeadModel), each text alone with BOS before it."""
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    total, count = 0.0, 0
+    for text in texts:
+        ids = torch.tensor([[tokenizer.bos_token_id, *tokenizer(text.text)["input_ids"]]])  # (1, n)
+        with torch.no_grad():
+            logits = model(ids).logits  # (1, n, V)
+        total += float(torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:], reduction="sum"))
+        count += ids.shape[1] - 1
+    return total / count
+
+
+@pytest.mark.slow
+def test_each_models_loss_is_its_next_token_loss_computed_here(tiny_model_dir, tmp_path):
+    """`loss`, one per model at the top of the JSON: each model's mean next-token loss of the texts, as computed
+    here with its own language-model head (the tiny GPT-2, and a copy of it with head 0.1 removed by hand)."""
+    import json
+
+    from tests.support import save_without_head
+
+    folders = [tiny_model_dir, save_without_head(tiny_model_dir, tmp_path / "without-0.1", 0, 1)]
+    result = api.compare([str(folder) for folder in folders], TEXTS, device="cpu", divergence=False, probe=False)
+    expected = [_loss_here(folder, TEXTS) for folder in folders]
+    assert expected[0] != pytest.approx(expected[1], rel=1e-3)  # two different models
+    np.testing.assert_allclose(result.losses, expected, rtol=1e-5)
+    assert json.loads(result.to_json())["loss"] == pytest.approx(expected, rel=1e-5)
+    assert result.settings["loss"] is True
+
+
+def test_a_model_without_its_head_has_no_loss_and_a_note(tiny):
+    """Models given loaded without their language-model head: compared as before, their loss None, one note each;
+    loss=False (--no-loss): no loss asked, none noted, `loss` null in the JSON."""
+    import json
+
+    copy = without_head(tiny, 0, 2, name="copy")
+    result = api.compare([tiny, copy], TEXTS, probe=False, divergence=False)
+    assert result.losses == [None, None] and not result.has_loss
+    assert [note.split(": ")[0] for note in result.notes if "no loss" in note] == [result.labels[0], "copy"]
+    assert all("language-model head" in note for note in result.notes if "no loss" in note)
+    off = api.compare([tiny, copy], TEXTS, probe=False, divergence=False, loss=False)
+    assert off.losses == [] and json.loads(off.to_json())["loss"] is None and off.settings["loss"] is False
+    assert not any("no loss" in note for note in off.notes)
+
+
+@pytest.mark.slow
+def test_an_encoders_loss_is_the_masked_lm_loss_ablate_measures(tiny_bert_dir, tmp_path):
+    """An encoder's loss is `ablate`'s masked-LM baseline (the same deterministic masks) of each model."""
+    from tests.support import build_tiny_bert
+
+    other = build_tiny_bert(tmp_path / "bert-1", seed=1)
+    result = api.compare([str(tiny_bert_dir), str(other)], TEXTS)
+    for loss, folder in zip(result.losses, (tiny_bert_dir, other), strict=True):
+        assert loss == pytest.approx(api.ablate(str(folder), TEXTS).baseline_loss, rel=1e-6)
+    assert any(note.startswith("masked-LM loss") for note in result.notes)

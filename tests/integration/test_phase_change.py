@@ -115,8 +115,8 @@ def test_the_trained_circuit_by_removal_and_by_gradient(checkpoints):
     texts = [Text(" ".join(INDUCTION_WORDS[k : k + 20] * 2), f"w{k}") for k in (0, 20, 40)]
     settings = Heads()
     explained = [(1, head, "induction") for head in range(4)]
-    values, linear = gradient_changes(loaded, texts, explained, settings)
-    _, integrated = gradient_changes(loaded, texts, explained, settings, steps=4)
+    values, linear = gradient_changes(loaded, texts, explained, settings, ablation="zero")
+    _, integrated = gradient_changes(loaded, texts, explained, settings, steps=4, ablation="zero")
     exact = np.zeros((4, 4))  # (B, A of layer 0)
     for a in range(4):
         removed = copy.deepcopy(loaded)
@@ -137,7 +137,9 @@ def test_compare_reports_the_formation_where_each_checkpoint_shows_it(checkpoint
     """`attnscope compare` over the run's checkpoints: each layer-1 head's `formed["induction"]` is the checkpoint
     from which an independent computation (transformers' eager attention on attnscope's probe sequences, the role's
     threshold) puts the head above the threshold to the end, within one checkpoint (roles also weigh other scores,
-    and the margin at formation is thin); no head of layer 0 forms one; the scores are each checkpoint's own."""
+    and the margin at formation is thin); no head of layer 0 forms one; the scores are each checkpoint's own. Its
+    `transition["induction"]` is the checkpoint that ends the largest rise of those independent scores: in the steep
+    rise of steps 300-400, well before the threshold is crossed (650-700). Every checkpoint has its loss."""
     import attnscope
 
     text = [Text(" ".join(INDUCTION_WORDS[:20] * 2), "words")]
@@ -161,5 +163,11 @@ def test_compare_reports_the_formation_where_each_checkpoint_shows_it(checkpoint
             assert formed is None
         else:
             assert formed is not None and abs(result.labels.index(formed) - expected) <= 1
+        steepest = checkpoints[int(np.argmax(np.diff(scores))) + 1].name  # the end of the largest rise, by hand
+        moved = by_label[f"1.{head}"].transition["induction"]
+        print(f"1.{head}: transition {moved}, the scores' largest rise ends at {steepest}")
+        assert moved == steepest and 300 <= _step(checkpoints[result.labels.index(moved)]) <= 400
+        assert formed is None or result.labels.index(moved) < result.labels.index(formed)
     assert any(by_label[f"1.{head}"].formed["induction"] is not None for head in range(4))
     assert all(by_label[f"0.{head}"].formed["induction"] is None for head in range(4))
+    assert len(result.losses) == len(checkpoints) and all(loss is not None and loss > 0 for loss in result.losses)

@@ -212,18 +212,22 @@ def two_models(tiny):
 
 def test_each_model_of_a_report_of_several_is_its_own_report(two_models, tiny):
     """Every model's heads are those of its own one-model report under the same settings, its maps every layer's
-    from-scratch attention of the same texts; the first model's are the report's own."""
+    from-scratch attention of the same texts; the last model's are the report's own (the page opens on it), and
+    the notes name only the passes that ran (the diversity here, no ablation)."""
     settings, without, report = two_models
     assert [page.label for page in report.models] == ["tiny", "without-0.1"]
     first, second = report.models
-    assert first.heads is report.heads and first.texts is report.texts
-    alone = settings.run(without, TEXTS)
-    assert second.heads.heads == alone.heads.heads
-    assert second.characteristic == alone.characteristic
-    assert [text.ids for text in second.texts] == [text.ids for text in report.texts] == [t.ids for t in alone.texts]
-    for text in second.texts:
-        np.testing.assert_allclose(text.maps, _reference_all_layers(without, text.ids), atol=1e-5)
-    assert any("2 models (tiny, without-0.1)" in note for note in report.notes)
+    assert second.heads is report.heads and second.texts is report.texts
+    alone = settings.run(tiny, TEXTS)
+    assert first.heads.heads == alone.heads.heads
+    assert first.characteristic == alone.characteristic
+    assert [text.ids for text in first.texts] == [text.ids for text in report.texts] == [t.ids for t in alone.texts]
+    for text in first.texts:
+        np.testing.assert_allclose(text.maps, _reference_all_layers(tiny, text.ids), atol=1e-5)
+    assert second.heads.heads == settings.run(without, TEXTS).heads.heads
+    note = next(note for note in report.notes if "2 models (tiny, without-0.1)" in note)
+    assert "opens on the last, without-0.1" in note and "the tables and the diversity are the last model's" in note
+    assert "ablation" not in " ".join(report.notes)
 
 
 def test_a_head_removed_changes_only_the_maps_of_the_layers_above(two_models):
@@ -288,5 +292,8 @@ def test_report_circuit_holds_the_circuit_commands_records(tiny):
 
     page = attnscope.report(tiny, TEXTS, circuit=True, diversity=False)
     alone = attnscope.circuit(tiny, TEXTS, top=CIRCUIT_TOP, weights=False)
-    assert page.dependencies == alone.dependencies(CIRCUIT_TOP)
+    kept = ("label", "on", "score", "with", "without", "change")  # the keys the page reads: measured, not estimated
+    records = alone.dependencies(CIRCUIT_TOP)
+    assert not any(record["estimate"] or record["clipped"] for record in records)
+    assert page.dependencies == [{key: record[key] for key in kept} for record in records]
     assert {record["label"] for record in page.dependencies} == {f"1.{head}" for head in range(tiny.n_head)}

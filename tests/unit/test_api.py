@@ -254,7 +254,9 @@ REQUIRED = {
     "diversity": {"layer": 0},
     "attend": {"from_token": "cat", "to_token": "mat"},
     "random-mha": {"head_counts": [1]},  # dividing any d_model
-    "circuit": {"method": "gradient"},  # --steps are the gradient's
+    "circuit": {"method": "gradient", "ablation": "resample"},  # --steps are the gradient's, a seed resample's
+    "ablate": {"ablation": "resample"},  # --resample-seed is resample ablation's
+    "patch": {"clean": "a b", "corrupt": "a c", "answer": "b", "wrong": "c"},
 }
 
 

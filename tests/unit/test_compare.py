@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy.spatial.distance import jensenshannon
 
-from attnscope.analyses.compare import Compare, CompareHead, CompareResult, formation
+from attnscope.analyses.compare import Compare, CompareHead, CompareResult, Step, formation, head_change, transition
 from attnscope.errors import AttnscopeError
 from attnscope.models.checks import check_comparable
 from attnscope.output.documents import to_csv, to_json
@@ -34,6 +34,38 @@ LABELS = ["s0", "s1", "s2", "s3", "s4"]
 )
 def test_a_role_formed_at_the_first_model_from_which_the_head_holds_it_to_the_end(held, expected):
     assert formation(held, LABELS, ["induction", "broad"]) == expected
+
+
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        # a phase change: a steep rise (0.17 into s3), then a slow climb past the threshold of 0.5 at s6
+        ([0.02, 0.03, 0.07, 0.24, 0.36, 0.49, 0.51], "s3"),
+        ([0.5, 0.4, 0.3, 0.2, 0.1, 0.0, 0.0], None),  # never rises
+        ([0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1], None),  # flat
+        ([0.0, 0.2, 0.2, 0.4, 0.4, 0.4, 0.4], "s1"),  # two equal rises: the earlier
+        ([0.0, 0.9, 0.1, 0.3, 0.35, 0.4, 0.45], "s1"),  # a rise lost again is still the largest rise
+        ([None, 0.1, 0.2, None, 0.9, 0.95, 0.96], "s2"),  # steps from or to an unmeasured model are skipped
+    ],
+)
+def test_a_transition_is_the_model_that_ends_the_largest_rise(values, expected):
+    labels = [f"s{k}" for k in range(len(values))]
+    assert transition(values, labels) == expected
+    pairs = enumerate(zip(values[:-1], values[1:], strict=True), start=1)
+    rises = [(b - a, k) for k, (a, b) in pairs if a is not None and b is not None]
+    best = max(rises, key=lambda rise: (rise[0], -rise[1]))  # by hand: the largest rise, the earliest on a tie
+    assert expected == (f"s{best[1]}" if best[0] > 0 else None)
+
+
+def test_a_heads_change_is_the_largest_step_of_its_last_roles_score_else_of_a_role_it_held():
+    labels = ["a", "b", "c", "d"]
+    scores = {"induction": [0.0, 0.1, 0.6, 0.7], "entropy_normalized": [0.95, 0.9, 0.2, 0.2]}
+    # ends induction: its induction score's largest step (+0.5 into c), not the larger fall of its entropy
+    assert head_change(scores, ["broad", "broad", "induction", "induction"], labels) == Step("induction", 0.5, "c")
+    # ends mixed: the largest step of the roles it held before (broad: -0.7 into c)
+    change = head_change(scores, ["broad", "broad", "mixed", "mixed"], labels)
+    assert (change.score, change.model) == ("entropy_normalized", "c") and change.value == pytest.approx(-0.7)
+    assert head_change(scores, ["mixed"] * 4, labels) is None
 
 
 def test_compare_takes_two_models_or_more_and_divergence_takes_two():
@@ -93,28 +125,34 @@ def test_the_divergence_of_a_row_is_scipys_jensen_shannon_divergence_in_bits_and
 def _result(divergence: bool = True) -> CompareResult:
     heads = [
         CompareHead(0, 0, {"induction": [0.1, 0.9], "previous_token": [0.7, 0.2]}, ["previous-token", "induction"],
-                    {"induction": "b", "previous-token": None}, 0.25 if divergence else None),
+                    {"induction": "b", "previous-token": None}, 0.25 if divergence else None,
+                    {"induction": "b", "previous-token": None}, Step("induction", 0.8, "b")),
         CompareHead(0, 1, {"induction": [0.0, 0.0], "previous_token": [0.1, 0.1]}, ["mixed", "mixed"],
-                    {"induction": None, "previous-token": None}, 0.0 if divergence else None),
+                    {"induction": None, "previous-token": None}, 0.0 if divergence else None,
+                    {"induction": None, "previous-token": None}, None),
     ]  # fmt: skip
     model = {"name": "a", "kind": "decoder", "n_layer": 1, "n_head": 2, "compared": []}
     settings = {"thresholds": {"induction": 0.5}, "top": 5}
     inputs = {"n_texts": 1, "n_tokens": 9}
     return CompareResult(
-        model, DECODER, ["a", "b"], inputs, settings, heads, ("previous_token", "induction"), "induction"
-    )
+        model, DECODER, ["a", "b"], inputs, settings, heads, ("previous_token", "induction"), "induction",
+        losses=[4.5, 3.25],
+    )  # fmt: skip
 
 
 def test_the_json_holds_a_value_per_model_and_the_csv_a_row_per_head_and_model():
     result = _result()
     document = json.loads(result.to_json())
     assert document["models"] == ["a", "b"] and document["command"] == "compare"
+    assert document["loss"] == [4.5, 3.25]  # one per model, at the top level
     first = document["heads"][0]
     assert first == {
         "layer": 0, "head": 0, "label": "0.0", "scores": {"induction": [0.1, 0.9], "previous_token": [0.7, 0.2]},
         "roles": ["previous-token", "induction"], "formed": {"induction": "b", "previous-token": None},
-        "divergence": 0.25,
+        "transition": {"induction": "b", "previous-token": None},
+        "change": {"score": "induction", "value": 0.8, "model": "b"}, "divergence": 0.25,
     }  # fmt: skip
+    assert document["heads"][1]["change"] is None
     assert result.to_json() == to_json(result.to_document())
     rows = result.to_records()
     assert [(row["label"], row["model"], row["role"]) for row in rows] == [
@@ -172,6 +210,38 @@ def test_the_terminal_and_the_notebook_rank_heads_by_divergence_and_list_role_ch
     assert "Heads whose role changes" in fragment
 
 
+def test_top_keeps_the_heads_whose_role_changed_most_not_the_first_labels():
+    """Three heads change role; in label order 0.0, 0.1, 0.2, by the size of their change 0.2 (0.6), 0.0 (-0.4),
+    0.1 (0.1): --top 2 keeps 0.2 and 0.0, in that order, on the terminal and in a notebook."""
+    from rich.console import Console
+
+    from attnscope.output.compare import role_change_rows
+    from attnscope.output.views import view_of
+
+    sizes = {0: ("previous_token", -0.4), 1: ("induction", 0.1), 2: ("induction", 0.6)}
+    heads = [
+        CompareHead(0, h, {"induction": [0.0, 0.0], "previous_token": [0.0, 0.0]}, ["mixed", "induction"],
+                    {"induction": "b"}, None, {"induction": "b"}, Step(sizes[h][0], sizes[h][1], "b"))
+        for h in range(3)
+    ]  # fmt: skip
+    model = {"name": "a", "kind": "decoder", "n_layer": 1, "n_head": 3, "compared": []}
+    result = CompareResult(
+        model, DECODER, ["a", "b"], {"n_texts": 1, "n_tokens": 9}, {"thresholds": {"induction": 0.5}, "top": 2},
+        heads, ("previous_token", "induction"), "induction",
+    )  # fmt: skip
+    assert [head.label for head in result.role_changes()] == ["0.2", "0.0", "0.1"]
+    assert [row["head"] for row in role_change_rows(result)] == ["0.2", "0.0", "0.1"]
+    console = Console(width=160, record=True)
+    for item in view_of(result).terminal([]):
+        console.print(item)
+    text = console.export_text()
+    assert "the 2 that changed most of 3" in text and "+0.600 induc (b)" in text and "-0.400 prev (b)" in text
+    assert "0.1 " not in text.split("Heads whose role changes")[1]
+    fragment = result._repr_html_()
+    table = fragment.split("Heads whose role changes")[1]
+    assert table.index(">0.2<") < table.index(">0.0<") and ">0.1<" not in table
+
+
 def test_line_end_labels_are_moved_apart_where_lines_end_together():
     """Heads whose scores end at the same value (a phase change forms several heads at once) get labels that do not
     print over each other: at least the gap apart, in the order of their values, the lowest where its line ends."""
@@ -180,7 +250,7 @@ def test_line_end_labels_are_moved_apart_where_lines_end_together():
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    from attnscope.output.compare import _name_line_ends
+    from attnscope.output.compare_figures import _name_line_ends
 
     axes = Figure().add_subplot()
     axes.set_ylim(0, 1)

@@ -118,6 +118,15 @@ def test_the_reference_page_and_the_hook_are_in_place():
             assert f"<!-- generated: cli {name} -->" in page.read_text(encoding="utf-8"), name
 
 
+def test_the_reference_kept_in_the_repository_is_what_the_cli_says():
+    """docs/reference.md holds its generated block, so that it reads on a code host: it must be the command line as
+    it is (after a change of an option: python docs/hooks/generate.py), and the build still replaces it."""
+    page = (DOCS / "reference.md").read_text(encoding="utf-8")
+    assert generate().with_blocks(page) == page, "docs/reference.md is stale: run python docs/hooks/generate.py"
+    built = generate().expand(page)
+    assert "<!--" not in built and built.count("## `attnscope heads`") == 1
+
+
 def test_markers_expand_and_an_unknown_marker_stops_the_build():
     expanded = generate().expand("a\n<!-- generated: roles -->\nb\n<!-- generated: cli info -->\n")
     assert "| induction | `induc` |" in expanded and "attnscope info [OPTIONS]" in expanded

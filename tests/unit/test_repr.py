@@ -18,6 +18,7 @@ from attnscope.analyses.diversity import DiversityResult
 from attnscope.analyses.heads import HeadRecord, HeadsResult
 from attnscope.analyses.info import InfoResult
 from attnscope.analyses.maps import AttentionMap, ShowResult
+from attnscope.analyses.patch import PatchResult
 from attnscope.analyses.random_mha import RandomMhaResult
 from attnscope.analyses.report import ReportModel, ReportResult
 from attnscope.analyses.result import Result
@@ -152,6 +153,16 @@ def random_mha_result() -> RandomMhaResult:
     return RandomMhaResult({"d_model": 64, "head_counts": [1, 4], "seq_len": 32, "trials": 4, "seed": 0}, rows)
 
 
+def patch_result() -> PatchResult:
+    pair = {"index": 0, "source": "the pair given", "answer": " Mary", "wrong": " John"}
+    restored, removed = np.array([[0.1, -0.05], [0.7, 0.2]]), np.array([[0.0, 0.1], [0.6, 0.3]])
+    settings = {"top": None, "batch_size": 8, "max_tokens": 16384}
+    inputs = {"source": "the pair given", "n_pairs": 1, "n_tokens": 15, "bos": True}
+    return PatchResult(
+        MODEL, inputs, settings, [pair], 3.5, -1.5, restored, removed, np.zeros((1, 2, 2)), np.zeros((1, 2, 2))
+    )
+
+
 # result class -> a hand-built result and what its summary must say (the headline numbers of its terminal view)
 BUILT = {
     "HeadsResult": (
@@ -209,6 +220,14 @@ BUILT = {
             "floor at 1 · attnscope at 1",
             "0.50-2.00× the floor's time",
             "speed-up over tutorial 3.00-5.00×",
+        ],
+    ),
+    "PatchResult": (
+        patch_result,
+        [
+            "tiny: 2 layers × 2 heads; 1 pair",
+            "logit difference (' Mary' − ' John'): clean 3.500, corrupted -1.500",
+            "restore the most (restored/removed): 1.0 0.70/0.60 · 1.1 0.20/0.30",
         ],
     ),
     "InfoResult": (lambda: InfoResult(MODEL), ["tiny: 2 layers × 2 heads", "1,234 parameters", "context 16 tokens"]),

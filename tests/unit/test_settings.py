@@ -44,6 +44,32 @@ def test_heads_given_several_times_are_one_list_each_once_in_order():
     assert settings.Circuit(head=["L1H2", "1.0"]).head == ("1.2", "1.0")
 
 
+def test_heads_to_remove_are_comma_separated_or_repeated_each_once_in_order():
+    assert options.HEAD_SET.parse("0.2, L1H0,0.2") == ("0.2", "1.0", "0.2")  # one occurrence; the check dedupes
+    assert options.HEAD_SET.check([("0.2", "1.0"), ("0.2",), "1.3"], "remove") == ("0.2", "1.0", "1.3")  # repeated
+    assert settings.Ablate(remove="0.2,L1H3").remove == ("0.2", "1.3") and settings.Ablate().remove == ()
+    with pytest.raises(AttnscopeError, match=r"^remove '1\.x': expected LAYER\.HEAD"):
+        settings.Ablate(remove=["0.2", "1.x"])
+    with pytest.raises(AttnscopeError, match=r"^,: expected LAYER\.HEAD such as 4\.11 .*, comma-separated$"):
+        options.HEAD_SET.parse(",")
+
+
+def test_ablation_is_declared_once_for_ablate_and_circuit():
+    for command in (settings.Ablate, settings.Circuit):
+        declared = {item.name: item for item in command.declarations()}
+        assert declared["ablation"] is not None and declared["ablation"].default == "mean"
+        assert declared["ablation"].domain is options.ABLATION and declared["resample_seed"].domain is options.SEED
+        assert command(ablation="resample", resample_seed=7).resample_seed == 7
+        with pytest.raises(AttnscopeError, match=r"^ablation 'half': use one of zero, mean, resample$"):
+            command(ablation="half")
+        with pytest.raises(
+            AttnscopeError, match=r"^resample_seed \(--resample-seed\) seeds .*: give ablation resample"
+        ):
+            command(resample_seed=7)
+    owners = {klass for klass in settings.Ablate.__mro__ if "ablation" in vars(klass).get("__annotations__", {})}
+    assert owners == {settings.Removal} and issubclass(settings.Circuit, settings.Removal)
+
+
 def test_show_takes_a_head_or_a_layer_and_a_head_says_its_layer():
     assert (settings.Show(head="L1H2").layer, settings.Show(head="L1H2").head) == (1, "1.2")
     assert settings.Show(layer=1, head="1.2").layer == 1 and settings.Show(layer=0).head is None
@@ -134,6 +160,11 @@ def test_the_functions_signature_is_made_from_the_declarations():
         (lambda: settings.Compare(score="last").check_shape(Shape(2, 4, "decoder")), "score last_token: that score"),
         (lambda: settings.Circuit(head="0.1").check_shape(Shape(2, 4, "decoder")), "it is in layer 0"),
         (lambda: settings.Ablate(prune=9).check_shape(Shape(2, 4, "decoder")), "prune 9: this model has 8 heads"),
+        (lambda: settings.Ablate(remove="1.5").check_shape(Shape(2, 4, "decoder")), "head '1.5': head 5 is out of"),
+        (
+            lambda: settings.Ablate(prune=7, remove="0.1,0.2").check_shape(Shape(2, 4, "decoder")),
+            "prune 7: 6 heads left once",
+        ),
         (lambda: settings.Report(circuit=True).check_models(2), "explains one model's heads"),
         (lambda: settings.Compare(revisions="a,a"), "revision 'a' is given twice"),
     ],

@@ -208,7 +208,11 @@ def test_bench_table_ratios_read_right_whether_faster_or_slower():
     attnscope = next(line for line in text.splitlines() if " attnscope " in line)
     assert "1.52×" in attnscope.split() or "1.53×" in attnscope.split()  # 1.5× the tutorial's time
     caption = " ".join(text.split())
-    assert "time ×floor, ×tutorial: the method's median time / that method's (below 1: faster)" in caption
+    assert (
+        "time ×floor, ×tutorial: this row's median time divided by the floor method's, the tutorial method's at the "
+        "same B × n (below 1: faster)" in caption
+    )
+    assert "'–' where the floor's peak is under 1 MB" in caption
     assert "×cache" not in caption  # no column for a method that was not timed
     assert "spread: (max - min) / median time of the runs (3 runs)" in caption
 
