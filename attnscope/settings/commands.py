@@ -480,10 +480,8 @@ class Report(Scoring, Loading, Settings):
     def needs_lm_head(self) -> bool:
         return self.ablate
 
-    @property
-    def torchrun(self) -> bool:
-        """The heads and the diversity are shared among torchrun's processes; the ablation and the circuit not yet."""
-        return not (self.ablate or self.circuit)
+    def unshared(self, count: int) -> list[str]:  # its heads and diversity are shared among torchrun's processes
+        return [name for name in ("ablate", "circuit") if getattr(self, name)]
 
     def check_models(self, count: int) -> None:
         if count > 1 and self.circuit:
@@ -499,7 +497,6 @@ class Compare(Scoring, Place, DeviceMap, Kernel, Settings):
     model beside itself: compare takes --revisions, not --revision)."""
 
     models: ClassVar[str] = SEVERAL
-    torchrun: ClassVar[bool] = True  # each model's heads are shared among the processes; the divergence: see below
 
     revisions: Sequence[str] | str | None = setting(REVISIONS, None, REVISIONS_HELP, metavar="REV,REV,...")
     divergence: bool | None = setting(
@@ -537,21 +534,10 @@ class Compare(Scoring, Place, DeviceMap, Kernel, Settings):
     def check_shape(self, shape: Shape) -> None:
         check_measured(self.score, shape.kind_name, self.probe)
 
-    def check_processes(self, size: int, count: int = 1) -> None:
-        """Each model's heads are shared among torchrun's processes; the divergence of two models and the loss are
-        not yet: each process would measure the divergence on its own share of the texts (the first's share alone
-        reported), and the loss on all of them."""
-        if size <= 1:
-            return
+    def unshared(self, count: int) -> list[str]:
+        """Each model's heads are shared among torchrun's processes; its divergence and loss are not yet."""
         divergence = self.divergence if self.divergence is not None else count == 2
-        unshared = [name for name, on in (("divergence", divergence), ("loss", self.loss)) if on]
-        if unshared:
-            raise AttnscopeError(
-                f"{' and '.join(unshared)} ({', '.join(f'--{name}' for name in unshared)}) "
-                f"{'is' if len(unshared) == 1 else 'are'} not shared among torchrun's {size} processes yet (each would "
-                "measure the divergence on its own share of the texts, the loss on all of them): run compare as one "
-                f"process, or give {' '.join(f'--no-{name}' for name in unshared)}"
-            )
+        return [name for name, on in (("divergence", divergence), ("loss", self.loss)) if on]
 
 
 @dataclass(frozen=True, kw_only=True)

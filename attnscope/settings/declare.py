@@ -341,20 +341,33 @@ class Settings(Declared):
     revisions: ClassVar[tuple[str, ...] | None] = None  # several models: revisions of one repository (a field there)
     # Under torchrun: True where the command's passes over the texts are shared among the processes and their sums
     # added (heads, diversity), or where it reads one window that every process reads alike (show, attend); a command
-    # that would run whole in every process, or report one process's share, is refused there (`check_processes`).
+    # that would run whole in every process, or report one process's share, is refused there (`check_processes`);
+    # where some of its settings decide (report's --ablate, compare's divergence), `unshared` names them.
     torchrun: ClassVar[bool] = False
 
     @property
     def needs_lm_head(self) -> bool:
         return False
 
+    def unshared(self, count: int) -> list[str]:
+        """What torchrun's processes would not share of this run (of `count` models): each would do it whole, or
+        report its own share alone. The whole command unless `torchrun`; a command may name some of its settings."""
+        return [] if self.torchrun else [self.command_name]
+
     def check_processes(self, size: int, count: int = 1) -> None:
-        """Refuse to run as one of `size` processes (torchrun; `count` models) what does not share its work among
-        them: each process would repeat the whole of it, or report its own share alone."""
-        if size > 1 and not self.torchrun:
+        """Refuse to run as one of `size` processes (torchrun) what they would not share (`unshared`)."""
+        unshared = self.unshared(count) if size > 1 else []
+        if unshared == [self.command_name]:
             raise AttnscopeError(
                 f"{self.command_name} does not share its work among torchrun's processes (each of the {size} would "
                 "run it whole): run it as one process"
+            )
+        if unshared:
+            one = len(unshared) == 1
+            raise AttnscopeError(
+                f"{' and '.join(unshared)} ({', '.join(f'--{name}' for name in unshared)}) {'is' if one else 'are'} "
+                f"not shared among torchrun's {size} processes yet (each would compute {'it' if one else 'them'} "
+                f"on its own): run {self.command_name} as one process, or turn {'it' if one else 'them'} off"
             )
 
     @property
