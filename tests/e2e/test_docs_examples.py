@@ -80,8 +80,11 @@ def test_the_api_pages_second_example(tmp_path, monkeypatch):
 
 
 def command_lines() -> list[tuple[str, list[str]]]:
-    """(where, argv) for every command line of the docs that runs offline, each once."""
-    found: dict[str, tuple[str, list[str]]] = {}
+    """(where, argv) for every command line of the docs that runs offline, each once (its comment aside), in the
+    order written: the demo's, random-mha's, and those of models an earlier line saved (`ablate --save DIR`, then
+    `compare --model demo --model DIR`: the README's offline compare)."""
+    found: dict[tuple[str, ...], tuple[str, list[str]]] = {}
+    saved: set[str] = set()
     for path in SOURCES:
         text = path.read_text(encoding="utf-8")
         for block in re.findall(r"^```bash\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL):
@@ -90,8 +93,10 @@ def command_lines() -> list[tuple[str, list[str]]]:
                     continue
                 argv = shlex.split(line, comments=True)[1:]
                 models = [value for flag, value in zip(argv, argv[1:], strict=False) if flag in ("--model", "-m")]
-                if models == ["demo"] or argv[0] == "random-mha":
-                    found.setdefault(line, (path.relative_to(ROOT).as_posix(), argv))
+                if (models and set(models) <= {"demo", *saved}) or argv[0] == "random-mha":
+                    found.setdefault(tuple(argv), (path.relative_to(ROOT).as_posix(), argv))
+                    if "--save" in argv:
+                        saved.add(argv[argv.index("--save") + 1])
     return list(found.values())
 
 
