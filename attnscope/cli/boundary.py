@@ -34,6 +34,8 @@ _MEMORY_ADVICE_DEFAULT = "try a smaller --batch-size or --max-tokens, shorter te
 # The signal that stopped the run (SIGINT: Ctrl-C; SIGTERM: `kill`; SIGHUP: the terminal closed), 0 while none
 # did: whatever a library makes of the interrupt, it was that signal.
 _interrupted = 0
+# Whether an interrupt a destructor swallowed is still to be sent again (see _on_unraisable).
+_resending = False
 STOPPING_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 
 
@@ -47,11 +49,50 @@ def _on_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _on_unraisable(unraisable: Any) -> None:
+    """An exception Python could not raise (one from a destructor, `__del__`, or a weakref callback) is printed and
+    dropped. When it is the KeyboardInterrupt of Ctrl-C, SIGTERM or SIGHUP (the signal landed while a destructor
+    ran, as the tokenizer's regex objects are freed between texts), the run would go on to the end and write its
+    results: send the signal again a moment later instead, so that it lands outside the destructor, and say
+    nothing. Every other exception is printed as Python prints it."""
+    global _resending
+    if _interrupted and issubclass(unraisable.exc_type, KeyboardInterrupt):
+        import threading
+
+        _resending = True
+        threading.Timer(0.01, _resend, (_interrupted,)).start()
+        return
+    sys.__unraisablehook__(unraisable)
+
+
+def _resend(signum: int) -> None:
+    import signal
+
+    if _resending:  # not once the run has stopped
+        signal.raise_signal(signum)
+
+
+def handle_stopping_signals() -> None:
+    """Make Ctrl-C, SIGTERM and SIGHUP end the run through `_on_interrupt` (so every `finally` cleans up), even an
+    interrupt a destructor swallowed."""
+    import signal
+
+    # Ctrl-C must stop a run even when the parent started us with SIGINT ignored (as shells do for `&` jobs); SIGTERM
+    # and SIGHUP stop it the same way, unless they were ignored on purpose (nohup ignores SIGHUP).
+    signal.signal(signal.SIGINT, _on_interrupt)
+    for name in STOPPING_SIGNALS[1:]:
+        if hasattr(signal, name) and signal.getsignal(getattr(signal, name)) is not signal.SIG_IGN:
+            signal.signal(getattr(signal, name), _on_interrupt)
+    sys.unraisablehook = _on_unraisable
+
+
 def _stopped() -> int:
     """Say, in one line, that the run was interrupted, and return the exit status of a program killed by that
     signal (128 + its number: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP)."""
     import signal
 
+    global _resending
+    _resending = False
     signum = _interrupted or signal.SIGINT
     name = "" if signum == signal.SIGINT else f" ({signal.Signals(signum).name})"
     try:
@@ -207,12 +248,7 @@ def main() -> None:
 
     stdout_open = _standard_streams()
     _unicode_streams()
-    # Ctrl-C must stop a run even when the parent started us with SIGINT ignored (as shells do for `&` jobs); SIGTERM
-    # and SIGHUP stop it the same way, unless they were ignored on purpose (nohup ignores SIGHUP).
-    signal.signal(signal.SIGINT, _on_interrupt)
-    for name in STOPPING_SIGNALS[1:]:
-        if hasattr(signal, name) and signal.getsignal(getattr(signal, name)) is not signal.SIG_IGN:
-            signal.signal(getattr(signal, name), _on_interrupt)
+    handle_stopping_signals()
     if not stdout_open:
         print(
             "attnscope: error: standard output is closed (>&-): attnscope writes its results there; redirect it "

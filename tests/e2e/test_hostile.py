@@ -94,6 +94,39 @@ def test_ctrl_c_that_a_library_turns_into_another_error_still_ends_as_an_interru
     assert code == 0, err
 
 
+def test_an_interrupt_that_lands_in_a_destructor_still_stops_the_run(cli, tiny_model_dir, monkeypatch):
+    """Python drops an exception raised in a destructor (`__del__`) with an "Exception ignored" traceback: a Ctrl-C
+    that landed while the tokenizer's regex objects were freed let the run go on and write all its files. The
+    interrupt must come again outside the destructor, and stderr keep its one line."""
+    from attnscope.cli import boundary
+    from attnscope.models import loading
+
+    class Freed:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            deadline = time.monotonic() + 0.5
+            while time.monotonic() < deadline:  # the handler runs here, inside the destructor
+                pass
+
+    def load_freeing_an_object(*args, **kwargs):
+        Freed()  # made and freed at once
+        time.sleep(5)  # the interrupt, sent again, ends this
+        raise AssertionError("the interrupt was lost in the destructor")
+
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    hook = sys.unraisablehook
+    boundary.handle_stopping_signals()
+    try:
+        monkeypatch.setattr(loading, "load_model", load_freeing_an_object)
+        code, out, err = cli("heads", CAT, "-m", tiny_model_dir)
+    finally:
+        sys.unraisablehook = hook
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    assert (code, out) == (130, "")
+    assert err.strip() == "attnscope: interrupted"
+
+
 def test_a_rust_panic_for_want_of_memory_is_the_out_of_memory_line_and_other_panics_are_bugs():
     from attnscope.cli.boundary import _user_error
 
