@@ -15,11 +15,12 @@ never probe an analysis with getattr. The analyses (attnscope.analyses) subclass
 Light: no torch, no transformers, so `attnscope --help` builds every option from here.
 """
 
-from attnscope.settings.commands import *  # noqa: F403 (each module names what it offers in its __all__)
-from attnscope.settings.commands import __all__ as _commands
-from attnscope.settings.declare import *  # noqa: F403
-from attnscope.settings.declare import __all__ as _declare
+from attnscope.settings import declare, describe, groups, intervene, several, tools
+from attnscope.settings.declare import *  # noqa: F403 (each module names what it offers in its __all__)
+from attnscope.settings.describe import *  # noqa: F403
 from attnscope.settings.groups import *  # noqa: F403
-from attnscope.settings.groups import __all__ as _groups
+from attnscope.settings.intervene import *  # noqa: F403
+from attnscope.settings.several import *  # noqa: F403
+from attnscope.settings.tools import *  # noqa: F403
 
-__all__ = [*_commands, *_declare, *_groups]
+__all__ = [name for module in (declare, groups, describe, intervene, several, tools) for name in module.__all__]

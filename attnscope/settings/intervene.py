@@ -1,0 +1,216 @@
+"""The settings of the commands that remove or patch heads: `ablate`, `circuit`, `patch`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from attnscope import options
+from attnscope.errors import AttnscopeError
+from attnscope.models.checks import Shape
+from attnscope.models.removal import check_destination
+from attnscope.scores.catalog import counted
+from attnscope.settings.declare import (
+    FILE,
+    HEAD_SCORE,
+    Settings,
+    check_measured,
+    setting,
+)  # fmt: skip
+from attnscope.settings.groups import (
+    Batching,
+    DeviceMap,
+    Loading,
+    Place,
+    Reading,
+    Removal,
+    Revision,
+    Scoring,
+    top_setting,
+)  # fmt: skip
+
+__all__ = ["Ablate", "Circuit", "Patch"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ablate(Reading, Batching, Removal, Place, Revision, DeviceMap, Settings):
+    """`attnscope ablate`: the language-model loss with each head removed; with `remove`, of the model without
+    those heads, which `save` writes."""
+
+    method: str = setting(
+        options.ABLATION_METHOD, "loss", "loss: remove each head and measure the loss; gradient: |dL/d gate| (fast)."
+    )
+    prune: int = setting(options.PRUNE, 0, "Also remove the K least important heads one after another.", metavar="K")
+    top: int | None = top_setting("the most important heads (10 on the terminal)")
+    remove: Sequence[str] = setting(
+        options.HEAD_SET,
+        (),
+        "Remove these heads first (as --ablation says; not resample): the analysis is of the model without them.",
+        metavar="L.H,...",
+        many=True,
+        python_help="heads 'L.H' removed first (a list, or '0.2,1.0'): the analysis is of the model without them",
+    )
+    save: str | os.PathLike | None = setting(
+        options.MODEL_FOLDER.or_none(),
+        None,
+        "Write the model without the heads of --remove to this new folder (save_pretrained: weights, config, "
+        "tokenizer; zero or mean ablation).",
+        metavar="DIR",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.remove and self.ablation == "resample":
+            raise AttnscopeError(
+                "remove (--remove) takes heads out of the model for good, and resample ablation has no fixed value to "
+                "put in their place: use ablation mean or zero"
+            )
+        if self.save is not None:
+            if not self.remove:
+                raise AttnscopeError("save (--save DIR) writes the model without the heads of remove: give remove too")
+            check_destination(self.save)
+
+    @property
+    def needs_lm_head(self) -> bool:
+        return True
+
+    def check_shape(self, shape: Shape) -> None:
+        for label in self.remove:
+            options.head_in(label, shape.n_layer, shape.n_head)
+        left = shape.n_layer * shape.n_head - len(self.remove)
+        if self.prune > left:
+            if self.remove:
+                raise AttnscopeError(f"prune {self.prune}: {counted(left, 'head')} left once remove's are removed")
+            raise AttnscopeError(f"prune {self.prune}: this model has {left} heads")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Circuit(Scoring, Removal, Loading, Settings):
+    """`attnscope circuit`: which earlier heads each head depends on."""
+
+    head: Sequence[str] | None = setting(
+        options.HEADS,
+        None,
+        "Explain this head, L.H (repeatable); default: every head of layer 1 and above.",
+        metavar="L.H",
+        many=True,
+        python_help="the heads explained, 'L.H' labels (None: every head of layer 1 and above)",
+    )
+    score: str | None = setting(
+        HEAD_SCORE.or_none(),
+        None,
+        "Explain this score of every head; default: each head's deciding score (the one that gave it its role).",
+        metavar="SCORE",
+    )
+    top: int | None = top_setting("each explained head's dependencies, the largest |change| (10 on the terminal)")
+    method: str = setting(
+        options.CIRCUIT_METHOD,
+        "removal",
+        "removal: remove each earlier head and score again (exact); gradient: "
+        "attribution patching, the first-order estimate of every removal from one backward pass per explained head "
+        "(for large models).",
+    )
+    steps: int = setting(
+        options.STEPS,
+        0,
+        "With --method gradient: 0, the gradient with every head kept (attribution patching); N, "
+        "integrated gradients over N points (N times the cost; closer to exact removal, see the circuit page).",
+        metavar="N",
+    )
+    weights: bool = setting(
+        options.FLAG,
+        True,
+        "Also the composition and copying scores from the weights and each head's direct effect "
+        "on the logits (loads the language-model head).",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.steps and self.method != "gradient":
+            raise AttnscopeError("steps (--steps) are the gradient's integration points: give method gradient too")
+
+    @property
+    def needs_lm_head(self) -> bool:
+        return self.weights  # the unembedding of the copying scores, the logits of the direct effects
+
+    def check_shape(self, shape: Shape) -> None:
+        if shape.n_layer < 2:
+            raise AttnscopeError("this model has one layer: no head has an earlier head to depend on")
+        for label in self.head:
+            layer, _ = options.head_in(label, shape.n_layer, shape.n_head)
+            if layer == 0:
+                raise AttnscopeError(f"head {label}: it is in layer 0, and no head comes before it to depend on")
+        check_measured(self.score, shape.kind_name, self.probe)
+
+
+PAIR_FIELDS = ("clean", "corrupt", "answer", "wrong")  # a pair's fields, as --file's JSON lines name them too
+
+
+@dataclass(frozen=True, kw_only=True)
+class Patch(Reading, Batching, Place, Revision, DeviceMap, Settings):
+    """`attnscope patch`: activation patching per head, for clean and corrupted prompts (no TEXT: the pairs come
+    from --clean/--corrupt/--answer/--wrong or from --file)."""
+
+    reads_texts: ClassVar[bool] = False
+
+    clean: str | None = setting(
+        options.TEXT.or_none(), None, "The clean prompt: the model should continue it with --answer.", metavar="TEXT"
+    )
+    corrupt: str | None = setting(
+        options.TEXT.or_none(),
+        None,
+        "The corrupted prompt: the clean one with a few tokens changed, as many tokens long.",
+        metavar="TEXT",
+    )
+    answer: str | None = setting(
+        options.TEXT.or_none(),
+        None,
+        "The token the clean prompt predicts, as the next word: Mary means ' Mary' (punctuation as written).",
+        metavar="TOKEN",
+    )
+    wrong: str | None = setting(
+        options.TEXT.or_none(), None, "The token it is measured against (written as --answer is).", metavar="TOKEN"
+    )
+    top: int | None = top_setting("the heads that restore the most (10 on the terminal)")
+    file: str | os.PathLike | None = setting(  # Reading's --file, here a file of pairs
+        FILE,
+        None,
+        "Several pairs: a JSON-lines file, one object per line with clean, corrupt, answer and wrong (combined "
+        "as a ratio of sums); '-' reads standard input.",
+        flags=("--file", "-f"),
+        metavar="PATH",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        given = [name for name in PAIR_FIELDS if getattr(self, name) is not None]
+        missing = [name for name in PAIR_FIELDS if name not in given]
+
+        def named(names: list[str]) -> str:  # `clean, answer and file (--clean, --answer, --file)`
+            listed = ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + names[-1]
+            return f"{listed} ({', '.join(f'--{name}' for name in names)})"
+
+        if given and self.file is not None:
+            raise AttnscopeError(
+                f"{named([*given, 'file'])}: give one pair with --clean, --corrupt, --answer and --wrong, or pairs "
+                "in a file, not both"
+            )
+        if self.file is None and not given:
+            raise AttnscopeError(f"no pair to patch: give one with {named(missing)}, or pairs in a file (--file)")
+        if self.file is None and missing:
+            raise AttnscopeError(
+                f"{named(missing)}: a pair needs clean, corrupt, answer and wrong (or give pairs in a file with --file)"
+            )
+
+    @property
+    def needs_lm_head(self) -> bool:
+        return True  # the logits of the answer and the wrong token
+
+    def check_shape(self, shape: Shape) -> None:
+        if shape.kind_name is not None and shape.kind_name != "decoder":
+            raise AttnscopeError(
+                "patch reads the logits of the token that follows each prompt: it needs a decoder (a causal language "
+                f"model); this model is an {shape.kind_name}"
+            )
