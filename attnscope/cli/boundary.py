@@ -66,9 +66,15 @@ def _on_unraisable(unraisable: Any) -> None:
 
 
 def _resend(signum: int) -> None:
+    """Send `signum` again, to the main thread, where it interrupts a blocking call (a sleep, a read) at once."""
     import signal
+    import threading
 
-    if _resending:  # not once the run has stopped
+    if not _resending:  # the run has stopped meanwhile
+        return
+    if hasattr(signal, "pthread_kill"):
+        signal.pthread_kill(threading.main_thread().ident, signum)
+    else:
         signal.raise_signal(signum)
 
 

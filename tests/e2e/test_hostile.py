@@ -905,6 +905,7 @@ def test_texts_of_one_token_give_no_made_up_role(cli, model_dirs, kind):
     attnscope.heads(model_dirs[kind], ["cat", "the cat"])  # one text of two tokens gives every head real rows
 
 
+@pytest.mark.slow
 def test_a_window_that_holds_every_text_reports_no_local_lift(cli, fresh_loads, tiny_model_dir, tmp_path):
     """With a window as long as the texts, local is everything but the first token (checked below from the scores
     themselves), and local_lift came out −1.75, −10.06: a function of the first-token score, not of locality."""
@@ -996,6 +997,7 @@ def infinite_head_dir(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_infinite_weights_leave_standard_output_to_the_result(capfd, infinite_head_dir):
     """LAPACK printed `Intel oneMKL ERROR: Parameter 3 was incorrect on entry to DGEBAL` on the C-level stdout:
     `--json > file` was corrupted. The weights are checked before any linear algebra sees them."""
@@ -1071,6 +1073,7 @@ def test_circuit_refuses_batches_that_would_not_fit_before_any_forward(cli, tiny
 # ------------------------------------------------------------------------------------- errors name the culprit
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["compare", "report"])
 def test_a_damaged_model_among_several_is_named(cli, fresh_loads, tiny_model_dir, nan_model_dir, tmp_path, command):
     args = [command, CAT, "-m", tiny_model_dir, "-m", nan_model_dir]
@@ -1078,6 +1081,7 @@ def test_a_damaged_model_among_several_is_named(cli, fresh_loads, tiny_model_dir
     assert line.startswith(f"attnscope: error: model '{nan_model_dir.name}': the attention is not finite")
 
 
+@pytest.mark.slow
 def test_a_folder_that_vanishes_during_a_run_is_said_to_be_gone(fresh_loads, tiny_model_dir, tmp_path, monkeypatch):
     """It was taken for a Hub id, and the Hub's library complained of its spelling ("Repo id must be in the
     form...")."""

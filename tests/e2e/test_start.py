@@ -142,6 +142,7 @@ def test_gpt2_small_parameter_count_from_its_config():
     assert attention == sum(p.numel() for p in built.h[0].attn.parameters())
 
 
+@pytest.mark.slow
 def test_gpt2_formula_equals_the_loaded_model(tmp_path):
     """A GPT-2 unlike the tiny one of the other tests (which has the default MLP width, 4d): n_inner set."""
     from attnscope.models.facts import model_facts

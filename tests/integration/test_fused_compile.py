@@ -50,11 +50,12 @@ print(json.dumps(results))
 
 @pytest.mark.slow
 def test_every_variant_compiles_for_an_h100_with_tensor_cores():
+    # Two compilations cover every branch (each takes seconds): the half-precision tiles with soft-capping and
+    # sinks both on (Gemma 2's soft-capping, gpt-oss's sinks; GPT-2 and Llama-style decoders are the same path with
+    # both off), and float32 (an encoder: TF32×3 on tensor cores) at another head size and row count.
     variants = [
-        ("bf16", 64, 5, False, False),  # GPT-2 / Llama-style decoders in bfloat16
-        ("fp16", 256, 5, True, False),  # Gemma 2: d_head 256, soft-capping
-        ("bf16", 64, 5, False, True),  # gpt-oss: sinks
-        ("fp32", 128, 9, False, False),  # an encoder in float32 (TF32×3 on tensor cores)
+        ("bf16", 64, 5, True, True),
+        ("fp32", 128, 9, False, False),
     ]
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     result = subprocess.run(
