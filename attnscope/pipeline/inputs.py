@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from attnscope.errors import AttnscopeError
 from attnscope.scores.catalog import counted
@@ -79,6 +79,18 @@ def valid_text(text: str, where: str) -> str:
             what = f"character {error.start} is a lone surrogate (U+{ord(char):04X}), not a character"
         raise AttnscopeError(f"{where} is not valid text: {what}") from None
     return text
+
+
+def json_line(line: str, where: str) -> Any:
+    """One line of a JSON-lines file, parsed; anything it cannot be read as is one line naming `where` (FILE:LINE)."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as error:
+        raise AttnscopeError(f"{where}: not valid JSON ({error.msg})") from None
+    except RecursionError:
+        raise AttnscopeError(f"{where}: JSON nested too deeply") from None
+    except ValueError as error:  # a number of more than 4,300 digits (Python's limit on int conversion)
+        raise AttnscopeError(f"{where}: cannot read its JSON ({str(error).split(':')[0]})") from None
 
 
 def _ascii_locale() -> bool:
@@ -260,14 +272,7 @@ class TextFile(Texts):
 
     def _record(self, line: str, number: int) -> str:
         where = f"{self.name}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise AttnscopeError(f"{where}: not valid JSON ({error.msg})") from None
-        except RecursionError:
-            raise AttnscopeError(f"{where}: JSON nested too deeply") from None
-        except ValueError as error:  # a number of more than 4,300 digits (Python's limit on int conversion)
-            raise AttnscopeError(f"{where}: cannot read its JSON ({str(error).split(':')[0]})") from None
+        record = json_line(line, where)
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise AttnscopeError(f'{where}: expected an object with a string "text" field')
         return valid_text(record["text"], f'{where}: the "text" field')

@@ -8,7 +8,6 @@ one line naming the file and the line where it is not what it should be. Pure Py
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import sys
@@ -17,7 +16,7 @@ from typing import Any
 
 from attnscope import options
 from attnscope.errors import AttnscopeError
-from attnscope.pipeline.inputs import valid_text
+from attnscope.pipeline.inputs import json_line, valid_text
 
 FIELDS = ("clean", "corrupt", "answer", "wrong")
 MAX_PAIR_BYTES = 64 * 2**20  # far beyond any set of pairs a patch run can take in a day
@@ -103,14 +102,7 @@ def _decoded(data: bytes, name: str) -> str:
 
 
 def _pair(line: str, where: str) -> PromptPair:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise AttnscopeError(f"{where}: not valid JSON ({error.msg})") from None
-    except RecursionError:
-        raise AttnscopeError(f"{where}: JSON nested too deeply") from None
-    except ValueError as error:  # a number of more than 4,300 digits (Python's limit on int conversion)
-        raise AttnscopeError(f"{where}: cannot read its JSON ({str(error).split(':')[0]})") from None
+    record = json_line(line, where)
     expected = 'expected an object with the string fields "clean", "corrupt", "answer" and "wrong"'
     if not isinstance(record, dict):
         raise AttnscopeError(f"{where}: {expected}")
