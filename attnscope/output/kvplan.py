@@ -220,12 +220,13 @@ class KvplanView(View):
 
 # ------------------------------------------------------------------------------------------------- terminal
 
-WIDE = 16  # KV heads beyond which the table lists a layer's scores in one wrapped cell instead of a column each
+WIDE = 16  # KV heads beyond which a layer's row gives the margin of its plan instead of every KV head's score
 
 
 def plan_table(result: Any) -> Any:
-    """Per layer: its own window (where any layer slides), its full KV heads of all, each KV head's score; the
-    streaming heads' in parentheses (and dim)."""
+    """Per layer: its own window (where any layer slides), its full KV heads of all, and each KV head's score, the
+    streaming heads' in parentheses (and dim); past WIDE KV heads (a multi-head model of 32), the largest score that
+    streams and the smallest that keeps the full cache instead, so that the table stays one line per layer."""
     from rich import box
     from rich.console import Group
     from rich.table import Table
@@ -233,33 +234,33 @@ def plan_table(result: Any) -> Any:
 
     n_layer, n_kv_head = result.kv_scores.shape
     slides = any(window is not None for window in result.sliding_windows)
+    every = n_kv_head <= WIDE
     table = Table(header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
     table.add_column("L", justify="right", style="bold")
     if slides:
         table.add_column("window", justify="right")
     table.add_column("full", justify="right")
-    heads = range(n_kv_head) if n_kv_head <= WIDE else ()
-    for head in heads:
-        table.add_column(str(head), justify="right")
-    if not heads:
-        table.add_column("scores (KV heads 0, 1, …)")
+    for name in [str(head) for head in range(n_kv_head)] if every else ["highest streaming", "lowest full"]:
+        table.add_column(name, justify="right")
 
-    def shown(layer: int, head: int) -> Text:
-        text = score_text(float(result.kv_scores[layer, head]))
-        return Text(text, style="bold") if result.full[layer, head] else Text(f"({text})", style="dim")
+    def shown(value: float, full: bool) -> Text:
+        return Text(score_text(value), style="bold") if full else Text(f"({score_text(value)})", style="dim")
 
     for layer in range(n_layer):
+        scores, full = result.kv_scores[layer], result.full[layer]
         row: list[Any] = [str(layer)]
         if slides:
             window = result.sliding_windows[layer]
             row.append("-" if window is None else f"{window:,}")
-        row.append(f"{int(result.full[layer].sum())}/{n_kv_head}")
-        if heads:
-            row += [shown(layer, head) for head in heads]
+        row.append(f"{int(full.sum())}/{n_kv_head}")
+        if every:
+            row += [shown(float(value), bool(kept)) for value, kept in zip(scores, full, strict=True)]
         else:
-            row.append(Text(" ").join(shown(layer, head) for head in range(n_kv_head)))
+            row.append(shown(float(scores[~full].max()), False) if (~full).any() else "-")
+            row.append(shown(float(scores[full].min()), True) if full.any() else "-")
         table.add_row(*row)
-    key = "scores: attention outside the sink and the recent window, per KV head (in parentheses: streaming)"
+    what = "per KV head" if every else "the largest of the layer's streaming KV heads and the smallest of its full ones"
+    key = f"scores: attention outside the sink and the recent window, {what} (in parentheses: streaming)"
     return Group(Text(f"KV cache plan: {plan_line(result)}", style="bold"), table, Text(key, style="dim"))
 
 

@@ -26,8 +26,8 @@ class Kvplan(Reading, Batching, Place, Revision, DeviceMap, Settings):
     `sink` and the last `recent` tokens alone (a streaming cache), as DuoAttention's plan files say it."""
 
     default_texts: ClassVar[str] = (
-        f"a long probe, the bundled sample texts joined again and again to {PROBE_TOKENS:,} tokens (or the model's "
-        "context)"
+        f"a long probe, the bundled sample texts joined again and again to {PROBE_TOKENS:,} tokens (twice --sink + "
+        "--recent where that is more; at most the model's context)"
     )
 
     streaming: float = setting(

@@ -220,3 +220,20 @@ def test_the_faces_say_the_plan_and_the_memory():
     assert "KV cache plan: 2 of 4 KV heads streaming (the first 8 + last 16 tokens), 2 full" in shown
     rows = [line.split() for line in shown.splitlines()]
     assert ["0", "-", "1/2", ".500", "(.300)"] in rows and ["1", "16", "1/2", "(.010)", ".900"] in rows
+
+
+def test_a_model_of_many_kv_heads_gets_one_line_per_layer_with_the_plans_margin():
+    """Past 16 KV heads (a multi-head model of 32), each layer shows the largest score that streams and the smallest
+    that keeps the full cache, not 32 columns."""
+    from rich.console import Console
+
+    scores = np.arange(40, dtype=float).reshape(2, 20) / 100  # layer 0: .00-.19, layer 1: .20-.39
+    full = plan(scores, 0.6)  # the 24 lowest: all of layer 0 and 1.0-1.3
+    memory = {"context": 8, "dtype": "float32", "bytes_per_element": 4, "full_bytes": 1, "plan_bytes": 1, "ratio": 1}
+    result = KvplanResult({"name": "wide"}, {}, {"sink": 1, "recent": 2}, scores, scores, full, [None, None], memory)
+    console = Console(width=100, record=True, color_system=None)
+    for item in view_of(result).terminal([]):
+        console.print(item)
+    rows = [line.split() for line in console.export_text().splitlines()]
+    assert ["L", "full", "highest", "streaming", "lowest", "full"] in rows
+    assert ["0", "0/20", "(.190)", "-"] in rows and ["1", "16/20", "(.230)", ".240"] in rows
