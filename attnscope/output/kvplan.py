@@ -276,8 +276,12 @@ def plan_grid(result: Any) -> Any:
 
     n_layer, n_kv_head = result.kv_scores.shape
     text = [[score_text(float(value)) for value in row] for row in result.kv_scores]
-    source = result.inputs.get("sources", [""])[0] if result.inputs.get("n_texts") == 1 else None
-    read = f"{result.inputs.get('n_tokens', 0):,} tokens" + (f" ({source})" if source else "")
+    inputs = result.inputs
+    tokens = f"{inputs.get('n_tokens', 0):,} tokens"
+    if inputs.get("n_texts", 1) == 1:
+        read = tokens + (f" ({inputs['sources'][0]})" if inputs.get("sources") else "")
+    else:
+        read = f"{counted(inputs['n_texts'], 'text')} ({tokens})"
     subtitle = (
         f"{result.model.get('name', '')}, {read}; hatched: the {result.streaming_count} streaming heads (first "
         f"{result.settings['sink']:,} + last {result.settings['recent']:,} tokens)"

@@ -101,3 +101,30 @@ def test_texts_too_short_to_measure_are_one_line(tiny):
     message = str(raised.value)
     assert message.startswith("no text is longer than sink + recent (8 + 16 = 24 tokens, --sink and --recent; the ")
     assert "longest window is 12 tokens, the model's context 128)" in message and "\n" not in message
+
+
+def _windows_of(config, n_layer: int) -> list[int | None]:
+    """Each layer's own sliding window by the family's config (tests.support.visible_keys's rule)."""
+    types = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None)
+    return [window if types is None or types[layer] == "sliding_attention" else None for layer in range(n_layer)]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mistral",  # every layer slides, 4 query heads over 2 KV heads
+        pytest.param("gpt_oss", marks=pytest.mark.slow),  # learned sinks: each row's weights sum to less than 1
+        pytest.param("qwen2", marks=pytest.mark.slow),  # the layers past max_window_layers slide
+        pytest.param("gemma3_text", marks=pytest.mark.slow),
+    ],
+)
+def test_the_families_scores_kv_heads_and_windows_against_the_eager_maps(family_dir, name):
+    model = load_model(str(family_dir(name)), "cpu")
+    expected, rows = _by_eager_maps(model, FAMILY_TEXTS, 1, 2)
+    result = api.kvplan(model, FAMILY_TEXTS, sink=1, recent=2)
+    assert result.inputs["scored_rows"] == rows
+    assert np.allclose(result.scores, expected, atol=1e-5)
+    group = model.n_head // model.n_kv_head
+    assert np.allclose(result.kv_scores, expected.reshape(model.n_layer, model.n_kv_head, group).max(-1), atol=1e-5)
+    assert result.sliding_windows == _windows_of(model.config, model.n_layer)
