@@ -21,6 +21,7 @@ Nothing heavy is imported until a function is called: `import attnscope` stays f
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import os
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from attnscope.analyses.diversity import DiversityResult
     from attnscope.analyses.heads import HeadsResult
     from attnscope.analyses.info import InfoResult
+    from attnscope.analyses.kvplan import KvplanResult
     from attnscope.analyses.maps import ShowResult
     from attnscope.analyses.patch import PatchResult
     from attnscope.analyses.random_mha import RandomMhaResult
@@ -58,10 +60,21 @@ def _inputs(declared: type[settings.Settings]) -> list[options.Setting]:
     callbacks, as its contract says."""
     model = settings.MODELS if declared.models == settings.SEVERAL else settings.MODEL
     first = [] if declared.models == settings.NONE else [model]
-    first += [settings.TEXTS] if declared.reads_texts else []
+    first += [_texts(declared)] if declared.reads_texts else []
     last = [settings.PROGRESS] if declared.reads_texts else []
     last += [settings.STATUS] if declared.models != settings.NONE else []
     return first + last
+
+
+def _texts(declared: type[settings.Settings]) -> options.Setting:
+    """The TEXT of a command: the bundled samples when none is given, or the command's own texts (`default_texts`)."""
+    if declared.default_texts is None:
+        return settings.TEXTS
+    return dataclasses.replace(
+        settings.TEXTS,
+        help=f"Text to analyse; '-' reads stdin; omitted: {declared.default_texts}.",
+        python_help=f"a string, a list of strings (or Text), or None: {declared.default_texts}",
+    )
 
 
 def keywords(declared: type[settings.Settings]) -> list[options.Setting]:
@@ -339,7 +352,12 @@ def _run(analysis_class: type[settings.Settings], given: dict[str, Any]) -> Any:
             model = os.fspath(model)
             notes += name_notes(model)
         return _noted(analysis.run(model, status=status), notes)
-    gathered = read_texts(texts, analysis.file) if analysis.reads_texts else analysis.read_inputs()
+    if not analysis.reads_texts:
+        gathered = analysis.read_inputs()
+    elif texts is None and analysis.file is None and analysis.default_texts is not None:
+        gathered = None  # the command's own texts (kvplan's long probe), which its run makes for the model
+    else:
+        gathered = read_texts(texts, analysis.file)
     if model is None:  # only several models' commands leave it out: one model's default is the declared gpt2
         if analysis.revisions is not None:
             raise AttnscopeError(
@@ -444,6 +462,17 @@ def patch(**given: Any) -> PatchResult:
     return _run(Patch, given)
 
 
+@command(settings.Kvplan)
+def kvplan(**given: Any) -> KvplanResult:
+    """A KV-cache plan in DuoAttention's format (`attnscope kvplan`): each head's attention on the keys a streaming
+    cache drops (those after the first `sink` and before the last `recent` of each row), the largest of a KV head's
+    query heads, and the `streaming` share of KV heads with the lowest scores given a streaming cache. `save(folder)`
+    writes full_attention_heads.tsv and config.json as DuoAttention and kvpress read them."""
+    from attnscope.analyses.kvplan import Kvplan
+
+    return _run(Kvplan, given)
+
+
 @command(settings.Report)
 def report(**given: Any) -> ReportResult:
     """Everything the report page shows (`attnscope report`): `save(folder)` writes report.html; a notebook shows
@@ -494,5 +523,5 @@ def bench(**given: Any) -> BenchResult:
 COMMANDS = {  # the command line's name of each function, in the order `attnscope --help` lists them
     "heads": heads, "show": show, "diversity": diversity, "random-mha": random_mha, "attend": attend,
     "ablate": ablate, "circuit": circuit, "report": report, "compare": compare, "bench": bench, "info": info,
-    "patch": patch,
+    "patch": patch, "kvplan": kvplan,
 }  # fmt: skip

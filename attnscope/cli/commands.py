@@ -124,6 +124,16 @@ HELP = {
     hold the value" --corrupt "The file and the list hold the value table. The file and the list hold the value"
     --answer method --wrong table --top 5
     """,
+    "kvplan": """A KV-cache plan in DuoAttention's format: which key/value heads keep the whole past, which stream.
+
+    A streaming head keeps the first --sink and the last --recent tokens alone (DuoAttention; kvpress's
+    DuoAttentionPress). Each head's score is its attention on the keys that would drop, over the rows that have
+    such keys; a KV head's is the largest of its query heads'. The --streaming share of KV heads with the lowest
+    scores stream. Without TEXT or --file, a long probe made of the bundled samples is read. --out writes
+    full_attention_heads.tsv and config.json (DuoAttention's files), kvplan.json, kvplan.csv and the picture.
+
+    Example: attnscope kvplan --model demo --sink 16 --recent 64 --out plan/
+    """,
 }
 NEEDS_OUT = {"plot"}  # options whose pictures are drawn into the folder of --out
 

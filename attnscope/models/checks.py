@@ -12,6 +12,7 @@ Pure Python: `info` checks a GPT-2 config without importing torch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 from collections.abc import Iterable, Mapping, Sequence
@@ -59,11 +60,13 @@ CONFIG_MAX_BYTES = 64 * 2**20  # a config.json is kilobytes (megabytes with a la
 @dataclass(frozen=True)
 class Shape:
     """What settings are checked against before a model's weights load: its layers, heads and kind of attention
-    (`decoder` or `encoder`; None when not known)."""
+    (`decoder` or `encoder`; None when not known), and its context in tokens (None when the config does not say; not
+    compared: models that share layers × heads may differ in context)."""
 
     n_layer: int
     n_head: int
     kind_name: str | None = None
+    n_ctx: int | None = dataclasses.field(default=None, compare=False)
 
 
 def check_config(raw: Mapping[str, Any], name: str) -> dict[str, int | None]:
@@ -173,7 +176,7 @@ def config_shape(raw: Mapping[str, Any], name: str, kind_name: str | None = None
         values = {**GPT2_DEFAULTS, **{key: value for key, value in values.items() if value is not None}}
     if values.get("n_layer") is None or values.get("n_head") is None:
         return None
-    return Shape(values["n_layer"], values["n_head"], kind_name)
+    return Shape(values["n_layer"], values["n_head"], kind_name, values.get("n_ctx"))
 
 
 # ------------------------------------------------------------------------------------------ loaded weights

@@ -90,8 +90,8 @@ class LoadedModel:
 
     @property
     def shape(self) -> checks.Shape:
-        """What settings are checked against (layers, heads, kind), as `config_shape` gives before a load."""
-        return checks.Shape(self.n_layer, self.n_head, self.kind.name)
+        """What settings are checked against (layers, heads, kind, context), as `config_shape` gives before a load."""
+        return checks.Shape(self.n_layer, self.n_head, self.kind.name, self.n_ctx)
 
     def info(self) -> dict[str, Any]:
         """Model facts for `attnscope info` and the `model` section of every JSON output.

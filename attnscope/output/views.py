@@ -207,6 +207,7 @@ VIEWS: dict[str, str] = {
     "CircuitResult": "attnscope.output.circuit.CircuitView",
     "CompareResult": "attnscope.output.compare.CompareView",
     "PatchResult": "attnscope.output.patch.PatchView",
+    "KvplanResult": "attnscope.output.kvplan.KvplanView",
 }
 
 

@@ -90,7 +90,7 @@ def attention(
         exp_logits, block_z, peak, mass = _softmax_parts(logits, sink_logits)
         pieces.add(_block_output(exp_logits, block_z, value, keys), block_z, visible, peak, mass)
         pieces.add_gathered(_gathered(logits, block, masked, call.causal, keys, lengths))
-        _hand_over(state, call.layer, exp_logits, block_z, block.positions, lengths, n_keys, keys)
+        _hand_over(state, call, exp_logits, block_z, block.positions, lengths, n_keys, keys)
         # Σ_j exp(s_ij) s_ij, multiplying in place: the logits are not needed after this
         pieces.expected_logits.append(logits.mul_(exp_logits).sum(dim=-1) / block_z)  # (B, H, b)
         start = stop
@@ -191,7 +191,7 @@ def _gathered(
 
 def _hand_over(
     state: CaptureState,
-    layer: int,
+    call: LayerCall,
     exp_logits: torch.Tensor,
     block_z: torch.Tensor,
     positions: torch.Tensor,
@@ -201,11 +201,12 @@ def _hand_over(
 ) -> None:
     """The block to a reducer that wants blocks, and its weights of the kept window to the pictures (on the host,
     every key of the layer: those a causal block did not reach weigh 0)."""
+    layer = call.layer
     wanted = state.reducer is not None and state.reducer.wants_blocks
     keep = state.keeps(layer)
     if not (wanted or keep):
         return
-    block = AttentionBlock(exp_logits, block_z, positions, lengths, n_keys)
+    block = AttentionBlock(exp_logits, block_z, positions, lengths, n_keys, call.sliding_window)
     if wanted:
         state.reducer.add_block(layer, block)
     if keep:

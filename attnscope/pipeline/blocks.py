@@ -31,7 +31,8 @@ class AttentionBlock:
     exp_logits: (B, H, b, k) exp(s) with s the scaled logits shifted so that each row's maximum is 0; k = keys up
              to the block's last row in a causal layer (later keys are masked), all keys in an encoder's;
     normalizer: (B, H, b) Σ_j exp(s), so A = exp_logits / normalizer.
-    lengths: (B,) real tokens per window;  n_keys: all keys of the layer (the padded window length).
+    lengths: (B,) real tokens per window;  n_keys: all keys of the layer (the padded window length);
+    sliding_window: the layer's own window as the model gives it (a row i sees keys i - W < j <= i), None without.
     """
 
     exp_logits: torch.Tensor
@@ -39,6 +40,7 @@ class AttentionBlock:
     positions: torch.Tensor
     lengths: torch.Tensor
     n_keys: int
+    sliding_window: int | None = None
 
     @classmethod
     def from_probs(cls, probs: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor) -> AttentionBlock:

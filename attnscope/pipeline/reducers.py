@@ -130,6 +130,47 @@ class ProbeStatistics(Reducer):
         return {name: means[..., k] for k, name in enumerate(rows.PROBE_SCORES)}
 
 
+class DistantAttention(Reducer):
+    """kvplan's sums: for every (layer, query head), the attention each scored row gives to keys outside the first
+    `sink` keys and the last `recent` keys it sees, the keys a streaming KV cache (DuoAttention's) would drop.
+
+    For a causal row i those are the keys S <= j <= i - R (S = sink, R = recent); rows with i >= S + R, the first
+    that have any, are scored (every real row from there, each weighing the same), the others left out: a row that
+    sees no more than S + R keys loses nothing in a streaming cache, and counting it would dilute the score with
+    zeros that say nothing about the head. A key the model's own mask hides (a sliding window, padding) carries no
+    attention, so it adds nothing here either; `sliding_windows` keeps each layer's window as the model gave it.
+
+        sums[l, h] = Σ_rows Σ_{S <= j <= i - R} A_ij     (float64)     row_count = scored rows (each layer's alike)
+    """
+
+    wants_blocks = True
+
+    def __init__(self, n_layer: int, n_head: int, device: torch.device, sink: int, recent: int):
+        self.sink, self.recent = sink, recent
+        self.sums = torch.zeros(n_layer, n_head, dtype=torch.float64, device=device)
+        self.row_count = torch.zeros((), dtype=torch.long, device=device)
+        self.sliding_windows: dict[int, int | None] = {}  # layer -> its window (None: it sees every earlier key)
+
+    def add_block(self, layer: int, block: AttentionBlock) -> None:
+        self.sliding_windows[layer] = block.sliding_window
+        positions, lengths = block.positions, block.lengths  # (b,), (B,)
+        if int(positions[-1]) < self.sink + self.recent:  # no row of the block has a distant key
+            return
+        scored = (positions[None, :] >= self.sink + self.recent) & (positions[None, :] < lengths[:, None])  # (B, b)
+        keys = torch.arange(block.exp_logits.shape[-1], device=positions.device)  # (k,)
+        distant = (keys[None, :] >= self.sink) & (keys[None, :] <= positions[:, None] - self.recent)  # (b, k)
+        mass = (block.exp_logits * distant).sum(dim=-1) / block.normalizer  # (B, H, b)
+        mass = torch.where(scored[:, None, :], mass, 0.0)
+        self.sums[layer] += mass.sum(dim=(0, 2), dtype=torch.float64).to(self.sums.device)  # (H,)
+        if layer == 0:
+            self.row_count += scored.sum().to(self.row_count.device)
+
+    def means(self) -> torch.Tensor:
+        """(n_layer, n_head) float64 on the host: the mean over scored rows (NaN when no row was scored)."""
+        count = int(self.row_count)
+        return self.sums.cpu() / count if count else torch.full_like(self.sums.cpu(), float("nan"))
+
+
 class LayerBuffer:
     """The attention of several layers of one batch, heads side by side, (B, L·H, n, n) for the layers `layers` in
     their order: a pair of heads may span two layers whose attention exists at different moments of the forward

@@ -15,12 +15,13 @@ never probe an analysis with getattr. The analyses (attnscope.analyses) subclass
 Light: no torch, no transformers, so `attnscope --help` builds every option from here.
 """
 
-from attnscope.settings import declare, describe, groups, intervene, several, tools
+from attnscope.settings import declare, describe, groups, intervene, plan, several, tools
 from attnscope.settings.declare import *  # noqa: F403 (each module names what it offers in its __all__)
 from attnscope.settings.describe import *  # noqa: F403
 from attnscope.settings.groups import *  # noqa: F403
 from attnscope.settings.intervene import *  # noqa: F403
+from attnscope.settings.plan import *  # noqa: F403
 from attnscope.settings.several import *  # noqa: F403
 from attnscope.settings.tools import *  # noqa: F403
 
-__all__ = [name for module in (declare, groups, describe, intervene, several, tools) for name in module.__all__]
+__all__ = [name for module in (declare, groups, describe, intervene, plan, several, tools) for name in module.__all__]

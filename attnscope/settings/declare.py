@@ -339,6 +339,9 @@ class Settings(Declared):
     draws: ClassVar[bool] = True  # the command has pictures (--format, --dpi)
     default_out: ClassVar[str | None] = None  # a command whose output is its files: where they go without --out
     revisions: ClassVar[tuple[str, ...] | None] = None  # several models: revisions of one repository (a field there)
+    # What no TEXT and no --file means: None, the bundled sample texts; else the command's own texts, in words (its
+    # TEXT's help says so), which its `run` makes itself when it receives None for the texts (kvplan's long probe).
+    default_texts: ClassVar[str | None] = None
     # Under torchrun: True where the command's passes over the texts are shared among the processes and their sums
     # added (heads, diversity), or where it reads one window that every process reads alike (show, attend); a command
     # that would run whole in every process, or report one process's share, is refused there (`check_processes`);

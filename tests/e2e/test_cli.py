@@ -25,6 +25,7 @@ MODEL_TYPE = {"decoder": "gpt2", "encoder": "bert"}
 CONTEXT = {"decoder": 128, "encoder": 64}  # n_positions / max_position_embeddings of tests.support's builders
 COMMANDS = (
     "heads", "show", "diversity", "random-mha", "attend", "ablate", "circuit", "report", "compare", "bench", "info",
+    "kvplan",
 )  # fmt: skip
 UNMEASURED = {  # per kind, the catalog's scores that stay null even with the probe on (the other kind's own)
     "decoder": {"next_token", "last_token"},

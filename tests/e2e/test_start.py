@@ -16,7 +16,9 @@ import pytest
 from tests.support import CAT, FAMILY_MODELS, build_tiny_gpt2
 
 DEMO_HINT = "--model demo runs the small GPT-2 bundled with attnscope, with no download"
-MODEL_COMMANDS = ("heads", "show", "diversity", "attend", "ablate", "circuit", "report", "compare", "bench", "info")
+MODEL_COMMANDS = (
+    "heads", "show", "diversity", "attend", "ablate", "circuit", "report", "compare", "bench", "info", "kvplan",
+)  # fmt: skip
 
 # ------------------------------------------------------------------------------------------- --model demo
 

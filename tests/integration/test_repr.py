@@ -28,6 +28,7 @@ def demo() -> dict:
         "report": attnscope.report(model),
         "info": attnscope.info("demo"),
         "random-mha": attnscope.random_mha(head_counts=[1, 2]),
+        "kvplan": attnscope.kvplan(model, sink=16, recent=64),
     }
 
 
@@ -63,6 +64,10 @@ def test_every_demo_result_prints_briefly_with_its_headline(demo):
     info = repr(demo["info"])
     assert "<InfoResult demo: 2 layers × 4 heads" in info and "953,856 parameters" in info
     assert "JS divergence between heads" in repr(demo["random-mha"])
+    kvplan = repr(demo["kvplan"])
+    assert "<KvplanResult demo: 2 layers × 4 heads" in kvplan and "4 of 8 KV heads streaming" in kvplan
+    assert "KV cache at 32,768 tokens (float32): 64.0 MiB full, " in kvplan
+    assert "streaming (layer.kv_head score): 1.3 .127" in kvplan
 
 
 def test_a_demo_report_and_what_it_holds_print_briefly(demo):

@@ -17,6 +17,7 @@ from attnscope.analyses.compare import CompareHead, CompareResult
 from attnscope.analyses.diversity import DiversityResult
 from attnscope.analyses.heads import HeadRecord, HeadsResult
 from attnscope.analyses.info import InfoResult
+from attnscope.analyses.kvplan import KvplanResult
 from attnscope.analyses.maps import AttentionMap, ShowResult
 from attnscope.analyses.patch import PatchResult
 from attnscope.analyses.random_mha import RandomMhaResult
@@ -163,6 +164,18 @@ def patch_result() -> PatchResult:
     )
 
 
+def kvplan_result() -> KvplanResult:
+    scores = np.array([[0.02, 0.4], [0.3, 0.001]])
+    full = np.array([[True, True], [True, False]])
+    memory = {
+        "context": 1024, "dtype": "float32", "bytes_per_element": 4, "full_bytes": 2**20, "plan_bytes": 3 * 2**18,
+        "ratio": 0.75,
+    }  # fmt: skip
+    settings = {"streaming": 0.25, "sink": 4, "recent": 8, "context": 1024, "batch_size": 8, "max_tokens": 16384}
+    inputs = {"n_texts": 1, "n_windows": 1, "n_tokens": 16, "bos": True, "sources": ["a"], "scored_rows": 4}
+    return KvplanResult(MODEL, inputs, settings, scores, scores, full, [None, None], memory)
+
+
 # result class -> a hand-built result and what its summary must say (the headline numbers of its terminal view)
 BUILT = {
     "HeadsResult": (
@@ -228,6 +241,15 @@ BUILT = {
             "tiny: 2 layers × 2 heads; 1 pair",
             "logit difference (' Mary' − ' John'): clean 3.500, corrupted -1.500",
             "restore the most (restored/removed): 1.0 0.70/0.60 · 1.1 0.20/0.30",
+        ],
+    ),
+    "KvplanResult": (
+        kvplan_result,
+        [
+            "tiny: 2 layers × 2 heads",
+            "1 of 4 KV heads streaming (the first 4 + last 8 tokens), 3 full",
+            "KV cache at 1,024 tokens (float32): 1.00 MiB full, 768 KiB with this plan (75 %)",
+            "streaming (layer.kv_head score): 1.1 .001",
         ],
     ),
     "InfoResult": (lambda: InfoResult(MODEL), ["tiny: 2 layers × 2 heads", "1,234 parameters", "context 16 tokens"]),

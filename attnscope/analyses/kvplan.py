@@ -1,0 +1,304 @@
+"""Which key/value heads need the whole past, and which a streaming cache serves (`attnscope kvplan`).
+
+DuoAttention (Xiao et al. 2024, mit-han-lab/duo-attention) keeps a full KV cache for some heads ("retrieval heads")
+and gives every other head ("streaming heads") the first S tokens (the attention sink) and the last R tokens (the
+recent window) alone; kvpress's `DuoAttentionPress` (NVIDIA/kvpress) applies the same plans. DuoAttention finds its
+heads by training a gate per KV head; this command measures instead what a streaming head would lose.
+
+**The score** of query head h of layer l is its mean attention on the keys a streaming cache drops: for a causal
+row i, the keys S <= j <= i - R (after the sink, before the recent window),
+
+    score[l, h] = mean over scored rows i of  Σ_{S <= j <= i - R} A[l, h, i, j]
+
+over the rows with i >= S + R (the rows that have such keys, in every window of the texts; shorter windows are not
+run at all): 0 for a head that never looks past its sink and recent window, 1 for one that never looks inside them
+(`pipeline.reducers.DistantAttention`, exact sums over blocks of rows, no (n × n) map held).
+
+**A KV head's score** is the largest of its query heads' (grouped-query attention: query head h reads KV head
+h // (H / H_kv)): the cache is shared, so if any query head of the group needs the distant past, the group's cache
+must keep it.
+
+**The plan**: the floor(F × N) KV heads of the N with the lowest scores become streaming (F = --streaming, as
+written: 0.29 of 100 heads is 29), ties broken by layer, then KV head; the others keep the full cache. Scores are
+ranked as the JSON writes them (6 decimals), so the plan follows from kvplan.json alone.
+
+**The memory** at T = --context tokens, with b bytes per element of the model's dtype and d_head per head:
+
+    full = Σ_layers 2 · H_kv · d_head · P_full · b          plan = Σ_layers 2 · d_head · b · (full heads · P_full
+                                                                                           + streaming heads · P_stream)
+
+with P_full = T (min(T, W) in a layer that already slides with its own window W) and P_stream = min(P_full, S + R).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from attnscope import settings
+from attnscope.analyses.common import Progress, check_finite, input_summary, run_windows
+from attnscope.analyses.result import Result
+from attnscope.errors import AttnscopeError
+from attnscope.models.loading import LoadedModel
+from attnscope.output.documents import DECIMALS
+from attnscope.pipeline import capture
+from attnscope.pipeline.inputs import Text, Texts, sample_texts
+from attnscope.pipeline.reducers import DistantAttention
+from attnscope.pipeline.tokens import Window, WindowStream, batches, default_bos, pad_id
+from attnscope.scores.catalog import counted
+
+PROBE_SOURCE = "probe: the bundled samples joined"
+
+
+@dataclass(repr=False)  # the repr is Result's: a summary
+class KvplanResult(Result):
+    """Every query head's score (L, H) and every KV head's (L, H_kv), numpy float64 (see the module docstring); the
+    plan, `full` (L, H_kv) bool (True: the full cache; False: streaming); each layer's own sliding window (None: it
+    sees every earlier key); the memory at the context asked for (bytes, full and with the plan)."""
+
+    model: dict[str, Any]
+    inputs: dict[str, Any]
+    settings: dict[str, Any]
+    scores: np.ndarray
+    kv_scores: np.ndarray
+    full: np.ndarray
+    sliding_windows: list[int | None]
+    memory: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def streaming_count(self) -> int:
+        return int((~self.full).sum())
+
+    def ranked(self) -> list[tuple[int, int]]:
+        """KV heads (layer, kv_head) in the plan's order: the lowest score first, ties by layer, then KV head; the
+        first `streaming_count` are the streaming ones."""
+        return ranked(self.kv_scores)
+
+
+# ------------------------------------------------------------------------------------------------- the plan
+
+
+def group_max(scores: np.ndarray, n_kv_head: int) -> np.ndarray:
+    """(L, H_kv): each KV head's score, the largest of the scores (L, H) of the query heads that read it (query head
+    h reads KV head h // (H / H_kv), as transformers' repeat_kv lays them out)."""
+    n_layer, n_head = scores.shape
+    return scores.reshape(n_layer, n_kv_head, n_head // n_kv_head).max(axis=-1)
+
+
+def ranked(kv_scores: np.ndarray) -> list[tuple[int, int]]:
+    """Every KV head (layer, kv_head), the lowest score first (as the JSON rounds it), ties by layer, then head."""
+    n_layer, n_kv_head = kv_scores.shape
+    heads = [(layer, head) for layer in range(n_layer) for head in range(n_kv_head)]
+    return sorted(heads, key=lambda lh: (round(float(kv_scores[lh]), DECIMALS), lh))
+
+
+def streaming_heads(total: int, fraction: float) -> int:
+    """floor(F × N), with F as written (its shortest decimal form): 0.29 of 100 is 29, where the float's own
+    product, 28.999999999999996, would floor to 28."""
+    return math.floor(Fraction(repr(float(fraction))) * total)
+
+
+def plan(kv_scores: np.ndarray, fraction: float) -> np.ndarray:
+    """(L, H_kv) bool, True where a KV head keeps the full cache: all but the floor(F × N) lowest (see `ranked`)."""
+    full = np.ones(kv_scores.shape, dtype=bool)
+    for layer, head in ranked(kv_scores)[: streaming_heads(kv_scores.size, fraction)]:
+        full[layer, head] = False
+    return full
+
+
+def cache_bytes(
+    full: np.ndarray, windows: Sequence[int | None], d_head: int, element_bytes: int, context: int, kept: int
+) -> tuple[int, int]:
+    """(full attention's KV cache, the plan's) in bytes at `context` tokens: keys and values (2) of d_head elements
+    of `element_bytes` per KV head and position held; a full head holds the `context` positions (or its layer's own
+    sliding window, when shorter), a streaming head (`full` False) min(that, `kept` = sink + recent)."""
+    every, planned = 0, 0
+    for layer, heads in enumerate(full):
+        window = windows[layer]
+        positions = context if window is None else min(context, window)
+        streamed = min(positions, kept)
+        per_position = 2 * d_head * element_bytes
+        every += per_position * positions * len(heads)
+        planned += per_position * (positions * int(heads.sum()) + streamed * int((~heads).sum()))
+    return every, planned
+
+
+# ------------------------------------------------------------------------------------------------- the texts
+
+
+def probe_tokens(n_ctx: int, sink: int, recent: int) -> int:
+    """The long probe's length: PROBE_TOKENS, or twice sink + recent when that is more (so that at least half its
+    rows are scored), at most the model's context."""
+    return min(n_ctx, max(settings.PROBE_TOKENS, 2 * (sink + recent)))
+
+
+def probe_window(loaded: LoadedModel, bos: bool, length: int) -> tuple[Window, int]:
+    """The long probe: the bundled sample texts joined by blank lines, again and again, cut to `length` tokens
+    (special tokens included) and tokenized as any text is (`WindowStream`: its checks of the tokenizer too); and
+    its period, the tokens of one round of the samples."""
+    joined = "\n\n".join(text.text for text in sample_texts())
+    period = len(loaded.tokenizer(joined + "\n\n", add_special_tokens=False)["input_ids"])
+    text = "\n\n".join([joined] * (length // max(1, period) + 2))
+    window = next(iter(WindowStream(loaded, [Text(text, PROBE_SOURCE)], bos)))
+    return Window(0, window.ids[:length], 0), period
+
+
+# ------------------------------------------------------------------------------------------------- the analysis
+
+
+@dataclass
+class _Measured:
+    """What the texts gave: the capture's notes and the texts' own, the input summary, the longest window."""
+
+    notes: list[str]
+    inputs: dict[str, Any]
+    longest: int
+
+
+class Kvplan(settings.Kvplan):
+    """Every head's attention outside the sink and the recent window, and the plan (see the module docstring)."""
+
+    def run(
+        self, loaded: LoadedModel, texts: Texts | Sequence[Text] | None = None, progress: Progress | None = None
+    ) -> KvplanResult:
+        """The scores over `texts` (None: the long probe), the plan and its memory."""
+        self.check_shape(loaded.shape)
+        kept = self.sink + self.recent
+        bos = default_bos(loaded.tokenizer, loaded.kind) if self.bos is None else self.bos
+        sums = DistantAttention(loaded.n_layer, loaded.n_head, loaded.device, self.sink, self.recent)
+        if texts is None:
+            measured = self._probe(loaded, bos, sums, progress)
+        else:
+            measured = self._texts(loaded, texts, bos, sums, progress)
+        if int(sums.row_count) == 0:
+            raise AttnscopeError(
+                f"no text is longer than sink + recent ({self.sink} + {self.recent} = {kept:,} tokens, --sink and "
+                f"--recent; the longest window is {measured.longest:,} tokens, the model's context "
+                f"{loaded.n_ctx:,}): no row sees a key a streaming head would drop, so nothing is measured; give "
+                "longer texts or a smaller --sink or --recent"
+            )
+        scores = sums.means().numpy()  # (L, H)
+        check_finite(loaded, "attention", scores, range(loaded.n_layer))
+        kv_scores = group_max(scores, loaded.n_kv_head)  # (L, H_kv)
+        full = plan(kv_scores, self.streaming)  # (L, H_kv)
+        windows = [sums.sliding_windows.get(layer) for layer in range(loaded.n_layer)]
+        element_bytes = loaded.dtype.itemsize
+        every, planned = cache_bytes(full, windows, loaded.d_head, element_bytes, self.context, kept)
+        memory = {
+            "context": self.context,
+            "dtype": str(loaded.dtype).removeprefix("torch."),
+            "bytes_per_element": element_bytes,
+            "full_bytes": every,
+            "plan_bytes": planned,
+            "ratio": planned / every,
+        }
+        return KvplanResult(
+            model=loaded.info(),
+            inputs=measured.inputs,
+            settings={
+                "streaming": self.streaming,
+                "sink": self.sink,
+                "recent": self.recent,
+                "context": self.context,
+                "batch_size": self.batch_size,
+                "max_tokens": self.max_tokens,
+            },
+            scores=scores,
+            kv_scores=kv_scores,
+            full=full,
+            sliding_windows=windows,
+            memory=memory,
+            notes=measured.notes + _notes(self, loaded, full, windows),
+        )
+
+    def _probe(self, loaded: LoadedModel, bos: bool, sums: DistantAttention, progress: Progress | None) -> _Measured:
+        """The long probe through the capture, in one window."""
+        window, period = probe_window(loaded, bos, probe_tokens(loaded.n_ctx, self.sink, self.recent))
+        batch = batches([window], 1, loaded.device, pad_id(loaded.tokenizer))
+        captured = capture.run(loaded.model, batch, sums, kernel=loaded.kernel)
+        if progress is not None:
+            progress(1, len(window.ids), 1.0)
+        inputs = {
+            "n_texts": 1,
+            "n_windows": 1,
+            "n_tokens": len(window.ids),
+            "bos": bos,
+            "sources": [PROBE_SOURCE],
+            "probe_period": period,
+            "scored_rows": int(sums.row_count),
+        }
+        repeats = (
+            f"; they repeat every {period:,} tokens, so a head that looks back for an earlier copy finds one "
+            f"{period:,} tokens back"
+            if period < len(window.ids)
+            else ""
+        )
+        note = (
+            f"no text was given: the scores are from the long probe, the bundled sample texts joined again and again "
+            f"({len(window.ids):,} tokens{repeats}); for a plan to serve with, measure on long texts of the kind it "
+            "will serve (TEXT or --file)"
+        )
+        return _Measured([note, *captured.notes], inputs, len(window.ids))
+
+    def _texts(
+        self, loaded: LoadedModel, texts: Texts | Sequence[Text], bos: bool, sums: DistantAttention, progress: Any
+    ) -> _Measured:
+        """The texts' windows through the capture, but those no longer than sink + recent (nothing to measure)."""
+        kept = self.sink + self.recent
+        windows = WindowStream(loaded, texts, bos)
+        short = 0
+
+        def long_enough(window: Window) -> bool:
+            nonlocal short
+            short += len(window.ids) <= kept
+            return len(window.ids) > kept
+
+        captured = run_windows(loaded, windows, sums, self.batch_size, self.max_tokens, progress, select=long_enough)
+        notes = windows.notes() + captured.notes
+        if short and int(sums.row_count):
+            notes.append(
+                f"{counted(short, 'window')} of {windows.n_windows:,} no longer than sink + recent ({kept:,} tokens) "
+                f"{'was' if short == 1 else 'were'} not run: a streaming cache holds every token of "
+                f"{'it' if short == 1 else 'them'}, so there is nothing to measure"
+            )
+        return _Measured(notes, input_summary(windows, int(sums.row_count)), windows.longest)
+
+
+def _notes(analysis: Kvplan, loaded: LoadedModel, full: np.ndarray, windows: list[int | None]) -> list[str]:
+    """What to know of the plan: the layers that already slide (and the streaming heads that save nothing there), a
+    context the model cannot read, a share that rounds down to no head."""
+    notes = []
+    kept = analysis.sink + analysis.recent
+    sliding = {layer: window for layer, window in enumerate(windows) if window is not None}
+    if sliding:
+        listed = ", ".join(f"{layer} ({window:,})" for layer, window in sliding.items())
+        notes.append(
+            f"{counted(len(sliding), 'layer')} already {'slides' if len(sliding) == 1 else 'slide'} with the model's "
+            f"own window (layer (tokens): {listed}): keys outside it carry no attention, and a full cache there "
+            "holds the window alone"
+        )
+        useless = sum(int((~full[layer]).sum()) for layer, window in sliding.items() if window <= kept)
+        if useless:
+            notes.append(
+                f"{counted(useless, 'streaming KV head')} {'is' if useless == 1 else 'are'} in layers whose own window "
+                f"is no longer than sink + recent ({kept:,} tokens): {'its' if useless == 1 else 'their'} cache is "
+                "no smaller for streaming"
+            )
+    if analysis.context > loaded.n_ctx:
+        notes.append(
+            f"the memory is at --context {analysis.context:,} tokens, more than the model's context "
+            f"({loaded.n_ctx:,} tokens)"
+        )
+    total = full.size
+    if analysis.streaming > 0 and full.all():
+        notes.append(
+            f"streaming {analysis.streaming:g} of {counted(total, 'KV head')} rounds down to none (floor): every "
+            "head keeps the full cache"
+        )
+    return notes

@@ -1,0 +1,72 @@
+"""The settings of the commands that plan how a model is served: `kvplan` (which key/value heads keep a full cache,
+in DuoAttention's format)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from attnscope import options
+from attnscope.errors import AttnscopeError
+from attnscope.models.checks import Shape
+from attnscope.settings.declare import Settings, setting
+from attnscope.settings.groups import Batching, DeviceMap, Place, Reading, Revision
+
+__all__ = ["PROBE_TOKENS", "Kvplan"]
+
+# The long probe kvplan reads when it is given no text: the bundled samples joined, again and again, to this many
+# tokens (or the model's context, when shorter). Long enough that most of its rows lie past DuoAttention's sink and
+# recent window (128 + 256 tokens); short enough to run on a CPU.
+PROBE_TOKENS = 4096
+
+
+@dataclass(frozen=True, kw_only=True)
+class Kvplan(Reading, Batching, Place, Revision, DeviceMap, Settings):
+    """`attnscope kvplan`: which key/value heads need the whole past (a full KV cache) and which can keep the first
+    `sink` and the last `recent` tokens alone (a streaming cache), as DuoAttention's plan files say it."""
+
+    default_texts: ClassVar[str] = (
+        f"a long probe, the bundled sample texts joined again and again to {PROBE_TOKENS:,} tokens (twice --sink + "
+        "--recent where that is more; at most the model's context)"
+    )
+
+    streaming: float = setting(
+        options.STREAMING,
+        0.5,
+        "Share of the key/value heads given a streaming cache: those with the least attention outside the sink and "
+        "the recent window (floor(F × KV heads) of them).",
+        metavar="F",
+    )
+    sink: int = setting(
+        options.SINK,
+        128,
+        "First tokens a streaming head keeps (DuoAttention's sink_size; 128 in its published plans).",
+        metavar="S",
+    )
+    recent: int = setting(
+        options.RECENT,
+        256,
+        "Last tokens a streaming head keeps, its own among them (DuoAttention's recent_size; 256 in its published "
+        "plans).",
+        metavar="R",
+    )
+    context: int = setting(
+        options.CONTEXT,
+        32768,
+        "Tokens the KV cache is sized for in the memory it reports (full and with the plan).",
+        metavar="T",
+    )
+
+    def check_shape(self, shape: Shape) -> None:
+        if shape.kind_name is not None and shape.kind_name != "decoder":
+            raise AttnscopeError(
+                f"kvplan plans the KV cache a decoder keeps while it generates; this model is an {shape.kind_name}, "
+                "which reads its whole text at once and keeps no KV cache"
+            )
+        kept = self.sink + self.recent
+        if shape.n_ctx is not None and shape.n_ctx <= kept:
+            raise AttnscopeError(
+                f"sink {self.sink} + recent {self.recent} (--sink, --recent) = {kept:,} tokens hold the model's whole "
+                f"context ({shape.n_ctx:,} tokens): a streaming head would keep every token it can see, so there is "
+                "nothing to plan; give a smaller --sink or --recent"
+            )

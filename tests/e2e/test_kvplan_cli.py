@@ -1,0 +1,84 @@
+"""`kvplan` end to end on the demo model: the files of --out (DuoAttention's plan read back as its loader reads it,
+its config, kvplan.json, the picture), the terminal's table and memory line, --json byte for byte the API's and the
+same twice, --csv; every mistake is one line on stderr and exit status 2, before any model loads where it can be."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+
+import attnscope
+from tests.support import CAT, png_size
+
+ARGS = ["--model", "demo", "--sink", "16", "--recent", "64"]
+
+
+def test_out_writes_duoattentions_files_the_json_and_the_picture(cli, tmp_path):
+    code, out, err = cli("kvplan", *ARGS, "--streaming", "0.25", "--out", tmp_path / "plan")
+    assert code == 0, err
+    folder = tmp_path / "plan"
+    names = sorted(path.name for path in folder.iterdir())
+    assert names == ["config.json", "full_attention_heads.tsv", "kvplan.csv", "kvplan.json", "kvplan.png"]
+    document = json.loads((folder / "kvplan.json").read_text())
+    pattern = np.clip(np.loadtxt(folder / "full_attention_heads.tsv", dtype=float, delimiter="\t"), 0, 1)
+    assert pattern.shape == (2, 4)  # the demo's layers × KV heads
+    assert pattern.tolist() == [[float(head["full"]) for head in document["heads"][4 * k : 4 * k + 4]] for k in (0, 1)]
+    assert pattern.sum() == 8 - 2  # floor(0.25 × 8) stream
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["sink_size"], config["recent_size"], config["sparsity"]) == (16, 64, 0.25)
+    streamed = sorted(head["score"] for head in document["heads"] if not head["full"])
+    assert streamed == sorted(head["score"] for head in document["heads"])[:2]
+    assert document["input"]["n_tokens"] == 256 and document["input"]["scored_rows"] == 256 - 80
+    # the memory at 32,768 tokens by hand: 2 layers × 4 KV heads × d_head 32 × 4 bytes, keys and values
+    per_position = 2 * 32 * 4
+    assert document["memory"]["full_bytes"] == per_position * 8 * 32768 == 64 * 2**20
+    assert document["memory"]["plan_bytes"] == per_position * (6 * 32768 + 2 * 80)
+    png_size(folder / "kvplan.png")
+    assert "KV cache plan: 2 of 8 KV heads streaming (the first 16 + last 64 tokens), 6 full" in out
+    assert "KV cache at 32,768 tokens (float32): 64.0 MiB full, 48.0 MiB with this plan (75 %)" in out
+    assert "wrote 5 files" in err
+
+
+def test_json_is_the_apis_and_the_same_twice_and_csv_lists_the_kv_heads(cli):
+    code, out, err = cli("kvplan", CAT * 12, *ARGS, "--json")
+    assert code == 0, err
+    assert cli("kvplan", CAT * 12, *ARGS, "--json")[1] == out
+    assert attnscope.kvplan("demo", CAT * 12, sink=16, recent=64).to_json() == out
+    document = json.loads(out)
+    assert document["command"] == "kvplan" and document["input"]["sources"] == ["argument"]
+    code, text, err = cli("kvplan", CAT * 12, *ARGS, "--csv")
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert code == 0 and [row["full"] for row in rows] == [str(head["full"]) for head in document["heads"]]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--streaming", "1.5"], "--streaming 1.5: must be a number from 0 to 1"),
+        (["--sink", "-1"], "--sink -1: must be a whole number from 0 to 100,000"),
+        (["--recent", "0"], "--recent 0: must be a whole number from 1 to 100,000"),
+        (["--context", "0"], "--context 0: must be a whole number from 1 to 1,000,000,000"),
+    ],
+)
+def test_a_setting_out_of_its_domain_is_one_line_before_any_model_loads(cli, args, message):
+    code, out, err = cli("kvplan", "--model", "no-such-model", *args)
+    assert code == 2 and out == "" and message in err and err.count("\n") == 1
+
+
+def test_what_cannot_be_planned_is_one_line(cli, tiny_bert_dir):
+    code, out, err = cli("kvplan", "--model", "demo")  # 128 + 256 tokens: more than the demo's context of 256
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("attnscope: error: sink 128 + recent 256 (--sink, --recent) = 384 tokens hold the model's")
+    code, out, err = cli("kvplan", CAT, *ARGS)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("attnscope: error: no text is longer than sink + recent (16 + 64 = 80 tokens, --sink and")
+    code, out, err = cli("kvplan", "--model", tiny_bert_dir, "--sink", "4", "--recent", "8")
+    assert code == 2 and out == ""
+    assert err == (
+        "attnscope: error: kvplan plans the KV cache a decoder keeps while it generates; this model is an encoder, "
+        "which reads its whole text at once and keeps no KV cache\n"
+    )

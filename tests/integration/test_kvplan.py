@@ -1,0 +1,130 @@
+"""`kvplan` on tiny models: every head's score against the same sum computed here from transformers' eager
+`output_attentions` maps, on GPT-2 (padding, several windows), and on a family with grouped-query attention and a
+sliding window (Gemma 2: 4 query heads over 2 KV heads, layer 0 sliding over 4 tokens); the KV heads' scores and
+the plan from them; the long probe; texts too short to measure."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attnscope import api
+from attnscope.errors import AttnscopeError
+from attnscope.models.loading import load_model
+from attnscope.pipeline.inputs import Text
+from attnscope.pipeline.tokens import batches, pad_id, tokenize
+from tests.support import CAT, DOCTOR, FAMILY_TEXTS, WINDOW
+
+TEXTS = [
+    Text(CAT, "a"),
+    Text("Hi there", "short"),  # no row past sink + recent: never run
+    Text(DOCTOR + " " + CAT + " " + DOCTOR, "b"),
+]
+
+
+def _by_eager_maps(model, texts, sink: int, recent: int) -> tuple[np.ndarray, int]:
+    """(L, H) the mean over rows i >= sink + recent of every window of the weights on keys sink..i - recent, summed
+    here from the eager maps of transformers (`output_attentions`), all windows in one padded batch; and the rows."""
+    windows = tokenize(model, texts).windows
+    batch = next(batches(windows, len(windows), model.device, pad_id(model.tokenizer)))
+    with torch.no_grad():
+        maps = model.model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True
+        ).attentions
+    assert len(maps) == model.n_layer
+    sums, rows = np.zeros((model.n_layer, model.n_head)), 0
+    for window, length in enumerate(batch.lengths.tolist()):
+        for i in range(sink + recent, length):
+            rows += 1
+            for layer, weights in enumerate(maps):
+                sums[layer] += weights[window, :, i, sink : i - recent + 1].double().sum(dim=-1).numpy()
+    return sums / rows, rows
+
+
+def test_gpt2_scores_equal_the_eager_maps_sums(tiny):
+    sink, recent = 2, 3
+    expected, rows = _by_eager_maps(tiny, TEXTS, sink, recent)
+    result = api.kvplan(tiny, TEXTS, sink=sink, recent=recent, batch_size=2)  # the two long texts in one batch
+    assert result.inputs["scored_rows"] == rows and result.inputs["n_windows"] == 3
+    assert np.allclose(result.scores, expected, atol=1e-6)
+    assert np.array_equal(result.kv_scores, result.scores)  # GPT-2: one KV head per query head
+    assert result.sliding_windows == [None, None]
+    assert any("1 window of 3 no longer than sink + recent (5 tokens) was not run" in note for note in result.notes)
+    assert result.streaming_count == 4  # floor(0.5 × 8)
+    streamed = {(layer, head) for layer, head in zip(*np.nonzero(~result.full), strict=True)}
+    kept = {(layer, head) for layer, head in zip(*np.nonzero(result.full), strict=True)}
+    assert max(result.kv_scores[lh] for lh in streamed) <= min(result.kv_scores[lh] for lh in kept)
+
+
+@pytest.fixture(scope="module")
+def gemma2(family_dir):
+    return load_model(str(family_dir("gemma2")), "cpu")
+
+
+def test_grouped_query_attention_and_a_sliding_window_against_the_eager_maps(gemma2):
+    """Gemma 2's layer 0 slides over WINDOW tokens: a row sees keys i - 3 .. i, so only some of the keys after the
+    sink and before the recent window carry weight; 4 query heads share 2 KV heads, whose score is the larger of
+    their two."""
+    assert (gemma2.n_head, gemma2.n_kv_head) == (4, 2)
+    sink, recent = 1, 2
+    expected, rows = _by_eager_maps(gemma2, FAMILY_TEXTS, sink, recent)
+    result = api.kvplan(gemma2, FAMILY_TEXTS, sink=sink, recent=recent, streaming=0.75, context=1000)
+    assert result.inputs["scored_rows"] == rows
+    assert np.allclose(result.scores, expected, atol=1e-5)
+    assert result.kv_scores.shape == (2, 2)
+    assert np.allclose(result.kv_scores, np.maximum(expected[:, 0::2], expected[:, 1::2]), atol=1e-5)  # 0,1 | 2,3
+    assert result.sliding_windows == [WINDOW, None]
+    assert result.streaming_count == 3  # floor(0.75 × 4)
+    lowest = sorted(result.ranked(), key=lambda lh: result.kv_scores[lh])[:3]
+    assert set(lowest) == {(int(a), int(b)) for a, b in zip(*np.nonzero(~result.full), strict=True)}
+    # by hand: layer 0 holds its window of 4 positions per head, full or streaming (min(4, 3) = 3 when streaming)
+    d, element = gemma2.d_head, gemma2.dtype.itemsize
+    held = [(int(row.sum()), positions) for row, positions in zip(result.full, (4, 1000), strict=True)]
+    planned = 2 * d * element * sum(full * positions + (2 - full) * min(positions, 3) for full, positions in held)
+    assert result.memory["full_bytes"] == 2 * d * element * 2 * (4 + 1000)
+    assert result.memory["plan_bytes"] == planned
+    assert any("1 layer already slides with the model's own window" in note for note in result.notes)
+
+
+def test_the_long_probe_fills_the_context(tiny):
+    result = api.kvplan(tiny, sink=4, recent=8)
+    assert result.inputs["sources"] == ["probe: the bundled samples joined"]
+    assert result.inputs["n_tokens"] == tiny.n_ctx == 128 and result.inputs["scored_rows"] == 128 - 12
+    assert result.notes[0].startswith("no text was given: the scores are from the long probe")
+    assert np.isfinite(result.scores).all() and (result.scores > 0).any()
+
+
+def test_texts_too_short_to_measure_are_one_line(tiny):
+    with pytest.raises(AttnscopeError) as raised:
+        api.kvplan(tiny, [CAT, "Hi"], sink=8, recent=16)
+    message = str(raised.value)
+    assert message.startswith("no text is longer than sink + recent (8 + 16 = 24 tokens, --sink and --recent; the ")
+    assert "longest window is 12 tokens, the model's context 128)" in message and "\n" not in message
+
+
+def _windows_of(config, n_layer: int) -> list[int | None]:
+    """Each layer's own sliding window by the family's config (tests.support.visible_keys's rule)."""
+    types = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None)
+    return [window if types is None or types[layer] == "sliding_attention" else None for layer in range(n_layer)]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mistral",  # every layer slides, 4 query heads over 2 KV heads
+        pytest.param("gpt_oss", marks=pytest.mark.slow),  # learned sinks: each row's weights sum to less than 1
+        pytest.param("qwen2", marks=pytest.mark.slow),  # the layers past max_window_layers slide
+        pytest.param("gemma3_text", marks=pytest.mark.slow),
+    ],
+)
+def test_the_families_scores_kv_heads_and_windows_against_the_eager_maps(family_dir, name):
+    model = load_model(str(family_dir(name)), "cpu")
+    expected, rows = _by_eager_maps(model, FAMILY_TEXTS, 1, 2)
+    result = api.kvplan(model, FAMILY_TEXTS, sink=1, recent=2)
+    assert result.inputs["scored_rows"] == rows
+    assert np.allclose(result.scores, expected, atol=1e-5)
+    group = model.n_head // model.n_kv_head
+    assert np.allclose(result.kv_scores, expected.reshape(model.n_layer, model.n_kv_head, group).max(-1), atol=1e-5)
+    assert result.sliding_windows == _windows_of(model.config, model.n_layer)
