@@ -395,6 +395,43 @@ class LayerOrAll(Option):
 
 
 @dataclass(frozen=True)
+class ShareOrAuto(Option):
+    """A share from 0 to 1, or "auto" (any case; stored as "auto"): kvplan's --streaming, which --check can choose."""
+
+    kind: str = "share-or-auto"
+
+    def domain(self) -> str:
+        return "a number from 0 to 1, or 'auto'"
+
+    def problem(self, value: Any) -> str | None:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return None
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                return f"expected {self.domain()}"
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, numbers.Real)
+            or not (math.isfinite(value) and 0 <= value <= 1)
+        ):
+            return f"expected {self.domain()}"
+        return None
+
+    def normal(self, value: Any) -> float | str:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        return float(value)
+
+    def parse(self, text: str) -> float | str:
+        problem = self.problem(text)
+        if problem is not None:
+            self._refuse(text, problem)
+        return self.normal(text)
+
+
+@dataclass(frozen=True)
 class Folder(Option):
     """A folder to write into: an empty name is refused (it would quietly mean the current folder)."""
 
@@ -420,7 +457,8 @@ MAX_TOKENS = count(1, 100 * LENGTH_MAX)
 PROBE_LEN = count(3, LENGTH_MAX)  # probe.MIN_PROBE_LEN: a period of 3 tokens is the shortest the probe can score
 SEED = count(0, SEED_MAX)
 TOP = count(1, ROWS_MAX)
-STREAMING = number(0.0, 1.0)  # kvplan: the share of key/value heads given a streaming cache
+STREAMING = ShareOrAuto()  # kvplan: the share of key/value heads given a streaming cache, or auto (--check picks)
+CHECK_LENGTHS = Numbers(item=count(16, LENGTH_MAX))  # kvplan --check: passkey prompts' lengths
 SINK = count(0, LENGTH_MAX)  # kvplan: the first tokens a streaming head keeps (none: a window alone)
 RECENT = count(1, LENGTH_MAX)  # kvplan: the last tokens a streaming head keeps, the current one among them
 CONTEXT = count(1, CONTEXT_MAX)

@@ -70,6 +70,8 @@ class KvplanResult(Result):
     sliding_windows: list[int | None]
     memory: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    fraction: float = 0.5  # the share that streams: --streaming, or the one --check picked for auto
+    check: dict[str, Any] | None = None  # --check's accuracies (analyses.kvplan_check.summary), None without it
 
     @property
     def streaming_count(self) -> int:
@@ -186,7 +188,8 @@ class Kvplan(settings.Kvplan):
         scores = sums.means().numpy()  # (L, H)
         check_finite(loaded, "attention", scores, range(loaded.n_layer))
         kv_scores = group_max(scores, loaded.n_kv_head)  # (L, H_kv)
-        full = plan(kv_scores, self.streaming)  # (L, H_kv)
+        fraction, check = self._checked(loaded, kv_scores, progress)
+        full = plan(kv_scores, fraction)  # (L, H_kv)
         windows = [sums.sliding_windows.get(layer) for layer in range(loaded.n_layer)]
         element_bytes = loaded.dtype.itemsize
         every, planned = cache_bytes(full, windows, loaded.d_head, element_bytes, self.context, kept)
@@ -203,6 +206,10 @@ class Kvplan(settings.Kvplan):
             inputs=measured.inputs,
             settings={
                 "streaming": self.streaming,
+                "check": self.check,
+                "check_lengths": list(self.check_lengths) if self.check_lengths else None,
+                "trials": self.trials,
+                "check_seed": self.check_seed,
                 "sink": self.sink,
                 "recent": self.recent,
                 "context": self.context,
@@ -214,8 +221,28 @@ class Kvplan(settings.Kvplan):
             full=full,
             sliding_windows=windows,
             memory=memory,
-            notes=measured.notes + _notes(self, loaded, full, windows),
+            notes=measured.notes + _notes(self, loaded, full, windows, fraction) + _check_notes(check),
+            fraction=fraction,
+            check=check,
         )
+
+    def _checked(
+        self, loaded: LoadedModel, kv_scores: np.ndarray, progress: Progress | None
+    ) -> tuple[float, dict[str, Any] | None]:
+        """The share that streams (--streaming, or the one --check's auto picks) and the check's summary (None
+        without --check)."""
+        if not self.check:
+            return float(self.streaming), None
+        from attnscope.analyses import kvplan_check
+
+        lengths = self.check_lengths or kvplan_check.default_lengths(loaded.n_ctx)
+        auto = self.streaming == "auto"
+        fractions = kvplan_check.AUTO_FRACTIONS if auto else sorted({*kvplan_check.FRACTIONS, float(self.streaming)})
+        checked = kvplan_check.check_plans(
+            loaded, kv_scores, fractions, self.sink, self.recent, lengths, self.trials, self.check_seed, progress
+        )
+        fraction = kvplan_check.chosen_share(checked) if auto else float(self.streaming)
+        return fraction, kvplan_check.summary(checked, fraction, lengths, self.trials, self.check_seed, auto)
 
     def _probe(self, loaded: LoadedModel, bos: bool, sums: DistantAttention, progress: Progress | None) -> _Measured:
         """The long probe through the capture, in one window."""
@@ -270,7 +297,25 @@ class Kvplan(settings.Kvplan):
         return _Measured(notes, input_summary(windows, int(sums.row_count)), windows.longest)
 
 
-def _notes(analysis: Kvplan, loaded: LoadedModel, full: np.ndarray, windows: list[int | None]) -> list[str]:
+def _check_notes(check: dict[str, Any] | None) -> list[str]:
+    """What --check found, in one line: full attention's accuracy against the plan's and random plans'."""
+    if check is None:
+        return []
+    share = next(share for share in check["shares"] if share["streaming"] == check["streaming"])
+    random = "" if share["random_mean"] is None else f", random plans of the same budget {share['random_mean']:.0%}"
+    picked = " (auto: the largest share within one prompt of full attention)" if check.get("auto") else ""
+    note = (
+        f"passkey check on {counted(check['prompts'], 'prompt')}: full attention retrieves {check['full']:.0%}, this "
+        f"plan ({share['streaming']:g} streaming{picked}) {share['plan']:.0%}{random}"
+    )
+    if check["full"] == 0:
+        note += "; full attention retrieves none, so the check cannot tell plans apart on this model"
+    return [note]
+
+
+def _notes(
+    analysis: Kvplan, loaded: LoadedModel, full: np.ndarray, windows: list[int | None], fraction: float
+) -> list[str]:
     """What to know of the plan: the layers that already slide (and the streaming heads that save nothing there), a
     context the model cannot read, a share that rounds down to no head."""
     notes = []
@@ -296,9 +341,9 @@ def _notes(analysis: Kvplan, loaded: LoadedModel, full: np.ndarray, windows: lis
             f"({loaded.n_ctx:,} tokens)"
         )
     total = full.size
-    if analysis.streaming > 0 and full.all():
+    if fraction > 0 and full.all():
         notes.append(
-            f"streaming {analysis.streaming:g} of {counted(total, 'KV head')} rounds down to none (floor): every "
+            f"streaming {fraction:g} of {counted(total, 'KV head')} rounds down to none (floor): every "
             "head keeps the full cache"
         )
     return notes

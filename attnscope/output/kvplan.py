@@ -71,8 +71,9 @@ def memory_line(result: Any) -> str:
 def plan_line(result: Any) -> str:
     """`4 of 8 KV heads streaming (first 128 + last 256 tokens), 4 full`."""
     total, streaming = result.full.size, result.streaming_count
+    auto = " (auto)" if result.settings.get("streaming") == "auto" else ""
     return (
-        f"{streaming} of {counted(total, 'KV head')} streaming (the first {result.settings['sink']:,} + last "
+        f"{streaming} of {counted(total, 'KV head')} streaming{auto} (the first {result.settings['sink']:,} + last "
         f"{result.settings['recent']:,} tokens), {total - streaming} full"
     )
 
@@ -164,6 +165,7 @@ class KvplanView(View):
             layers=layer_records(result),
             heads=kv_head_records(result),
             query_heads=query_head_records(result),
+            check=result.check,
         )
 
     def records(self) -> list[dict]:
@@ -181,11 +183,17 @@ class KvplanView(View):
 
     def figures(self) -> dict[str, Any]:
         """kvplan: the layer × KV-head grid of scores, streaming heads hatched."""
-        return {"kvplan": plan_grid(self.result)}
+        pictures = {"kvplan": plan_grid(self.result)}
+        if self.result.check is not None:
+            pictures["kvplan_check"] = check_plot(self.result)
+        return pictures
 
     def terminal(self, written: Sequence[Path]) -> list[Any]:
         result = self.result
-        return [plan_table(result), memory_line(result)]
+        shown = [plan_table(result), memory_line(result)]
+        if result.check is not None:
+            shown.append(check_table(result.check))
+        return shown
 
     def notebook(self) -> str:
         result = self.result
@@ -304,4 +312,67 @@ def plan_grid(result: Any) -> Any:
                     Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, hatch="//", edgecolor="#bbbbbb", linewidth=0)
                 )
     axes.set_xlabel("KV head")
+    return figure
+
+
+def check_table(check: dict) -> Any:
+    """--check: per streaming share, the KV heads that stream and the passkey accuracy of the plan and of the random
+    plans of the same budget (their mean and range); full attention's above; the plan's share marked."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
+    for name in ("streaming", "KV heads", "this plan", "random plans"):
+        table.add_column(name, justify="right")
+    for share in check["shares"]:
+        randoms = share["random"]
+        spread = f"{share['random_mean']:.0%} ({min(randoms):.0%}-{max(randoms):.0%})" if randoms else "-"
+        marked = share["streaming"] == check["streaming"]
+        table.add_row(
+            f"{share['streaming']:g}{' *' if marked else ''}",
+            str(share["kv_heads"]),
+            Text(f"{share['plan']:.0%}", style="bold" if marked else ""),
+            spread,
+        )
+    heading = (
+        f"Passkey check: {counted(check['prompts'], 'prompt')} ({', '.join(f'{n:,}' for n in check['lengths'])} "
+        f"tokens; depths {', '.join(f'{d:.0%}' for d in check['depths'])}), full attention {check['full']:.0%}"
+    )
+    key = f"*: this plan's share; random plans: the mean of {check['random_plans']} (their range)"
+    return Group(Text(heading, style="bold"), table, Text(key, style="dim"))
+
+
+def check_plot(result: Any) -> Any:
+    """Passkey accuracy against the streaming share: the plan's line, random plans' mean with their range as bars,
+    full attention's level dashed; the chosen share marked."""
+    from attnscope.output.line_plots import line_plot
+
+    check = result.check
+    shares = check["shares"]
+    x = [share["streaming"] for share in shares]
+    randoms = [share["random"] or [share["plan"]] for share in shares]  # no head streams: full attention itself
+    series = {
+        "this plan (lowest scores stream)": [share["plan"] for share in shares],
+        f"random plans (mean of {check['random_plans']}, range)": [float(sum(r) / len(r)) for r in randoms],
+        "full attention": [check["full"]] * len(shares),
+    }
+    styles = {"full attention": {"color": "#5F5F5F", "linestyle": "--", "marker": ""}}
+    spreads = {list(series)[1]: ([min(r) for r in randoms], [max(r) for r in randoms])}
+    subtitle = (
+        f"{result.model.get('name', '')}; {counted(check['prompts'], 'prompt')} of "
+        f"{', '.join(f'{n:,}' for n in check['lengths'])} tokens; streaming heads keep the first "
+        f"{result.settings['sink']:,} + last {result.settings['recent']:,} tokens"
+    )
+    figure = line_plot(
+        x, series, "share of KV heads streaming", "passkey accuracy (share retrieved)",
+        "Passkey retrieval with the plan, with random plans of the same budget", subtitle,
+        styles=styles, y_top=1.05, spreads=spreads,
+    )  # fmt: skip
+    axes = figure.axes[0]
+    axes.axvline(check["streaming"], color="#bbbbbb", linewidth=1, zorder=0)
+    chosen = "the plan's share" + (" (auto)" if check.get("auto") else "")
+    axes.annotate(chosen, (check["streaming"], 1.05), xytext=(3, -10), textcoords="offset points", fontsize=8,
+                  color="#5F5F5F")  # fmt: skip
     return figure

@@ -30,12 +30,13 @@ class Kvplan(Reading, Batching, Place, Revision, DeviceMap, Settings):
         "--recent where that is more; at most the model's context)"
     )
 
-    streaming: float = setting(
+    streaming: float | str = setting(
         options.STREAMING,
         0.5,
         "Share of the key/value heads given a streaming cache: those with the least attention outside the sink and "
-        "the recent window (floor(F × KV heads) of them).",
-        metavar="F",
+        "the recent window (floor(F × KV heads) of them); auto: the largest share in eighths whose passkey accuracy "
+        "stays within one prompt of full attention's (runs --check).",
+        metavar="F|auto",
     )
     sink: int = setting(
         options.SINK,
@@ -56,6 +57,34 @@ class Kvplan(Reading, Batching, Place, Revision, DeviceMap, Settings):
         "Tokens the KV cache is sized for in the memory it reports (full and with the plan).",
         metavar="T",
     )
+
+    check: bool = setting(
+        options.FLAG,
+        False,
+        "Prove the plan before anyone serves with it: passkey retrieval (a number hidden in filler text, at depths "
+        "25, 50 and 75 %) with full attention, with this plan's streaming heads narrowed to the sink and the recent "
+        "window, and with random plans of the same budget, at streaming shares from 0 to 1 (needs the "
+        "language-model head).",
+    )
+    check_lengths: tuple[int, ...] | None = setting(
+        options.CHECK_LENGTHS.or_none(),
+        None,
+        "--check's prompt lengths in tokens (default: the model's context up to 4,096, and half of it).",
+        metavar="N,N,...",
+    )
+    trials: int = setting(
+        options.TRIALS, 2, "--check's passkeys per length and depth, each its own prompt.", metavar="N"
+    )
+    check_seed: int = setting(options.SEED, 0, "Seed of --check's passkeys and random plans.", metavar="SEED")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.streaming == "auto":
+            object.__setattr__(self, "check", True)  # auto is chosen by the check
+
+    @property
+    def needs_lm_head(self) -> bool:
+        return self.check  # the passkey check reads the model's next-token predictions
 
     def check_shape(self, shape: Shape) -> None:
         if shape.kind_name is not None and shape.kind_name != "decoder":

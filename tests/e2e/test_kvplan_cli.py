@@ -58,7 +58,10 @@ def test_json_is_the_apis_and_the_same_twice_and_csv_lists_the_kv_heads(cli):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--streaming", "1.5"], "--streaming 1.5: must be a number from 0 to 1"),
+        (["--streaming", "1.5"], "--streaming 1.5: expected a number from 0 to 1, or 'auto'"),
+        (["--streaming", "half"], "--streaming half: expected a number from 0 to 1, or 'auto'"),
+        (["--check-lengths", "8"], "--check-lengths 8: must be a whole number from 16 to 100,000"),
+        (["--trials", "0"], "--trials 0: must be a whole number from 1 to 10,000"),
         (["--sink", "-1"], "--sink -1: must be a whole number from 0 to 100,000"),
         (["--recent", "0"], "--recent 0: must be a whole number from 1 to 100,000"),
         (["--context", "0"], "--context 0: must be a whole number from 1 to 1,000,000,000"),
@@ -82,3 +85,31 @@ def test_what_cannot_be_planned_is_one_line(cli, tiny_bert_dir):
         "attnscope: error: kvplan plans the KV cache a decoder keeps while it generates; this model is an encoder, "
         "which reads its whole text at once and keeps no KV cache\n"
     )
+
+
+@pytest.mark.slow
+def test_check_measures_full_attention_the_plan_and_random_plans_and_auto_picks_a_share(cli, tmp_path):
+    """--check on the demo: full attention's passkey accuracy, each share's plan and its three random plans (JSON,
+    the table, the picture); --streaming auto picks the largest share whose plan stays within one prompt of full
+    attention, and the plan files are that share's."""
+    args = [*ARGS, "--check-lengths", "128,192", "--trials", "1"]
+    code, out, err = cli("kvplan", *args, "--check", "--json")
+    assert code == 0, err
+    check = json.loads(out)["check"]
+    assert (check["lengths"], check["depths"], check["prompts"]) == ([128, 192], [0.25, 0.5, 0.75], 6)
+    assert [share["streaming"] for share in check["shares"]] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert [share["kv_heads"] for share in check["shares"]] == [0, 2, 4, 6, 8]
+    assert check["shares"][0]["plan"] == check["full"]  # no head streams: full attention itself
+    assert all(len(share["random"]) == 3 for share in check["shares"][1:])
+    assert check["streaming"] == 0.5 and not check["auto"]
+    code, out, err = cli("kvplan", *args, "--streaming", "auto", "--out", tmp_path / "auto")
+    assert code == 0, err
+    document = json.loads((tmp_path / "auto" / "kvplan.json").read_text())
+    auto = document["check"]
+    assert auto["auto"] and [share["streaming"] for share in auto["shares"]] == [k / 8 for k in range(9)]
+    within = [share["streaming"] for share in auto["shares"] if share["plan"] * 6 >= auto["full"] * 6 - 1 - 1e-9]
+    assert auto["streaming"] == max(within)
+    streamed = sum(not head["full"] for head in document["heads"])
+    assert streamed == int(auto["streaming"] * 8) and document["settings"]["streaming"] == "auto"
+    assert "Passkey check: 6 prompts" in out or (tmp_path / "auto" / "kvplan_check.png").exists()
+    png_size(tmp_path / "auto" / "kvplan_check.png")

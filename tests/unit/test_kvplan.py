@@ -136,7 +136,7 @@ def test_settings_refuse_an_encoder_and_a_context_the_sink_and_window_fill():
     with pytest.raises(AttnscopeError, match=r"^sink 16 \+ recent 64 \(--sink, --recent\) = 80 tokens hold the mo"):
         plan_settings.check_shape(Shape(2, 4, "decoder", 80))
     for given, message in (
-        ({"streaming": 1.5}, "^streaming 1.5: must be a number from 0 to 1$"),
+        ({"streaming": 1.5}, "^streaming 1.5: expected a number from 0 to 1, or 'auto'$"),
         ({"sink": -1}, "^sink -1: must be a whole number from 0 to 100,000$"),
         ({"recent": 0}, "^recent 0: must be a whole number from 1 to 100,000$"),
         ({"context": 0}, "^context 0: must be a whole number from 1 to 1,000,000,000$"),

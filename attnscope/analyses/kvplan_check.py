@@ -1,0 +1,177 @@
+"""`kvplan --check`: a plan proven on passkey retrieval before anyone serves with it.
+
+Passkey prompts (`pipeline.passkey`: a five-digit number hidden in repeated filler, Mohtashami & Jaggi 2023, the
+test DuoAttention's plans are checked on) at every length of `lengths`, the needle at DEPTHS of the filler, `trials`
+passkeys each. A prompt is retrieved when greedy decoding gives its passkey (one forward: the next-token argmax at
+every answer token). Accuracy, the share retrieved, is measured
+
+- with full attention;
+- at each streaming share F of `fractions`, with the plan's floor(F × N) lowest-scored KV heads streaming: every query
+  head that reads them sees only the first `sink` keys and the last `recent` (`interventions.StreamingHeads`, the
+  cache DuoAttention's streaming heads keep);
+- with RANDOM_PLANS plans of the same budget, their streaming KV heads drawn at random (numpy, seeded `seed`).
+
+A plan that knows which heads retrieve keeps its accuracy where random plans of the same budget lose theirs.
+
+The depths are 25, 50 and 75 % of the filler: a needle at 0 % sits right after the introduction, within a sink of
+128 tokens, and one at 100 % right before the question, within a recent window of 256; a streaming head sees both,
+and the check would say nothing about the heads that reach back. `auto` takes the largest share in eighths whose
+plan stays within one prompt of full attention's accuracy (1 / the number of prompts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from attnscope.analyses.common import Progress
+from attnscope.errors import AttnscopeError
+from attnscope.models.loading import LoadedModel
+from attnscope.pipeline.passkey import passkey_prompts, passkey_results
+
+DEPTHS = (0.25, 0.5, 0.75)
+RANDOM_PLANS = 3
+FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
+AUTO_FRACTIONS = tuple(k / 8 for k in range(9))
+LONGEST_DEFAULT = 4096  # the default check's longest prompt: a CPU runs it in seconds a prompt on a 1B model
+
+
+def default_lengths(n_ctx: int) -> tuple[int, ...]:
+    """The model's context up to LONGEST_DEFAULT tokens, and half of it."""
+    longest = min(n_ctx, LONGEST_DEFAULT)
+    return tuple(sorted({longest // 2, longest}))
+
+
+def streaming_query_heads(full: np.ndarray, n_head: int) -> dict[int, list[int]]:
+    """layer -> the query heads that read a streaming KV head of the plan `full` (L, H_kv) (query head h reads KV
+    head h // (H / H_kv))."""
+    group = n_head // full.shape[1]
+    return {
+        layer: [head for head in range(n_head) if not full[layer, head // group]]
+        for layer in range(full.shape[0])
+        if not full[layer].all()
+    }
+
+
+def random_plan(shape: tuple[int, int], streaming: int, generator: np.random.Generator) -> np.ndarray:
+    """(L, H_kv) bool, True where a KV head keeps the full cache: `streaming` KV heads drawn at random stream."""
+    full = np.ones(shape, dtype=bool)
+    full.flat[generator.choice(full.size, size=streaming, replace=False)] = False
+    return full
+
+
+def check_plans(
+    loaded: LoadedModel,
+    kv_scores: np.ndarray,
+    fractions: Sequence[float],
+    sink: int,
+    recent: int,
+    lengths: Sequence[int],
+    trials: int,
+    seed: int,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """The check's accuracies (module docstring): the prompts, full attention's, and for each share its plan's and
+    its random plans'; the per-prompt outcomes of full attention and of every share's plan (for the table by length
+    and depth)."""
+    from attnscope.analyses.kvplan import plan, streaming_heads
+
+    if loaded.lm_model is None:
+        raise AttnscopeError("--check needs the model's language-model head, and this model has none")
+    too_long = [length for length in lengths if length > loaded.n_ctx]
+    if too_long:
+        raise AttnscopeError(
+            f"--check-lengths {','.join(map(str, too_long))}: longer than the model's context ({loaded.n_ctx:,} tokens)"
+        )
+    prompts = passkey_prompts(loaded.tokenizer, lengths, DEPTHS, trials, seed)
+    generator = np.random.default_rng(seed)
+    total = kv_scores.size
+    runs = 1 + sum(1 + RANDOM_PLANS for f in fractions if streaming_heads(total, f) > 0)
+    done = 0
+
+    def accuracy(full: np.ndarray | None) -> list[bool]:
+        nonlocal done
+        streaming = None if full is None else streaming_query_heads(full, loaded.n_head)
+        outcome = passkey_results(loaded, prompts, streaming, sink, recent)
+        done += 1
+        if progress is not None:
+            progress(done * len(prompts), done * sum(len(prompt.ids) for prompt in prompts), done / runs)
+        return outcome
+
+    full_attention = accuracy(None)
+    shares = []
+    for fraction in fractions:
+        count = streaming_heads(total, fraction)
+        if count == 0:  # no head streams: full attention itself
+            shares.append({"streaming": fraction, "kv_heads": 0, "plan": full_attention, "random": []})
+            continue
+        planned = accuracy(plan(kv_scores, fraction))
+        randoms = [accuracy(random_plan(kv_scores.shape, count, generator)) for _ in range(RANDOM_PLANS)]
+        shares.append({"streaming": fraction, "kv_heads": count, "plan": planned, "random": randoms})
+    return {"prompts": prompts, "full": full_attention, "shares": shares}
+
+
+def within_one_prompt(full: Sequence[bool], planned: Sequence[bool]) -> bool:
+    """Whether a plan's accuracy is at most one prompt below full attention's."""
+    return sum(planned) >= sum(full) - 1
+
+
+def chosen_share(checked: dict[str, Any]) -> float:
+    """auto: the largest share whose plan stays within one prompt of full attention (0 always does)."""
+    return max(share["streaming"] for share in checked["shares"] if within_one_prompt(checked["full"], share["plan"]))
+
+
+def summary(
+    checked: dict[str, Any], fraction: float, lengths: Sequence[int], trials: int, seed: int, auto: bool = False
+) -> dict:
+    """The check as the JSON gives it: the settings, full attention's accuracy, each share's (the plan's and each
+    random plan's, their mean), and for the plan at `fraction` the accuracy by length and depth beside full
+    attention's."""
+    prompts, full = checked["prompts"], checked["full"]
+
+    def rate(outcome: Sequence[bool]) -> float:
+        return sum(outcome) / len(outcome)
+
+    chosen = next(share for share in checked["shares"] if share["streaming"] == fraction)
+    by_prompt = []
+    for length in lengths:
+        for depth in DEPTHS:
+            picked = [k for k, prompt in enumerate(prompts) if prompt.length == length and prompt.depth == depth]
+            by_prompt.append(
+                {
+                    "length": length,
+                    "depth": depth,
+                    "full": rate([full[k] for k in picked]),
+                    "plan": rate([chosen["plan"][k] for k in picked]),
+                    "random": (
+                        rate([outcome[k] for outcome in chosen["random"] for k in picked]) if chosen["random"] else None
+                    ),
+                }
+            )
+    return {
+        "task": "passkey retrieval (Mohtashami & Jaggi 2023), greedy decoding, one forward a prompt",
+        "lengths": list(lengths),
+        "depths": list(DEPTHS),
+        "trials": trials,
+        "prompts": len(prompts),
+        "random_plans": RANDOM_PLANS,
+        "seed": seed,
+        "full": rate(full),
+        "shares": [
+            {
+                "streaming": share["streaming"],
+                "kv_heads": share["kv_heads"],
+                "plan": rate(share["plan"]),
+                "random": [rate(outcome) for outcome in share["random"]],
+                "random_mean": (
+                    float(np.mean([rate(outcome) for outcome in share["random"]])) if share["random"] else None
+                ),
+            }
+            for share in checked["shares"]
+        ],
+        "streaming": fraction,
+        "auto": auto,
+        "by_prompt": by_prompt,
+    }

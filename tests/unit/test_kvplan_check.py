@@ -1,0 +1,123 @@
+"""`kvplan --check` without a model's forward: the passkey outcome is planted (a prompt is retrieved exactly when one
+chosen "retrieval" KV head keeps its full cache), so the answer of every share, every random plan and `auto` is
+known by counting; and the query heads a plan narrows, for grouped-query attention."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from attnscope import settings
+from attnscope.analyses import kvplan_check
+from attnscope.analyses.kvplan_check import (
+    AUTO_FRACTIONS,
+    check_plans,
+    chosen_share,
+    default_lengths,
+    random_plan,
+    streaming_query_heads,
+    summary,
+)
+from attnscope.errors import AttnscopeError
+from attnscope.pipeline.passkey import PasskeyPrompt
+
+RETRIEVAL = (1, 2)  # the planted retrieval KV head: (layer, kv_head)
+N_HEAD, N_KV_HEAD = 8, 4  # two query heads per KV head
+
+
+def _prompts(tokenizer, lengths, depths, trials, seed):
+    return [PasskeyPrompt((0,) * 4, (3, 4), 10000 + k, n, d) for n in lengths for d in depths for k in range(trials)]
+
+
+@pytest.fixture
+def planted(monkeypatch):
+    """passkey_results that retrieves every prompt unless a query head of the retrieval KV head streams; the
+    streaming maps it was given, in order."""
+    calls = []
+
+    def results(loaded, prompts, streaming=None, sink=0, recent=0):
+        calls.append(streaming)
+        layer, kv_head = RETRIEVAL
+        lost = streaming is not None and any(head // 2 == kv_head for head in streaming.get(layer, []))
+        return [not lost] * len(prompts)
+
+    monkeypatch.setattr(kvplan_check, "passkey_prompts", _prompts)
+    monkeypatch.setattr(kvplan_check, "passkey_results", results)
+    return calls
+
+
+LOADED = SimpleNamespace(lm_model=object(), n_ctx=1024, n_head=N_HEAD, tokenizer=None)
+
+
+def _scores() -> np.ndarray:
+    scores = np.linspace(0.01, 0.2, 2 * N_KV_HEAD).reshape(2, N_KV_HEAD)  # (L, H_kv)
+    scores[RETRIEVAL] = 0.9  # the head that looks far back scores highest
+    return scores
+
+
+def test_the_plan_keeps_the_retrieval_head_and_auto_takes_the_largest_share_that_does(planted):
+    checked = check_plans(LOADED, _scores(), AUTO_FRACTIONS, 4, 8, [512, 1024], 2, seed=0)
+    assert len(checked["full"]) == 2 * 3 * 2 and all(checked["full"])
+    for share in checked["shares"]:
+        streamed = math.floor(share["streaming"] * 8 + 1e-9)
+        assert share["kv_heads"] == streamed
+        # the plan streams the lowest scores: the retrieval head only when every head streams
+        assert all(share["plan"]) == (streamed < 8)
+        # a random plan keeps the retrieval head with probability 1 - k/8: each is all-or-nothing here
+        assert len(share["random"]) == (kvplan_check.RANDOM_PLANS if streamed else 0)
+        assert all(all(outcome) or not any(outcome) for outcome in share["random"])
+    assert chosen_share(checked) == 7 / 8
+    # random plans of 7 of 8 heads mostly lose the head: over the shares, some random plan lost it
+    assert any(not all(outcome) for share in checked["shares"] for outcome in share["random"])
+    # every forward narrowed the query heads of its plan's streaming KV heads, both of each group
+    for streaming in planted[1:]:
+        for heads in streaming.values():
+            assert {head // 2 for head in heads} == {head // 2 for head in heads if head ^ 1 in heads}
+
+
+def test_the_summary_gives_each_share_and_the_plans_accuracy_by_length_and_depth(planted):
+    checked = check_plans(LOADED, _scores(), [0.0, 0.5, 1.0], 4, 8, [512], 3, seed=1)
+    document = summary(checked, 1.0, [512], 3, 1)
+    assert document["prompts"] == 9 and document["full"] == 1.0
+    assert [share["plan"] for share in document["shares"]] == [1.0, 1.0, 0.0]
+    assert document["shares"][0]["random"] == [] and document["shares"][0]["random_mean"] is None
+    assert document["shares"][2]["random"] == [0.0] * kvplan_check.RANDOM_PLANS  # every head streams
+    assert [(row["length"], row["depth"]) for row in document["by_prompt"]] == [(512, d) for d in (0.25, 0.5, 0.75)]
+    assert all(row["full"] == 1.0 and row["plan"] == 0.0 for row in document["by_prompt"])
+
+
+def test_the_same_seed_draws_the_same_random_plans(planted):
+    first = check_plans(LOADED, _scores(), [0.5], 4, 8, [512], 1, seed=5)
+    again = check_plans(LOADED, _scores(), [0.5], 4, 8, [512], 1, seed=5)
+    assert first["shares"] == again["shares"]
+    generator = np.random.default_rng(0)
+    drawn = random_plan((2, 4), 3, generator)
+    assert drawn.shape == (2, 4) and int((~drawn).sum()) == 3
+
+
+def test_a_plan_narrows_every_query_head_of_a_streaming_kv_head():
+    full = np.array([[True, False, True, True], [False, True, True, False]])  # (L, H_kv)
+    assert streaming_query_heads(full, 8) == {0: [2, 3], 1: [0, 1, 6, 7]}
+    assert streaming_query_heads(np.ones((2, 4), dtype=bool), 8) == {}
+
+
+def test_default_lengths_and_refusals():
+    assert default_lengths(256) == (128, 256)
+    assert default_lengths(131072) == (2048, 4096)
+    with pytest.raises(AttnscopeError, match=r"--check-lengths 2048: longer than the model's context \(1,024"):
+        check_plans(LOADED, _scores(), [0.5], 4, 8, [512, 2048], 1, seed=0)
+    headless = SimpleNamespace(**{**vars(LOADED), "lm_model": None})
+    with pytest.raises(AttnscopeError, match="language-model head"):
+        check_plans(headless, _scores(), [0.5], 4, 8, [512], 1, seed=0)
+
+
+def test_auto_runs_the_check_and_needs_the_language_model_head():
+    assert settings.Kvplan(streaming="auto").check and settings.Kvplan(streaming="AUTO").needs_lm_head
+    assert not settings.Kvplan().needs_lm_head and settings.Kvplan(check=True).needs_lm_head
+    with pytest.raises(AttnscopeError, match=r"streaming 'most': expected a number from 0 to 1, or 'auto'"):
+        settings.Kvplan(streaming="most")
+    with pytest.raises(AttnscopeError, match="check_lengths"):
+        settings.Kvplan(check_lengths=(8,))
