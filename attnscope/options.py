@@ -417,6 +417,7 @@ WINDOW = count(1, LENGTH_MAX)
 BATCH_SIZE = count(1, LENGTH_MAX)
 MAX_TOKENS = count(1, 100 * LENGTH_MAX)
 PROBE_LEN = count(3, LENGTH_MAX)  # probe.MIN_PROBE_LEN: a period of 3 tokens is the shortest the probe can score
+HAYSTACK_LEN = count(10, LENGTH_MAX)  # needle.MIN_HAYSTACK_LEN: the shortest haystack with three distinct depths
 SEED = count(0, SEED_MAX)
 TOP = count(1, ROWS_MAX)
 STEPS = count(0, 1_000)  # circuit --method gradient: integration points (each a forward and a backward pass)
