@@ -150,10 +150,12 @@ def needle_for(model: Any, on: bool, haystack_len: int | None, seed: int) -> tup
         fits = model.n_ctx - window_length(0, bos)
         haystack_len = min(DEFAULT_HAYSTACK_LEN, fits)
         if haystack_len < MIN_HAYSTACK_LEN:
-            return None, [f"the needle probe was skipped: the model's context of {model.n_ctx} tokens cannot hold it; "
-                          f"{SKIPPED}"]  # fmt: skip
+            why = f"the model's context of {model.n_ctx} tokens cannot hold it"
+            return None, [f"the needle probe was skipped: {why}; {SKIPPED}"]
         if haystack_len < DEFAULT_HAYSTACK_LEN:
-            notes.append(f"needle probe's haystack shortened to {haystack_len} tokens to fit the context")
+            notes.append(
+                f"needle probe's haystack shortened to {haystack_len} tokens to fit the context of {model.n_ctx} tokens"
+            )
         try:
             return needle_windows(model.tokenizer, haystack_len, model.n_ctx, seed), notes
         except AttnscopeError as error:  # a vocabulary too small for a needle: the probe's default is not the user's

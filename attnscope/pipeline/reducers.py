@@ -136,7 +136,10 @@ class RetrievalStatistics(Reducer):
 
     Fed the blocks of one batch of the probe's windows, `needle_starts` (B,) each window's needle start in the
     batch's order (`Needle.batch`). Only the copy's rows (from `first_query`) matter: a block before them costs one
-    comparison, and of a block that reaches them only their rows are looked at.
+    comparison, and of a block that reaches them only their rows are looked at. The argmax is taken over the block's
+    exp of shifted logits, in the order of the weights; a row of a learned-sink family (gpt-oss) whose every key
+    lies more than 87 nats below the sink has them all clamped alike (blocks.LOGIT_FLOOR), and its strongest key is
+    then taken as the first.
     """
 
     wants_blocks = True

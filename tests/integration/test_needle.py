@@ -146,7 +146,7 @@ def test_the_default_haystack_fits_the_context(gpt2_tokenizer):
     assert probe.haystack_len == needle_module.DEFAULT_HAYSTACK_LEN and notes == []
     probe, notes = needle_for(_stub(100, gpt2_tokenizer), True, None, 0)  # 100 - BOS - 2 · 17
     assert probe.haystack_len == 65 and len(probe.windows[0].ids) == 100
-    assert notes == ["needle probe's haystack shortened to 65 tokens to fit the context"]
+    assert notes == ["needle probe's haystack shortened to 65 tokens to fit the context of 100 tokens"]
     probe, notes = needle_for(_stub(40, gpt2_tokenizer), True, None, 0)
     assert probe is None and "retrieval was not measured" in notes[0]
     assert needle_for(_stub(1024, gpt2_tokenizer), False, None, 0) == (None, [])  # --no-probe
