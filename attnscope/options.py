@@ -455,6 +455,7 @@ WINDOW = count(1, LENGTH_MAX)
 BATCH_SIZE = count(1, LENGTH_MAX)
 MAX_TOKENS = count(1, 100 * LENGTH_MAX)
 PROBE_LEN = count(3, LENGTH_MAX)  # probe.MIN_PROBE_LEN: a period of 3 tokens is the shortest the probe can score
+HAYSTACK_LEN = count(10, LENGTH_MAX)  # needle.MIN_HAYSTACK_LEN: the shortest haystack with three distinct depths
 SEED = count(0, SEED_MAX)
 TOP = count(1, ROWS_MAX)
 STREAMING = ShareOrAuto()  # kvplan: the share of key/value heads given a streaming cache, or auto (--check picks)

@@ -51,6 +51,11 @@ def gradient_changes(*args: Any, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]
 
 
 CHANGES: dict[str, Callable] = {"removal": removal_changes, "gradient": gradient_changes}  # the methods, by name
+# why a score that is not `differentiable` (catalog) cannot be explained by the gradient
+NO_GRADIENT = (
+    f"{', '.join(score.name for score in catalog.SCORES if not score.differentiable)}: a count of argmax hits, "
+    "constant between its jumps, whose gradient is 0 wherever it has one"
+)
 ESTIMATE_NOTE = (
     "method gradient: every change is an estimate, not a measure (attribution patching: the first-order change from "
     "the gradient of the score by each head's gate, {how}); it can miss or reverse the effect of a head whose "
@@ -173,21 +178,34 @@ class Circuit(settings.Circuit):
         chosen = [options.head_of(label) for label in self.head] or [(a, h) for a in range(1, L) for h in range(H)]
         chosen = list(dict.fromkeys(chosen))
         records = {(record.layer, record.head): record for record in base.heads}
-        explained = []
+        explained, flat = [], []
         for layer, head in sorted(chosen):
             record = records[(layer, head)]
             score = self.score or record.role.metric
             if record.scores.get(score) is None:
                 raise AttnscopeError(f"score {score} of head {layer}.{head} was not measured (see the notes of heads)")
+            if self.method == "gradient" and not catalog.SCORE[score].differentiable:
+                flat.append(record.label)  # its deciding score has no gradient: attribution patching cannot see it
+                continue
             explained.append((layer, head, score))
+        if flat and not explained:
+            raise AttnscopeError(
+                f"method gradient: every head asked for is decided by a score with no gradient ({NO_GRADIENT}); "
+                "use method removal"
+            )
         function = CHANGES[self.method]
         # the removal pass reports its progress (the texts' pass again, the longest); the gradient takes its steps
         shown = {"progress": progress} if self.method == "removal" else {"steps": self.steps}
         ablation = {"ablation": self.ablation, "seed": self.resample_seed}
         with_values, changes = function(loaded, texts, explained, heads, **shown, **ablation)
         with_values, changes = np.asarray(with_values, dtype=np.float64), np.asarray(changes, dtype=np.float64)
-        probed = any(catalog.score_named(score).source == catalog.PROBE for _, _, score in explained)
+        probed = any(catalog.score_named(score).source in catalog.PROBES for _, _, score in explained)
         notes = list(base.notes) + [describe(self.ablation, self.resample_seed, probed)]
+        if flat:
+            notes.append(
+                f"method gradient: {catalog.counted(len(flat), 'head')} not explained ({', '.join(flat)}): decided "
+                f"by a score with no gradient ({NO_GRADIENT}); method removal measures them"
+            )
         if self.method == "gradient":
             notes.append(
                 ESTIMATE_NOTE.format(how=f"integrated over {self.steps} points" if self.steps else "at every head kept")
@@ -236,6 +254,7 @@ class Circuit(settings.Circuit):
             "max_tokens": self.max_tokens,
             "probe": self.probe,
             "probe_len": self.probe_len,
+            "haystack_len": self.haystack_len,
             "probe_seed": self.probe_seed,
         }
         return CircuitResult(

@@ -158,6 +158,8 @@ def _check(loaded: LoadedModel, heads: Heads, layer: Any, head: Any, name: Any) 
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < size:
             raise AttnscopeError(f"{what} {value!r} is out of range (this model has {what}s 0-{size - 1})")
     settings.check_measured(score.name, loaded.kind.name, heads.probe)
+    if not score.differentiable:  # Circuit skips such heads and refuses such a --score before any pass
+        raise AttnscopeError(f"score {score.name}: a count of argmax hits has no gradient to estimate its changes by")
     source = catalog.PROBE if score.source == catalog.PROBE else catalog.ROWS
     return _Explained(int(layer), int(head), score.name, source)
 

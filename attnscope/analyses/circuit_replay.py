@@ -21,7 +21,7 @@ beside the batch's own pass (one forward of the donor windows up to the top laye
 batch's removals replay), so each removal still replays from A's layer only, whatever the mode.
 
 Here too live what the naive way shares with the replay, so that both score the same inputs the same way: the
-inputs as the heads analysis runs them (`sources_of`, one `Source` each for the texts and the probe), the explained
+inputs as the heads analysis runs them (`sources_of`, one `Source` each for the texts and the probes), the explained
 heads checked (`check_explained`) and split by input (`layers_by_source`), and the changes assembled (`assemble`).
 """
 
@@ -170,7 +170,8 @@ def _replay(
 
 @dataclass
 class Source:
-    """One input the scores are measured on: the texts (HeadStatistics) or the probe (ProbeStatistics)."""
+    """One input the scores are measured on: the texts (HeadStatistics), the repeated-token probe (ProbeStatistics)
+    or the needle probe (RetrievalStatistics)."""
 
     batches: Callable[[], Iterable[Any]]  # the batches, made when the pass starts
     reducer: Callable[[], Any]  # a fresh reducer
@@ -245,9 +246,10 @@ def _check_seen(seen: Sequence[int], expected: Iterable[int]) -> None:
 
 
 def sources_of(loaded: LoadedModel, texts: Texts | Sequence[Text], heads: Any, progress: Progress | None) -> dict:
-    """The texts' and the probe's `Source`, as the heads analysis runs them (its windows, batches and probe)."""
+    """The texts' and the probes' `Source`, as the heads analysis runs them (its windows, batches and probes)."""
+    from attnscope.pipeline.needle import needle_for
     from attnscope.pipeline.probe import probe_for
-    from attnscope.pipeline.reducers import HeadStatistics, ProbeStatistics
+    from attnscope.pipeline.reducers import HeadStatistics, ProbeStatistics, RetrievalStatistics
     from attnscope.pipeline.tokens import WindowStream, batches, pad_id
     from attnscope.scores import rows
 
@@ -283,12 +285,25 @@ def sources_of(loaded: LoadedModel, texts: Texts | Sequence[Text], heads: Any, p
             probe_means,
             lambda reducer: int(reducer.row_count),
         )
+    needle, _ = needle_for(loaded, heads.probe, heads.haystack_len, heads.probe_seed)
+    if needle is not None:
+        _, starts = needle.batch(device)  # the windows' order in their one batch, the same each time it is made
+
+        sources[catalog.NEEDLE] = Source(
+            lambda: iter([needle.batch(device)[0]]),
+            lambda: RetrievalStatistics(L, H, device, needle.first_query, starts),
+            lambda reducer, count: {"retrieval": reducer.hits.cpu().double() / count},
+            lambda reducer: int(reducer.row_count),
+        )
     sources["stream"] = stream
     return sources
 
 
 def _source_of(score: str) -> str:
-    return catalog.PROBE if catalog.score_named(score).source == catalog.PROBE else catalog.ROWS
+    """The input a score is measured on: a probe's (catalog.PROBE, catalog.NEEDLE) or the texts' (catalog.ROWS, the
+    derived scores included)."""
+    source = catalog.score_named(score).source
+    return source if source in catalog.PROBES else catalog.ROWS
 
 
 def layers_by_source(explained: Sequence[Explained]) -> dict[str, list[int]]:
@@ -322,8 +337,10 @@ def check_explained(loaded: LoadedModel, explained: Sequence[Explained], sources
     for layer, head, score in explained:
         if layer == 0:
             raise AttnscopeError(f"head {layer}.{head} is in layer 0: no head comes before it")
-        if _source_of(score) not in sources:
-            raise AttnscopeError(f"score {score} comes from the repeated-token probe, which is off or cannot run")
+        source = _source_of(score)
+        if source not in sources:
+            which = "needle probe" if source == catalog.NEEDLE else "repeated-token probe"
+            raise AttnscopeError(f"score {score} comes from the {which}, which is off or cannot run")
 
 
 def removal_changes(

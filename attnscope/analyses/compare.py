@@ -23,6 +23,9 @@ A head's `change` (the ranking of "heads whose role changes", and what --top kee
 consecutive models, up or down, of the deciding score of the role it holds in the last model (for a head that ends
 mixed, of the roles it held before): how sharply it became what it is, or stopped being what it was.
 
+Each model's `sink_rate`: the share of its heads whose first_token exceeds 0.3 (Gu et al. 2024, who watch it emerge
+during pre-training; `scores.roles.sink_rate`), over the model and per layer, from its heads analysis.
+
 Each model's `loss`: the mean language-model loss of the texts in nats per predicted token, exactly as `ablate`
 measures its baseline (`pipeline.loss_windows`: a decoder's next-token cross-entropy over every predicted token; an
 encoder's masked-LM loss on a deterministic 15 % of its tokens), from the model loaded with its own language-model
@@ -101,6 +104,7 @@ class CompareResult(Result):
     score: str  # the score of the heads × models heatmap
     notes: list[str] = field(default_factory=list)
     losses: list[float | None] = field(default_factory=list)  # each model's loss (nats per predicted token); [] off
+    sink_rates: list[Any] = field(default_factory=list)  # each model's sink rate (scores.roles.SinkRate)
 
     @property
     def has_divergence(self) -> bool:
@@ -317,6 +321,7 @@ class Compare(settings.Compare):
             **first.settings,
             "probe_len": first.inputs.get("probe", {}).get("period"),
             "probe_seed": self.probe_seed,
+            "haystack_len": first.inputs.get("needle", {}).get("haystack_len"),
             "revisions": None if self.revisions is None else list(self.revisions),
             "divergence": divergences is not None,
             "loss": self.loss,
@@ -326,7 +331,10 @@ class Compare(settings.Compare):
         for key in ("layer", "sort"):
             settings.pop(key, None)
         model = {**first.model, "name": infos[0]["name"], "compared": infos}
-        return CompareResult(model, kind, labels, first.inputs, settings, heads, measured, score, notes)
+        sink_rates = [run.sink_rate for run in runs]
+        return CompareResult(
+            model, kind, labels, first.inputs, settings, heads, measured, score, notes, sink_rates=sink_rates
+        )
 
 
 def _part(progress: Progress | None, index: int, count: int) -> Progress | None:

@@ -1,4 +1,5 @@
-"""`attnscope heads`: every head's scores over the texts, its role, and the repeated-token probe."""
+"""`attnscope heads`: every head's scores over the texts, its role, the probes (repeated tokens, a needle in a
+haystack) and the model's sink rate."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from attnscope.pipeline.blocks import Reducer
 from attnscope.pipeline.divergence import Reducers
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.labels import label_window
+from attnscope.pipeline.needle import Needle, needle_for
 from attnscope.pipeline.probe import PROBE_SEQUENCES, Probe, probe_for
-from attnscope.pipeline.reducers import HeadStatistics, ProbeStatistics
+from attnscope.pipeline.reducers import HeadStatistics, ProbeStatistics, RetrievalStatistics
 from attnscope.pipeline.tokens import WindowStream, batches
 from attnscope.scores import catalog, roles
 from attnscope.scores.kinds import Kind
@@ -64,6 +66,15 @@ class HeadsResult(Result):
         return selected if top is None else selected[:top]
 
     @property
+    def sink_rate(self) -> roles.SinkRate:
+        """The share of heads whose first_token exceeds catalog.SINK_EPSILON, over the model and per layer (Gu et al.
+        2024; see scores.roles)."""
+        first_token = [[0.0] * self.model["n_head"] for _ in range(self.model["n_layer"])]
+        for record in self.heads:
+            first_token[record.layer][record.head] = record.scores["first_token"]
+        return roles.sink_rate(first_token)
+
+    @property
     def plotted_labels(self) -> list[str]:
         """The heads whose maps were asked for (`plotted`), as `L.H` labels."""
         return [f"{layer}.{head}" for layer, head in self.plotted]
@@ -98,6 +109,8 @@ class Heads(settings_module.Heads):
         plotted = [options.head_in(label, model.n_layer, model.n_head) for label in self.plot]
         windows = WindowStream(model, texts, self.bos)
         probe, notes = probe_for(model, self.probe, self.probe_len, self.probe_seed)  # before the texts run
+        needle, needle_notes = needle_for(model, self.probe, self.haystack_len, self.probe_seed)
+        notes += needle_notes
         statistics = HeadStatistics(kind, model.n_layer, model.n_head, model.device, self.window)
         keep_layers = sorted({layer for layer, _ in plotted})
         reducer = statistics if also is None else Reducers(statistics, also)
@@ -119,6 +132,9 @@ class Heads(settings_module.Heads):
         if probe is not None:
             probe_means, summary["probe"] = probe_scores(model, probe)
             means.update(probe_means)
+        if needle is not None:
+            means.update(needle_scores(model, needle))
+            summary["needle"] = needle.summary()
         per_layer = torch.cat([value.reshape(model.n_layer, -1) for value in means.values()], dim=1)  # (L, ·)
         check_finite(model, "attention", per_layer, range(model.n_layer))
         heads = []
@@ -174,3 +190,12 @@ def probe_scores(model: LoadedModel, probe: Probe) -> tuple[dict[str, Any], dict
         "scored_rows": int(statistics.row_count),
     }
     return statistics.means(), summary
+
+
+def needle_scores(model: LoadedModel, needle: Needle) -> dict[str, Any]:
+    """Every head's retrieval score, retrieval -> (n_layer, n_head), from one forward pass over the needle probe's
+    windows (one per depth)."""
+    batch, starts = needle.batch(model.device)
+    statistics = RetrievalStatistics(model.n_layer, model.n_head, model.device, needle.first_query, starts)
+    capture.run(model.model, [batch], statistics, kernel=model.kernel)
+    return statistics.means()

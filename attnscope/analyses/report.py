@@ -59,7 +59,7 @@ MIN_TOKENS = 16  # the token cap is never lowered below this to fit MAP_CELLS
 MAP_CELLS = 3 * 2**20  # map cells the page holds at most, all heads and texts together (one byte each)
 MULTI_MAP_CELLS = 2 * MAP_CELLS  # map cells of a page of several models, all models together
 CIRCUIT_TOP = 5  # with `circuit`: the dependencies the page keeps per head (the largest changes)
-COPYING_ROLES = ("induction", "duplicate-token")  # shown on a text that repeats itself
+COPYING_ROLES = ("induction", "duplicate-token", "retrieval")  # shown on a text that repeats itself
 PROBE, TEXT = "probe", "text"
 
 
@@ -241,9 +241,10 @@ def shown_texts(
 
 
 def example_texts(shown: Sequence[ShownText]) -> dict[str, int]:
-    """role -> the text (an index into `shown`) a head of that role is first shown on: an induction or
-    duplicate-token head on the probe (or, without it, on the input text that repeats itself most), any other on
-    the input text with the most words of letters (prose rather than code or numbers)."""
+    """role -> the text (an index into `shown`) a head of that role is first shown on: an induction,
+    duplicate-token or retrieval head on the probe (or, without it, on the input text that repeats itself most: a
+    retrieval head copies as an induction head does, and the page draws no needle), any other on the input text with
+    the most words of letters (prose rather than code or numbers)."""
     inputs = [k for k, text in enumerate(shown) if text.kind == TEXT]
     if not inputs:
         return {}

@@ -6,7 +6,8 @@ score, the divergence grid of two models), the terminal's and notebook's tables.
 Reads a CompareResult (analyses.compare) by duck typing: `model`, `inputs`, `settings`, `notes`, `kind`, `labels`,
 `losses`, `has_loss`, `heads` (each with `layer`, `head`, `label`, `scores`, `roles`, `formed`, `transition`,
 `change` (score, value, model, or None), `divergence`), `measured`, `score`, `has_divergence`,
-`ranked_by_divergence()`, `role_changes()` (the most changed first).
+`ranked_by_divergence()`, `role_changes()` (the most changed first), `sink_rates` (each model's: epsilon, model,
+layers).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from attnscope.output import notebook
 from attnscope.output.compare_figures import divergence_matrix, divergence_text
 from attnscope.output.documents import document
 from attnscope.output.views import View, fitted, inputs_read, model_shape, shown_rows, summary
-from attnscope.scores.catalog import ROLES, SCORE, counted
+from attnscope.scores.catalog import ROLES, SCORE, SINK_EPSILON, counted
 
 DIVERGENCE_UNIT = "mean JS divergence between the two models' rows (bits)"
 
@@ -62,6 +63,19 @@ def compare_records(result: Any) -> list[dict]:
                 record["divergence"] = head.divergence
             records.append(record)
     return records
+
+
+def sink_rates_record(result: Any) -> dict | None:
+    """The sink rate of each model in the JSON: `{"epsilon": 0.3, "models": [0.0, 0.75], "layers": [[0.0, 0.0],
+    [0.5, 1.0]]}`, `models[k]` over model k's heads and `layers[k][l]` over its layer l's (Gu et al. 2024)."""
+    rates = result.sink_rates
+    if not rates:
+        return None
+    return {
+        "epsilon": rates[0].epsilon,
+        "models": [rate.model for rate in rates],
+        "layers": [list(rate.layers) for rate in rates],
+    }
 
 
 def changed_roles(head: Any, labels: Sequence[str]) -> str:
@@ -110,6 +124,7 @@ class CompareView(View):
             result.notes,
             models=list(result.labels),
             loss=list(result.losses) if result.losses else None,
+            sink_rate=sink_rates_record(result),
             heads=compare_heads(result),
         )
 
@@ -187,6 +202,10 @@ class CompareView(View):
             ends = [(labels[k], result.losses[k]) for k in sorted({0, len(labels) - 1})]
             shown = [f"{label} {'-' if loss is None else f'{loss:.3f}'}" for label, loss in ends]
             lines.append(f"loss ({LOSS_UNIT}): {' → '.join(shown)}")
+        if result.sink_rates:
+            epsilon = result.sink_rates[0].epsilon
+            shown = [f"{labels[k]} {100 * result.sink_rates[k].model:.0f} %" for k in sorted({0, len(labels) - 1})]
+            lines.append(f"sink rate (first_token > {epsilon:g}): {' → '.join(shown)}")
         if result.has_divergence:
             moved = [f"{head.label} {head.divergence:.3f}" for head in result.ranked_by_divergence()]
             lines.append(fitted("largest divergence (JSD bits): ", moved))
@@ -235,13 +254,17 @@ def divergence_rows(result: Any) -> list[dict]:
 
 def role_counts(result: Any) -> list[dict]:
     """How many heads hold each role (the roles held anywhere, in the catalog's order, by their short labels) in
-    each model, and its loss when measured: one row per model."""
+    each model, its sink rate (the share of heads with first_token > SINK_EPSILON, a percentage) and its loss when
+    measured:
+    one row per model."""
     held = [role for role in ROLES if any(role.name in head.roles for head in result.heads)]
     rows = []
     for k, label in enumerate(result.labels):
         row: dict[str, Any] = {"model": label}
         if result.has_loss:
             row["loss (nats)"] = result.losses[k]
+        if result.sink_rates:
+            row["sink rate %"] = round(100 * result.sink_rates[k].model, 1)
         row.update({role.short: sum(head.roles[k] == role.name for head in result.heads) for role in held})
         rows.append(row)
     return rows
@@ -249,7 +272,8 @@ def role_counts(result: Any) -> list[dict]:
 
 def role_counts_title(result: Any) -> str:
     loss = f", and its loss ({LOSS_UNIT})" if result.has_loss else ""
-    return f"Heads per role in each model{loss}"
+    sinks = f", its sink rate (heads with first_token > {SINK_EPSILON:g}, Gu et al. 2024)" if result.sink_rates else ""
+    return f"Heads per role in each model{sinks}{loss}"
 
 
 def role_change_rows(result: Any) -> list[dict]:

@@ -1,7 +1,7 @@
 """`attnscope compare`'s pictures (its room, output/compare.py, holds the rest): the trajectories (each model's
-loss, and each role's deciding score across the models with where it formed and its transition), a heads × models
-heatmap of one score, and the divergence grid of two models. A module of its own because the trajectories are a
-layout of panels of their own. Reads a CompareResult by duck typing, as the room does.
+loss and sink rate, and each role's deciding score across the models with where it formed and its transition), a
+heads × models heatmap of one score, and the divergence grid of two models. A module of its own because the
+trajectories are a layout of panels of their own. Reads a CompareResult by duck typing, as the room does.
 """
 
 from __future__ import annotations
@@ -15,22 +15,23 @@ PANEL_MARGINS = (0.75, 0.25, 0.35, 0.75)  # left, right, top (the panel's title)
 FOOTER = 0.55  # inches under the panels for the key
 NAMED_LINES = 6  # heads named at their line's end in a panel; the others are drawn without a name
 LOSS = "loss"  # the panel of the models' loss, before the roles'
+SINKS = "sink rate"  # the panel of the models' sink rates, after the loss
 
 
 def trajectories(result: Any) -> Any:
     """The models along x (in the order given), one small panel each: the models' loss on the texts (when measured),
-    then one per role held by some head in some model (mixed aside): the role's deciding score in each model for
-    every head that ever holds it. Heads that hold it to the end are coloured, named at the end of their line (the
-    strongest NAMED_LINES), marked with a star where the role formed (a threshold held to the end) and a ring at its
-    transition (the model that ends the largest rise of the score); heads that hold it only for a while are grey.
-    The dashed line is the role's threshold."""
+    their sink rate (the model's and each layer's), then one per role held by some head in some model (mixed
+    aside): the role's deciding score in each model for every head that ever holds it. Heads that hold it to the
+    end are coloured, named at the end of their line (the strongest NAMED_LINES), marked with a star where the role
+    formed (a threshold held to the end) and a ring at its transition (the model that ends the largest rise of the
+    score); heads that hold it only for a while are grey. The dashed line is the role's threshold."""
     import numpy as np
 
     from attnscope.output import figures
 
     labels = list(result.labels)
     roles = [role for role in ROLES if role.score is not None and any(role.name in h.roles for h in result.heads)]
-    panels: list[Any] = ([LOSS] if result.has_loss else []) + roles
+    panels: list[Any] = ([LOSS] if result.has_loss else []) + ([SINKS] if result.sink_rates else []) + roles
     columns = max(1, min(3, len(panels)))
     rows = max(1, -(-len(panels) // columns))  # one row of room for the message when there is no panel
     label_room = max(0.0, 0.06 * max(len(label) for label in labels) - 0.3)  # rotated model labels
@@ -48,6 +49,8 @@ def trajectories(result: Any) -> Any:
         axes = figure.add_axes((left / size[0], bottom / size[1], inner[0] / size[0], inner[1] / size[1]))
         if panel == LOSS:
             _loss_panel(axes, result, x)
+        elif panel == SINKS:
+            _sink_panel(axes, result, x)
         else:
             _role_panel(axes, result, panel, x)
         _model_ticks(axes, labels, inner[0], bool(label_room))
@@ -62,9 +65,9 @@ def trajectories(result: Any) -> Any:
             color=figures.SUBTITLE_COLOUR,
         )
     title = (
-        "The loss and each role's deciding score across the models"
+        "The loss, the sink rate and each role's deciding score across the models"
         if result.has_loss
-        else ("Each role's deciding score across the models")
+        else ("The sink rate and each role's deciding score across the models")
     )
     figures.add_titles(figure, title, described(result))
     key = (
@@ -93,6 +96,21 @@ def _loss_panel(axes: Any, result: Any, x: Any) -> None:
     axes.set_ylim(0.0, max([v for v in values if v == v] or [1.0]) * 1.08)
     axes.set_ylabel("loss (nats per predicted token)", fontsize=8)
     axes.set_title("language-model loss on the texts", fontsize=9)
+
+
+def _sink_panel(axes: Any, result: Any, x: Any) -> None:
+    """Each model's sink rate (Gu et al. 2024), the model's in colour and each layer's in grey, on [0, 1]: a training
+    run shows when sinks emerge, and in which layers."""
+    from attnscope.output import line_plots
+
+    rates = result.sink_rates
+    for layer in range(len(rates[0].layers)):
+        axes.plot(x, [rate.layers[layer] for rate in rates], color="#b0b0b0", linewidth=0.8, zorder=1)
+    axes.plot(x, [rate.model for rate in rates], color=line_plots.SERIES_COLOURS[0], linewidth=1.5, marker="o",
+              markersize=3, zorder=2)  # fmt: skip
+    axes.set_ylim(0.0, 1.0)
+    axes.set_ylabel("share of heads", fontsize=8)
+    axes.set_title(f"sink rate: first_token > {rates[0].epsilon:g} (grey: layers)", fontsize=9)
 
 
 def _role_panel(axes: Any, result: Any, role: Role, x: Any) -> None:

@@ -3,7 +3,7 @@ of the plotted heads), the terminal's role map and heads table, and the notebook
 
 Reads a HeadsResult (analyses.heads) by duck typing: `model`, `inputs`, `settings`, `notes`, `kind`, `heads` (each
 record's `layer`, `head`, `label`, `role` (role, metric, score) and `scores`), `selected`, `selection`, `measured`,
-`plotted`, `attention`.
+`plotted`, `attention`, `sink_rate` (epsilon, model, layers).
 """
 
 from __future__ import annotations
@@ -52,13 +52,35 @@ def head_records(heads: Sequence[Any], model: dict) -> list[dict]:
     ]
 
 
+def sink_rate_record(rate: Any) -> dict:
+    """The sink rate in the JSON: `{"epsilon": 0.3, "model": 0.25, "layers": [0.0, 0.5]}`, shares of heads whose
+    first_token exceeds epsilon, over the model's heads and over each layer's (Gu et al. 2024)."""
+    return {"epsilon": rate.epsilon, "model": rate.model, "layers": list(rate.layers)}
+
+
+def sink_rate_line(rate: Any) -> str:
+    """One line: `sink rate 25 % of heads (first_token > 0.3, Gu et al. 2024); by layer (%): 0 50`."""
+    layers = " ".join(f"{100 * share:.0f}" for share in rate.layers)
+    return (
+        f"sink rate {100 * rate.model:.0f} % of heads (first_token > {rate.epsilon:g}, Gu et al. 2024); "
+        f"by layer (%): {layers}"
+    )
+
+
 def heads_document(result: Any, heads: Sequence[Any] | None = None) -> dict:
-    """The `heads` JSON: metadata, thresholds and one record per head (`heads`: the run's selection when None,
-    every head with the selection set to null when given all of them)."""
+    """The `heads` JSON: metadata, thresholds, the sink rate (of every head, whatever the selection) and one record
+    per head (`heads`: the run's selection when None, every head with the selection set to null when given all of
+    them)."""
     selected = result.selected if heads is None else heads
     settings = result.settings if heads is None else {**result.settings, "layer": None, "sort": None, "top": None}
     return document(
-        "heads", result.model, result.inputs, settings, result.notes, heads=head_records(selected, result.model)
+        "heads",
+        result.model,
+        result.inputs,
+        settings,
+        result.notes,
+        sink_rate=sink_rate_record(result.sink_rate),
+        heads=head_records(selected, result.model),
     )
 
 
@@ -103,26 +125,29 @@ class HeadsView(View):
         kind, thresholds = result.kind.name, result.settings.get("thresholds")
         return [
             terminal.role_map(result.heads, model["n_layer"], model["n_head"], title, kind),
+            sink_rate_line(result.sink_rate),
             HeadsTable(result.selected, "Heads", kind, result.selection.get("sort"), thresholds, kv_group(model)),
         ]
 
     def notebook(self) -> str:
         """The role map (a grid of cells in the catalog's palette, `Role.colour` with `Role.ink` for the text, as in
-        the terminal and the pictures; a legend of the roles present) and the table of the selected heads."""
+        the terminal and the pictures; a legend of the roles present), the sink rate and the table of the selected
+        heads."""
         result = self.result
         model = result.model
         title = f"Head roles: {model['name']} ({result.inputs['n_texts']} texts, {result.inputs['n_tokens']} tokens)"
         return notebook.fragment(
             notebook.note_lines(self.notes),
             notebook.role_map(result.heads, model["n_layer"], model["n_head"], title),
+            notebook.paragraph(sink_rate_line(result.sink_rate)),
             heads_table_html(result.selected, "Heads", result.kind.name, result.selection.get("sort"), kv_group(model)),
         )
 
     def summary(self) -> str:
-        """The model and what was read, how many heads hold each role, the strongest head of each role, the
-        selection and the plotted maps."""
+        """The model and what was read, how many heads hold each role, the strongest head of each role, the sink
+        rate, the selection and the plotted maps."""
         result = self.result
-        lines = role_lines(result.heads)
+        lines = [*role_lines(result.heads), sink_rate_line(result.sink_rate)]
         chosen = {name: value for name, value in result.selection.items() if value is not None}
         if chosen:
             words = ", ".join(f"{name} {value}" for name, value in chosen.items())
@@ -211,6 +236,7 @@ SCORE_KEYS = {
     "last_token": "share on the last token",
     "induction": "share on the token after an earlier copy (probe)",
     "duplicate_token": "share on the earlier copy itself (probe)",
+    "retrieval": "share of copied needle tokens whose strongest key is that token (needle probe)",
     "local": "share in the local window",
     "local_lift": "local lift: 0 as uniform, 1 all in the window",
     "local_uniform": "share in the local window if attention were uniform",
@@ -228,9 +254,10 @@ class HeadsTable:
     With grouped-query attention (`group` query heads share each key/value head), a `kv` column says which
     key/value head each query head reads; without, there is none.
 
-    Fits the console's width: score columns are left out (the sort's last, the others from the right) before the
-    head, the role and what decided it, and the key under the table says which; the key names every header in
-    words."""
+    Fits the console's width: two spaces between columns where every column fits so, else one (a decoder's eleven
+    columns then fit a plain 80-column terminal); where even that is too wide, score columns are left out (the
+    sort's last, the others from the right) before the head, the role and what decided it, and the key under the
+    table says which; the key names every header in words."""
 
     def __init__(
         self,
@@ -242,6 +269,7 @@ class HeadsTable:
         group: int = 1,
     ):
         self.heads, self.title, self.kind, self.sort, self.group = heads, title, kind, sort, group
+        self.gap = 1  # padding right of each column, beside the box's own space: set by fitting_columns
         self.thresholds = thresholds or {role.name: role.threshold for role in ROLES if role.threshold is not None}
         self.columns = table_columns(kind, sort)
 
@@ -264,7 +292,11 @@ class HeadsTable:
         from attnscope.output.terminal import role_cell
 
         table = Table(
-            title=self.title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0)
+            title=self.title,
+            title_justify="left",
+            header_style="bold",
+            box=box.SIMPLE_HEAD,
+            padding=(0, self.gap, 0, 0),
         )
         table.add_column("head", justify="right", no_wrap=True)
         if self.group > 1:
@@ -284,7 +316,12 @@ class HeadsTable:
         return table
 
     def fitting_columns(self, console: Any, options: Any) -> list[Score]:
-        """The score columns that fit in the width: the sort's first, then in table order."""
+        """The score columns that fit in the width: the sort's first, then in table order (and the gap between
+        columns: two spaces when every column fits so, else one)."""
+        wide = options.update_width(10_000)
+        self.gap = 1
+        if console.measure(self.table(self.columns), options=wide).maximum > options.max_width:
+            self.gap = 0
         wanted = sorted(self.columns, key=lambda score: score.name != self.sort)
         shown: list[Score] = []
         for score in wanted:

@@ -13,7 +13,7 @@ from typing import Any
 from attnscope import __version__
 from attnscope.output import viewer
 from attnscope.output.heads import kv_group
-from attnscope.scores.catalog import ROLE, ROLES, SCORE, counted, table_columns
+from attnscope.scores.catalog import ROLE, ROLES, SCORE, SINK_EPSILON, counted, table_columns
 
 
 def several_models(report: Any) -> list[Any]:
@@ -100,6 +100,18 @@ def settings_rows(report: Any) -> list[tuple[str, str]]:
         )
     else:
         rows.append(("repeated-token probe", "off"))
+    needle = inputs.get("needle")
+    if needle is not None:
+        depths = ", ".join(f"{100 * depth:.0f} %" for depth in needle["depths"])
+        rows.append(
+            (
+                "needle probe",
+                f"a needle of {needle['needle_len']} random tokens in {needle['haystack_len']} tokens of the sample "
+                f"texts, at {depths} of it, then copied (seed {needle['seed']})",
+            )
+        )
+    else:
+        rows.append(("needle probe", "off"))
     rows += [
         ("batch size", f"{settings['batch_size']} windows"),
         ("tokens per batch", "no limit" if settings["max_tokens"] is None else f"at most {settings['max_tokens']:,}"),
@@ -315,8 +327,10 @@ def _glossary(report: Any) -> str:
     )
     return (
         '<section id="glossary"><h2>Roles and scores</h2><p>A head gets the first role whose rule it passes: the '
-        "patterns (previous-token, self, induction, …) first, highest score winning, the sinks only when no other "
-        "pattern passes, then local, then broad; mixed when none passes (its closest score is shown).</p>"
+        "patterns (previous-token, self, induction, …) first, highest score winning, then retrieval, the sinks only "
+        "when no other pattern passes, then local, then broad; mixed when none passes (its closest score is shown). "
+        f"The sink rate is the share of heads whose {_text(SCORE['first_token'].label)} exceeds "
+        f"{SINK_EPSILON:g} (Gu et al. 2024).</p>"
         '<div class="wide"><table class="facts"><thead><tr><th>role</th><th>rule</th><th>what it means</th></tr>'
         f"</thead><tbody>{''.join(roles)}</tbody></table></div>"
         '<div class="wide"><table class="facts"><thead><tr><th>score</th><th>short</th><th>unit</th>'
@@ -324,12 +338,20 @@ def _glossary(report: Any) -> str:
     )
 
 
+def _sink_rate(heads: Any) -> str:
+    """`sink rate 25 % (first_token > 0.3)`: the share of a model's heads that sink (Gu et al. 2024)."""
+    rate = heads.sink_rate
+    return f"sink rate {100 * rate.model:.0f} % (first_token &gt; {rate.epsilon:g})"
+
+
 def _models_line(several: Sequence[Any]) -> str:
     if not several:
         return ""
+    rates = ", ".join(f"{_text(page.label)} {100 * page.heads.sink_rate.model:.0f} %" for page in several)
     return (
         f"<p>{counted(len(several), 'model')}, the same texts through each: {_labels(several)}. The page opens on "
-        "the last; the slider above the role map chooses the model the role map and the head panel show.</p>"
+        "the last; the slider above the role map chooses the model the role map and the head panel show. Sink "
+        f"rate of each: {rates}.</p>"
     )
 
 
@@ -431,7 +453,7 @@ def render(
     body = (
         f"<header><h1>attnscope report: {_text(name)}</h1>"
         f"<p>{counted(inputs['n_texts'], 'text')}, {counted(inputs['n_tokens'], 'token')}; "
-        f"{counted(model['n_layer'], 'layer')} × {counted(model['n_head'], 'head')}; attnscope "
+        f"{counted(model['n_layer'], 'layer')} × {counted(model['n_head'], 'head')}; {_sink_rate(heads)}; attnscope "
         f"{_text(__version__)}.</p>{_models_line(several)}<nav>{nav}</nav></header>"
         + notes
         + explore

@@ -13,7 +13,7 @@ h·d_head .. (h+1)·d_head, where `pipeline.interventions.HeadGates` gates it. R
 The mean is over the positions where the replacement is made: every real position (padding excluded), since the
 replacement is made at every position (which is also what a weight can hold: `models.removal`). The input is what
 the removals are scored on: `ablate`'s loss windows (an encoder's with its [MASK]s in place), or, for `circuit`, the
-texts for the scores of the texts and the probe's sequences for the probe's scores, each with its own means and
+texts for the scores of the texts and each probe's windows for that probe's scores, each with its own means and
 donors.
 
 Donors (`donors`): window w's donor is drawn uniformly, by a numpy generator seeded `seed`, among the other windows
@@ -184,11 +184,11 @@ class Ablation:
 
 
 def describe(mode: str, seed: int = 0, probe: bool = False) -> str:
-    """One line saying which ablation ran (`mode`, with `seed` for resample), for a result's notes; `probe`: the
-    probe's scores were measured too, on their own input."""
+    """One line saying which ablation ran (`mode`, with `seed` for resample), for a result's notes; `probe`: a
+    probe's scores were measured too, on its own input."""
     if mode == "zero":
         return "zero ablation: a removed head's output is set to 0"
-    own = " (the probe's scores: the probe's sequences)" if probe else ""
+    own = " (a probe's scores: the probe's own windows)" if probe else ""
     if mode == "mean":
         return f"mean ablation: a removed head's output is replaced by its mean over every position of the texts{own}"
     return (

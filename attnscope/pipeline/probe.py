@@ -16,7 +16,7 @@ ORDINARY_TOKEN = re.compile(r"^(Ġ|▁)[a-z]{3,}$")  # a space marker and a lowe
 PROBE_SEQUENCES = 4
 MIN_PROBE_LEN = 3  # with T = 2 the induction target i-(T-1) is the previous token: the probe could not tell them apart
 DEFAULT_PROBE_LEN = 50  # the period when none is asked for (--probe-len), or less where the model cannot hold it
-ENCODER_NOTE = "the repeated-token probe measures left-to-right copying; skipped for encoder models"
+ENCODER_NOTE = "the probes (repeated tokens, needle) measure left-to-right copying; skipped for encoder models"
 
 
 def ordinary_token_ids(tokenizer: Any) -> list[int]:

@@ -171,6 +171,44 @@ class DistantAttention(Reducer):
         return self.sums.cpu() / count if count else torch.full_like(self.sums.cpu(), float("nan"))
 
 
+class RetrievalStatistics(Reducer):
+    """Retrieval hits over the copy of the needle probe (`pipeline.needle`, `scores.rows.retrieval_hits`): exact
+    integer counts of the rows whose strongest key is the needle token being copied, per (layer, head).
+
+    Fed the blocks of one batch of the probe's windows, `needle_starts` (B,) each window's needle start in the
+    batch's order (`Needle.batch`). Only the copy's rows (from `first_query`) matter: a block before them costs one
+    comparison, and of a block that reaches them only their rows are looked at. The argmax is taken over the block's
+    exp of shifted logits, in the order of the weights; a row of a learned-sink family (gpt-oss) whose every key
+    lies more than 87 nats below the sink has them all clamped alike (blocks.LOGIT_FLOOR), and its strongest key is
+    then taken as the first.
+    """
+
+    wants_blocks = True
+
+    def __init__(self, n_layer: int, n_head: int, device: torch.device, first_query: int, needle_starts: torch.Tensor):
+        self.first_query = first_query
+        self.needle_starts = needle_starts
+        self.hits = torch.zeros(n_layer, n_head, dtype=torch.long, device=device)
+        self.row_count = torch.zeros((), dtype=torch.long, device=device)
+
+    def add_block(self, layer: int, block: AttentionBlock) -> None:
+        first, last = int(block.positions[0]), int(block.positions[-1])
+        if last < self.first_query:
+            return
+        copy = slice(max(0, self.first_query - first), None)  # the block's rows from the copy's first on
+        starts = self.needle_starts.to(block.exp_logits.device)
+        hits, count = rows.retrieval_hits(
+            block.exp_logits[:, :, copy], block.positions[copy], block.lengths, self.first_query, starts
+        )  # (H,), ()
+        self.hits[layer] += hits.to(self.hits.device)
+        if layer == 0:
+            self.row_count += count.to(self.hits.device)
+
+    def means(self) -> dict[str, torch.Tensor]:
+        """retrieval -> (n_layer, n_head) float64 on the host: hits over the rows of the copy."""
+        return {"retrieval": self.hits.cpu().double() / int(self.row_count)}
+
+
 class LayerBuffer:
     """The attention of several layers of one batch, heads side by side, (B, L·H, n, n) for the layers `layers` in
     their order: a pair of heads may span two layers whose attention exists at different moments of the forward

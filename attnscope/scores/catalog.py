@@ -28,8 +28,13 @@ RANGES = {FRACTION: (0.0, 1.0), NATS: (0.0, float("inf")), SIGNED: (float("-inf"
 ROWS = "rows"  # the input texts, every scored row
 DERIVED = "derived"  # computed from other scores' means
 PROBE = "probe"  # the repeated-random-token probe (decoders)
+NEEDLE = "needle"  # the needle-in-a-haystack probe (decoders)
+PROBES = (PROBE, NEEDLE)  # the synthetic inputs run beside the texts, switched on and off together (--probe)
 
 DEFAULT_WINDOW = 3  # the local window: the current token and the 3 before it (--window)
+# The sink rate's ε (Gu et al. 2024, "When Attention Sink Emerges in Language Models: An Empirical View", ICLR 2025):
+# a head is a sink head when its mean attention to the first token exceeds it; the share of such heads is the rate.
+SINK_EPSILON = 0.3
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,9 @@ class Score:
     column: int | None = None  # position among the terminal table's score columns (None: JSON/CSV only)
     stands_for: str | None = None  # a column the table shows this score in place of, when sorted by it
     per_head: bool = True  # False: the same for every head (a property of the texts), so never drawn per head
+    # False: a count of argmax hits, constant between its jumps, so its gradient is 0 wherever it has one and
+    # attribution patching (circuit --method gradient) cannot estimate its change
+    differentiable: bool = True
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,7 @@ class Role:
     short: str  # a role-map cell: prev
     score: str | None  # the score that decides it (None: mixed, the fallback)
     threshold: float | None
-    rule: str  # "pattern", "sink" (a pattern that gives way to any other), "shape" or "fallback"
+    rule: str  # "pattern", "copy", "sink" (a pattern that gives way to any other), "shape" or "fallback"
     description: str
     colour: str  # "#RRGGBB", the same in the terminal, the pictures and the report (see PALETTE)
 
@@ -68,8 +76,11 @@ class Role:
 
 # Role colours: the Okabe-Ito palette (Okabe & Ito 2008, "Color Universal Design"), which stays distinct under the
 # common colour-vision deficiencies, one colour per role; the two sinks in black and dark grey (attention parked,
-# not a pattern), mixed in light grey (nothing passed). A decoder's or an encoder's eight roles are never shown
-# in two colours of the same hue.
+# not a pattern), mixed in light grey (nothing passed). A decoder's or an encoder's roles are never shown in two
+# colours of the same hue. Okabe-Ito has eight colours and a decoder nine roles: retrieval takes a dark brown,
+# chosen as the colour farthest from every decoder role's (CIELAB ΔE 1976 ≥ 32 to each, under normal vision and
+# simulated protanopia, deuteranopia and tritanopia, Machado et al. 2009; the palette's own closest pair is 17
+# apart), and near induction's vermillion in hue, as both copy from context.
 PALETTE = {
     "previous-token": "#0072B2",  # blue
     "self": "#E69F00",  # orange
@@ -78,6 +89,7 @@ PALETTE = {
     "last-token": "#5F5F5F",  # dark grey
     "induction": "#D55E00",  # vermillion
     "duplicate-token": "#CC79A7",  # reddish purple
+    "retrieval": "#663311",  # dark brown (not Okabe-Ito's: see above)
     "local": "#009E73",  # bluish green
     "broad": "#F0E442",  # yellow
     "mixed": "#D9D9D9",  # light grey
@@ -136,7 +148,7 @@ SCORES: tuple[Score, ...] = (
         BOTH,
         ROWS,
         "mean row entropy / ln(visible keys): 1 = uniform over what the row sees",
-        column=8,
+        column=9,
     ),
     Score(
         "confidence",
@@ -146,7 +158,7 @@ SCORES: tuple[Score, ...] = (
         BOTH,
         ROWS,
         "mean max_j A[i, j]: the weight of a row's strongest key (Voita et al. 2019)",
-        column=9,
+        column=10,
     ),
     Score(
         "local_uniform",
@@ -167,7 +179,7 @@ SCORES: tuple[Score, ...] = (
         BOTH,
         DERIVED,
         "(local - local_uniform) / (1 - local_uniform): 0 = uniform, 1 = all attention in the window",
-        column=7,
+        column=8,
     ),
     Score(
         "next_token",
@@ -208,6 +220,19 @@ SCORES: tuple[Score, ...] = (
         PROBE,
         "on the probe, mean A[i, i-T]: attention to the earlier occurrence itself",
         column=6,
+    ),
+    Score(
+        "retrieval",
+        "retrieval",
+        "retr",
+        FRACTION,
+        frozenset({DECODER}),
+        NEEDLE,
+        "on the needle probe, share of the needle's tokens t at which argmax_j A[i, j] is t's position in the needle, "
+        "i the row before t in the copy (Wu et al. 2024); teacher-forced: where the head looks whether or not the "
+        "model would copy",
+        column=7,
+        differentiable=False,
     ),
 )
 
@@ -266,6 +291,15 @@ ROLES: tuple[Role, ...] = (
         "pattern",
         "attends to an earlier occurrence of itself",
         PALETTE["duplicate-token"],
+    ),
+    Role(
+        "retrieval",
+        "retr",
+        "retrieval",
+        0.1,
+        "copy",
+        "copies the needle of a haystack: its strongest key is the token being copied (Wu et al. 2024)",
+        PALETTE["retrieval"],
     ),
     Role("local", "local", "local_lift", 0.5, "shape", "attention stays near the token", PALETTE["local"]),
     Role(

@@ -12,6 +12,21 @@ every query i of the second copy (decoders only: the probe measures left-to-righ
 
     induction           mean_i A[i, i-(T-1)]    (the token right after the earlier occurrence of token i)
     duplicate_token     mean_i A[i, i-T]        (the earlier occurrence itself)
+
+On the needle-in-a-haystack probe (`pipeline.needle`: a haystack holding a cue and a needle n_0 … n_{N-1}, then the
+cue and the needle again, the copy; Wu et al. 2024, teacher-forced), over the rows q_k whose next token is the copy's
+n_k, k = 0 … N-1, of every window w (decoders only):
+
+    retrieval           (1 / (W·N)) Σ_w Σ_k 1[argmax_j A_w[q_k, j] = s_w + k]
+
+with s_w the position of n_0 in window w's haystack: the share of the needle's tokens at which the head's strongest
+key (the first of maximal weight, as torch.argmax breaks ties) is the needle token being copied. Wu et al. count
++1/N at each step of the model's own greedy decoding where the top-1 key lies in the needle and holds the token just
+generated (their retrieval_head_detection.py); with a needle of distinct tokens found nowhere else that key is s_w + k.
+Teacher-forced, the copy is given rather than generated, so the score says where the head looks whether or not the
+model would have copied: it does not need the language-model head, and it counts rows where the model would have
+generated something else, which Wu et al. do not see (they also keep only tests the model answered, ROUGE-1 recall
+> 0.5).
 """
 
 from __future__ import annotations
@@ -74,6 +89,24 @@ def head_scores(
     scores = kind.row_scores(attn, positions, lengths, window, visible)
     sums, uniform, count = sum_scored_rows(kind, scores, positions, lengths)
     return finish(kind, sums, uniform, int(count))
+
+
+def retrieval_hits(
+    weights: torch.Tensor,
+    positions: torch.Tensor,
+    lengths: torch.Tensor,
+    first_query: int,
+    needle_starts: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Wu et al.'s hits on the needle probe (see the module docstring): weights (B, H, b, k) of query rows
+    `positions` (b,), attention or anything increasing in it (the capture's exp of shifted logits), of windows of
+    `lengths` (B,) whose copy is scored from row `first_query` to the row before the last token, and whose needle
+    starts at `needle_starts` (B,). Returns (hits (H,) int64, the copy's rows among `positions` (scalar int64))."""
+    copy = (positions[None, :] >= first_query) & (positions[None, :] < lengths[:, None] - 1)  # (B, b)
+    targets = needle_starts[:, None] + (positions[None, :] - first_query)  # (B, b)
+    strongest = weights.argmax(dim=-1)  # (B, H, b): the first key of maximal weight
+    hits = (strongest == targets[:, None, :]) & copy[:, None, :]  # (B, H, b)
+    return hits.sum(dim=(0, 2)), copy.sum()
 
 
 def offset_attention(attn: torch.Tensor, positions: torch.Tensor, offset: int) -> torch.Tensor:

@@ -256,8 +256,9 @@ def check_measured(score: str | None, kind_name: str | None, probe: bool, name: 
     if kind_name is not None and kind_name not in found.kinds:
         measured = " and ".join(f"{kind}s" for kind in sorted(found.kinds))
         raise AttnscopeError(f"{name} {score}: that score is measured for {measured} only")
-    if found.source == catalog.PROBE and not probe:
-        raise AttnscopeError(f"{name} {score}: that score comes from the probe, which is off")
+    if found.source in catalog.PROBES and not probe:
+        which = "the needle probe" if found.source == catalog.NEEDLE else "the probe"
+        raise AttnscopeError(f"{name} {score}: that score comes from {which}, which is off")
 
 
 def check_layer(layer: int, n_layer: int) -> int:

@@ -128,14 +128,28 @@ class Scoring(Reading, Batching):
         many=True,
         python_help='roles\' thresholds moved: {"previous-token": 0.6} or ["previous-token=0.6"]',
     )
-    probe: bool = setting(options.FLAG, True, "Run the repeated-random-token probe (induction, duplicate-token).")
+    probe: bool = setting(
+        options.FLAG,
+        True,
+        "Run the probes (decoders): repeated random tokens (induction, duplicate-token) and a needle in a haystack "
+        "(retrieval).",
+    )
     probe_len: int | None = setting(
         options.PROBE_LEN.or_none(),
         None,
-        "Period T of the probe: T random tokens, then again (default: 50, or what the context holds).",
+        "Period T of the repeated-token probe: T random tokens, then again (default: 50, or what the context holds).",
         metavar="T",
     )
-    probe_seed: int = setting(options.SEED, 0, "Seed of the probe's random tokens.", metavar="SEED")
+    haystack_len: int | None = setting(
+        options.HAYSTACK_LEN.or_none(),
+        None,
+        "Tokens of text in the needle probe's haystack, the needle and its copy not counted (default: 90, or what "
+        "the context holds).",
+        metavar="N",
+    )
+    probe_seed: int = setting(
+        options.SEED, 0, "Seed of the probes' random tokens (the repeated sequences, the needles).", metavar="SEED"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,6 +11,7 @@ from attnscope import options
 from attnscope.errors import AttnscopeError
 from attnscope.models.checks import Shape
 from attnscope.models.removal import check_destination
+from attnscope.scores import catalog
 from attnscope.scores.catalog import counted
 from attnscope.settings.declare import (
     FILE,
@@ -130,6 +131,12 @@ class Circuit(Scoring, Removal, Loading, Settings):
         super().__post_init__()
         if self.steps and self.method != "gradient":
             raise AttnscopeError("steps (--steps) are the gradient's integration points: give method gradient too")
+        chosen = None if self.score is None else catalog.score_named(self.score)
+        if self.method == "gradient" and chosen is not None and not chosen.differentiable:
+            raise AttnscopeError(
+                f"score {self.score}: a count of argmax hits has no gradient, so method gradient cannot estimate its "
+                "changes; use method removal"
+            )
 
     @property
     def needs_lm_head(self) -> bool:

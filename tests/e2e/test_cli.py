@@ -19,7 +19,7 @@ from attnscope.scores import catalog, roles
 from attnscope.scores.rows import head_scores
 from tests.support import CAT, png_size, reference_maps
 
-PROBE_NOTE = "the repeated-token probe measures left-to-right copying; skipped for encoder models"
+PROBE_NOTE = "the probes (repeated tokens, needle) measure left-to-right copying; skipped for encoder models"
 SPECIAL_TOKENS = {"decoder": 1, "encoder": 2}  # BOS; [CLS] and [SEP]
 MODEL_TYPE = {"decoder": "gpt2", "encoder": "bert"}
 CONTEXT = {"decoder": 128, "encoder": 64}  # n_positions / max_position_embeddings of tests.support's builders
@@ -29,7 +29,7 @@ COMMANDS = (
 )  # fmt: skip
 UNMEASURED = {  # per kind, the catalog's scores that stay null even with the probe on (the other kind's own)
     "decoder": {"next_token", "last_token"},
-    "encoder": {"induction", "duplicate_token"},
+    "encoder": {"induction", "duplicate_token", "retrieval"},
 }
 
 
@@ -69,7 +69,9 @@ def test_heads_json_scores_equal_the_from_scratch_attention(cli, model, model_di
     reference = reference_maps(model, batch)
     for record in doc["heads"]:
         expected = head_scores(model.kind, reference[record["layer"]], batch.lengths)
-        assert list(record)[-4:] == ["next_token", "last_token", "induction", "duplicate_token"]
+        # the scores not measured on every row close the record, in the catalog's order: the encoder's own, then
+        # the repeated-token probe's, then the needle probe's
+        assert list(record)[-5:] == ["next_token", "last_token", "induction", "duplicate_token", "retrieval"]
         for name in catalog.SCORE_NAMES:
             if name in UNMEASURED[kind]:
                 assert record[name] is None, (record["label"], name)
@@ -101,7 +103,8 @@ def test_probe_scores_equal_the_from_scratch_attention_on_the_probe(cli, tiny, t
 def test_no_probe_leaves_its_scores_null(cli, tiny_model_dir):
     doc = _heads(cli, CAT, "-m", tiny_model_dir, "--no-probe")
     assert "probe" not in doc["input"] and doc["settings"]["probe"] is False
-    assert all(h["induction"] is None and h["duplicate_token"] is None for h in doc["heads"])
+    assert "needle" not in doc["input"]  # --no-probe switches both probes off
+    assert all(h["induction"] is None and h["duplicate_token"] is None and h["retrieval"] is None for h in doc["heads"])
     code, out, err = cli("heads", CAT, "-m", tiny_model_dir, "--no-probe", "--sort", "induction")
     assert code == 2 and out == ""
     (line,) = err.strip().splitlines()

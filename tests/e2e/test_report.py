@@ -15,7 +15,7 @@ from attnscope.output.scales import SCALES
 from tests.support import CAT
 
 BROWSER = shutil.which("chromium")
-PROBE_NOTE = "the repeated-token probe measures left-to-right copying; skipped for encoder models"
+PROBE_NOTE = "the probes (repeated tokens, needle) measure left-to-right copying; skipped for encoder models"
 # role settings that move roles on the tiny models (a lower `broad` threshold, a narrower local window)
 SETTINGS = ["--window", "1", "--threshold", "broad=0.4", "--probe-len", "8", "--probe-seed", "3"]
 

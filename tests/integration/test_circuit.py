@@ -89,6 +89,24 @@ def test_the_demo_induction_circuit_is_found_and_equals_zeroed_weights():
     assert np.all(changes[:, 1, :] == 0)  # nothing in B's own layer
 
 
+def test_the_demo_induction_heads_retrieval_is_explained_by_removal_as_zeroed_weights_say():
+    """Retrieval on the needle probe, explained by exact removal (the needle's own windows replayed): each change is
+    what the heads analysis of a copy with the removed head's output rows zeroed gives, and the previous-token head
+    0.2, which the induction heads need to find the token after the current one's earlier occurrence, is what the
+    needle's copy needs too."""
+    demo = load_model("demo", "cpu")
+    texts, heads = _texts(TEXTS[:1]), Heads()
+    explained = [(1, head, "retrieval") for head in (0, 2, 3)]
+    with_values, changes = removal_changes(demo, texts, explained, heads, ablation="zero")
+    base = _scores(demo, texts, heads)
+    assert list(with_values) == [base[(layer, head)][score] for layer, head, score in explained]
+    for removed in ((0, 2), (0, 1)):
+        without = _scores(_zeroed(demo, *removed), texts, heads)
+        for i, (layer, head, score) in enumerate(explained):
+            assert with_values[i] + changes[i][removed] == pytest.approx(without[(layer, head)][score], abs=1e-9)
+    assert with_values.min() > 0.8 and changes[:, 0, 2].max() < -0.2
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["decoder", "encoder"])
 def test_removal_equals_zeroed_weights_gpt2_and_bert(loaded_models, kind):

@@ -23,10 +23,12 @@ SETTINGS = Heads(probe_len=8)  # a short probe: the tiny models' scores, quickly
 
 
 def _measured(loaded, smooth: bool = False) -> list[str]:
-    """The per-head scores this kind of model measures (local_uniform is the same for every head); `smooth`: those
-    differentiable everywhere, not confidence (a row maximum: on the tiny GPT-2 its one-sided derivatives at ξ = 1
-    differ, -0.0377 and -0.031 for 1.1 against 0.0, where the strongest key of some row changes)."""
-    names = [score.name for score in catalog.scores_for(loaded.kind.name) if score.per_head]
+    """The per-head scores this kind of model measures that have a gradient at all (local_uniform is the same for
+    every head; retrieval, a count of argmax hits, is refused: see below); `smooth`: those differentiable
+    everywhere, not confidence (a row maximum: on the tiny GPT-2 its one-sided derivatives at ξ = 1 differ, -0.0377
+    and -0.031 for 1.1 against 0.0, where the strongest key of some row changes)."""
+    scores = catalog.scores_for(loaded.kind.name)
+    names = [score.name for score in scores if score.per_head and score.name != "retrieval"]
     return [name for name in names if name != "confidence"] if smooth else names
 
 
@@ -218,3 +220,24 @@ def test_gradient_texts_may_be_a_stream(tiny):
         tiny, [Text("The cat sat on the mat.", "x")], [(1, 0, "self")], SETTINGS, ablation="zero"
     )
     assert 0 <= values[0] <= 1
+
+
+def test_a_count_of_argmax_hits_is_refused_and_its_heads_left_out_with_a_note():
+    """Retrieval is constant between its jumps: its gradient is 0 wherever it has one, so attribution patching would
+    call every head irrelevant to it. Asked for by name, it is refused before any pass; as a head's deciding score
+    (the demo's induction heads, retrieval heads once induction's threshold is out of reach), the head is left out
+    and a note says so; every other head is explained."""
+    from attnscope.analyses.circuit import Circuit
+
+    with pytest.raises(AttnscopeError, match=r"^score retrieval: a count of argmax hits has no gradient"):  # canonical
+        Circuit(method="gradient", score="retr")
+    demo = load_model("demo", "cpu")
+    with pytest.raises(AttnscopeError, match=r"^score retrieval: a count of argmax hits has no gradient"):
+        gradient_changes(demo, TEXTS[:1], [(1, 0, "retrieval")], Heads(), ablation="zero")
+    analysis = Circuit(method="gradient", weights=False, thresholds={"induction": 0.99}, head=("1.0", "1.1"))
+    result = analysis.run(demo, TEXTS[:1])
+    decided = {record["label"]: record["score"] for record in result.heads}
+    assert decided["1.0"] == "retrieval" != decided["1.1"]  # 1.0: the demo's induction head (demo_model/scores.json)
+    assert result.explained_labels == ["1.1"]
+    note = next(note for note in result.notes if note.startswith("method gradient: 1 head not explained (1.0)"))
+    assert "method removal measures them" in note

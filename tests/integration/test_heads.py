@@ -16,12 +16,12 @@ ROW = ("previous_token", "first_token", "self", "local", "entropy", "entropy_nor
 DERIVED = ("local_uniform", "local_lift")
 # what each kind of run measures, written out by hand (the catalog's order)
 MEASURED = {
-    ("decoder", True): (*ROW, *DERIVED, "induction", "duplicate_token"),
+    ("decoder", True): (*ROW, *DERIVED, "induction", "duplicate_token", "retrieval"),  # both probes
     ("decoder", False): (*ROW, *DERIVED),
     ("encoder", True): (*ROW, *DERIVED, "next_token", "last_token"),
     ("encoder", False): (*ROW, *DERIVED, "next_token", "last_token"),
 }
-PROBE_NOTE = "the repeated-token probe measures left-to-right copying; skipped for encoder models"
+PROBE_NOTE = "the probes (repeated tokens, needle) measure left-to-right copying; skipped for encoder models"
 
 
 @pytest.fixture(scope="module")
@@ -73,18 +73,22 @@ def test_the_probe_is_run_for_decoders_and_skipped_for_encoders(results):
     assert decoder.inputs["probe"]["period"] == 50 and decoder.inputs["probe"]["seed"] == 0
     assert decoder.inputs["probe"]["scored_rows"] == 4 * 50  # the second copy of each of the 4 sequences
     assert PROBE_NOTE not in decoder.notes
-    assert "probe" not in results["decoder", False].inputs
+    # the needle probe at its default: 3 depths × a needle of 16, in a haystack of 90 (the tiny model holds 128)
+    assert decoder.inputs["needle"] == {
+        "haystack_len": 90, "needle_len": 16, "depths": [0.1, 0.5, 0.9], "seed": 0, "scored_rows": 48,
+    }  # fmt: skip
+    assert "probe" not in results["decoder", False].inputs and "needle" not in results["decoder", False].inputs
     for probe in (True, False):
         encoder = results["encoder", probe]
-        assert "probe" not in encoder.inputs
+        assert "probe" not in encoder.inputs and "needle" not in encoder.inputs
         assert (PROBE_NOTE in encoder.notes) == probe  # only said when the probe was asked for
 
 
 def test_thresholds_are_those_of_the_roles_the_kind_can_be_given(results):
     decoder, encoder = results["decoder", True].settings["thresholds"], results["encoder", True].settings["thresholds"]
-    assert "induction" in decoder and "duplicate-token" in decoder
+    assert "induction" in decoder and "duplicate-token" in decoder and decoder["retrieval"] == 0.1
     assert "next-token" not in decoder and "last-token" not in decoder
-    assert "induction" not in encoder and "duplicate-token" not in encoder
+    assert "induction" not in encoder and "duplicate-token" not in encoder and "retrieval" not in encoder
     assert "next-token" in encoder and "last-token" in encoder
     for thresholds in (decoder, encoder):
         assert {"previous-token", "self", "first-token", "local", "broad"} <= set(thresholds)
@@ -138,6 +142,8 @@ def test_selected_is_the_runs_own_selection(model):
         ("encoder", False, "dup", "duplicate_token", "that score is measured for decoders only"),
         ("decoder", False, "induction", "induction", "that score comes from the probe, which is off"),
         ("decoder", False, "duplicate-token", "duplicate_token", "that score comes from the probe, which is off"),
+        ("decoder", False, "retr", "retrieval", "that score comes from the needle probe, which is off"),
+        ("encoder", True, "retrieval", "retrieval", "that score is measured for decoders only"),
     ],
 )
 def test_a_sort_that_cannot_be_satisfied_is_refused_before_any_forward_pass(
@@ -148,6 +154,7 @@ def test_a_sort_that_cannot_be_satisfied_is_refused_before_any_forward_pass(
 
     monkeypatch.setattr(heads_module, "run_windows", no_forward_pass)
     monkeypatch.setattr(heads_module, "probe_scores", no_forward_pass)
+    monkeypatch.setattr(heads_module, "needle_scores", no_forward_pass)
     with pytest.raises(AttnscopeError, match=f"^sort by {name}: {reason}$"):  # Heads keeps the canonical name
         Heads(sort=sort, probe=probe).run(loaded_models[kind_], TEXTS[:1])
     with pytest.raises(AttnscopeError, match=f"^sort by {sort}: {reason}$"):  # and when selecting from a result
@@ -179,6 +186,7 @@ def test_an_unknown_sort_is_refused_on_construction():
         ("Hnorm", "entropy_normalized"),
         ("H", "entropy"),
         ("induc", "induction"),
+        ("retr", "retrieval"),
         ("local lift", "local_lift"),
     ],
 )
@@ -199,6 +207,7 @@ def test_the_canonical_sort_name_reaches_the_result(tiny):
         ({"batch_size": 0}, "batch_size 0: must be a whole number from 1 to 100,000"),
         ({"probe_len": 2}, "probe_len 2: must be a whole number from 3 to 100,000"),
         ({"probe_seed": -1}, "probe_seed -1: must be a whole number from 0 to 4,294,967,295"),
+        ({"haystack_len": 9}, "haystack_len 9: must be a whole number from 10 to 100,000"),
         ({"top": 0}, "top 0: must be a whole number from 1 to 1,000,000"),
         ({"words": True}, "words \\(--words\\) draws the maps of plot \\(--plot L.H\\) word by word: give plot too"),
     ],
@@ -212,6 +221,8 @@ def test_a_probe_too_long_for_the_context_is_refused_before_the_texts_run(tiny, 
     monkeypatch.setattr(heads_module, "run_windows", lambda *a, **k: pytest.fail("the texts ran"))
     with pytest.raises(AttnscopeError, match="must fit the model's context of 128 tokens"):
         Heads(probe_len=64).run(tiny, TEXTS[:1])  # BOS + 2 × 64 = 129 tokens
+    with pytest.raises(AttnscopeError, match=r"^haystack length 94: .*\(129 tokens\) must fit the model's context"):
+        Heads(haystack_len=94).run(tiny, TEXTS[:1])  # BOS + 94 + 2 × (a cue and 16 needle tokens) = 129
 
 
 def test_the_default_probe_is_shortened_to_fit_a_short_context(short_context_model_dir):
@@ -221,6 +232,9 @@ def test_the_default_probe_is_shortened_to_fit_a_short_context(short_context_mod
     result = Heads().run(loaded, TEXTS[:1])
     assert result.inputs["probe"]["period"] == 7 and result.inputs["probe"]["scored_rows"] == 4 * 7
     assert "probe period shortened to 7 tokens to fit the context of 16 tokens" in result.notes
+    # the needle probe needs BOS + 2 × 17 + a haystack of 10 = 45 tokens: skipped, and said so
+    assert "needle" not in result.inputs and result.heads[0].scores["retrieval"] is None
+    assert any(note.startswith("the needle probe was skipped") for note in result.notes)
 
 
 def test_progress_counts_every_text_and_token(model):

@@ -19,7 +19,7 @@ from tests.support import TEXTS, given_models, reference_maps
 
 # roles with a deciding score each kind can measure (the probe on): written out by hand
 RANKED_ROLES = {
-    "decoder": {"previous-token", "self", "first-token", "induction", "duplicate-token", "local", "broad"},
+    "decoder": {"previous-token", "self", "first-token", "induction", "duplicate-token", "retrieval", "local", "broad"},
     "encoder": {"previous-token", "self", "first-token", "next-token", "last-token", "local", "broad"},
 }
 DECIDING = {role.name: role.score for role in ROLES}

@@ -15,7 +15,7 @@ from attnscope.scores.kinds import KINDS
 RECORD_KEYS = [
     "layer", "head", "label", "kv_head", "role", "role_metric", "role_score",
     "previous_token", "first_token", "self", "local", "entropy", "entropy_normalized", "confidence",
-    "local_uniform", "local_lift", "next_token", "last_token", "induction", "duplicate_token",
+    "local_uniform", "local_lift", "next_token", "last_token", "induction", "duplicate_token", "retrieval",
 ]  # fmt: skip
 
 
@@ -65,13 +65,28 @@ def test_every_role_is_decided_by_a_score_of_the_catalog():
     assert [role.name for role in ROLES if role.rule == "fallback"] == ["mixed"]
     assert catalog.DEFAULT_THRESHOLDS == {role.name: role.threshold for role in ROLES if role.name != "mixed"}
     assert catalog.DEFAULT_THRESHOLDS["broad"] == 0.8
+    assert catalog.DEFAULT_THRESHOLDS["retrieval"] == 0.1  # Wu et al. 2024: retrieval score > 0.1
     assert {role.threshold for role in ROLES if role.rule in ("pattern", "sink")} == {0.5}
+    assert {role.rule for role in ROLES} == {"pattern", "copy", "sink", "shape", "fallback"}
 
 
 @pytest.mark.parametrize(
     "kind, expected",
     [
-        (DECODER, ["previous-token", "self", "first-token", "induction", "duplicate-token", "local", "broad", "mixed"]),
+        (
+            DECODER,
+            [
+                "previous-token",
+                "self",
+                "first-token",
+                "induction",
+                "duplicate-token",
+                "retrieval",
+                "local",
+                "broad",
+                "mixed",
+            ],
+        ),  # fmt: skip
         (ENCODER, ["previous-token", "self", "first-token", "next-token", "last-token", "local", "broad", "mixed"]),
     ],
 )
@@ -83,7 +98,7 @@ def test_a_kinds_roles_follow_from_the_scores_it_measures(kind, expected):
 
 
 def test_scores_for_each_kind():
-    probe = {"induction", "duplicate_token"}
+    probe = {"induction", "duplicate_token", "retrieval"}  # both probes measure left-to-right copying
     encoder_only = {"next_token", "last_token"}
     assert {s.name for s in catalog.scores_for(DECODER)} == set(SCORE_NAMES) - encoder_only
     assert {s.name for s in catalog.scores_for(ENCODER)} == set(SCORE_NAMES) - probe
@@ -96,10 +111,13 @@ ROW_SCORES = ["previous_token", "first_token", "self", "local", "entropy", "entr
 
 
 @pytest.mark.parametrize(
-    "name, row_scores, probe",
-    [(DECODER, ROW_SCORES, ["induction", "duplicate_token"]), (ENCODER, [*ROW_SCORES, "next_token", "last_token"], [])],
+    "name, row_scores, probe, needle",
+    [
+        (DECODER, ROW_SCORES, ["induction", "duplicate_token"], ["retrieval"]),
+        (ENCODER, [*ROW_SCORES, "next_token", "last_token"], [], []),
+    ],
 )
-def test_the_kinds_measure_the_catalogs_scores_by_source(name, row_scores, probe):
+def test_the_kinds_measure_the_catalogs_scores_by_source(name, row_scores, probe, needle):
     """What a Kind sums per row, what `finish` derives and what the probe measures: the catalog's scores of that
     kind, by source."""
     kind = KINDS[name]
@@ -108,31 +126,35 @@ def test_the_kinds_measure_the_catalogs_scores_by_source(name, row_scores, probe
     assert [s.name for s in scores if s.source == catalog.ROWS] == row_scores
     assert [s.name for s in scores if s.source == catalog.DERIVED] == ["local_uniform", "local_lift"]
     assert [s.name for s in scores if s.source == catalog.PROBE] == probe
-    assert kind.probe == bool(probe) and set(rows.PROBE_SCORES) == {"induction", "duplicate_token"}
+    assert [s.name for s in scores if s.source == catalog.NEEDLE] == needle
+    assert kind.probe == bool(probe) == bool(needle) and set(rows.PROBE_SCORES) == {"induction", "duplicate_token"}
     assert kind.score_names == tuple(s.name for s in scores)
 
 
 @pytest.mark.parametrize(
     "kind, sort, expected",
     [
-        (DECODER, None, ["prev", "first", "self", "induc", "dup", "lift", "Hnorm", "conf"]),
+        (DECODER, None, ["prev", "first", "self", "induc", "dup", "retr", "lift", "Hnorm", "conf"]),
         (ENCODER, None, ["prev", "first", "self", "next", "last", "lift", "Hnorm", "conf"]),
-        (DECODER, "entropy", ["prev", "first", "self", "induc", "dup", "lift", "H", "conf"]),
+        (DECODER, "entropy", ["prev", "first", "self", "induc", "dup", "retr", "lift", "H", "conf"]),
         (ENCODER, "entropy", ["prev", "first", "self", "next", "last", "lift", "H", "conf"]),
-        (DECODER, "local", ["prev", "first", "self", "induc", "dup", "local", "Hnorm", "conf"]),
+        (DECODER, "local", ["prev", "first", "self", "induc", "dup", "retr", "local", "Hnorm", "conf"]),
         (ENCODER, "local_uniform", ["prev", "first", "self", "next", "last", "unif", "Hnorm", "conf"]),
-        (DECODER, "previous_token", ["prev", "first", "self", "induc", "dup", "lift", "Hnorm", "conf"]),
+        (DECODER, "previous_token", ["prev", "first", "self", "induc", "dup", "retr", "lift", "Hnorm", "conf"]),
     ],
 )
 def test_table_columns(kind, sort, expected):
-    """A decoder's table has no next/last columns, an encoder's no probe columns; sorted by a score without a
-    column, that score stands where its sibling was."""
+    """A decoder's table has no next/last columns, an encoder's no probe columns (the needle probe's retrieval
+    after the repeated-token probe's); sorted by a score without a column, that score stands where its sibling was."""
     assert [score.short for score in catalog.table_columns(kind, sort)] == expected
 
 
 def test_every_score_has_a_unit_and_a_source():
     assert {score.unit for score in SCORES} <= {catalog.FRACTION, catalog.NATS, catalog.SIGNED}
-    assert {score.source for score in SCORES} <= {catalog.ROWS, catalog.DERIVED, catalog.PROBE}
+    assert {score.source for score in SCORES} <= {catalog.ROWS, catalog.DERIVED, catalog.PROBE, catalog.NEEDLE}
+    assert catalog.PROBES == (catalog.PROBE, catalog.NEEDLE)
+    # only an argmax count has no gradient: every other score is a mean of attention weights
+    assert [score.name for score in SCORES if not score.differentiable] == ["retrieval"]
     assert all(score.kinds and score.kinds <= catalog.BOTH for score in SCORES)
     assert SCORE["entropy"].unit == catalog.NATS and SCORE["local_lift"].unit == catalog.SIGNED
     columns = [score.column for score in SCORES if score.column is not None]
@@ -182,11 +204,12 @@ def test_the_pictured_role_map_shows_the_catalogs_short_labels():
     short label and its score; the legend lists the roles drawn, in the catalog's order."""
     from attnscope.output import head_grids
 
-    roles = [list(ROLE_NAMES[:5]), list(ROLE_NAMES[5:])]
-    scores = [[f"0.{layer}{head}" for head in range(5)] for layer in range(2)]
+    assert len(ROLE_NAMES) == 11  # 2 × 6 cells: every role once, and mixed again to fill the grid
+    roles = [list(ROLE_NAMES[:6]), [*ROLE_NAMES[6:], "mixed"]]
+    scores = [[f"0.{layer}{head}" for head in range(6)] for layer in range(2)]
     figure = head_grids.role_map(roles, scores, "Head roles", "tiny")
     expected = [
-        f"{layer}.{head}\n{ROLE[roles[layer][head]].short}\n0.{layer}{head}" for layer in range(2) for head in range(5)
+        f"{layer}.{head}\n{ROLE[roles[layer][head]].short}\n0.{layer}{head}" for layer in range(2) for head in range(6)
     ]
     assert [text.get_text() for text in figure.axes[0].texts] == expected
     assert [text.get_text() for text in figure.axes[0].get_legend().get_texts()] == list(ROLE_NAMES)

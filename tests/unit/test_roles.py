@@ -10,7 +10,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.scores import rows
 from attnscope.scores.catalog import DEFAULT_THRESHOLDS
 from attnscope.scores.kinds import DECODER, ENCODER
-from attnscope.scores.roles import Role, classify, parse_thresholds
+from attnscope.scores.roles import Role, classify, parse_thresholds, sink_rate
 from tests.support import band_map, first_token_map, identity_map, previous_token_map, uniform_map
 
 BASE = {
@@ -27,9 +27,12 @@ BASE = {
     "last_token": None,
     "induction": 0.05,
     "duplicate_token": 0.05,
+    "retrieval": 0.02,
 }
-# an encoder's scores: next/last-token measured, the probe's not
-ENCODER_BASE = {**BASE, "next_token": 0.1, "last_token": 0.1, "induction": None, "duplicate_token": None}
+# an encoder's scores: next/last-token measured, the probes' not
+ENCODER_BASE = {
+    **BASE, "next_token": 0.1, "last_token": 0.1, "induction": None, "duplicate_token": None, "retrieval": None,
+}  # fmt: skip
 
 
 def with_scores(**changes):
@@ -122,7 +125,12 @@ def test_thresholds_are_adjustable():
 
 @pytest.mark.parametrize(
     "item, role",
-    [("prev=0.6", "previous-token"), ("induc=0.7", "induction"), ("previous_token=0.6", "previous-token")],
+    [
+        ("prev=0.6", "previous-token"),
+        ("induc=0.7", "induction"),
+        ("previous_token=0.6", "previous-token"),
+        ("retr=0.3", "retrieval"),
+    ],
 )
 def test_a_role_may_be_named_by_its_short_label(item, role):
     thresholds = parse_thresholds([item])
@@ -175,3 +183,47 @@ def test_planted_encoder_roles_are_found():
     assert classify({**decoder, "next_token": None, "previous_token": 0.9}).role == "previous-token"
     assert parse_thresholds(["last-token=0.7"])["last-token"] == 0.7
     assert classify({**base, "last_token": 0.6}, parse_thresholds(["last-token=0.7"])).role == "mixed"
+
+
+# ------------------------------------------------------------------------------------ retrieval (Wu et al. 2024)
+
+
+def test_a_head_that_retrieves_the_needle_is_a_retrieval_head():
+    """Wu et al.'s threshold: a retrieval score of 0.1 makes a retrieval head, below it not (the probe's 48 rows
+    never give exactly 0.1, so >= is their > there)."""
+    assert classify(with_scores(retrieval=0.15)) == Role("retrieval", "retrieval", 0.15)
+    assert classify(with_scores(retrieval=0.1)).role == "retrieval"
+    assert classify(with_scores(retrieval=0.09)).role == "mixed"
+    assert classify(with_scores(retrieval=0.15), parse_thresholds(["retrieval=0.2"])).role == "mixed"
+
+
+def test_retrieval_comes_after_the_patterns_and_before_the_sinks_and_shapes():
+    """An induction head that also retrieves the needle is named by the stronger claim (most of its attention on
+    the copied token, 0.5, against a tenth of argmax hits); a retrieval head that sinks on text, or looks local or
+    broad there, is named by what it does when it copies."""
+    assert classify(with_scores(induction=0.6, retrieval=0.9)).role == "induction"
+    assert classify(with_scores(previous_token=0.6, retrieval=0.9)).role == "previous-token"
+    assert classify(with_scores(first_token=0.8, retrieval=0.2)) == Role("retrieval", "retrieval", 0.2)
+    assert classify(with_scores(local_lift=0.9, retrieval=0.2)).role == "retrieval"
+    assert classify(with_scores(entropy_normalized=0.95, retrieval=0.2)).role == "retrieval"
+    # with the needle probe off (or for an encoder) its rule is skipped
+    assert classify(with_scores(first_token=0.8, retrieval=None)).role == "first-token"
+
+
+def test_mixed_may_be_closest_to_retrieval():
+    role = classify(with_scores(retrieval=0.08, previous_token=0.3))  # 0.8 of 0.1 against 0.6 of 0.5
+    assert (role.role, role.metric, role.score) == ("mixed", "retrieval", 0.08)
+
+
+# --------------------------------------------------------------------------------- sink rate (Gu et al. 2024)
+
+
+def test_the_sink_rate_counts_heads_whose_first_token_attention_exceeds_epsilon():
+    """ε = 0.3: a head at 0.31 sinks, one at 0.29 does not, and one at exactly 0.3 does not (Gu et al.: > ε)."""
+    planted = [[0.29, 0.31, 0.9, 0.0], [0.3, 0.31, 0.31, 0.31]]  # layer 0: 2 of 4; layer 1: 3 of 4
+    rate = sink_rate(planted)
+    assert rate.epsilon == 0.3
+    assert rate.layers == (0.5, 0.75)
+    assert rate.model == 5 / 8
+    assert sink_rate(planted, epsilon=0.1).layers == (0.75, 1.0)
+    assert sink_rate([[0.0] * 3]).model == 0.0 and sink_rate([[1.0] * 3]).model == 1.0

@@ -233,7 +233,9 @@ def test_random_padded_maps_match_the_slow_loop(kind, seed):
     attn, _ = _random_maps(kind, seed, lengths)
     assert float(attn[0, 0, 6, 4]) == 0.0  # the zero column, where 0·ln 0 matters
     got = rows.head_scores(kind, attn, torch.tensor(lengths), window)
-    assert set(got) == {s.name for s in catalog.scores_for(kind.name) if s.source != catalog.PROBE}
+    assert set(got) == {
+        s.name for s in catalog.scores_for(kind.name) if s.source not in catalog.PROBES
+    }  # neither probe reads the texts
     for head in range(3):
         pooled: dict[str, float] = {}
         count = 0
@@ -298,7 +300,9 @@ def test_sums_have_a_column_per_row_score_and_finish_adds_the_derived_ones(kind)
     extra = 2 if kind is ENCODER else 0
     assert sums.shape == (1, 7 + extra) and int(count) == (4 if kind is DECODER else 3)
     finished = rows.finish(kind, sums, float(uniform), int(count))
-    assert set(finished) == {s.name for s in catalog.scores_for(kind.name) if s.source != catalog.PROBE}
+    assert set(finished) == {
+        s.name for s in catalog.scores_for(kind.name) if s.source not in catalog.PROBES
+    }  # neither probe reads the texts
 
 
 # --------------------------------------------------------------------------------- the capture's fast form

@@ -26,10 +26,12 @@ def render(*items, width: int) -> str:
 
 
 def head(layer, number, **given):
-    """A head with the catalog's scores (those not given: 0.1, lift 0, Hnorm 0.5), its role classified."""
+    """A head with the catalog's scores (those not given: 0.1, lift 0, Hnorm 0.5, retrieval 0: each below its
+    role's threshold, retrieval's being 0.1), its role classified."""
     from attnscope.analyses.heads import HeadRecord
 
-    scores = {name: 0.1 for name in catalog.SCORE_NAMES} | {"local_lift": 0.0, "entropy_normalized": 0.5} | given
+    below = {"local_lift": 0.0, "entropy_normalized": 0.5, "retrieval": 0.0}
+    scores = {name: 0.1 for name in catalog.SCORE_NAMES} | below | given
     return HeadRecord(layer, number, scores, classify(scores))
 
 
@@ -121,9 +123,10 @@ def test_the_key_gives_the_thresholds_the_table_was_decided_with():
     thresholds = dict(catalog.DEFAULT_THRESHOLDS) | {"previous-token": 0.6}
     table = heads_room.HeadsTable(HEADS, "Heads", DECODER, thresholds=thresholds)
     text = " ".join(render(table, width=120).split())
-    assert "the score that passed its threshold, 0.5 (prev 0.6, Hnorm 0.8)" in text
+    # a decoder's roles: 0.5 but broad's 0.8 and retrieval's 0.1 (Wu et al.'s)
+    assert "the score that passed its threshold, 0.5 (prev 0.6, retr 0.1, Hnorm 0.8)" in text
     default = " ".join(render(heads_room.HeadsTable(HEADS, "Heads", DECODER), width=120).split())
-    assert "the score that passed its threshold, 0.5 (Hnorm 0.8)" in default
+    assert "the score that passed its threshold, 0.5 (retr 0.1, Hnorm 0.8)" in default
 
 
 # ---------------------------------------------------------------------------------------------------- role map
