@@ -239,7 +239,15 @@ class Kvplan(settings.Kvplan):
         auto = self.streaming == "auto"
         fractions = kvplan_check.AUTO_FRACTIONS if auto else sorted({*kvplan_check.FRACTIONS, float(self.streaming)})
         checked = kvplan_check.check_plans(
-            loaded, kv_scores, fractions, self.sink, self.recent, lengths, self.trials, self.check_seed, progress
+            loaded,
+            lambda share: plan(kv_scores, share),
+            fractions,
+            self.sink,
+            self.recent,
+            lengths,
+            self.trials,
+            self.check_seed,
+            progress,
         )
         fraction = kvplan_check.chosen_share(checked) if auto else float(self.streaming)
         return fraction, kvplan_check.summary(checked, fraction, lengths, self.trials, self.check_seed, auto)

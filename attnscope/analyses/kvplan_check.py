@@ -21,7 +21,7 @@ plan stays within one prompt of full attention's accuracy (1 / the number of pro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -64,7 +64,7 @@ def random_plan(shape: tuple[int, int], streaming: int, generator: np.random.Gen
 
 def check_plans(
     loaded: LoadedModel,
-    kv_scores: np.ndarray,
+    plan_of: Callable[[float], np.ndarray],
     fractions: Sequence[float],
     sink: int,
     recent: int,
@@ -75,9 +75,7 @@ def check_plans(
 ) -> dict[str, Any]:
     """The check's accuracies (module docstring): the prompts, full attention's, and for each share its plan's and
     its random plans'; the per-prompt outcomes of full attention and of every share's plan (for the table by length
-    and depth)."""
-    from attnscope.analyses.kvplan import plan, streaming_heads
-
+    and depth). `plan_of(F)` is the plan at share F, (L, H_kv) bool, True where a KV head keeps the full cache."""
     if loaded.lm_model is None:
         raise AttnscopeError("--check needs the model's language-model head, and this model has none")
     too_long = [length for length in lengths if length > loaded.n_ctx]
@@ -87,8 +85,8 @@ def check_plans(
         )
     prompts = passkey_prompts(loaded.tokenizer, lengths, DEPTHS, trials, seed)
     generator = np.random.default_rng(seed)
-    total = kv_scores.size
-    runs = 1 + sum(1 + RANDOM_PLANS for f in fractions if streaming_heads(total, f) > 0)
+    plans = {fraction: plan_of(fraction) for fraction in fractions}  # (L, H_kv) each
+    runs = 1 + sum(1 + RANDOM_PLANS for full in plans.values() if not full.all())
     done = 0
 
     def accuracy(full: np.ndarray | None) -> list[bool]:
@@ -102,13 +100,13 @@ def check_plans(
 
     full_attention = accuracy(None)
     shares = []
-    for fraction in fractions:
-        count = streaming_heads(total, fraction)
+    for fraction, full in plans.items():
+        count = int((~full).sum())
         if count == 0:  # no head streams: full attention itself
             shares.append({"streaming": fraction, "kv_heads": 0, "plan": full_attention, "random": []})
             continue
-        planned = accuracy(plan(kv_scores, fraction))
-        randoms = [accuracy(random_plan(kv_scores.shape, count, generator)) for _ in range(RANDOM_PLANS)]
+        planned = accuracy(full)
+        randoms = [accuracy(random_plan(full.shape, count, generator)) for _ in range(RANDOM_PLANS)]
         shares.append({"streaming": fraction, "kv_heads": count, "plan": planned, "random": randoms})
     return {"prompts": prompts, "full": full_attention, "shares": shares}
 

@@ -12,6 +12,7 @@ import pytest
 
 from attnscope import settings
 from attnscope.analyses import kvplan_check
+from attnscope.analyses.kvplan import plan
 from attnscope.analyses.kvplan_check import (
     AUTO_FRACTIONS,
     check_plans,
@@ -58,8 +59,13 @@ def _scores() -> np.ndarray:
     return scores
 
 
+def _planner():
+    scores = _scores()
+    return lambda share: plan(scores, share)
+
+
 def test_the_plan_keeps_the_retrieval_head_and_auto_takes_the_largest_share_that_does(planted):
-    checked = check_plans(LOADED, _scores(), AUTO_FRACTIONS, 4, 8, [512, 1024], 2, seed=0)
+    checked = check_plans(LOADED, _planner(), AUTO_FRACTIONS, 4, 8, [512, 1024], 2, seed=0)
     assert len(checked["full"]) == 2 * 3 * 2 and all(checked["full"])
     for share in checked["shares"]:
         streamed = math.floor(share["streaming"] * 8 + 1e-9)
@@ -79,7 +85,7 @@ def test_the_plan_keeps_the_retrieval_head_and_auto_takes_the_largest_share_that
 
 
 def test_the_summary_gives_each_share_and_the_plans_accuracy_by_length_and_depth(planted):
-    checked = check_plans(LOADED, _scores(), [0.0, 0.5, 1.0], 4, 8, [512], 3, seed=1)
+    checked = check_plans(LOADED, _planner(), [0.0, 0.5, 1.0], 4, 8, [512], 3, seed=1)
     document = summary(checked, 1.0, [512], 3, 1)
     assert document["prompts"] == 9 and document["full"] == 1.0
     assert [share["plan"] for share in document["shares"]] == [1.0, 1.0, 0.0]
@@ -90,8 +96,8 @@ def test_the_summary_gives_each_share_and_the_plans_accuracy_by_length_and_depth
 
 
 def test_the_same_seed_draws_the_same_random_plans(planted):
-    first = check_plans(LOADED, _scores(), [0.5], 4, 8, [512], 1, seed=5)
-    again = check_plans(LOADED, _scores(), [0.5], 4, 8, [512], 1, seed=5)
+    first = check_plans(LOADED, _planner(), [0.5], 4, 8, [512], 1, seed=5)
+    again = check_plans(LOADED, _planner(), [0.5], 4, 8, [512], 1, seed=5)
     assert first["shares"] == again["shares"]
     generator = np.random.default_rng(0)
     drawn = random_plan((2, 4), 3, generator)
@@ -108,10 +114,10 @@ def test_default_lengths_and_refusals():
     assert default_lengths(256) == (128, 256)
     assert default_lengths(131072) == (2048, 4096)
     with pytest.raises(AttnscopeError, match=r"--check-lengths 2048: longer than the model's context \(1,024"):
-        check_plans(LOADED, _scores(), [0.5], 4, 8, [512, 2048], 1, seed=0)
+        check_plans(LOADED, _planner(), [0.5], 4, 8, [512, 2048], 1, seed=0)
     headless = SimpleNamespace(**{**vars(LOADED), "lm_model": None})
     with pytest.raises(AttnscopeError, match="language-model head"):
-        check_plans(headless, _scores(), [0.5], 4, 8, [512], 1, seed=0)
+        check_plans(headless, _planner(), [0.5], 4, 8, [512], 1, seed=0)
 
 
 def test_auto_runs_the_check_and_needs_the_language_model_head():
