@@ -152,15 +152,17 @@ def real_entries(batch, causal: bool) -> torch.Tensor:
 
 @contextlib.contextmanager
 def capture_blocks_of(block_bytes: int | None):
-    """The capture's blocks sized to `block_bytes` of logits per window (None: as it is) inside the `with`."""
+    """The capture's blocks sized to `block_bytes` of logits per window (None: as it is) inside the `with`, with no
+    minimum of rows (block_path.MIN_BLOCK_ROWS would make the short windows of the tests one block)."""
     from attnscope.pipeline import block_path
 
-    original = block_path.BLOCK_BYTES
-    block_path.BLOCK_BYTES = original if block_bytes is None else block_bytes
+    original = block_path.BLOCK_BYTES, block_path.MIN_BLOCK_ROWS
+    if block_bytes is not None:
+        block_path.BLOCK_BYTES, block_path.MIN_BLOCK_ROWS = block_bytes, 1
     try:
         yield
     finally:
-        block_path.BLOCK_BYTES = original
+        block_path.BLOCK_BYTES, block_path.MIN_BLOCK_ROWS = original
 
 
 def scored_range(kind: str, length: int) -> range:

@@ -46,6 +46,16 @@ from attnscope.pipeline.blocks import (
 # 8 × 1024 tokens 0.5, 1, 2 and 4 MiB gave 2.39, 1.86, 1.86 and 2.17×; at 1 × 1024 1.82, 1.56, 1.86 and 1.75×; at
 # 8 × 512 1.45, 1.22, 1.44 and 1.92×.
 BLOCK_BYTES = 1 * 2**20
+# ... but at long context, room for this many query rows over all of a layer's keys. BLOCK_BYTES alone holds a few
+# rows there (9 heads × 8,192 keys: 3), and each block's two matrix products read every key and value again for
+# them: matrix-vector products, bound by memory. The room is for the whole layer, not a floor on each block's rows,
+# so that the blocks stay about one size and the allocator reuses them (a floor of 64 rows on each block let blocks
+# grow with their keys, and the C heap grew to 1.5 GB at 8,192 tokens instead of 0.6). Measured on the 2-core CPU
+# (an 8-layer Llama-shaped model, 9 heads over 3 KV heads, d_head 64, one window; /tmp scripts alternating the
+# settings with the bare SDPA forward, the least of 2 each): at 8,192 tokens 2.25× the forward with 1 row, 1.70×
+# with 32, 1.71× with 64; at 4,096 tokens 1.43× with 32, 1.55× with 64; peak memory above the model at 8,192
+# tokens 607, 617 and 737 MB with 1, 32 and 64 rows.
+MIN_BLOCK_ROWS = 32
 # On a GPU the block holds up to this share of the free memory (the block path keeps about four times its logits
 # alive at once: logits, their exponentials, a copy in the values' dtype, masks), up to GPU_BLOCK_MAX for the whole
 # batch, so that a layer is one block or a few (GPT-2 small at 8 × 1024 tokens: 400 MB of logits a layer) and the
@@ -68,7 +78,9 @@ def attention(
     H_kv, n_keys = key.shape[1], key.shape[-2]
     device = query.device
     reducer = state.reducer
-    budget = block_budget(state, device)  # float32 logits per window in one block
+    # float32 logits per window in one block; at long context, room for MIN_BLOCK_ROWS rows over all the keys, so that
+    # the blocks stay about one size (the allocator reuses them) and each is more than a few rows
+    budget = max(block_budget(state, device), MIN_BLOCK_ROWS * n_keys * H * 4)
     # GPT-2's key and value are strided views into one (B, n, 3d) tensor; a matmul given such a view copies the whole
     # of it first, so every block of rows would copy all keys and values again. One copy per layer instead (none
     # asked for when one block holds every row: its matmuls copy them once anyway).

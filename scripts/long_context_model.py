@@ -1,0 +1,34 @@
+"""A long-context model to time attnscope on, with no download: a Llama-architecture model of SmolLM2-135M's widths
+(d_model 576, 9 query heads over 3 key/value heads, d_head 64, MLP 1,536, context 8,192) cut to 8 layers, with
+random weights (seed 0) and the GPT-2 tokenizer of tests/data, saved with save_pretrained into FOLDER.
+
+    python scripts/long_context_model.py /tmp/llama8k
+    attnscope bench -m /tmp/llama8k --device cpu --seq-lens 2048,4096,8192 --batch-sizes 1 --repeats 2 \
+        --methods floor,attnscope
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from transformers import GPT2TokenizerFast, LlamaConfig, LlamaForCausalLM
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(folder: str) -> None:
+    config = LlamaConfig(
+        vocab_size=50257, hidden_size=576, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=9,
+        num_key_value_heads=3, max_position_embeddings=8192, bos_token_id=50256, eos_token_id=50256,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    GPT2TokenizerFast.from_pretrained(ROOT / "tests" / "data" / "gpt2-tokenizer").save_pretrained(folder)
+    print(f"saved to {folder}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
