@@ -158,7 +158,7 @@ def capture_blocks_of(block_bytes: int | None):
 
     original = block_path.BLOCK_BYTES, block_path.MIN_BLOCK_ROWS
     if block_bytes is not None:
-        block_path.BLOCK_BYTES, block_path.MIN_BLOCK_ROWS = block_bytes, 1
+        block_path.BLOCK_BYTES, block_path.MIN_BLOCK_ROWS = block_bytes, 0
     try:
         yield
     finally:

@@ -48,7 +48,7 @@ def test_a_removed_head_changes_only_the_heads_above_it_as_scipy_says(tiny, monk
 
     original = block_path.BLOCK_BYTES
     monkeypatch.setattr(block_path, "BLOCK_BYTES", original)
-    monkeypatch.setattr(block_path, "MIN_BLOCK_ROWS", 1)  # the budget alone sizes the blocks: one row at 1 byte
+    monkeypatch.setattr(block_path, "MIN_BLOCK_ROWS", 0)  # the budget alone sizes the blocks: one row at 1 byte
     sources = [
         ModelSource("a", tiny.name, None, loading(tiny), owned=False),
         ModelSource("b", copy.name, None, loading(copy), owned=False),
