@@ -251,3 +251,24 @@ def test_cuda_capture_matches_cpu(model_dir):
     for a, b in zip(cpu.heads, gpu.heads, strict=True):
         for name in cpu.measured:
             assert a.scores[name] == pytest.approx(b.scores[name], abs=1e-4), (a.label, name)
+
+
+@pytest.mark.slow
+def test_statistics_at_512_tokens_equal_the_from_scratch_maps(tmp_path):
+    """Long context as the capture runs it by default (several blocks a layer, MIN_BLOCK_ROWS's room): a 512-token
+    window's statistics equal the scores of the maps computed from the weights, to 1e-5."""
+    from attnscope.models.loading import load_model
+    from attnscope.pipeline import block_path
+    from attnscope.pipeline.tokens import Batch
+    from tests.support import build_tiny_gpt2
+
+    loaded = load_model(str(build_tiny_gpt2(tmp_path / "long", n_positions=640)), "cpu")
+    n = 512
+    ids = torch.randint(0, loaded.tokenizer.vocab_size, (1, n), generator=torch.Generator().manual_seed(5))
+    batch = Batch([0], ids, torch.ones_like(ids), torch.tensor([n]))
+    assert block_path._block_rows(n // 2, n, loaded.n_head * 4, block_path.BLOCK_BYTES, True) < n // 2  # blocks
+    got = _heads_statistics(loaded, batch).means()
+    for layer, maps in reference_maps(loaded, batch).items():
+        expected = rows.head_scores(loaded.kind, maps.nan_to_num(0.0), batch.lengths)
+        for name in loaded.kind.row_score_names:
+            assert torch.allclose(got[name][layer], expected[name], atol=1e-5), (layer, name)
