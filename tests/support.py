@@ -165,6 +165,27 @@ def capture_blocks_of(block_bytes: int | None):
         block_path.BLOCK_BYTES, block_path.MIN_BLOCK_ROWS = original
 
 
+@contextlib.contextmanager
+def tiles_everywhere(key_tile: int = 3, row_tile: int = 2):
+    """The block path takes every block in tiles (pipeline.tiles) inside the `with`, whatever the length, in tiles
+    of `key_tile` keys and blocks of `row_tile` rows, so that short test windows cross many tiles; yields the list
+    of blocks computed in tiles ((start, stop) each), to show that tiles ran."""
+    from attnscope.pipeline import tiles
+
+    original = tiles.TILED_FROM, tiles.KEY_TILE, tiles.ROW_TILE, tiles.block_in_tiles
+    seen = []
+
+    def counted(*args):
+        seen.append((args[6], args[7]))
+        return original[3](*args)
+
+    tiles.TILED_FROM, tiles.KEY_TILE, tiles.ROW_TILE, tiles.block_in_tiles = 0, key_tile, row_tile, counted
+    try:
+        yield seen
+    finally:
+        tiles.TILED_FROM, tiles.KEY_TILE, tiles.ROW_TILE, tiles.block_in_tiles = original
+
+
 def scored_range(kind: str, length: int) -> range:
     """The scored query rows of a window of `length` tokens: after BOS (decoder, row 0 sees only itself), between
     [CLS] and [SEP] (encoder)."""

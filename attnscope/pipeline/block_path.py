@@ -29,8 +29,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnscope.pipeline import tiles
 from attnscope.pipeline.blocks import (
-    LOGIT_FLOOR,
+    LN2,
+    LOG2E,
+    LOGIT_FLOOR_BASE2,
     MASKED,
     AttentionBlock,
     BlockGeometry,
@@ -84,19 +87,25 @@ def attention(
     # GPT-2's key and value are strided views into one (B, n, 3d) tensor; a matmul given such a view copies the whole
     # of it first, so every block of rows would copy all keys and values again. One copy per layer instead (none
     # asked for when one block holds every row: its matmuls copy them once anyway).
-    if _block_rows(0, n_keys, H * 4, budget, call.causal) < n:
+    tiled = tiles.wants_tiles(state, call, device, n_keys)
+    if tiled or _block_rows(0, n_keys, H * 4, budget, call.causal) < n:
         key, value = key.contiguous(), value.contiguous()  # (B, H_kv, n_k, d_head)
     query = query.reshape(B, H_kv, H // H_kv, n, d_head)  # query heads grouped by the key/value head they read
     keys_t = key.transpose(-1, -2)  # (B, H_kv, d_head, n_k), a transposed view a matmul reads as it is
-    sink_logits = None if call.sinks is None else call.sinks.float().view(1, H, 1)  # (1, H, 1)
+    sink_logits = None if call.sinks is None else call.sinks.float().view(1, H, 1) * LOG2E  # (1, H, 1), base 2
     gather_keys = reducer.keys_to_gather if reducer is not None else None
     lengths = state.lengths_on(device)  # (B,)
     pieces = _LayerPieces()
     start = 0
     while start < n:
-        stop = min(n, start + _block_rows(start, n_keys, H * 4, budget, call.causal))
+        stop = min(n, start + (tiles.ROW_TILE if tiled else _block_rows(start, n_keys, H * 4, budget, call.causal)))
         keys = stop if call.causal else n_keys  # a causal row never sees a key after itself
         block = geometry(state, start, stop, device, call.triangle, gather_keys)
+        if tiled:  # long rows, summaries only: the keys in tiles that stay in the cache
+            tiled_block = (query, key, value, attention_mask, call, block, start, stop, keys, sink_logits, lengths)
+            pieces.add_tiled(*tiles.block_in_tiles(*tiled_block))
+            start = stop
+            continue
         logits = _block_logits(query, keys_t, start, stop, keys, call)  # (B, H, b, k)
         masked, visible = _mask_block(logits, block, attention_mask, call, start, stop, keys)
         exp_logits, block_z, peak, mass = _softmax_parts(logits, sink_logits)
@@ -104,7 +113,7 @@ def attention(
         pieces.add_gathered(_gathered(logits, block, masked, call.causal, keys, lengths))
         _hand_over(state, call, exp_logits, block_z, block.positions, lengths, n_keys, keys)
         # Σ_j exp(s_ij) s_ij, multiplying in place: the logits are not needed after this
-        pieces.expected_logits.append(logits.mul_(exp_logits).sum(dim=-1) / block_z)  # (B, H, b)
+        pieces.expected_logits.append(logits.mul_(exp_logits).sum(dim=-1).mul_(LN2) / block_z)  # (B, H, b) nats
         start = stop
     if reducer is not None:
         reducer.add_layer(call.layer, pieces.rows(lengths))
@@ -117,17 +126,16 @@ def attention(
 def _block_logits(
     query: torch.Tensor, keys_t: torch.Tensor, start: int, stop: int, keys: int, call: LayerCall
 ) -> torch.Tensor:
-    """(B, H, b, k) float32: the scaled (and soft-capped) logits of rows start:stop over the first `keys` keys.
+    """(B, H, b, k) float32: the scaled (and soft-capped) logits of rows start:stop over the first `keys` keys, in
+    base 2 (× log2 e: blocks.LOG2E).
     query: (B, H_kv, G, n, d_head), the G query heads of a key/value head side by side; they are stacked as G·b rows
     of one matmul over their shared keys (a broadcast over G instead would copy the keys once per query head and
     block)."""
     B, H_kv, G, _, d_head = query.shape
     b = stop - start
-    block_queries = (query[:, :, :, start:stop] * call.scaling).reshape(B, H_kv, G * b, d_head)  # (B, H_kv, G·b, d)
+    block_queries = (query[:, :, :, start:stop] * (call.scaling * LOG2E)).reshape(B, H_kv, G * b, d_head)
     logits = torch.matmul(block_queries, keys_t[..., :keys]).float().view(B, H_kv * G, b, keys)  # (B, H, b, k)
-    if call.softcap is not None:  # Gemma 2/3: before the mask
-        logits = torch.tanh(logits / call.softcap).mul_(call.softcap)
-    return logits
+    return call.soft_capped(logits)
 
 
 def _mask_block(
@@ -155,20 +163,21 @@ def _mask_block(
 def _softmax_parts(
     logits: torch.Tensor, sink_logits: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(exp_logits (B, H, b, k), Z (B, H, b), peak, mass) of masked logits, which are shifted in place so that each
-    row's maximum is 0 (or below a learned sink's logit, which may outweigh every key), and floored at LOGIT_FLOOR:
-    A = exp_logits / Z. With sinks (gpt-oss), Z counts the sink too, and peak (B, H, b) = the row's largest logit
-    over the shift, mass (B, H, b) = the share on the keys; both None without."""
+    """(exp_logits (B, H, b, k), Z (B, H, b), peak, mass) of masked logits in base 2, which are shifted in place so
+    that each row's maximum is 0 (or below a learned sink's logit, which may outweigh every key), and floored at
+    LOGIT_FLOOR (in base 2): A = exp_logits / Z. With sinks (gpt-oss, base 2 too), Z counts the sink too, and peak
+    (B, H, b) = the row's largest logit over the shift (in nats), mass (B, H, b) = the share on the keys; both None
+    without."""
     row_max = logits.amax(dim=-1)  # (B, H, b)
     shift = row_max if sink_logits is None else torch.maximum(row_max, sink_logits)
-    logits.sub_(shift[..., None]).clamp_(min=LOGIT_FLOOR)
-    exp_logits = torch.exp(logits)  # (B, H, b, k)
+    logits.sub_(shift[..., None]).clamp_(min=LOGIT_FLOOR_BASE2)
+    exp_logits = torch.exp2(logits)  # (B, H, b, k)
     block_z = exp_logits.sum(dim=-1)  # (B, H, b)
     if sink_logits is None:
         return exp_logits, block_z, None, None
-    sink_weight = torch.exp((sink_logits - shift).clamp(min=LOGIT_FLOOR))  # (B, H, b)
+    sink_weight = torch.exp2((sink_logits - shift).clamp(min=LOGIT_FLOOR_BASE2))  # (B, H, b)
     block_z = block_z + sink_weight
-    return exp_logits, block_z, row_max - shift, 1.0 - sink_weight / block_z
+    return exp_logits, block_z, (row_max - shift) * LN2, 1.0 - sink_weight / block_z
 
 
 def _block_output(exp_logits: torch.Tensor, block_z: torch.Tensor, value: torch.Tensor, keys: int) -> torch.Tensor:
@@ -184,14 +193,14 @@ def _block_output(exp_logits: torch.Tensor, block_z: torch.Tensor, value: torch.
 def _gathered(
     logits: torch.Tensor, block: BlockGeometry, masked: torch.Tensor | None, causal: bool, keys: int, lengths
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(gathered (B, H, b, m), gathered_visible (B, b, m)): the shifted logits at the keys the reducer gathers, and
-    whether each row sees each of them (the triangle's answer, the same in every layer, or this layer's mask's);
-    None when the reducer gathers none."""
+    """(gathered (B, H, b, m), gathered_visible (B, b, m)): the shifted logits (base 2) at the keys the reducer
+    gathers, in nats, and whether each row sees each of them (the triangle's answer, the same in every layer, or
+    this layer's mask's); None when the reducer gathers none."""
     index = block.gather_index  # (B, b, m)
     if index is None:
         return None
     B, H, b, _ = logits.shape
-    gathered = logits.gather(-1, index[:, None].expand(B, H, b, index.shape[-1]))  # (B, H, b, m)
+    gathered = logits.gather(-1, index[:, None].expand(B, H, b, index.shape[-1])).mul_(LN2)  # (B, H, b, m)
     if block.gathered_visible is not None:
         return gathered, block.gathered_visible
     if masked is None:
@@ -248,6 +257,12 @@ class _LayerPieces:
         if peak is not None:
             self.peaks.append(peak)
             self.masses.append(mass)
+
+    def add_tiled(self, output, normalizer, visible, peak, mass, expected_logit, gathered) -> None:
+        """A block computed in tiles (pipeline.tiles.block_in_tiles): its pieces, all at once."""
+        self.add(output, normalizer, visible, peak, mass)
+        self.expected_logits.append(expected_logit)
+        self.add_gathered(gathered)
 
     def add_gathered(self, gathered: tuple[torch.Tensor, torch.Tensor] | None) -> None:
         if gathered is not None:

@@ -22,6 +22,13 @@ MASKED = -1e30  # a masked logit: finite, so 0 · logit stays 0 (no NaN)
 # on the CPU this was measured on), which masked keys and peaked heads hit constantly. exp(-87) = 1.6e-38 is the
 # smallest normal float32, so a masked key or a negligible one weighs at most 1.6e-38 / Z instead of 0.
 LOGIT_FLOOR = -87.0
+# The block path computes logits in base 2 (s · log2 e, the factor folded into the queries' scaling) and weights as
+# exp2: A = 2^(s·log2 e − shift) / Z is the same softmax, and torch's exp2 ran 3.3× faster than its exp on the 2-core
+# CPU (AVX-512, 9 × 64 × 512 tile: 87 µs against 292 µs), with no slow path for results that underflow. What leaves
+# the block path is in nats again (gathered and expected logits, peaks: × ln 2).
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+LOGIT_FLOOR_BASE2 = LOGIT_FLOOR * LOG2E
 
 
 @dataclass
@@ -164,6 +171,14 @@ class LayerCall:
             sinks=kwargs.get("s_aux"),
             sliding_window=window,
         )
+
+    def soft_capped(self, logits: torch.Tensor) -> torch.Tensor:
+        """Gemma 2/3's soft cap (s <- c · tanh(s / c)), applied before the mask, of logits in base 2 (so is the cap:
+        c · log2 e); the logits as they are for other families."""
+        if self.softcap is None:
+            return logits
+        cap = self.softcap * LOG2E
+        return torch.tanh(logits / cap).mul_(cap)
 
 
 @dataclass

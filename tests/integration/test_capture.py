@@ -3,6 +3,8 @@ weights (tests.support.reference_maps), against transformers' eager attention, a
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -12,7 +14,7 @@ from attnscope.pipeline.blocks import Reducer
 from attnscope.pipeline.reducers import HeadStatistics
 from attnscope.pipeline.tokens import batches, pad_id, tokenize
 from attnscope.scores import rows
-from tests.support import TEXTS, capture_blocks_of, captured_maps, real_entries, reference_maps
+from tests.support import TEXTS, capture_blocks_of, captured_maps, real_entries, reference_maps, tiles_everywhere
 
 
 def _one_batch(loaded, texts):
@@ -159,11 +161,14 @@ def test_small_blocks_give_the_same_maps_and_statistics(model, batch):
         assert torch.allclose(value, tiny_blocks.means()[name], atol=1e-6), name
 
 
-def test_statistics_equal_scores_of_reference_maps(model, batch):
+@pytest.mark.parametrize("tiled", [False, True], ids=["blocks", "tiles"])
+def test_statistics_equal_scores_of_reference_maps(model, batch, tiled):
     """The fast per-row path (logits gathered at the kind's keys, an encoder's [SEP] included) against the scores
-    computed from the from-scratch maps."""
+    computed from the from-scratch maps; also with every block's keys in tiles of 3 (how long rows go)."""
     reference = reference_maps(model, batch)
-    got = _heads_statistics(model, batch).means()
+    with tiles_everywhere() if tiled else contextlib.nullcontext([]) as tiled_blocks:
+        got = _heads_statistics(model, batch).means()
+    assert bool(tiled_blocks) == tiled
     expected_names = {*model.kind.row_score_names, "local_uniform", "local_lift"}
     assert set(got) == expected_names
     for layer, maps in reference.items():

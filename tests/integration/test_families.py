@@ -6,6 +6,7 @@ and the tokenization of each vocabulary style. A few families run in the everyda
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -23,7 +24,7 @@ from attnscope.pipeline.probe import probe_windows
 from attnscope.pipeline.reducers import HeadStatistics
 from attnscope.pipeline.tokens import batches, pad_id, tokenize
 from attnscope.scores import rows
-from tests.support import FAMILY_MODELS, FAMILY_TEXTS, WINDOW, visible_keys
+from tests.support import FAMILY_MODELS, FAMILY_TEXTS, WINDOW, tiles_everywhere, visible_keys
 
 # in the everyday loop: grouped-query attention, a sliding window with soft-capping, sinks, local encoder layers
 EVERYDAY = {"llama", "gemma2", "gpt_oss", "modernbert"}
@@ -80,18 +81,28 @@ def test_the_capture_gives_the_familys_own_eager_output(loaded, name):
     assert float((outputs[0] - eager).abs()[_real(batch)].max()) < 1e-5
 
 
+@pytest.mark.parametrize("tiled", [False, True], ids=["blocks", "tiles"])
 @pytest.mark.parametrize("name", FAMILY_NAMES)
-def test_every_statistic_equals_the_eager_maps(loaded, name):
+def test_every_statistic_equals_the_eager_maps(loaded, name, tiled):
     """Each layer's statistics from the capture against the same statistics computed from transformers' eager
     `output_attentions` maps, with the keys each row sees taken from the family's documented rules (sliding windows
-    included); those rules must also be exactly where the eager maps are nonzero."""
+    included); those rules must also be exactly where the eager maps are nonzero. With `tiled`, every block walks
+    its keys in tiles of 3 (pipeline.tiles: how long rows go on the CPU), and the layer's output is the eager one."""
     model = loaded(name)
     batch = _batch(model)
     with torch.no_grad():
         eager = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True)
     assert len(eager.attentions) == model.n_layer
     statistics = HeadStatistics(model.kind, model.n_layer, model.n_head, model.device)
-    capture.run(model.model, [batch], statistics)
+    outputs = []
+    hook = model.model.register_forward_hook(lambda module, args, output: outputs.append(output.last_hidden_state))
+    try:
+        with tiles_everywhere() if tiled else contextlib.nullcontext([]) as tiled_blocks:
+            capture.run(model.model, [batch], statistics)
+    finally:
+        hook.remove()
+    assert bool(tiled_blocks) == tiled
+    assert float((outputs[0] - eager.last_hidden_state).abs()[_real(batch)].max()) < 1e-5
     got = statistics.means()
     n = batch.input_ids.shape[1]
     scored = model.kind.scored_rows(batch.lengths, torch.arange(n))  # (B, n)

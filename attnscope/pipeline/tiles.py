@@ -1,0 +1,179 @@
+"""Long rows in tiles: a block of query rows walks its keys KEY_TILE at a time with an online softmax (flash attention,
+in PyTorch), for the block path on the CPU when the reducer wants per-row summaries only (`wants_tiles`).
+
+At long context a block of rows over all of a layer's keys no longer fits the CPU's caches (9 heads × 32 rows ×
+8,192 keys is 9.4 MB of float32 logits), and each of the block's elementwise passes (mask, maximum, shift, exp2,
+sums) then streams it from memory: at 8,192 tokens that made the capture 1.9× the bare SDPA forward. A tile of
+ROW_TILE rows × KEY_TILE keys stays in the cache, and the block keeps, per row, as `pipeline.fused` does on a GPU:
+a running maximum m, l = Σ_j 2^(s_ij − m), t = Σ_j 2^(s_ij − m)(s_ij − m) and the output accumulator
+Σ_j 2^(s_ij − m) v_j (logits s in base 2, as the block path's: blocks.LOG2E), rescaled by α = 2^(m_old − m_new)
+when the maximum moves (t also gains (m_old − m_new)·l). At the end, with shift = max(m, sink logit) and c =
+2^(m − shift), the block path's summaries come out of them:
+
+    Z = c·l (+ 2^(sink − shift))      expected logit = c·(t + (m − shift)·l) / Z     output = c·acc / Z
+
+and the logits at the keys the reducer gathers are computed again as q·k at those keys (m·d multiply-adds a row,
+against n·d for the row's attention), shifted and floored like the block path's. A tile's weights are not floored
+(the block path's are, at 2^−125.5 = e^−87: blocks.LOGIT_FLOOR), which changes weights below 1.6e-38 only.
+
+Tiles of a causal layer masked by the plain triangle follow the block: the keys before its first row in tiles of
+KEY_TILE, all seen, then the block's own square with its causal triangle (the block path's `causal_bias`); other
+layers apply their mask to each tile and count the keys each row sees as they go.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnscope.pipeline.blocks import (
+    LN2,
+    LOG2E,
+    LOGIT_FLOOR_BASE2,
+    MASKED,
+    BlockGeometry,
+    CaptureState,
+    LayerCall,
+    is_masked,
+)
+
+# Keys per tile, and query rows per block when the block is tiled: one tile of 9 heads is then 1.2 MB of float32
+# logits, within the 2 MB L2 of this project's CPU beside the keys and values it reads. Measured on the 2-core CPU
+# (one Llama-shaped layer, 9 heads over 3 KV heads, d_head 64, 4,096 tokens, one thread, CPU time over SDPA's):
+# 64 × 512 1.36×, 128 × 256 1.37×, 32 × 1,024 1.46×; the block path's 32 rows over all keys 1.66–1.81×.
+KEY_TILE = 512
+ROW_TILE = 64
+# Tiles are taken from this many keys on: below, a block of rows over all its keys is within the cache budget.
+TILED_FROM = 2048
+# A move of the running maximum, or a sink's lead, is floored here before it scales: 2^−1000 is 0 in float32 all the
+# same, and a fully masked tile's maximum (−1e30, or an additive mask's float32 minimum) times a total stays finite.
+FAR = -1000.0
+
+
+def wants_tiles(state: CaptureState, call: LayerCall, device: torch.device, n_keys: int) -> bool:
+    """Whether the block path takes its rows in tiles for this layer: on the CPU, at TILED_FROM keys or more, when
+    nothing needs a block's weights (a reducer wanting blocks, the pictures' maps)."""
+    wanted = state.reducer is not None and state.reducer.wants_blocks
+    return device.type == "cpu" and n_keys >= TILED_FROM and not wanted and not state.keeps(call.layer)
+
+
+def block_in_tiles(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask,
+    call: LayerCall,
+    block: BlockGeometry,
+    start: int,
+    stop: int,
+    keys: int,
+    sink_logits: torch.Tensor | None,
+    lengths: torch.Tensor,
+):
+    """The block of rows start:stop over its first `keys` keys, in tiles: (output (B, H, b, d_head) in the values'
+    dtype, Z (B, H, b), visible (B, b), peak, mass (None without a sink), expected logit (B, H, b) in nats, gathered
+    (or None)), as block_path's steps give them. query: (B, H_kv, G, n, d_head), key and value (B, H_kv, n_k, d_head),
+    sink_logits (1, H, 1) in base 2 or None; lengths (B,) the windows' real tokens."""
+    B, H_kv, G, _, d_head = query.shape
+    H, b = H_kv * G, stop - start
+    rows = (query[:, :, :, start:stop] * (call.scaling * LOG2E)).reshape(B, H_kv, G * b, d_head)  # (B, H_kv, G·b, d)
+    keys_t = key.transpose(-1, -2)  # (B, H_kv, d_head, n_k)
+    running = _Running(B, H_kv, G, b, d_head, query.device)
+    visible = None if call.triangle else torch.zeros(B, b, dtype=torch.long, device=query.device)
+    for low, high in _tiles(start, stop, keys, call.triangle):
+        logits = torch.matmul(rows, keys_t[..., low:high]).float().view(B, H, b, high - low)  # (B, H, b, c)
+        logits = call.soft_capped(logits)
+        if call.triangle:
+            if high > start:  # the block's own square: its causal triangle
+                logits.add_(block.causal_bias)
+        elif attention_mask is not None:
+            tile_mask = attention_mask[:, :, start:stop, low:high]  # (B, 1, b, c)
+            masked = is_masked(tile_mask)
+            if tile_mask.dtype == torch.bool:
+                logits.masked_fill_(masked, MASKED)
+            else:
+                logits.add_(tile_mask)
+            visible += (high - low) - masked[:, 0].sum(-1)
+        else:
+            visible += high - low
+        running.add(logits, value[:, :, low:high])
+    if call.triangle:
+        visible = block.visible
+    m = running.maximum  # (B, H, b)
+    shift = m if sink_logits is None else torch.maximum(m, sink_logits)
+    lead = (m - shift).clamp(min=FAR)  # <= 0: 0 without a sink
+    kept = torch.exp2(lead) * running.total  # c·l
+    z = kept if sink_logits is None else kept + torch.exp2((sink_logits - shift).clamp(min=LOGIT_FLOOR_BASE2))
+    share = torch.exp2(lead) / z  # c / Z
+    output = (running.output.view(B, H, b, d_head) * share[..., None]).to(value.dtype)
+    expected = share * (running.weighted + lead * running.total) * LN2
+    peak, mass = (None, None) if sink_logits is None else (lead * LN2, kept / z)
+    gathered = _gathered(rows, key, attention_mask, call, block, start, stop, keys, shift, lengths)
+    return output, z, visible, peak, mass, expected, gathered
+
+
+def _tiles(start: int, stop: int, keys: int, triangle: bool) -> list[tuple[int, int]]:
+    """The key ranges of the block start:stop: under the plain causal triangle, those before `start` in KEY_TILE's
+    and then the block's own square; otherwise its `keys` keys in KEY_TILE's."""
+    end = start if triangle else keys
+    ranges = [(low, min(low + KEY_TILE, end)) for low in range(0, end, KEY_TILE)]
+    return [*ranges, (start, stop)] if triangle else ranges
+
+
+class _Running:
+    """A block's running softmax over its tiles: maximum m (B, H, b), total l, weighted t (see the module) and the
+    output accumulator (B, H_kv, G·b, d_head) in float32."""
+
+    def __init__(self, B: int, H_kv: int, G: int, b: int, d_head: int, device: torch.device):
+        self.shape = (B, H_kv * G, b)
+        self.maximum = self.total = self.weighted = None
+        self.output = torch.zeros(B, H_kv, G * b, d_head, device=device)
+
+    def add(self, logits: torch.Tensor, value: torch.Tensor) -> None:
+        """One tile: logits (B, H, b, c) in base 2, masked (shifted in place), and its values (B, H_kv, c, d)."""
+        B, H, b, c = logits.shape
+        tile_max = logits.amax(dim=-1)  # (B, H, b)
+        new = tile_max if self.maximum is None else torch.maximum(self.maximum, tile_max)
+        # no floor before exp2, unlike the block path's exp: exp2 has no slow path for results that underflow, and
+        # the capture flushes denormals, so a masked key weighs exactly 0 (0 · −1e30 stays 0 in the weighted sum)
+        weights = torch.exp2(logits.sub_(new[..., None]))  # (B, H, b, c)
+        total = weights.sum(dim=-1)  # (B, H, b)
+        weighted = torch.linalg.vecdot(weights, logits)  # Σ_j w_ij (s_ij − m)
+        products = torch.matmul(weights.to(value.dtype).view(B, value.shape[1], -1, c), value)  # (B, H_kv, G·b, d)
+        if self.maximum is None:
+            self.total, self.weighted = total, weighted
+            self.output += products.float()
+        else:
+            moved = (self.maximum - new).clamp_(min=FAR)  # (B, H, b), <= 0
+            scale = torch.exp2(moved)
+            self.weighted = scale * (self.weighted + moved * self.total) + weighted
+            self.total = scale * self.total + total
+            self.output.mul_(scale.view(B, value.shape[1], -1, 1)).add_(products.float())
+        self.maximum = new
+
+
+def _gathered(rows, key, attention_mask, call: LayerCall, block: BlockGeometry, start, stop, keys, shift, lengths):
+    """(gathered (B, H, b, m) in nats, gathered_visible (B, b, m)) at the keys the reducer gathers, as block_path's
+    `_gathered` gives them, from q·k at those keys; None when it gathers none. rows: the block's queries (B, H_kv,
+    G·b, d_head), scaled to base 2; shift (B, H, b) in base 2."""
+    index = block.gather_index  # (B, b, m)
+    if index is None:
+        return None
+    B, H_kv, _, d_head = rows.shape
+    b, m = index.shape[1], index.shape[2]
+    H = shift.shape[1]
+    picked = key.transpose(1, 2)[torch.arange(B, device=key.device)[:, None, None], index]  # (B, b, m, H_kv, d)
+    queries = rows.view(B, H_kv, H // H_kv, b, d_head)
+    logits = torch.einsum("bkgid,bimkd->bkgim", queries, picked.to(queries.dtype)).float().reshape(B, H, b, m)
+    logits = call.soft_capped(logits)
+    if block.gathered_visible is not None:
+        seen = block.gathered_visible  # (B, b, m)
+    elif attention_mask is not None:
+        masked = is_masked(attention_mask[:, 0, start:stop]).expand(B, -1, -1)  # (B, b, n_k)
+        seen = ~masked.gather(-1, index) & (index < lengths[:, None, None])
+    else:
+        seen = (index <= (block.positions[None, :, None] if call.causal else keys - 1)) & (
+            index < lengths[:, None, None]
+        )
+    shifted = (logits - shift[..., None]).clamp_(min=LOGIT_FLOOR_BASE2)
+    shifted = torch.where(seen[:, None], shifted, LOGIT_FLOOR_BASE2)
+    return shifted.mul_(LN2), seen
