@@ -483,13 +483,16 @@ def family_config(name: str, vocab_size: int):
     return config
 
 
-def build_family_model(name: str, folder: Path, seed: int = 0) -> Path:
-    """A tiny random-weight model of family `name` with its language-model head and a tokenizer of its style."""
+def build_family_model(name: str, folder: Path, seed: int = 0, **settings) -> Path:
+    """A tiny random-weight model of family `name` with its language-model head and a tokenizer of its style;
+    `settings` change its config (`max_position_embeddings=256`: a longer context)."""
     import transformers
 
     _, style, _ = FAMILY_MODELS[name]
     vocab_size = TOKENIZERS[style](folder)
     config = family_config(name, vocab_size)
+    for key, value in settings.items():
+        setattr(config, key, value)
     encoder = style in ("wordpiece", "roberta")
     auto = transformers.AutoModelForMaskedLM if encoder else transformers.AutoModelForCausalLM
     torch.manual_seed(seed)
