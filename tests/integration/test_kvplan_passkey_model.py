@@ -100,18 +100,18 @@ def test_the_retrieval_head_is_known_without_attnscope_and_the_checks_forward_ag
 
 
 def test_kvplan_keeps_the_retrieval_head_its_check_passes_and_random_plans_lose(loaded):
-    """kvplan on passkey texts (other passkeys again), sink 4 and recent 16, auto: the retrieval head scores highest
-    of the four KV heads, the plan at every share keeps it full until all stream, and within one prompt of full
-    attention's accuracy; auto picks 7/8 (three of four KV heads streaming, the retrieval head full); at that
-    budget (6/8 and 7/8 both stream three), the three random plans lose accuracy, as chance says they must (each
-    keeps the retrieval head with probability 1/4)."""
+    """kvplan, sink 4 and recent 16, on six passkey texts (passkeys of their own), with --streaming auto: the
+    retrieval head scores highest of the four KV heads; auto picks 7/8 (three of four KV heads streaming) and keeps
+    the retrieval head alone full. The check: the plan keeps full attention's accuracy within one prompt at every
+    share short of all four heads; at three streaming heads (6/8 and 7/8), the three random plans lose accuracy on
+    average, as chance says they must (each keeps the retrieval head with probability 1/4)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(PASSKEY_MODEL)
-    texts = [tokenizer.decode(prompt.ids[1:]) for prompt in passkey_prompts(tokenizer, LENGTHS, DEPTHS, 1, seed=200)]
-    assert tokenizer(texts[0], add_special_tokens=False)["input_ids"] == list(
-        passkey_prompts(tokenizer, LENGTHS, DEPTHS, 1, seed=200)[0].ids[1:]
-    )  # decoded and tokenized again, the same prompt
+    scored = passkey_prompts(tokenizer, LENGTHS, DEPTHS, 1, seed=200)
+    texts = [tokenizer.decode(prompt.ids[1:]) for prompt in scored]  # without BOS: attnscope adds it
+    for text, prompt in zip(texts, scored, strict=True):  # decoded and tokenized again, the same prompt
+        assert tokenizer(text, add_special_tokens=False)["input_ids"] == list(prompt.ids[1:])
     result = attnscope.kvplan(
         loaded, texts, sink=PASSKEY_SINK, recent=PASSKEY_RECENT, streaming="auto", check_lengths=LENGTHS, trials=TRIALS
     )
