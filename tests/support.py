@@ -8,6 +8,7 @@ import contextlib
 import string
 import struct
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -927,3 +928,169 @@ def first_held(held: list[bool]) -> int | None:
         if all(held[index:]):
             return index
     return None
+
+
+# -------------------------------------------------------------- a model whose retrieval heads are known (kvplan)
+# A tiny Llama trained on the passkey prompts of `kvplan --check` (issue 31, item 6). It reads them as the check
+# builds them (`pipeline.passkey.passkey_prompts`), through a word-level tokenizer of their words and digits (a
+# passkey is five digit tokens). Training streams every KV head but PASSKEY_RETRIEVAL, each with probability
+# PASSKEY_STREAMING_RATE at each step (it then sees only the first PASSKEY_SINK and the last PASSKEY_RECENT keys,
+# `banded_attention`): the passkey, 19 tokens or more before the answer, reaches it reliably only through the head
+# never streamed, and the others learn to serve from their sink and recent window or from the whole past alike.
+# Which heads retrieve is so known by how the model was made; tests/integration/test_kvplan_passkey_model.py
+# measures it without attnscope. Streamed on every step (rate 1) instead of half, the heads never see a distant key
+# in training and the model fails the passkey with full attention: 0 of 48 prompts (48 of 48 with the rate 0.5).
+
+PASSKEY_MODEL = DATA / "passkey-model"  # made by scripts/train_passkey_model.py (its README says how)
+PASSKEY_BOS = "<|endoftext|>"  # BOS, EOS and unknown words; the tokenizer does not add it, attnscope does
+PASSKEY_SINK, PASSKEY_RECENT = 4, 16  # a streaming head's keys, in training and in the tests
+PASSKEY_RETRIEVAL = ((1, 0),)  # (layer, KV head): the only KV head never streamed in training
+PASSKEY_STREAMING_RATE = 0.5
+PASSKEY_TRAIN_LENGTHS = (128, 160, 192, 224, 256)
+PASSKEY_ATTENTION = "passkey_banded"  # the name `banded_attention` is registered under in transformers
+
+
+def _passkey_pre_tokenizer():
+    from tokenizers import pre_tokenizers
+
+    return pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation(), pre_tokenizers.Digits(individual_digits=True)]
+    )
+
+
+def passkey_tokenizer(folder: Path) -> int:
+    """A word-level tokenizer of the passkey prompts: PASSKEY_BOS (id 0), the digits (ids 1-10, one token each),
+    then every word and punctuation mark of the prompts' pieces; text split at spaces, punctuation and digits, so
+    decoding (tokens joined by spaces) and tokenizing again gives the same ids. Returns its vocabulary size."""
+    from tokenizers import Tokenizer, models
+
+    from attnscope.pipeline.passkey import FILLER, INTRODUCTION, NEEDLE, QUESTION
+
+    text = " ".join([INTRODUCTION, FILLER, NEEDLE.format(key=0), QUESTION])
+    words = sorted({piece for piece, _ in _passkey_pre_tokenizer().pre_tokenize_str(text) if not piece.isdigit()})
+    vocabulary = {PASSKEY_BOS: 0, **{str(digit): 1 + digit for digit in range(10)}}
+    vocabulary.update({word: 11 + k for k, word in enumerate(words)})
+    tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token=PASSKEY_BOS))
+    tokenizer.pre_tokenizer = _passkey_pre_tokenizer()
+    return _save_fast_tokenizer(folder, tokenizer, bos_token=PASSKEY_BOS, eos_token=PASSKEY_BOS, unk_token=PASSKEY_BOS)
+
+
+def banded_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Eager attention (transformers' attention-function signature) in which the KV heads `module.streamed` (a
+    tuple; absent: none) see only the first PASSKEY_SINK and the last PASSKEY_RECENT keys: key j is seen by the
+    query at position p iff j <= p and (j < PASSKEY_SINK or j > p - PASSKEY_RECENT). Written from that definition,
+    nothing of attnscope's. The layer's own mask is not read: the prompts are unpadded, so it says only causal."""
+    B, H, n, d = query.shape  # (B, H, n, d); key and value (B, H_kv, n_k, d)
+    groups = H // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)  # (B, H, n_k, d)
+    n_k = key.shape[2]
+    logits = query @ key.transpose(-1, -2) * (d**-0.5 if scaling is None else scaling)  # (B, H, n, n_k)
+    queries = torch.arange(n_k - n, n_k)[:, None]  # (n, 1) positions
+    keys = torch.arange(n_k)[None, :]  # (1, n_k)
+    allowed = (keys <= queries).expand(H, n, n_k).clone()  # (H, n, n_k)
+    band = (keys < PASSKEY_SINK) | (keys > queries - PASSKEY_RECENT)  # (n, n_k)
+    for kv_head in getattr(module, "streamed", ()):
+        allowed[kv_head * groups : (kv_head + 1) * groups] &= band
+    weights = logits.masked_fill(~allowed.to(query.device), float("-inf")).softmax(-1)  # (B, H, n, n_k)
+    return (weights @ value).transpose(1, 2).contiguous(), weights  # (B, n, H, d)
+
+
+def use_banded_attention(model) -> None:
+    """Register `banded_attention` with transformers and switch `model` (a Llama) to it."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(PASSKEY_ATTENTION, banded_attention)
+    model.set_attn_implementation(PASSKEY_ATTENTION)
+
+
+def set_streamed(model, streamed) -> None:
+    """Stream the KV heads `streamed` (layer -> KV heads) in `banded_attention`; every other KV head sees all."""
+    for layer, block in enumerate(model.model.layers):
+        block.self_attn.streamed = tuple(streamed.get(layer, ()))
+
+
+def _noisy_passkey_filler(ids: torch.Tensor, prompt, sizes: tuple[int, ...], words: torch.Tensor, generator) -> None:
+    """Replace the filler of `prompt` in its ids `ids` (n,) by a random segment of `words` (period 2 to all of
+    them) repeated; `sizes` are the tokens of BOS and the introduction, of a needle, of the question, of a filler."""
+    introduction, needle, question, filler = sizes
+    fillers = (prompt.answer[0] - introduction - needle - question) // filler
+    before = round(prompt.depth * fillers)  # as passkey_prompts places the needle
+    after = introduction + before * filler + needle
+    period = int(generator.integers(2, len(words) + 1))
+    segment = words[torch.from_numpy(generator.permutation(len(words))[:period])]
+    for start, end in [(introduction, introduction + before * filler), (after, prompt.answer[0] - question)]:
+        ids[start:end] = segment.repeat(end - start)[: end - start]
+
+
+def train_passkey_model(folder: Path, steps: int = 800, seed: int = 0, report: int = 0) -> Path:
+    """Train a 2-layer Llama (d_model 64, 4 query heads, 2 KV heads of d_head 16, MLP 128, untied embeddings,
+    context 256; 80,832 parameters) on passkey prompts and save it with its tokenizer (save_pretrained) in `folder`.
+
+    Each step: 32 prompts of one length drawn from PASSKEY_TRAIN_LENGTHS (`passkey_prompts`, depths uniform in
+    [0, 1], fresh passkeys); half of them with their filler replaced by a random segment of the filler's words
+    repeated (`_noisy_passkey_filler`: copying from an earlier occurrence is learnt sooner than from the fixed filler
+    alone); every KV head but PASSKEY_RETRIEVAL streamed with probability PASSKEY_STREAMING_RATE; loss: next-token
+    cross-entropy over every token, plus that of the answer's tokens again; AdamW, lr 3e-3. One thread, seeded
+    (torch and numpy): the same weights on every run of the same torch. 800 steps: 3-7 minutes on one core of the
+    shared 2-core VM the tests were written on; the passkey is retrieved from step 400 on. `report` > 0 prints the
+    loss every `report` steps."""
+    import numpy as np
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from attnscope.pipeline.passkey import FILLER, INTRODUCTION, NEEDLE, QUESTION, passkey_prompts
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab_size = passkey_tokenizer(folder)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+
+    def count(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    sizes = (1 + count(INTRODUCTION), count(NEEDLE.format(key=10000)), count(QUESTION), count(FILLER))
+    words = torch.tensor(sorted(set(tokenizer(FILLER, add_special_tokens=False)["input_ids"])))
+    streamable = [(layer, head) for layer in range(2) for head in range(2) if (layer, head) not in PASSKEY_RETRIEVAL]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(seed)
+        generator = np.random.default_rng(seed)
+        config = LlamaConfig(
+            vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max(PASSKEY_TRAIN_LENGTHS),
+            bos_token_id=0, eos_token_id=0, pad_token_id=0, tie_word_embeddings=False,
+        )  # fmt: skip
+        model = LlamaForCausalLM(config)
+        use_banded_attention(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, betas=(0.9, 0.98))
+        start = time.perf_counter()
+        for step in range(1, steps + 1):
+            length = int(generator.choice(PASSKEY_TRAIN_LENGTHS))
+            depths = generator.uniform(0, 1, 32).tolist()
+            prompts = passkey_prompts(tokenizer, [length], depths, 1, seed=int(generator.integers(2**31)))
+            ids = torch.tensor([prompt.ids for prompt in prompts])  # (B, n): one length, one number of tokens
+            for row, prompt in enumerate(prompts):
+                if generator.uniform() < 0.5:
+                    _noisy_passkey_filler(ids[row], prompt, sizes, words, generator)
+            streamed: dict[int, list[int]] = {}
+            for layer, head in streamable:
+                if generator.uniform() < PASSKEY_STREAMING_RATE:
+                    streamed.setdefault(layer, []).append(head)
+            set_streamed(model, streamed)
+            logits = model(input_ids=ids).logits  # (B, n, V)
+            start_answer, end_answer = prompts[0].answer
+            predicted, expected = logits[:, start_answer - 1 : end_answer - 1], ids[:, start_answer:end_answer]
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+            answer = torch.nn.functional.cross_entropy(predicted.flatten(0, 1), expected.flatten())  # (B, 5, V), (B, 5)
+            optimizer.zero_grad()
+            (loss + answer).backward()
+            optimizer.step()
+            if report and step % report == 0:
+                right = (predicted.argmax(-1) == expected).all(-1).float().mean()
+                print(f"step {step}: loss {loss.item():.3f}, answer {answer.item():.3f}, retrieved {right:.2f}, "
+                      f"{time.perf_counter() - start:.0f} s")  # fmt: skip
+        set_streamed(model, {})
+        model.set_attn_implementation("sdpa")  # saved as any model is
+        model.save_pretrained(folder)
+    finally:
+        torch.set_num_threads(threads)
+    return folder
