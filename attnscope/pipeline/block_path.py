@@ -3,16 +3,18 @@ reducer before it is freed (one of the capture's two kernels; the other is `fuse
 
 A layer runs as named steps, block after block (transformers' `sdpa_attention.py` and nanoGPT as models):
 
-    _block_logits    scaled (and soft-capped) logits of the block's rows over the keys they can see
+    _block_logits    scaled (and soft-capped) logits of the block's rows over the keys they can see, in base 2
     _mask_block      the layer's mask applied in place: the causal triangle, the model's mask, or none
-    _softmax_parts   exp(s - max) and Z (and a sink's share), without normalising the block
-    _block_output    (exp(s - max) V) / Z: the block's share of the layer's output
+    _softmax_parts   2^(s - max) and Z (and a sink's share), without normalising the block
+    _block_output    (2^(s - max) V) / Z: the block's share of the layer's output
     _gathered        the logits at the keys the reducer asked for, and whether each row sees them
     _hand_over       the block to a reducer that wants blocks, its maps to the pictures
 
 then the per-row summaries of the whole layer (LayerRows) go to the reducer. The output equals eager attention's;
-softmax runs in float32 whatever the model's dtype, and the output is (exp(s - max) V) / Z, which spares a pass
-normalising the block. A causal layer without a sliding window, on right-padded windows, masks with a small triangle
+softmax runs in float32 whatever the model's dtype, on logits in base 2 (blocks.LOG2E: exp2 is the CPU's fast
+exponential), and the output is (2^(s - max) V) / Z, which spares a pass normalising the block. At long context on
+the CPU, when nothing needs a block's weights, a block walks its keys in tiles instead (`pipeline.tiles`: an online
+softmax whose tiles stay in the cache). A causal layer without a sliding window, on right-padded windows, masks with a small triangle
 per block instead of adding the model's whole mask (the same keys, half the passes).
 
 On a small model every tensor operation here costs more in Python and dispatch than in arithmetic, so a layer does
