@@ -4,11 +4,13 @@ in PyTorch), for the block path on the CPU when the reducer wants per-row summar
 At long context a block of rows over all of a layer's keys no longer fits the CPU's caches (9 heads × 32 rows ×
 8,192 keys is 9.4 MB of float32 logits), and each of the block's elementwise passes (mask, maximum, shift, exp2,
 sums) then streams it from memory: at 8,192 tokens that made the capture 1.9× the bare SDPA forward. A tile of
-ROW_TILE rows × KEY_TILE keys stays in the cache, and the block keeps, per row, as `pipeline.fused` does on a GPU:
-a running maximum m, l = Σ_j 2^(s_ij − m), t = Σ_j 2^(s_ij − m)(s_ij − m) and the output accumulator
-Σ_j 2^(s_ij − m) v_j (logits s in base 2, as the block path's: blocks.LOG2E), rescaled by α = 2^(m_old − m_new)
-when the maximum moves (t also gains (m_old − m_new)·l). At the end, with shift = max(m, sink logit) and c =
-2^(m − shift), the block path's summaries come out of them:
+ROW_TILE rows × KEY_TILE keys stays in the cache. Each tile c keeps, per row, as `pipeline.fused` does on a GPU
+(logits s in base 2, as the block path's: blocks.LOG2E): its maximum m_c, l_c = Σ_j 2^(s_ij − m_c), t_c = Σ_j
+2^(s_ij − m_c)(s_ij − m_c) and its share of the output Σ_j 2^(s_ij − m_c) v_j. Once the block's last tile is done,
+they are combined relative to the block's maximum m, with a_c = 2^(m_c − m): l = Σ_c a_c l_c, t = Σ_c a_c (t_c +
+(m_c − m) l_c), acc = Σ_c a_c (its share) — the online softmax of flash attention, rescaled once per block rather
+than once per tile (fewer small operations, each of which costs as much in dispatch as in arithmetic). Then, with
+shift = max(m, sink logit) and c = 2^(m − shift), the block path's summaries come out of them:
 
     Z = c·l (+ 2^(sink − shift))      expected logit = c·(t + (m − shift)·l) / Z     output = c·acc / Z
 
@@ -77,7 +79,7 @@ def block_in_tiles(
     H, b = H_kv * G, stop - start
     rows = (query[:, :, :, start:stop] * (call.scaling * LOG2E)).reshape(B, H_kv, G * b, d_head)  # (B, H_kv, G·b, d)
     keys_t = key.transpose(-1, -2)  # (B, H_kv, d_head, n_k)
-    running = _Running(B, H_kv, G, b, d_head, query.device)
+    running = _Running()
     visible = None if call.triangle else torch.zeros(B, b, dtype=torch.long, device=query.device)
     for low, high in _tiles(start, stop, keys, call.triangle):
         logits = torch.matmul(rows, keys_t[..., low:high]).float().view(B, H, b, high - low)  # (B, H, b, c)
@@ -98,14 +100,14 @@ def block_in_tiles(
         running.add(logits, value[:, :, low:high])
     if call.triangle:
         visible = block.visible
-    m = running.maximum  # (B, H, b)
+    m, total, weighted, accumulated = running.combined()  # (B, H, b) ×3, (B, H_kv, G·b, d_head)
     shift = m if sink_logits is None else torch.maximum(m, sink_logits)
     lead = (m - shift).clamp(min=FAR)  # <= 0: 0 without a sink
-    kept = torch.exp2(lead) * running.total  # c·l
+    kept = torch.exp2(lead) * total  # c·l
     z = kept if sink_logits is None else kept + torch.exp2((sink_logits - shift).clamp(min=LOGIT_FLOOR_BASE2))
     share = torch.exp2(lead) / z  # c / Z
-    output = (running.output.view(B, H, b, d_head) * share[..., None]).to(value.dtype)
-    expected = share * (running.weighted + lead * running.total) * LN2
+    output = (accumulated.view(B, H, b, d_head) * share[..., None]).to(value.dtype)
+    expected = share * (weighted + lead * total) * LN2
     peak, mass = (None, None) if sink_logits is None else (lead * LN2, kept / z)
     gathered = _gathered(rows, key, attention_mask, call, block, start, stop, keys, shift, lengths)
     return output, z, visible, peak, mass, expected, gathered
@@ -120,35 +122,40 @@ def _tiles(start: int, stop: int, keys: int, triangle: bool) -> list[tuple[int, 
 
 
 class _Running:
-    """A block's running softmax over its tiles: maximum m (B, H, b), total l, weighted t (see the module) and the
-    output accumulator (B, H_kv, G·b, d_head) in float32."""
+    """A block's softmax over its tiles: each tile's own maximum m_c (B, H, b), total l_c, weighted t_c (see the
+    module, relative to m_c) and output products (B, H_kv, G·b, d_head), kept until the block's last tile and then
+    combined at once (`combined`): a tile costs its few large operations, and the rescaling is done once per block
+    rather than once per tile."""
 
-    def __init__(self, B: int, H_kv: int, G: int, b: int, d_head: int, device: torch.device):
-        self.shape = (B, H_kv * G, b)
-        self.maximum = self.total = self.weighted = None
-        self.output = torch.zeros(B, H_kv, G * b, d_head, device=device)
+    def __init__(self):
+        self.maxima, self.totals, self.weighteds, self.products = [], [], [], []
 
     def add(self, logits: torch.Tensor, value: torch.Tensor) -> None:
         """One tile: logits (B, H, b, c) in base 2, masked (shifted in place), and its values (B, H_kv, c, d)."""
         B, H, b, c = logits.shape
         tile_max = logits.amax(dim=-1)  # (B, H, b)
-        new = tile_max if self.maximum is None else torch.maximum(self.maximum, tile_max)
         # no floor before exp2, unlike the block path's exp: exp2 has no slow path for results that underflow, and
         # the capture flushes denormals, so a masked key weighs exactly 0 (0 · −1e30 stays 0 in the weighted sum)
-        weights = torch.exp2(logits.sub_(new[..., None]))  # (B, H, b, c)
-        total = weights.sum(dim=-1)  # (B, H, b)
-        weighted = torch.linalg.vecdot(weights, logits)  # Σ_j w_ij (s_ij − m)
-        products = torch.matmul(weights.to(value.dtype).view(B, value.shape[1], -1, c), value)  # (B, H_kv, G·b, d)
-        if self.maximum is None:
-            self.total, self.weighted = total, weighted
-            self.output += products.float()
-        else:
-            moved = (self.maximum - new).clamp_(min=FAR)  # (B, H, b), <= 0
-            scale = torch.exp2(moved)
-            self.weighted = scale * (self.weighted + moved * self.total) + weighted
-            self.total = scale * self.total + total
-            self.output.mul_(scale.view(B, value.shape[1], -1, 1)).add_(products.float())
-        self.maximum = new
+        weights = torch.exp2(logits.sub_(tile_max[..., None]))  # (B, H, b, c)
+        self.maxima.append(tile_max)
+        self.totals.append(weights.sum(dim=-1))  # (B, H, b)
+        self.weighteds.append(torch.linalg.vecdot(weights, logits))  # Σ_j w_ij (s_ij − m_c)
+        self.products.append(torch.matmul(weights.to(value.dtype).view(B, value.shape[1], -1, c), value))
+
+    def combined(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(m, l, t, output accumulator) over all tiles, relative to the block's maximum m (B, H, b): with a_c =
+        2^(m_c − m), l = Σ_c a_c l_c, t = Σ_c a_c (t_c + (m_c − m) l_c), output = Σ_c a_c products_c (float32)."""
+        maxima = torch.stack(self.maxima)  # (T, B, H, b)
+        m = maxima.amax(dim=0)
+        lead = (maxima - m).clamp_(min=FAR)  # (T, B, H, b), <= 0
+        scale = torch.exp2(lead)
+        totals = torch.stack(self.totals)
+        total = (scale * totals).sum(dim=0)
+        weighted = (scale * (torch.stack(self.weighteds) + lead * totals)).sum(dim=0)
+        products = torch.stack(self.products).float()  # (T, B, H_kv, G·b, d)
+        T, B, H_kv, Gb, _ = products.shape
+        output = (products * scale.view(T, B, H_kv, Gb, 1)).sum(dim=0)  # (B, H_kv, G·b, d)
+        return m, total, weighted, output
 
 
 def _gathered(rows, key, attention_mask, call: LayerCall, block: BlockGeometry, start, stop, keys, shift, lengths):
