@@ -36,6 +36,7 @@ from attnscope.analyses.heads import scoring
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
+from attnscope.pipeline import distributed
 from attnscope.pipeline.ablation import describe
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.scores import catalog
@@ -174,7 +175,8 @@ class Circuit(settings.Circuit):
         L, H = loaded.n_layer, loaded.n_head
         heads = scoring(self)
         check_memory(loaded, texts, heads)  # before any forward
-        base = heads.run(loaded, texts, progress)  # every head's scores and role
+        with distributed.alone():  # under torchrun every process scores every head on every text, as one does
+            base = heads.run(loaded, texts, progress)  # every head's scores and role
         chosen = [options.head_of(label) for label in self.head] or [(a, h) for a in range(1, L) for h in range(H)]
         chosen = list(dict.fromkeys(chosen))
         records = {(record.layer, record.head): record for record in base.heads}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import CAT
+from tests.support import CAT, build_tiny_gpt2
 
 pytestmark = pytest.mark.slow
 
@@ -82,6 +82,56 @@ def test_torchrun_two_gloo_processes_equal_one(tiny_model_dir, tmp_path):
         for name in ("previous_token", "first_token", "self", "local", "entropy", "confidence", "induction"):
             assert b[name] == pytest.approx(a[name], abs=2e-6), (a["label"], name)
         assert b["role"] == a["role"]
+
+
+# The commands that share their work by item (circuit's removals, compare's and report's models), run one after the
+# other in one process (one import of torch, one process group), each one's --json written to its own file.
+CHAIN = """
+import contextlib, sys
+from attnscope.cli import run
+
+folder, commands = sys.argv[1], sys.argv[2:]
+for k, command in enumerate(commands):
+    with open(f"{folder}/{k}.json", "w") as out, contextlib.redirect_stdout(out):
+        status = run(command.split("|"))
+    if status:
+        sys.exit(status)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="torchrun test uses localhost TCP and fork")
+def test_circuit_compare_and_report_under_torchrun_give_one_process_json_byte_for_byte(tiny_model_dir, tmp_path):
+    """Circuit's removals (of the texts and the probe), compare's two models (their divergence and their losses on
+    different processes) and a report of three models (one process opens two), shared between two gloo processes:
+    every --json byte for byte one process's."""
+    file = _corpus_file(tmp_path / "corpus.jsonl", 2, seed=4)
+    a, b, c = tiny_model_dir, build_tiny_gpt2(tmp_path / "b", seed=1), build_tiny_gpt2(tmp_path / "c", seed=2)
+    common = ["--file", str(file), "--device", "cpu", "--json"]
+    commands = [
+        ["circuit", "-m", a],
+        ["compare", "-m", a, "-m", b, "--no-probe"],
+        ["report", "-m", a, "-m", b, "-m", c, "--no-diversity", "--no-probe"],
+    ]
+    commands = ["|".join(map(str, [*command, *common])) for command in commands]
+    script = tmp_path / "chain.py"
+    script.write_text(CHAIN)
+    root = str(Path(__file__).resolve().parents[2])  # this attnscope, not another installed (the script is elsewhere)
+    path = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    outputs = {}
+    for name, launcher in (
+        ("one", [sys.executable]),
+        ("two", [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]),
+    ):
+        (tmp_path / name).mkdir()
+        ran = subprocess.run(
+            [*launcher, script, tmp_path / name, *commands], capture_output=True, text=True, env=env, timeout=300
+        )
+        assert ran.returncode == 0, ran.stderr[-2000:]
+        outputs[name] = [(tmp_path / name / f"{k}.json").read_bytes() for k in range(len(commands))]
+    for command, one, two in zip(commands, outputs["one"], outputs["two"], strict=True):
+        assert json.loads(one)["command"] == command.split("|")[0]
+        assert two == one, command
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="sends SIGINT")
