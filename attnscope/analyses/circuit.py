@@ -19,6 +19,10 @@ Both share one signature (`CHANGES`): (loaded, texts, explained [(layer, head, s
 (with_values (n,), changes (n, L, H)), changes exactly 0 where A's layer >= B's layer. This module holds the
 settings (`Circuit`), the analysis (`Circuit.run`: the heads analysis, the changes, and with `weights` the
 composition, copying and direct effects) and its result (`CircuitResult`).
+
+Under torchrun the removals are shared (`analyses.circuit_replay`: every process runs every batch, and replays every
+N-th removal); everything else runs whole in every process, the heads analysis included (`distributed.alone`: a
+share of the windows, its sums added, would round otherwise), so the result is one process's, bit for bit.
 """
 
 from __future__ import annotations

@@ -10,6 +10,11 @@ divergence (bits) between the two models' attention rows on the same tokens, com
 (pipeline.divergence): the first model's rows are spooled to a temporary file, the second's compared with them as
 they are produced. ("Change" is kept for a difference of scores, as in `circuit`.)
 
+Under torchrun the models are shared among the processes, each model whole on one (`Compare.pieces`): model i on
+process i mod N; with the divergence of two models, one process scores both (their rows meet only where both run:
+the first's spooled, the second's compared with them as they come) and another measures their two losses. What
+each piece found is gathered in order (`distributed.run_shared`): the result is one process's, bit for bit.
+
 When a role appeared, two ways (`formation`, `transition`), which differ on a training run: a score that rises
 steeply and then slowly crosses a threshold late, after the change itself.
 

@@ -3,23 +3,24 @@
 Two ways of sharing the work, each where it fits:
 
     windows:  each rank takes every N-th window of the corpus, accumulates its own sums, and the sums are added up
-              across ranks with torch.distributed (NCCL between GPUs, gloo on CPU): heads, diversity, kvplan. The
-              result equals one process's to float rounding (the sums are added in another order).
-    items:    each rank takes every N-th item of a list of independent pieces of work (`share`) and does each whole,
-              exactly as one process would; the results are gathered, in the list's order, on every rank
-              (`run_shared`, `gather`): circuit's removals, compare's and report's models. The result is one
-              process's, bit for bit.
+              across ranks with torch.distributed (NCCL between GPUs, gloo on CPU): heads, diversity, one model's
+              report. The result equals one process's to float rounding (the sums are added in another order).
+    items:    each rank takes every N-th item of a list of independent pieces of work (`share`) and does each
+              whole, exactly as one process would; the results are gathered, in the list's order, on every rank
+              (`run_shared`, `gather`): circuit's removals, compare's models, the models of a report of several.
+              The result is one process's, bit for bit.
 
-Inside `alone()` a process works as if it were the only one (no window split, no sums added, nothing shared): an item
-of work (a model of compare) runs its passes over the texts whole. Only rank 0 prints and writes files. Commands that
-do not share their work are refused under torchrun (`settings.Settings.check_processes`).
+Inside `alone()` a process works as if it were the only one (no window split, no sums added, nothing shared): a
+piece of work (a model of compare) runs its passes over the texts whole. Only rank 0 prints and writes files.
+Commands that do not share their work are refused under torchrun (`settings.Settings.check_processes`).
 
 The place of this process is read from the variables torchrun sets, and trusted only when they are all there and
 agree: a stray `RANK=1` in a shell, without WORLD_SIZE, once made every command skip the first window and print
 nothing; `WORLD_SIZE=abc` or a WORLD_SIZE without the rest (no torchrun) ended in tracebacks or waited for ever for
 processes that would never come.
 
-Light: torch is imported only to join the group or add sums, so the command line can ask `world()` before any model.
+Light: torch is imported only to join the group, add sums or gather results, so the command line can ask `world()`
+before any model.
 """
 
 from __future__ import annotations

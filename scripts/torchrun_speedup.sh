@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# How much two processes under torchrun save on the CPU (docs/performance.md, "Several processes on the CPU"):
+# `circuit` (its removals shared) and `compare` of two models (one process scores both, with their divergence;
+# the other measures their losses), each timed as one process with one thread, one process with two threads, and
+# two processes of one thread each (torchrun --nproc-per-node 2, gloo). The two processes' JSON must be the same
+# bytes as one process's (one thread each): the script stops if it is not.
+#
+#     scripts/torchrun_speedup.sh [FOLDER]     # FOLDER: where the two models are saved (default: a temporary one)
+#
+# The models: two random-weight GPT-2 "checkpoints" (scripts/time_compare.py's), 6 layers × 8 heads, width 256, the
+# GPT-2 tokenizer of tests/data; the texts: the bundled samples. Each way runs ROUNDS times (default 2), in turn;
+# the least time of each is printed (on a shared machine, the least disturbed), as a Markdown table.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python}
+rounds=${ROUNDS:-2}
+folder=${1:-$(mktemp -d)}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+"$python" - "$folder" <<'EOF'
+import sys
+from pathlib import Path
+
+sys.path.insert(0, "scripts")
+from time_compare import save_checkpoints
+
+save_checkpoints(Path(sys.argv[1]), 2, n_layer=6, n_head=8, n_embd=256, n_positions=512)
+EOF
+
+first="$folder/step-00" second="$folder/step-01"
+declare -A commands=(
+    [circuit]="circuit -m $first --device cpu --json"
+    [compare]="compare -m $first -m $second --device cpu --json"
+)
+declare -A ways=(
+    [one1]="env OMP_NUM_THREADS=1 $python -m attnscope"
+    [one2]="env OMP_NUM_THREADS=2 $python -m attnscope"
+    [two1]="env OMP_NUM_THREADS=1 $python -m torch.distributed.run --standalone --nproc-per-node 2 -m attnscope"
+)
+declare -A best=()
+for round in $(seq "$rounds"); do
+    for command in circuit compare; do
+        for way in one1 one2 two1; do
+            start=$(date +%s.%N)
+            ${ways[$way]} ${commands[$command]} > "$folder/$command-$way.json" 2> "$folder/$command-$way.err"
+            seconds=$(awk "BEGIN { print $(date +%s.%N) - $start }")
+            key="$command-$way"
+            best[$key]=$(awk "BEGIN { b = \"${best[$key]:-}\"; print (b == \"\" || $seconds < b + 0) ? $seconds : b }")
+            [[ $way != two1 ]] || cmp -s "$folder/$command-one1.json" "$folder/$command-two1.json" \
+                || { echo "$command: the JSON of two processes differs from one process's" >&2; exit 1; }
+        done
+    done
+done
+
+echo "| command | 1 process, 1 thread | 1 process, 2 threads | 2 processes, 1 thread each | speed-up (against 1 thread / 2 threads) |"
+echo "|---|---|---|---|---|"
+for command in circuit compare; do
+    one1=${best[$command-one1]} one2=${best[$command-one2]} two1=${best[$command-two1]}
+    awk "BEGIN { printf \"| $command | %.1f s | %.1f s | %.1f s | %.2f× / %.2f× |\\n\", \
+        $one1, $one2, $two1, $one1 / $two1, $one2 / $two1 }"
+done
