@@ -7,13 +7,15 @@
 #
 #     scripts/torchrun_speedup.sh [FOLDER]     # FOLDER: where the two models are saved (default: a temporary one)
 #
-# The models: two random-weight GPT-2 "checkpoints" (scripts/time_compare.py's), 6 layers × 8 heads, width 256, the
-# GPT-2 tokenizer of tests/data; the texts: the bundled samples. Each way runs ROUNDS times (default 2), in turn;
-# the least time of each is printed (on a shared machine, the least disturbed), as a Markdown table.
+# The models: two random-weight GPT-2 "checkpoints" (scripts/time_compare.py's), 8 layers × 8 heads, width 512, the
+# GPT-2 tokenizer of tests/data; the texts: the bundled samples, COPIES times over (default 3). Each way runs ROUNDS
+# times (default 2), in turn; the least time of each is printed (on a shared machine, the least disturbed), as a
+# Markdown table. Every time includes starting Python and importing torch (torchrun: its launcher too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python}
 rounds=${ROUNDS:-2}
+copies=${COPIES:-3}
 folder=${1:-$(mktemp -d)}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -24,13 +26,23 @@ from pathlib import Path
 sys.path.insert(0, "scripts")
 from time_compare import save_checkpoints
 
-save_checkpoints(Path(sys.argv[1]), 2, n_layer=6, n_head=8, n_embd=256, n_positions=512)
+save_checkpoints(Path(sys.argv[1]), 2, n_layer=8, n_head=8, n_embd=512, n_positions=512)
+EOF
+"$python" - "$folder/corpus.jsonl" "$copies" <<'EOF'
+import json
+import sys
+
+from attnscope.pipeline.inputs import sample_texts
+
+with open(sys.argv[1], "w") as corpus:
+    for _ in range(int(sys.argv[2])):
+        corpus.writelines(json.dumps({"text": text.text}) + "\n" for text in sample_texts())
 EOF
 
 first="$folder/step-00" second="$folder/step-01"
 declare -A commands=(
-    [circuit]="circuit -m $first --device cpu --json"
-    [compare]="compare -m $first -m $second --device cpu --json"
+    [circuit]="circuit --file $folder/corpus.jsonl -m $first --device cpu --json"
+    [compare]="compare --file $folder/corpus.jsonl -m $first -m $second --device cpu --json"
 )
 declare -A ways=(
     [one1]="env OMP_NUM_THREADS=1 $python -m attnscope"
