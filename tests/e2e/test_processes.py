@@ -102,14 +102,16 @@ for k, command in enumerate(commands):
 @pytest.mark.skipif(sys.platform != "linux", reason="torchrun test uses localhost TCP and fork")
 def test_circuit_compare_and_report_under_torchrun_give_one_process_json_byte_for_byte(tiny_model_dir, tmp_path):
     """Circuit's removals (of the texts and the probe), compare's two models (their divergence and their losses on
-    different processes) and a report of three models (one process opens two), shared between two gloo processes:
-    every --json byte for byte one process's."""
+    different processes; without the loss, one process does it all and the other joins the group without a model)
+    and a report of three models (one process opens two), shared between two gloo processes: every --json byte for
+    byte one process's."""
     file = _corpus_file(tmp_path / "corpus.jsonl", 2, seed=4)
     a, b, c = tiny_model_dir, build_tiny_gpt2(tmp_path / "b", seed=1), build_tiny_gpt2(tmp_path / "c", seed=2)
     common = ["--file", str(file), "--device", "cpu", "--json"]
     commands = [
         ["circuit", "-m", a],
         ["compare", "-m", a, "-m", b, "--no-probe"],
+        ["compare", "-m", a, "-m", b, "--no-probe", "--no-loss"],  # one piece: the second process loads no model
         ["report", "-m", a, "-m", b, "-m", c, "--no-diversity", "--no-probe"],
     ]
     commands = ["|".join(map(str, [*command, *common])) for command in commands]
