@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.support import CAT, build_tiny_gpt2
 
@@ -100,40 +101,39 @@ for k, command in enumerate(commands):
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="torchrun test uses localhost TCP and fork")
-def test_circuit_compare_and_report_under_torchrun_give_one_process_json_byte_for_byte(tiny_model_dir, tmp_path):
+def test_circuit_compare_and_report_under_torchrun_give_one_process_json_byte_for_byte(cli, tiny_model_dir, tmp_path):
     """Circuit's removals (of the texts and the probe), compare's two models (their divergence and their losses on
     different processes; without the loss, one process does it all and the other joins the group without a model)
     and a report of three models (one process opens two), shared between two gloo processes: every --json byte for
-    byte one process's."""
+    byte one process's (this one, with one thread, as each of the two)."""
     file = _corpus_file(tmp_path / "corpus.jsonl", 2, seed=4)
     a, b, c = tiny_model_dir, build_tiny_gpt2(tmp_path / "b", seed=1), build_tiny_gpt2(tmp_path / "c", seed=2)
-    common = ["--file", str(file), "--device", "cpu", "--json"]
+    common = ["--file", file, "--device", "cpu", "--json"]
     commands = [
-        ["circuit", "-m", a],
-        ["compare", "-m", a, "-m", b, "--no-probe"],
-        ["compare", "-m", a, "-m", b, "--no-probe", "--no-loss"],  # one piece: the second process loads no model
-        ["report", "-m", a, "-m", b, "-m", c, "--no-diversity", "--no-probe"],
+        ["circuit", "-m", a, *common],
+        ["compare", "-m", a, "-m", b, "--no-probe", *common],
+        ["compare", "-m", a, "-m", b, "--no-probe", "--no-loss", *common],  # one piece: the second process loads none
+        ["report", "-m", a, "-m", b, "-m", c, "--no-diversity", "--no-probe", *common],
     ]
-    commands = ["|".join(map(str, [*command, *common])) for command in commands]
     script = tmp_path / "chain.py"
     script.write_text(CHAIN)
     root = str(Path(__file__).resolve().parents[2])  # this attnscope, not another installed (the script is elsewhere)
     path = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-    outputs = {}
-    for name, launcher in (
-        ("one", [sys.executable]),
-        ("two", [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]),
-    ):
-        (tmp_path / name).mkdir()
-        ran = subprocess.run(
-            [*launcher, script, tmp_path / name, *commands], capture_output=True, text=True, env=env, timeout=300
-        )
-        assert ran.returncode == 0, ran.stderr[-2000:]
-        outputs[name] = [(tmp_path / name / f"{k}.json").read_bytes() for k in range(len(commands))]
-    for command, one, two in zip(commands, outputs["one"], outputs["two"], strict=True):
-        assert json.loads(one)["command"] == command.split("|")[0]
-        assert two == one, command
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    chained = ["|".join(map(str, command)) for command in commands]
+    ran = subprocess.run([*launcher, script, tmp_path, *chained], capture_output=True, text=True, env=env, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for k, command in enumerate(commands):
+            code, out, err = cli(*command)
+            assert code == 0, err
+            assert json.loads(out)["command"] == command[0]
+            assert (tmp_path / f"{k}.json").read_text() == out, command[:6]
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="sends SIGINT")
