@@ -375,10 +375,24 @@ def _run(analysis_class: type[settings.Settings], given: dict[str, Any]) -> Any:
             analysis.check_shape(shape)
     check_same_shapes(shapes)  # before any weight loads
     if len(sources) > 1:
+        _join(analysis, place)
         return _noted(analysis.run_models(sources, gathered, progress), notes + ([note] if note else []))
     loaded = sources[0].open(analysis.needs_lm_head)
     analysis.check_shape(loaded.shape)
     return _noted(analysis.run(loaded, gathered, progress), notes)
+
+
+def _join(analysis: settings.Settings, place: Any) -> None:
+    """Under torchrun, join the processes' group before several models are shared among them: a process with no
+    model to load (more processes than pieces of work) would otherwise never join (a model's `load` joins it), and
+    the others would wait for it for ever. On the device the models load on: NCCL for CUDA, gloo otherwise."""
+    if place.size == 1:
+        return
+    from attnscope.models import loading
+    from attnscope.pipeline import distributed
+
+    device = loading.resolve_device(analysis.device)  # report's and compare's --device (settings.Place)
+    distributed.init(loading.resolve_device(f"cuda:{place.local_rank}") if device.type == "cuda" else device)
 
 
 def is_main_process() -> bool:

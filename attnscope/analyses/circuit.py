@@ -19,6 +19,10 @@ Both share one signature (`CHANGES`): (loaded, texts, explained [(layer, head, s
 (with_values (n,), changes (n, L, H)), changes exactly 0 where A's layer >= B's layer. This module holds the
 settings (`Circuit`), the analysis (`Circuit.run`: the heads analysis, the changes, and with `weights` the
 composition, copying and direct effects) and its result (`CircuitResult`).
+
+Under torchrun the removals are shared (`analyses.circuit_replay`: every process runs every batch, and replays every
+N-th removal); everything else runs whole in every process, the heads analysis included (`distributed.alone`: a
+share of the windows, its sums added, would round otherwise), so the result is one process's, bit for bit.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from attnscope.analyses.heads import scoring
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
+from attnscope.pipeline import distributed
 from attnscope.pipeline.ablation import describe
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.scores import catalog
@@ -174,7 +179,8 @@ class Circuit(settings.Circuit):
         L, H = loaded.n_layer, loaded.n_head
         heads = scoring(self)
         check_memory(loaded, texts, heads)  # before any forward
-        base = heads.run(loaded, texts, progress)  # every head's scores and role
+        with distributed.alone():  # under torchrun every process scores every head on every text, as one does
+            base = heads.run(loaded, texts, progress)  # every head's scores and role
         chosen = [options.head_of(label) for label in self.head] or [(a, h) for a in range(1, L) for h in range(H)]
         chosen = list(dict.fromkeys(chosen))
         records = {(record.layer, record.head): record for record in base.heads}

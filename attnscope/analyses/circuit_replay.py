@@ -15,6 +15,12 @@ top layer's attention; the naive way (`analyses.circuit_naive`: one full forward
 every time. Removals of one layer are replayed together, as copies of the batch (`interventions.MAX_COPY_TOKENS`), each
 copy scored by its own reducer (on a GPU; see COPIES_ON_THE_CPU). The two agree to float rounding (tests).
 
+Under torchrun the removals are shared: every process runs every batch once (and the ablation's preparation), and
+replays every N-th removal only; the means of each removal are gathered, in order, on every process (`_mine`). On
+the CPU (one removal per replay) the changes are one process's, bit for bit; on GPUs, where the removals of a layer
+are replayed together as copies, a process's copies are fewer than one process's, and a matmul over another number
+of rows may round its last bit otherwise.
+
 What replaces A's output costs the replays nothing: mean ablation's means come from one pass over the input before
 (`Ablation.prepare`: one forward of the layers below the top one per batch); resample's donors run once per batch,
 beside the batch's own pass (one forward of the donor windows up to the top layer's heads, their z kept while the
@@ -37,7 +43,7 @@ import numpy as np
 from attnscope.analyses.common import Progress, check_finite, too_short
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
-from attnscope.pipeline import interventions
+from attnscope.pipeline import distributed, interventions
 from attnscope.pipeline.ablation import Ablation
 from attnscope.pipeline.inputs import AnyTexts, Text, Texts
 from attnscope.scores import catalog
@@ -195,7 +201,8 @@ def removal_pass(
     network, H = loaded.model, loaded.n_head
     top = max(layers)
     base = source.reducer()
-    removed = {(a, h): source.reducer() for a in range(top) for h in range(H)}
+    place = distributed.working()  # under torchrun, this process replays every N-th removal (see `_mine`)
+    removed = {key: source.reducer() for key in _mine(top, H, place)}
     geometry: dict[tuple, tuple] = {}
     notes: dict[str, set[int]] = {}
 
@@ -219,8 +226,9 @@ def removal_pass(
                 per_pass = 1
             for a in range(top):
                 above = [layer for layer in layers if layer > a]
-                for first in range(0, H, per_pass):
-                    heads = list(range(first, min(H, first + per_pass)))
+                mine = [h for layer, h in removed if layer == a]
+                for first in range(0, len(mine), per_pass):
+                    heads = mine[first : first + per_pass]
                     reducer = _Copies([removed[(a, h)] for h in heads], above, B)
                     lengths = batch.lengths.repeat(len(heads))  # (k·B,)
                     replacement = None if replacements is None else replacements[a]
@@ -234,7 +242,17 @@ def removal_pass(
     count = source.count(base)
     if count == 0:
         raise AttnscopeError(too_short(loaded, "score"))
-    return source.means(base, count), {key: source.means(reducer, count) for key, reducer in removed.items()}
+    means = distributed.gather([(key, source.means(reducer, count)) for key, reducer in removed.items()])
+    return source.means(base, count), dict(means)
+
+
+def _mine(top: int, n_head: int, place: distributed.World) -> list[tuple[int, int]]:
+    """The removals (layer, head) below layer `top` this process replays: every one for one process; under
+    torchrun, every N-th in layer.head order from this process's rank (so that each process replays heads of every
+    layer, the costly low ones as the cheap high ones). Every process runs every batch once, as one process does, so
+    each removal is replayed exactly as one process replays it; the means are gathered in order (`removal_pass`)."""
+    removals = [(a, h) for a in range(top) for h in range(n_head)]
+    return distributed.share(removals, place.rank, place.size)
 
 
 def _check_seen(seen: Sequence[int], expected: Iterable[int]) -> None:

@@ -135,7 +135,7 @@ def run_windows(
     """Forward this process's share of the windows (every N-th under torchrun) in batches as they stream in,
     reducing as it goes; the maps of `keep_layers` are kept for the first window. `select`: only the windows it
     accepts run (kvplan's: those long enough to measure), the others are read and counted but never computed."""
-    place = distributed.world()
+    place = distributed.working()
     mine = islice(windows, place.rank, None, place.size)  # window 0, whose maps pictures use, is rank 0's
     if select is not None:
         mine = filter(select, mine)

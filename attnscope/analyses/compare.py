@@ -10,6 +10,11 @@ divergence (bits) between the two models' attention rows on the same tokens, com
 (pipeline.divergence): the first model's rows are spooled to a temporary file, the second's compared with them as
 they are produced. ("Change" is kept for a difference of scores, as in `circuit`.)
 
+Under torchrun the models are shared among the processes, each model whole on one (`Compare.pieces`): model i on
+process i mod N; with the divergence of two models, one process scores both (their rows meet only where both run:
+the first's spooled, the second's compared with them as they come) and another measures their two losses. What
+each piece found is gathered in order (`distributed.run_shared`): the result is one process's, bit for bit.
+
 When a role appeared, two ways (`formation`, `transition`), which differ on a training run: a score that rises
 steeply and then slowly crosses a threshold late, after the change itself.
 
@@ -48,9 +53,10 @@ from attnscope.analyses.common import Progress
 from attnscope.analyses.heads import scoring
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
-from attnscope.models.checks import check_comparable
+from attnscope.models.checks import Comparable, check_comparable
 from attnscope.models.loading import LoadedModel
 from attnscope.models.sources import ModelSource
+from attnscope.pipeline import distributed
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.scores import catalog
 from attnscope.scores.kinds import Kind
@@ -205,59 +211,130 @@ def model_loss(loaded: LoadedModel, texts: Texts | Sequence[Text], compare: sett
     return loss, notes
 
 
+@dataclass
+class ModelPart:
+    """What one piece of a comparison found of model `index`: its heads analysis (`run`, without maps) where the
+    piece scored it, its loss and the loss's notes where the piece measured it, its facts (`info`), what
+    `models.checks.check_comparable` reads of it (`reference`), and, for the second of two models, the divergence."""
+
+    index: int
+    run: Any = None
+    measured: bool = False  # whether the piece measured the loss (`loss`: None where the model has no head)
+    loss: float | None = None
+    loss_notes: list[str] = field(default_factory=list)
+    info: dict[str, Any] | None = None
+    reference: Any = None
+    divergences: Any = None
+
+
+# A piece of a comparison: the models it opens, in order, each as (index, scored: runs its heads analysis, loss:
+# measures its loss). One process does a piece whole (`Compare.pieces`).
+Piece = list[tuple[int, bool, bool]]
+
+
 class Compare(settings.Compare):
     """A comparison of several models (attnscope.settings.Compare): the same scoring settings for every model, the
     divergence of each head with two models, the heatmap's score and the ranked tables' rows."""
 
+    def pieces(self, count: int, divergence: bool, processes: int) -> list[Piece]:
+        """How `count` models are shared among `processes` (torchrun's; `distributed.run_shared` gives piece i to
+        process i mod N). One process: one piece, every model scored and its loss measured while it is loaded.
+        Several: a piece per model (scored, its loss measured), model i on process i mod N; with the divergence of
+        two models, whose rows meet only where both run on one process (the first model's spooled while it runs,
+        the second's compared with them as they are produced), one piece scores the two models and another
+        measures their two losses. Every number is computed as one process computes it, so the result is one
+        process's, bit for bit."""
+        if processes == 1:
+            return [[(index, True, self.loss) for index in range(count)]]
+        if divergence:
+            losses = [[(index, False, True) for index in range(count)]] if self.loss else []
+            return [[(index, True, False) for index in range(count)], *losses]
+        return [[(index, True, self.loss)] for index in range(count)]
+
     def run_models(
         self, sources: Sequence[ModelSource], texts: Texts | Sequence[Text], progress: Progress | None = None
     ) -> CompareResult:
-        """Every model's heads analysis of `texts`, one model in memory at a time; the divergence with two."""
-        from attnscope.pipeline.divergence import AttentionSpool, DivergenceStatistics, SpoolWriter
-
+        """Every model's heads analysis of `texts`, one model in memory at a time; the divergence with two. Under
+        torchrun the models are shared among the processes (`pieces`) and what each found gathered, in order."""
         labels = [source.label for source in sources]
         self.check_models(len(sources))
         divergence = self.divergence if self.divergence is not None else len(sources) == 2
-        heads = scoring(self)
-        runs: list[Any] = []  # each model's HeadsResult, without its maps
-        infos: list[dict[str, Any]] = []
-        losses: list[float | None] = []
+        pieces = self.pieces(len(sources), divergence, distributed.working().size)
+
+        def run_piece(piece: Piece) -> list[ModelPart]:
+            with distributed.alone():  # a piece is one process's, each model's passes over the texts whole
+                return self._run_piece(piece, sources, texts, progress, divergence)
+
+        parts: dict[int, ModelPart] = {}
+        for part in (part for found in distributed.run_shared(pieces, run_piece) for part in found):
+            known = parts.setdefault(part.index, part)  # opened by two pieces: scored by one, its loss by the other
+            if part.run is not None:
+                known.run, known.divergences = part.run, part.divergences
+            if part.measured:
+                known.loss, known.loss_notes, known.measured = part.loss, part.loss_notes, True
+        ordered = [parts[index] for index in range(len(sources))]
+        for index, part in enumerate(ordered[1:] if len(pieces) > 1 else [], 1):  # where the first was elsewhere
+            check_comparable(ordered[0].reference, part.reference, labels[0], labels[index])
+        losses = [part.loss for part in ordered] if self.loss else []
         loss_notes: list[str] = []
-        reference: LoadedModel | None = None  # the first model, its weights freed: its config and tokenizer stay
-        spool: AttentionSpool | None = None
-        divergences = None
-        try:
-            for index, source in enumerate(sources):
-                model = self._open(source, loss_notes)
-                with source.holding(model):  # closed after; an error names the model
-                    if reference is None:
-                        reference = model
-                        self.check_shape(model.shape)
-                    else:
-                        check_comparable(reference, model, labels[0], labels[index])
-                    also = None
-                    if divergence and spool is None:
-                        spool = AttentionSpool(model.kind)
-                        also = SpoolWriter(spool)
-                    elif divergence:
-                        also = DivergenceStatistics(spool, model.n_layer, model.n_head, model.device)
-                    result = heads.run(model, texts, _part(progress, index, len(sources)), also)
-                    if isinstance(also, DivergenceStatistics):
-                        divergences = also.means()
-                    if self.loss:
-                        losses.append(self._loss(model, source.label, texts, loss_notes))
-                    info = model.info()
-                del model
-                runs.append(result)
-                facts = {key: info[key] for key in ("n_params", "device", "dtype")}
-                infos.append({"label": source.label, "name": source.name, "revision": source.revision, **facts})
-        finally:
-            if spool is not None:
-                spool.close()
-        result = self._result(runs, infos, labels, divergences)
+        for part in ordered:
+            loss_notes += [note for note in part.loss_notes if note not in loss_notes]
+        divergences = next((part.divergences for part in ordered if part.divergences is not None), None)
+        infos = [{"label": source.label, "name": source.name, "revision": source.revision, **part.info}
+                 for source, part in zip(sources, ordered, strict=True)]  # fmt: skip
+        result = self._result([part.run for part in ordered], infos, labels, divergences)
         result.losses = losses
         result.notes += loss_notes
         return result
+
+    def _run_piece(
+        self,
+        piece: Piece,
+        sources: Sequence[ModelSource],
+        texts: Texts | Sequence[Text],
+        progress: Progress | None,
+        divergence: bool,
+    ) -> list[ModelPart]:
+        """The models of one piece, opened one at a time: the scored ones' heads analysis (spooling the first's
+        rows, comparing the second's with them, with the divergence), the loss where asked."""
+        from attnscope.pipeline.divergence import AttentionSpool, DivergenceStatistics, SpoolWriter
+
+        heads = scoring(self)
+        parts: list[ModelPart] = []
+        reference: LoadedModel | None = None  # the first model, its weights freed: its config and tokenizer stay
+        spool: AttentionSpool | None = None
+        try:
+            for index, scored, loss in piece:
+                source, part = sources[index], ModelPart(index)
+                model = self._open(source, part.loss_notes) if loss else source.open()
+                with source.holding(model):  # closed after; an error names the model
+                    if index == 0:
+                        reference = model
+                        self.check_shape(model.shape)
+                    elif reference is not None:
+                        check_comparable(reference, model, sources[0].label, source.label)
+                    if scored:
+                        also = None
+                        if divergence and spool is None:
+                            spool = AttentionSpool(model.kind)
+                            also = SpoolWriter(spool)
+                        elif divergence:
+                            also = DivergenceStatistics(spool, model.n_layer, model.n_head, model.device)
+                        part.run = heads.run(model, texts, _part(progress, index, len(sources)), also)
+                        if isinstance(also, DivergenceStatistics):
+                            part.divergences = also.means()
+                    if loss:
+                        part.loss = self._loss(model, source.label, texts, part.loss_notes)
+                        part.measured = True
+                    info = model.info()
+                    part.reference = Comparable.of(model)
+                del model
+                part.info = {key: info[key] for key in ("n_params", "device", "dtype")}
+                parts.append(part)
+        finally:
+            if spool is not None:
+                spool.close()
+        return parts
 
     def _open(self, source: ModelSource, notes: list[str]) -> LoadedModel:
         """A model with its language-model head for the loss (without, and a note, where it has none); without it

@@ -129,7 +129,7 @@ class SampledDiversityStatistics(DiversityStatistics):
         maps, lengths = buffered  # (B, K, n, n), (B,)
         positions = torch.arange(maps.shape[2], device=maps.device)  # (n,)
         scored = self.kind.scored_rows(lengths, positions)  # (B, n)
-        place = distributed.world()  # this process runs windows rank, rank + size, ... of the corpus
+        place = distributed.working()  # this process runs windows rank, rank + size, ... of the corpus
         seeds = [window_seed(self.seed, place.rank + index * place.size) for index in batch.indices]
         chosen = pairs.sample_rows(scored, self.sample_rows, seeds)  # (B, n)
         causal = positions if self.kind.causal else None

@@ -39,10 +39,10 @@ from attnscope.analyses.diversity import Diversity, DiversityResult
 from attnscope.analyses.heads import HeadRecord, HeadsResult, scoring
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
-from attnscope.models.checks import check_comparable
+from attnscope.models.checks import Comparable, check_comparable
 from attnscope.models.loading import LoadedModel
 from attnscope.models.sources import ModelSource
-from attnscope.pipeline import capture
+from attnscope.pipeline import capture, distributed
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.labels import Labels, label_window
 from attnscope.pipeline.probe import probe_windows
@@ -337,40 +337,44 @@ class Report(settings.Report):
             dependencies=dependencies,
         )
 
+    def pieces(self, count: int, processes: int) -> list[list[int]]:
+        """How `count` models are shared among `processes` (torchrun's; `distributed.run_shared` gives piece i to
+        process i mod N): one process opens them all, in order; several, a model each, the last (the page's own, its
+        diversity and ablation the costliest) on the first process, model i < last on process (i + 1) mod N."""
+        if processes == 1:
+            return [list(range(count))]
+        return [[count - 1]] + [[index] for index in range(count - 1)]
+
     def run_models(
         self, sources: Sequence[ModelSource], texts: Texts | Sequence[Text], progress: Progress | None = None
     ) -> ReportResult:
         """The report of several models, opened one at a time (and freed once read when this run loaded them): the
         last model's report (for a training run, the trained model), with every model's heads and maps in
-        `models`. Each model is checked comparable with the first, whose config and tokenizer stay."""
+        `models`. Each model is checked comparable with the first, whose config and tokenizer stay. Under torchrun
+        the models are shared among the processes (`pieces`), each model whole on one, and gathered in order."""
         self.check_models(len(sources))
         labels = [source.label for source in sources]
         budget = MULTI_MAP_CELLS // len(sources)
-        heads_analysis = scoring(self)
+        pieces = self.pieces(len(sources), distributed.working().size)
+
+        def run_piece(piece: list[int]) -> list[tuple[int, ReportModel, ReportResult | None, Comparable]]:
+            with distributed.alone():  # a piece is one process's, each model's passes over the texts whole
+                return self._run_piece(piece, sources, texts, progress, budget)
+
+        found = {index: rest for opened in distributed.run_shared(pieces, run_piece) for index, *rest in opened}
         pages: list[ReportModel] = []
-        first: LoadedModel | None = None  # the first model, its weights freed: its config and tokenizer stay
         result: ReportResult | None = None
         for index, source in enumerate(sources):
-            last = index == len(sources) - 1
-            loaded = source.open(self.needs_lm_head and last)  # the ablation is the last model's
-            with source.holding(loaded):  # closed after; an error names the model
-                if first is None:
-                    first = loaded
-                else:
-                    check_comparable(first, loaded, labels[0], source.label)
-                if last:
-                    result = self.run(loaded, texts, progress, budget=budget)
-                    heads, shown = result.heads, result.texts
-                else:
-                    heads = heads_analysis.run(loaded, texts, progress)
-                    shown, _, _ = shown_texts(loaded, texts, self.bos, _probe(loaded, heads), budget=budget)
-            del loaded
-            if pages and [text.ids for text in shown] != [text.ids for text in pages[0].texts]:
+            page, result_here, reference = found[index]
+            if index and len(pieces) > 1:  # the piece that opened it did not open the first
+                check_comparable(found[0][2], reference, labels[0], source.label)
+            if pages and [text.ids for text in page.texts] != [text.ids for text in pages[0].texts]:
                 raise AttnscopeError(
                     f"models {labels[0]} and {source.label} cannot be compared: the texts drawn are not the same "
                     "tokens in both (a different tokenizer, context or probe)"
                 )
-            pages.append(ReportModel(source.label, heads, characteristic_heads(heads.heads), shown))
+            pages.append(page)
+            result = result_here if result_here is not None else result
         assert result is not None
         result.models = pages
         ran = ["the tables"] + [
@@ -391,3 +395,40 @@ class Report(settings.Report):
             f"the {len(pages)} models share {MULTI_MAP_CELLS:,} map cells: {budget:,} each ({each})"
         ]
         return result
+
+    def _run_piece(
+        self,
+        piece: Sequence[int],
+        sources: Sequence[ModelSource],
+        texts: Texts | Sequence[Text],
+        progress: Progress | None,
+        budget: int,
+    ) -> list[tuple[int, ReportModel, ReportResult | None, Comparable]]:
+        """The models of one piece, opened one at a time: each one's page (heads and maps), the last model's whole
+        report, and what the check of comparability reads of each."""
+        heads_analysis = scoring(self)
+        opened: list[tuple[int, ReportModel, ReportResult | None, Comparable]] = []
+        first: LoadedModel | None = None  # the first model, its weights freed: its config and tokenizer stay
+        for index in piece:
+            source = sources[index]
+            last = index == len(sources) - 1
+            loaded = source.open(self.needs_lm_head and last)  # the ablation is the last model's
+            result = None
+            with source.holding(loaded):  # closed after; an error names the model
+                if index == 0:
+                    first = loaded
+                elif first is not None:
+                    check_comparable(first, loaded, sources[0].label, source.label)
+                if last:
+                    result = self.run(loaded, texts, progress, budget=budget)
+                    heads, shown = result.heads, result.texts
+                else:
+                    heads = heads_analysis.run(loaded, texts, progress)
+                    shown, _, _ = shown_texts(loaded, texts, self.bos, _probe(loaded, heads), budget=budget)
+                reference = Comparable.of(loaded)
+            del loaded
+            page = ReportModel(source.label, heads, characteristic_heads(heads.heads), shown)
+            opened.append((index, page, result, reference))
+            if opened[0][0] == 0 and [text.ids for text in shown] != [text.ids for text in opened[0][1].texts]:
+                break  # refused by `run_models` (other tokens than the first model's), before the next model loads
+        return opened

@@ -347,6 +347,22 @@ def _check_same_shape(first_label: str, first: Shape, other_label: str, other: S
         )
 
 
+@dataclass(frozen=True)
+class Comparable:
+    """What `check_comparable` reads of a model, kept once its weights are freed or sent from another process
+    (torchrun's, each opening its own models): its shape, kind, context and tokenizer."""
+
+    n_layer: int
+    n_head: int
+    kind: Any
+    n_ctx: int
+    tokenizer: Any
+
+    @classmethod
+    def of(cls, loaded: Any) -> Comparable:
+        return cls(loaded.n_layer, loaded.n_head, loaded.kind, loaded.n_ctx, loaded.tokenizer)
+
+
 def check_comparable(first: Any, other: Any, first_label: str, other_label: str) -> None:
     """Refuse, in one line naming the first difference, a model `other` whose heads cannot be set beside those of
     `first` (LoadedModel both, read by duck typing: only their config and tokenizer): another layer × head shape,

@@ -344,9 +344,10 @@ class Settings(Declared):
     # TEXT's help says so), which its `run` makes itself when it receives None for the texts (kvplan's long probe).
     default_texts: ClassVar[str | None] = None
     # Under torchrun: True where the command's passes over the texts are shared among the processes and their sums
-    # added (heads, diversity), or where it reads one window that every process reads alike (show, attend); a command
+    # added (heads, diversity), where its pieces of work are (circuit's removals, compare's models: see
+    # pipeline.distributed), or where it reads one window that every process reads alike (show, attend); a command
     # that would run whole in every process, or report one process's share, is refused there (`check_processes`);
-    # where some of its settings decide (report's --ablate, compare's divergence), `unshared` names them.
+    # where some of its settings decide (one model's report --ablate), `unshared` names them.
     torchrun: ClassVar[bool] = False
 
     @property

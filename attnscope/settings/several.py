@@ -63,8 +63,12 @@ class Report(Scoring, Loading, Settings):
     def needs_lm_head(self) -> bool:
         return self.ablate
 
-    def unshared(self, count: int) -> list[str]:  # its heads and diversity are shared among torchrun's processes
-        return [name for name in ("ablate", "circuit") if getattr(self, name)]
+    # Under torchrun, one model's heads and diversity are shared by window, its circuit by removal; several models
+    # are shared by model, each whole on one process (the last, with its diversity and ablation, on the first).
+    torchrun: ClassVar[bool] = True
+
+    def unshared(self, count: int) -> list[str]:
+        return ["ablate"] if self.ablate and count == 1 else []
 
     def check_models(self, count: int) -> None:
         if count > 1 and self.circuit:
@@ -117,7 +121,5 @@ class Compare(Scoring, Place, DeviceMap, Kernel, Settings):
     def check_shape(self, shape: Shape) -> None:
         check_measured(self.score, shape.kind_name, self.probe)
 
-    def unshared(self, count: int) -> list[str]:
-        """Each model's heads are shared among torchrun's processes; its divergence and loss are not yet."""
-        divergence = self.divergence if self.divergence is not None else count == 2
-        return [name for name, on in (("divergence", divergence), ("loss", self.loss)) if on]
+    # Under torchrun the models are shared among the processes, each model whole on one (analyses.compare).
+    torchrun: ClassVar[bool] = True

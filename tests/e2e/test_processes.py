@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
-from tests.support import CAT
+from tests.support import CAT, build_tiny_gpt2
 
 pytestmark = pytest.mark.slow
 
@@ -82,6 +83,57 @@ def test_torchrun_two_gloo_processes_equal_one(tiny_model_dir, tmp_path):
         for name in ("previous_token", "first_token", "self", "local", "entropy", "confidence", "induction"):
             assert b[name] == pytest.approx(a[name], abs=2e-6), (a["label"], name)
         assert b["role"] == a["role"]
+
+
+# The commands that share their work by item (circuit's removals, compare's and report's models), run one after the
+# other in one process (one import of torch, one process group), each one's --json written to its own file.
+CHAIN = """
+import contextlib, sys
+from attnscope.cli import run
+
+folder, commands = sys.argv[1], sys.argv[2:]
+for k, command in enumerate(commands):
+    with open(f"{folder}/{k}.json", "w") as out, contextlib.redirect_stdout(out):
+        status = run(command.split("|"))
+    if status:
+        sys.exit(status)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="torchrun test uses localhost TCP and fork")
+def test_circuit_compare_and_report_under_torchrun_give_one_process_json_byte_for_byte(cli, tiny_model_dir, tmp_path):
+    """Circuit's removals (of the texts and the probe), compare's two models (their divergence and their losses on
+    different processes; without the loss, one process does it all and the other joins the group without a model)
+    and a report of three models (one process opens two), shared between two gloo processes: every --json byte for
+    byte one process's (this one, with one thread, as each of the two)."""
+    file = _corpus_file(tmp_path / "corpus.jsonl", 2, seed=4)
+    a, b, c = tiny_model_dir, build_tiny_gpt2(tmp_path / "b", seed=1), build_tiny_gpt2(tmp_path / "c", seed=2)
+    common = ["--file", file, "--device", "cpu", "--json"]
+    commands = [
+        ["circuit", "-m", a, *common],
+        ["compare", "-m", a, "-m", b, "--no-probe", *common],
+        ["compare", "-m", a, "-m", b, "--no-probe", "--no-loss", *common],  # one piece: the second process loads none
+        ["report", "-m", a, "-m", b, "-m", c, "--no-diversity", "--no-probe", *common],
+    ]
+    script = tmp_path / "chain.py"
+    script.write_text(CHAIN)
+    root = str(Path(__file__).resolve().parents[2])  # this attnscope, not another installed (the script is elsewhere)
+    path = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    chained = ["|".join(map(str, command)) for command in commands]
+    ran = subprocess.run([*launcher, script, tmp_path, *chained], capture_output=True, text=True, env=env, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for k, command in enumerate(commands):
+            code, out, err = cli(*command)
+            assert code == 0, err
+            assert json.loads(out)["command"] == command[0]
+            assert (tmp_path / f"{k}.json").read_text() == out, command[:6]
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="sends SIGINT")
