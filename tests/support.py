@@ -8,6 +8,7 @@ import contextlib
 import string
 import struct
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -170,21 +171,24 @@ def capture_blocks_of(block_bytes: int | None):
 def tiles_everywhere(key_tile: int = 3, row_tile: int = 2):
     """The block path takes every block in tiles (pipeline.tiles) inside the `with`, whatever the length, in tiles
     of `key_tile` keys and blocks of `row_tile` rows, so that short test windows cross many tiles; yields the list
-    of blocks computed in tiles ((start, stop) each), to show that tiles ran."""
+    of blocks computed in tiles ((start, stop, the thread's name) each), to show that tiles ran, and where."""
     from attnscope.pipeline import tiles
 
-    original = tiles.TILED_FROM, tiles.KEY_TILE, tiles.ROW_TILE, tiles.block_in_tiles
+    names = ("TILED_FROM", "KEY_TILE", "ROW_TILE", "MIN_ROW_TILE", "block_in_tiles")
+    original = {name: getattr(tiles, name) for name in names}
     seen = []
 
     def counted(*args):
-        seen.append((args[6], args[7]))
-        return original[3](*args)
+        seen.append((args[6], args[7], threading.current_thread().name))
+        return original["block_in_tiles"](*args)
 
-    tiles.TILED_FROM, tiles.KEY_TILE, tiles.ROW_TILE, tiles.block_in_tiles = 0, key_tile, row_tile, counted
+    for name, value in zip(names, (0, key_tile, row_tile, 1, counted), strict=True):
+        setattr(tiles, name, value)
     try:
         yield seen
     finally:
-        tiles.TILED_FROM, tiles.KEY_TILE, tiles.ROW_TILE, tiles.block_in_tiles = original
+        for name, value in original.items():
+            setattr(tiles, name, value)
 
 
 def scored_range(kind: str, length: int) -> range:

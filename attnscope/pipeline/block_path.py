@@ -14,8 +14,9 @@ then the per-row summaries of the whole layer (LayerRows) go to the reducer. The
 softmax runs in float32 whatever the model's dtype, on logits in base 2 (blocks.LOG2E: exp2 is the CPU's fast
 exponential), and the output is (2^(s - max) V) / Z, which spares a pass normalising the block. At long context on
 the CPU, when nothing needs a block's weights, a block walks its keys in tiles instead (`pipeline.tiles`: an online
-softmax whose tiles stay in the cache). A causal layer without a sliding window, on right-padded windows, masks with a small triangle
-per block instead of adding the model's whole mask (the same keys, half the passes).
+softmax whose tiles stay in the cache, its blocks shared among threads). A causal layer without a sliding window,
+on right-padded windows, masks with a small triangle per block instead of adding the model's whole mask (the same
+keys, half the passes).
 
 On a small model every tensor operation here costs more in Python and dispatch than in arithmetic, so a layer does
 as few as it can: what depends only on the batch's geometry (positions, the causal triangle, the keys the reducer
@@ -98,16 +99,21 @@ def attention(
     gather_keys = reducer.keys_to_gather if reducer is not None else None
     lengths = state.lengths_on(device)  # (B,)
     pieces = _LayerPieces()
-    start = 0
+    if tiled:  # long rows, summaries only: the keys in tiles that stay in the cache, blocks shared among threads
+        jobs = []
+        rows = tiles.rows_per_block(B)
+        for start in range(0, n, rows):
+            stop = min(n, start + rows)
+            block = geometry(state, start, stop, device, call.triangle, gather_keys)  # here: it fills caches
+            keys = stop if call.causal else n_keys
+            jobs.append((query, key, value, attention_mask, call, block, start, stop, keys, sink_logits, lengths))
+        for parts in tiles.blocks_in_tiles(jobs):
+            pieces.add_tiled(*parts)
+    start = n if tiled else 0
     while start < n:
-        stop = min(n, start + (tiles.ROW_TILE if tiled else _block_rows(start, n_keys, H * 4, budget, call.causal)))
+        stop = min(n, start + _block_rows(start, n_keys, H * 4, budget, call.causal))
         keys = stop if call.causal else n_keys  # a causal row never sees a key after itself
         block = geometry(state, start, stop, device, call.triangle, gather_keys)
-        if tiled:  # long rows, summaries only: the keys in tiles that stay in the cache
-            tiled_block = (query, key, value, attention_mask, call, block, start, stop, keys, sink_logits, lengths)
-            pieces.add_tiled(*tiles.block_in_tiles(*tiled_block))
-            start = stop
-            continue
         logits = _block_logits(query, keys_t, start, stop, keys, call)  # (B, H, b, k)
         masked, visible = _mask_block(logits, block, attention_mask, call, start, stop, keys)
         exp_logits, block_z, peak, mass = _softmax_parts(logits, sink_logits)

@@ -25,6 +25,9 @@ layers apply their mask to each tile and count the keys each row sees as they go
 
 from __future__ import annotations
 
+import functools
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 
 from attnscope.pipeline.blocks import (
@@ -43,12 +46,57 @@ from attnscope.pipeline.blocks import (
 # (one Llama-shaped layer, 9 heads over 3 KV heads, d_head 64, 4,096 tokens, one thread, CPU time over SDPA's):
 # 64 × 512 1.36×, 128 × 256 1.37×, 32 × 1,024 1.46×; the block path's 32 rows over all keys 1.66–1.81×.
 KEY_TILE = 512
-ROW_TILE = 64
+ROW_TILE = 128
 # Tiles are taken from this many keys on: below, a block of rows over all its keys is within the cache budget.
 TILED_FROM = 2048
+# ... and at least this many rows per block when a batch holds several windows (ROW_TILE // windows otherwise)
+MIN_ROW_TILE = 32
 # A move of the running maximum, or a sink's lead, is floored here before it scales: 2^−1000 is 0 in float32 all the
 # same, and a fully masked tile's maximum (−1e30, or an additive mask's float32 minimum) times a total stays finite.
 FAR = -1000.0
+
+
+def rows_per_block(windows: int) -> int:
+    """Query rows per tiled block for a batch of `windows`: a tile of every window stays about ROW_TILE rows'
+    size."""
+    return max(MIN_ROW_TILE, ROW_TILE // windows)
+
+
+def blocks_in_tiles(jobs: list[tuple]) -> list[tuple]:
+    """`block_in_tiles(*job)` for each job (a layer's blocks), in order, on as many threads as torch's intra-op
+    threads, each block's operations on one of them.
+
+    A tile's operations are too small for torch to share well between threads: a matmul over 3 key/value heads
+    splits 2 + 1 on 2 threads, and reductions over a row did not get faster with a second thread at all (measured
+    on the 2-core CPU: 8,192 tokens, one layer, 1.72× SDPA's time with both threads on every operation, 1.40× with
+    the blocks shared between 2 threads of one). So, as SDPA shares its blocks of rows, the blocks are shared here:
+    torch runs on one intra-op thread while the layer's blocks go to a pool of threads (torch releases the GIL
+    inside its operations), then gets its threads back. Each block is computed by one thread with the same
+    operations whichever thread it is: the results do not depend on the threads. A worker keeps the caller's
+    inference mode and flushes denormals as the capture does (both are per thread)."""
+    workers = torch.get_num_threads()
+    if workers == 1 or len(jobs) == 1:
+        return [block_in_tiles(*job) for job in jobs]
+    inference = torch.is_inference_mode_enabled()
+
+    def run(job: tuple) -> tuple:
+        torch.set_flush_denormal(True)
+        with torch.inference_mode(inference):
+            return block_in_tiles(*job)
+
+    torch.set_num_threads(1)  # before the pool's threads start: a thread takes the count torch has at its first use
+    try:
+        return list(_pool(workers).map(run, jobs))  # an interrupt cancels the blocks not begun
+    finally:
+        torch.set_num_threads(workers)
+
+
+@functools.cache
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """The threads that compute a layer's blocks, one pool per count, kept for the process."""
+    return ThreadPoolExecutor(
+        workers, thread_name_prefix="attnscope-tiles", initializer=torch.set_num_threads, initargs=(1,)
+    )
 
 
 def wants_tiles(state: CaptureState, call: LayerCall, device: torch.device, n_keys: int) -> bool:

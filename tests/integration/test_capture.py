@@ -177,6 +177,31 @@ def test_statistics_equal_scores_of_reference_maps(model, batch, tiled):
             assert torch.allclose(got[name][layer], expected[name], atol=1e-5), (layer, name)
 
 
+def test_tiled_blocks_shared_among_threads_give_exactly_what_one_thread_gives(model, batch):
+    """The tiled blocks of a layer go to a pool of threads as long as torch has more than one (pipeline.tiles):
+    every statistic and the model's output are bit-identical to one thread's."""
+    runs = []
+    before = torch.get_num_threads()
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        outputs = []
+        hook = model.model.register_forward_hook(lambda module, args, output, kept=outputs: kept.append(output[0]))
+        try:
+            with tiles_everywhere() as tiled_blocks:
+                statistics = _heads_statistics(model, batch)
+        finally:
+            hook.remove()
+            torch.set_num_threads(before)
+        assert len(tiled_blocks) > 2 * model.n_layer  # several blocks a layer, to share
+        pooled = {name for *_, name in tiled_blocks if name.startswith("attnscope-tiles")}
+        assert len(pooled) == (0 if threads == 1 else 2)  # one thread: no pool; two: both threads took blocks
+        runs.append((statistics.means(), outputs[0]))
+    (one, one_output), (two, two_output) = runs
+    assert torch.equal(one_output, two_output)
+    for name in one:
+        assert torch.equal(one[name], two[name]), name
+
+
 def test_batched_and_one_at_a_time_give_the_same_scores(model):
     """Padding is really masked: a window padded beside longer ones scores as it does alone."""
     together = api.heads(model, TEXTS, batch_size=len(TEXTS), probe=False)
