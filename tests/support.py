@@ -191,6 +191,21 @@ def tiles_everywhere(key_tile: int = 3, row_tile: int = 2):
             setattr(tiles, name, value)
 
 
+@contextlib.contextmanager
+def seeded_on_one_thread(seed: int):
+    """Inside the `with`: torch on one thread (a training run is then the same wherever it runs) and seeded with
+    `seed`; yields a numpy generator seeded alike."""
+    import numpy as np
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(seed)
+        yield np.random.default_rng(seed)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def scored_range(kind: str, length: int) -> range:
     """The scored query rows of a window of `length` tokens: after BOS (decoder, row 0 sees only itself), between
     [CLS] and [SEP] (encoder)."""
@@ -858,17 +873,12 @@ def train_induction_checkpoints(folder: Path, steps: int = 800, every: int = 50,
     or step-0700 on (attnscope's probe: 1.0 and 1.3 from step-0650, 1.1 and 1.2 from step-0700).
     Layer 0 forms no induction head. tests/integration/test_phase_change.py checks this independently.
     """
-    import numpy as np
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
     folder.mkdir(parents=True, exist_ok=True)
     vocab_size = word_tokenizer(folder / "tokenizer")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        torch.manual_seed(seed)
-        generator = np.random.default_rng(seed)
+    with seeded_on_one_thread(seed) as generator:
         config = GPT2Config(
             vocab_size=vocab_size, n_positions=INDUCTION_CONTEXT, n_embd=64, n_layer=2, n_head=4,
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
@@ -894,8 +904,6 @@ def train_induction_checkpoints(folder: Path, steps: int = 800, every: int = 50,
             optimizer.step()
             if step % every == 0:
                 save(step)
-    finally:
-        torch.set_num_threads(threads)
     return saved
 
 
@@ -1038,7 +1046,6 @@ def train_passkey_model(folder: Path, steps: int = 800, seed: int = 0, report: i
     (torch and numpy): the same weights on every run of the same torch. 800 steps: 3-7 minutes on one core of the
     shared 2-core VM the tests were written on; the passkey is retrieved from step 400 on. `report` > 0 prints the
     loss every `report` steps."""
-    import numpy as np
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     from attnscope.pipeline.passkey import FILLER, INTRODUCTION, NEEDLE, QUESTION, passkey_prompts
@@ -1053,11 +1060,7 @@ def train_passkey_model(folder: Path, steps: int = 800, seed: int = 0, report: i
     sizes = (1 + count(INTRODUCTION), count(NEEDLE.format(key=10000)), count(QUESTION), count(FILLER))
     words = torch.tensor(sorted(set(tokenizer(FILLER, add_special_tokens=False)["input_ids"])))
     streamable = [(layer, head) for layer in range(2) for head in range(2) if (layer, head) not in PASSKEY_RETRIEVAL]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        torch.manual_seed(seed)
-        generator = np.random.default_rng(seed)
+    with seeded_on_one_thread(seed) as generator:
         config = LlamaConfig(
             vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max(PASSKEY_TRAIN_LENGTHS),
@@ -1095,6 +1098,4 @@ def train_passkey_model(folder: Path, steps: int = 800, seed: int = 0, report: i
         set_streamed(model, {})
         model.set_attn_implementation("sdpa")  # saved as any model is
         model.save_pretrained(folder)
-    finally:
-        torch.set_num_threads(threads)
     return folder

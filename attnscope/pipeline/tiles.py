@@ -41,18 +41,20 @@ from attnscope.pipeline.blocks import (
     is_masked,
 )
 
-# Keys per tile, and query rows per block when the block is tiled: one tile of 9 heads is then 1.2 MB of float32
-# logits, within the 2 MB L2 of this project's CPU beside the keys and values it reads. Measured on the 2-core CPU
-# (one Llama-shaped layer, 9 heads over 3 KV heads, d_head 64, 4,096 tokens, one thread, CPU time over SDPA's):
-# 64 × 512 1.36×, 128 × 256 1.37×, 32 × 1,024 1.46×; the block path's 32 rows over all keys 1.66–1.81×.
+# Keys per tile, and query rows per block when the block is tiled: one tile of 9 heads is then 2.4 MB of float32
+# logits, in this CPU's 32 MB L3 beside its keys and values, where a block of 32 rows over 8,192 keys is 9.4 MB.
+# Measured on the 2-core CPU with an 8-layer Llama-shaped model (9 heads over 3 KV heads, d_head 64), time over
+# the SDPA forward's, /tmp scripts alternating the settings: at 8,192 tokens with 2 threads, 128 × 512 1.13×,
+# 64 × 512 1.16×, the block path 1.43×; with one thread (CPU time), 128 × 512 1.10×, the block path 1.26×.
 KEY_TILE = 512
 ROW_TILE = 128
 # Tiles are taken from this many keys on: below, a block of rows over all its keys is within the cache budget.
 TILED_FROM = 2048
 # ... and at least this many rows per block when a batch holds several windows (ROW_TILE // windows otherwise)
 MIN_ROW_TILE = 32
-# A move of the running maximum, or a sink's lead, is floored here before it scales: 2^−1000 is 0 in float32 all the
-# same, and a fully masked tile's maximum (−1e30, or an additive mask's float32 minimum) times a total stays finite.
+# How far a tile's maximum lies below the block's (or the block's below a sink's) is floored here before it scales:
+# 2^−1000 is 0 in float32 all the same, and a fully masked tile's maximum (−1e30, or an additive mask's float32
+# minimum) times its total stays finite.
 FAR = -1000.0
 
 
@@ -127,7 +129,7 @@ def block_in_tiles(
     H, b = H_kv * G, stop - start
     rows = (query[:, :, :, start:stop] * (call.scaling * LOG2E)).reshape(B, H_kv, G * b, d_head)  # (B, H_kv, G·b, d)
     keys_t = key.transpose(-1, -2)  # (B, H_kv, d_head, n_k)
-    running = _Running()
+    sums = _TileSums()
     visible = None if call.triangle else torch.zeros(B, b, dtype=torch.long, device=query.device)
     for low, high in _tiles(start, stop, keys, call.triangle):
         logits = torch.matmul(rows, keys_t[..., low:high]).float().view(B, H, b, high - low)  # (B, H, b, c)
@@ -145,10 +147,10 @@ def block_in_tiles(
             visible += (high - low) - masked[:, 0].sum(-1)
         else:
             visible += high - low
-        running.add(logits, value[:, :, low:high])
+        sums.add(logits, value[:, :, low:high])
     if call.triangle:
         visible = block.visible
-    m, total, weighted, accumulated = running.combined()  # (B, H, b) ×3, (B, H_kv, G·b, d_head)
+    m, total, weighted, accumulated = sums.combined()  # (B, H, b) ×3, (B, H_kv, G·b, d_head)
     shift = m if sink_logits is None else torch.maximum(m, sink_logits)
     lead = (m - shift).clamp(min=FAR)  # <= 0: 0 without a sink
     kept = torch.exp2(lead) * total  # c·l
@@ -169,7 +171,7 @@ def _tiles(start: int, stop: int, keys: int, triangle: bool) -> list[tuple[int, 
     return [*ranges, (start, stop)] if triangle else ranges
 
 
-class _Running:
+class _TileSums:
     """A block's softmax over its tiles: each tile's own maximum m_c (B, H, b), total l_c, weighted t_c (see the
     module, relative to m_c) and output products (B, H_kv, G·b, d_head), kept until the block's last tile and then
     combined at once (`combined`): a tile costs its few large operations, and the rescaling is done once per block
