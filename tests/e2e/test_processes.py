@@ -135,6 +135,29 @@ def test_work_shared_under_torchrun_gives_one_process_json(cli, tiny_model_dir, 
         torch.set_num_threads(threads)
 
 
+FORKED = """
+import os, sys, torch
+from attnscope.pipeline import tiles
+torch.set_num_threads(2)
+tiles.block_in_tiles = lambda *job: job[0] * 2  # the pool, not the arithmetic, is under test
+assert tiles.blocks_in_tiles([(1,), (2,), (3,)]) == [2, 4, 6]  # the parent's pool exists now
+child = os.fork()
+if child == 0:
+    os._exit(0 if tiles.blocks_in_tiles([(4,), (5,)]) == [8, 10] else 3)
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="forks")
+def test_a_process_forked_after_tiles_ran_shares_its_blocks_among_threads_of_its_own():
+    """The tiles' thread pool belongs to the process that made it: a fork has none of its threads, and a pool it
+    inherited would take its blocks and never run them (the run would hang); the fork builds its own."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    ran = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True, env=env, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="sends SIGINT")
 def test_ctrl_c_stops_cleanly_and_writes_nothing(tiny_model_dir, tmp_path):
     file = _corpus_file(tmp_path / "big.jsonl", 20000, seed=3)
