@@ -45,6 +45,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import distributed, interventions
 from attnscope.pipeline.ablation import Ablation
+from attnscope.pipeline.blocks import Reducer
 from attnscope.pipeline.inputs import AnyTexts, Text, Texts
 from attnscope.scores import catalog
 
@@ -57,7 +58,7 @@ COPIES_ON_THE_CPU = False
 Explained = tuple[int, int, str]  # (layer, head, score name) of a head B
 
 
-class _Copies:
+class _Copies(Reducer):
     """The reducer of a replay that runs `len(inner)` copies of a batch of `batch` windows at once, copy c with its
     own head removed: copy c's windows (c·batch .. (c+1)·batch) go to `inner[c]`, and only the layers in `layers`
     (the ones holding an explained head): the replays score nothing else."""
@@ -67,6 +68,7 @@ class _Copies:
         self.layers = frozenset(layers)
         self.batch = batch
         self.wants_blocks = self.inner[0].wants_blocks
+        self.summed_keys = self.inner[0].summed_keys
 
     def keys_to_gather(self, positions, lengths):
         return self.inner[0].keys_to_gather(positions, lengths)  # every copy's reducer asks for the same keys
@@ -93,9 +95,10 @@ class _Copies:
             for copy, reducer in enumerate(self.inner):
                 part = self._part(copy)
                 sliced = {
-                    item.name: None if getattr(rows, item.name) is None else getattr(rows, item.name)[part]
+                    item.name: value if value is None or isinstance(value, int) else value[part]
                     for item in dataclasses.fields(rows)
-                }  # every field of LayerRows is one row per window first
+                    for value in (getattr(rows, item.name),)
+                }  # every tensor of LayerRows is one row per window first (the layer's window is a number)
                 reducer.add_layer(layer, type(rows)(**sliced))
 
     def end_run(self) -> None:

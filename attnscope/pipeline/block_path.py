@@ -97,6 +97,7 @@ def attention(
     keys_t = key.transpose(-1, -2)  # (B, H_kv, d_head, n_k), a transposed view a matmul reads as it is
     sink_logits = None if call.sinks is None else call.sinks.float().view(1, H, 1) * LOG2E  # (1, H, 1), base 2
     gather_keys = reducer.keys_to_gather if reducer is not None else None
+    summed_keys = reducer.summed_keys if reducer is not None else None
     lengths = state.lengths_on(device)  # (B,)
     pieces = _LayerPieces()
     if tiled:  # long rows, summaries only: the keys in tiles that stay in the cache, blocks shared among threads
@@ -106,7 +107,9 @@ def attention(
             stop = min(n, start + rows)
             block = geometry(state, start, stop, device, call.triangle, gather_keys)  # here: it fills caches
             keys = stop if call.causal else n_keys
-            jobs.append((query, key, value, attention_mask, call, block, start, stop, keys, sink_logits, lengths))
+            jobs.append(
+                (query, key, value, attention_mask, call, block, start, stop, keys, sink_logits, lengths, summed_keys)
+            )
         for parts in tiles.blocks_in_tiles(jobs):
             pieces.add_tiled(*parts)
     start = n if tiled else 0
@@ -119,12 +122,14 @@ def attention(
         exp_logits, block_z, peak, mass = _softmax_parts(logits, sink_logits)
         pieces.add(_block_output(exp_logits, block_z, value, keys), block_z, visible, peak, mass)
         pieces.add_gathered(_gathered(logits, block, masked, call.causal, keys, lengths))
+        if summed_keys is not None:
+            pieces.summeds.append(_summed(exp_logits, block_z, block.positions, summed_keys))
         _hand_over(state, call, exp_logits, block_z, block.positions, lengths, n_keys, keys)
         # Σ_j exp(s_ij) s_ij, multiplying in place: the logits are not needed after this
         pieces.expected_logits.append(logits.mul_(exp_logits).sum(dim=-1).mul_(LN2) / block_z)  # (B, H, b) nats
         start = stop
     if reducer is not None:
-        reducer.add_layer(call.layer, pieces.rows(lengths))
+        reducer.add_layer(call.layer, pieces.rows(lengths, call.sliding_window))
     return joined(pieces.outputs, -2).transpose(1, 2)  # (B, n, H, d_head)
 
 
@@ -218,6 +223,16 @@ def _gathered(
     return gathered, in_sight & (index < lengths[:, None, None])
 
 
+def _summed(
+    exp_logits: torch.Tensor, block_z: torch.Tensor, positions: torch.Tensor, summed_keys: tuple[int, int]
+) -> torch.Tensor:
+    """(B, H, b): each row's attention on the keys S <= j <= i - R (the reducer's `summed_keys` (S, R))."""
+    sink, recent = summed_keys
+    keys = torch.arange(exp_logits.shape[-1], device=exp_logits.device)  # (k,)
+    wanted = (keys[None, :] >= sink) & (keys[None, :] <= positions[:, None] - recent)  # (b, k)
+    return (exp_logits * wanted).sum(dim=-1) / block_z
+
+
 def _hand_over(
     state: CaptureState,
     call: LayerCall,
@@ -257,6 +272,7 @@ class _LayerPieces:
     gathered_visibles: list[torch.Tensor] = field(default_factory=list)
     peaks: list[torch.Tensor] = field(default_factory=list)
     masses: list[torch.Tensor] = field(default_factory=list)
+    summeds: list[torch.Tensor] = field(default_factory=list)
 
     def add(self, output, normalizer, visible, peak, mass) -> None:
         self.outputs.append(output)
@@ -266,18 +282,20 @@ class _LayerPieces:
             self.peaks.append(peak)
             self.masses.append(mass)
 
-    def add_tiled(self, output, normalizer, visible, peak, mass, expected_logit, gathered) -> None:
+    def add_tiled(self, output, normalizer, visible, peak, mass, expected_logit, gathered, summed) -> None:
         """A block computed in tiles (pipeline.tiles.block_in_tiles): its pieces, all at once."""
         self.add(output, normalizer, visible, peak, mass)
         self.expected_logits.append(expected_logit)
         self.add_gathered(gathered)
+        if summed is not None:
+            self.summeds.append(summed)
 
     def add_gathered(self, gathered: tuple[torch.Tensor, torch.Tensor] | None) -> None:
         if gathered is not None:
             self.gathereds.append(gathered[0])
             self.gathered_visibles.append(gathered[1])
 
-    def rows(self, lengths: torch.Tensor) -> LayerRows:
+    def rows(self, lengths: torch.Tensor, sliding_window: int | None) -> LayerRows:
         return LayerRows(
             normalizer=joined(self.normalizers, -1),  # (B, H, n)
             expected_logit=joined(self.expected_logits, -1),  # (B, H, n)
@@ -287,6 +305,8 @@ class _LayerPieces:
             gathered_visible=joined(self.gathered_visibles, -2) if self.gathered_visibles else None,  # (B, n, m)
             peak=joined(self.peaks, -1) if self.peaks else None,
             mass=joined(self.masses, -1) if self.masses else None,
+            summed=joined(self.summeds, -1) if self.summeds else None,  # (B, H, n)
+            sliding_window=sliding_window,
         )
 
 

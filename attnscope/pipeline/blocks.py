@@ -73,7 +73,9 @@ class LayerRows:
     visible: (B, n) the keys each row sees (real tokens the model's mask allows: the causal triangle, a sliding
         window, padding); gathered_visible: (B, n, m) whether each gathered key is one of them;
     peak: (B, H, n) max_j s_ij (0 unless a sink outweighs every key), mass: (B, H, n) Σ_j A_ij (1 unless the
-        family has a sink); None when the family has no sink.
+        family has a sink); None when the family has no sink;
+    summed: (B, H, n) Σ_{S <= j <= i - R} A_ij, each row's attention on the keys the reducer's `summed_keys` (S, R)
+        names (None when it names none); sliding_window: the layer's own window (None without, or for a stack).
     """
 
     normalizer: torch.Tensor
@@ -84,6 +86,8 @@ class LayerRows:
     gathered_visible: torch.Tensor | None
     peak: torch.Tensor | None = None
     mass: torch.Tensor | None = None
+    summed: torch.Tensor | None = None
+    sliding_window: int | None = None
 
     @classmethod
     def stack(cls, layers: list[LayerRows]) -> LayerRows:
@@ -106,6 +110,7 @@ class LayerRows:
             gathered_visible=joined("gathered_visible"),
             peak=joined("peak"),
             mass=joined("mass"),
+            summed=joined("summed"),
         )
 
 
@@ -114,6 +119,9 @@ class Reducer:
     `add_block` must be called (the capture then keeps no more than one block alive at a time either way)."""
 
     wants_blocks = False
+    # (S, R): `add_layer` wants each row i's attention on the keys S <= j <= i - R (LayerRows.summed), the keys a
+    # streaming KV cache with a sink of S and a recent window of R drops; None: not wanted.
+    summed_keys: tuple[int, int] | None = None
 
     def keys_to_gather(self, positions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor | None:
         """Key indices whose logits `add_layer` wants for rows `positions` of windows of `lengths` (B,): (b, m), the

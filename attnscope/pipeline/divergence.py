@@ -43,6 +43,9 @@ class Reducers(Reducer):
     def __init__(self, *reducers: Reducer):
         self.reducers = reducers
         self.wants_blocks = any(reducer.wants_blocks for reducer in reducers)
+        summed = {reducer.summed_keys for reducer in reducers} - {None}
+        assert len(summed) <= 1, "reducers combined must want the same summed keys"
+        self.summed_keys = next(iter(summed), None)
         pinned = [reducer.block_bytes for reducer in reducers if hasattr(reducer, "block_bytes")]
         if pinned:  # the block path's sizes, as one of them needs them (see block_path.block_budget)
             self.block_bytes = pinned[0]

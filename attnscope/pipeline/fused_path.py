@@ -22,7 +22,7 @@ def attention(
     when the block path must compute it (the reason noted). Shapes as block_path.attention's."""
     reducer = state.reducer
     layer = call.layer
-    if (reducer is not None and reducer.wants_blocks) or state.keeps(layer):
+    if (reducer is not None and (reducer.wants_blocks or reducer.summed_keys is not None)) or state.keeps(layer):
         if state.kernel == "fused":  # asked for by name: say why it was not used
             state.note(kernels.BLOCKS_WANTED)
         return None

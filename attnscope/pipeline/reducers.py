@@ -141,26 +141,24 @@ class DistantAttention(Reducer):
     attention, so it adds nothing here either; `sliding_windows` keeps each layer's window as the model gave it.
 
         sums[l, h] = Σ_rows Σ_{S <= j <= i - R} A_ij     (float64)     row_count = scored rows (each layer's alike)
-    """
 
-    wants_blocks = True
+    The inner sum is the capture's (LayerRows.summed, asked for by `summed_keys`): block by block, or tile by tile
+    at long context, so that kvplan's score costs what heads' statistics cost.
+    """
 
     def __init__(self, n_layer: int, n_head: int, device: torch.device, sink: int, recent: int):
         self.sink, self.recent = sink, recent
+        self.summed_keys = (sink, recent)  # the capture sums each row's attention on them (LayerRows.summed)
         self.sums = torch.zeros(n_layer, n_head, dtype=torch.float64, device=device)
         self.row_count = torch.zeros((), dtype=torch.long, device=device)
         self.sliding_windows: dict[int, int | None] = {}  # layer -> its window (None: it sees every earlier key)
 
-    def add_block(self, layer: int, block: AttentionBlock) -> None:
-        self.sliding_windows[layer] = block.sliding_window
-        positions, lengths = block.positions, block.lengths  # (b,), (B,)
-        if int(positions[-1]) < self.sink + self.recent:  # no row of the block has a distant key
-            return
-        scored = (positions[None, :] >= self.sink + self.recent) & (positions[None, :] < lengths[:, None])  # (B, b)
-        keys = torch.arange(block.exp_logits.shape[-1], device=positions.device)  # (k,)
-        distant = (keys[None, :] >= self.sink) & (keys[None, :] <= positions[:, None] - self.recent)  # (b, k)
-        mass = (block.exp_logits * distant).sum(dim=-1) / block.normalizer  # (B, H, b)
-        mass = torch.where(scored[:, None, :], mass, 0.0)
+    def add_layer(self, layer: int, rows: LayerRows) -> None:
+        self.sliding_windows[layer] = rows.sliding_window
+        lengths = rows.lengths  # (B,)
+        positions = torch.arange(rows.summed.shape[-1], device=lengths.device)  # (n,)
+        scored = (positions[None, :] >= self.sink + self.recent) & (positions[None, :] < lengths[:, None])  # (B, n)
+        mass = torch.where(scored[:, None, :], rows.summed, 0.0)  # (B, H, n)
         self.sums[layer] += mass.sum(dim=(0, 2), dtype=torch.float64).to(self.sums.device)  # (H,)
         if layer == 0:
             self.row_count += scored.sum().to(self.row_count.device)

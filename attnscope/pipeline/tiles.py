@@ -122,10 +122,12 @@ def block_in_tiles(
     keys: int,
     sink_logits: torch.Tensor | None,
     lengths: torch.Tensor,
+    summed_keys: tuple[int, int] | None = None,
 ):
     """The block of rows start:stop over its first `keys` keys, in tiles: (output (B, H, b, d_head) in the values'
     dtype, Z (B, H, b), visible (B, b), peak, mass (None without a sink), expected logit (B, H, b) in nats, gathered
-    (or None)), as block_path's steps give them. query: (B, H_kv, G, n, d_head), key and value (B, H_kv, n_k, d_head),
+    (or None), summed (B, H, b): the attention on the keys S <= j <= i - R of `summed_keys` (S, R), or None), as
+    block_path's steps give them. query: (B, H_kv, G, n, d_head), key and value (B, H_kv, n_k, d_head),
     sink_logits (1, H, 1) in base 2 or None; lengths (B,) the windows' real tokens."""
     B, H_kv, G, _, d_head = query.shape
     H, b = H_kv * G, stop - start
@@ -149,10 +151,10 @@ def block_in_tiles(
             visible += (high - low) - masked[:, 0].sum(-1)
         else:
             visible += high - low
-        sums.add(logits, value[:, :, low:high])
+        sums.add(logits, value[:, :, low:high], _in_range(summed_keys, block.positions, low, high))
     if call.triangle:
         visible = block.visible
-    m, total, weighted, accumulated = sums.combined()  # (B, H, b) ×3, (B, H_kv, G·b, d_head)
+    m, total, weighted, accumulated, summed = sums.combined()  # (B, H, b) ×3, (B, H_kv, G·b, d_head), (B, H, b)
     shift = m if sink_logits is None else torch.maximum(m, sink_logits)
     lead = (m - shift).clamp(min=FAR)  # <= 0: 0 without a sink
     kept = torch.exp2(lead) * total  # c·l
@@ -162,7 +164,7 @@ def block_in_tiles(
     expected = share * (weighted + lead * total) * LN2
     peak, mass = (None, None) if sink_logits is None else (lead * LN2, kept / z)
     gathered = _gathered(rows, key, attention_mask, call, block, start, stop, keys, shift, lengths)
-    return output, z, visible, peak, mass, expected, gathered
+    return output, z, visible, peak, mass, expected, gathered, None if summed is None else share * summed
 
 
 def _tiles(start: int, stop: int, keys: int, triangle: bool) -> list[tuple[int, int]]:
@@ -180,23 +182,32 @@ class _TileSums:
     rather than once per tile."""
 
     def __init__(self):
-        self.maxima, self.totals, self.weighteds, self.products = [], [], [], []
+        self.maxima, self.totals, self.weighteds, self.products, self.summeds = [], [], [], [], []
 
-    def add(self, logits: torch.Tensor, value: torch.Tensor) -> None:
-        """One tile: logits (B, H, b, c) in base 2, masked (shifted in place), and its values (B, H_kv, c, d)."""
+    def add(self, logits: torch.Tensor, value: torch.Tensor, in_range) -> None:
+        """One tile: logits (B, H, b, c) in base 2, masked (shifted in place), and its values (B, H_kv, c, d);
+        in_range: which of its keys each row sums (`_in_range`: None for no sum, True, False or a (b, c) mask)."""
         B, H, b, c = logits.shape
         tile_max = logits.amax(dim=-1)  # (B, H, b)
         # no floor before exp2, unlike the block path's exp: exp2 has no slow path for results that underflow, and
         # the capture flushes denormals, so a masked key weighs exactly 0 (0 · −1e30 stays 0 in the weighted sum)
         weights = torch.exp2(logits.sub_(tile_max[..., None]))  # (B, H, b, c)
         self.maxima.append(tile_max)
-        self.totals.append(weights.sum(dim=-1))  # (B, H, b)
+        total = weights.sum(dim=-1)  # (B, H, b)
+        self.totals.append(total)
+        if in_range is True:
+            self.summeds.append(total)
+        elif in_range is False:
+            self.summeds.append(torch.zeros_like(total))
+        elif in_range is not None:
+            self.summeds.append((weights * in_range).sum(dim=-1))
         self.weighteds.append(torch.linalg.vecdot(weights, logits))  # Σ_j w_ij (s_ij − m_c)
         self.products.append(torch.matmul(weights.to(value.dtype).view(B, value.shape[1], -1, c), value))
 
-    def combined(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(m, l, t, output accumulator) over all tiles, relative to the block's maximum m (B, H, b): with a_c =
-        2^(m_c − m), l = Σ_c a_c l_c, t = Σ_c a_c (t_c + (m_c − m) l_c), output = Σ_c a_c products_c (float32)."""
+    def combined(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(m, l, t, output accumulator, summed) over all tiles, relative to the block's maximum m (B, H, b): with a_c
+        = 2^(m_c − m), l = Σ_c a_c l_c, t = Σ_c a_c (t_c + (m_c − m) l_c), output = Σ_c a_c products_c (float32),
+        summed = Σ_c a_c summed_c (None when no tile summed)."""
         maxima = torch.stack(self.maxima)  # (T, B, H, b)
         m = maxima.amax(dim=0)
         lead = (maxima - m).clamp_(min=FAR)  # (T, B, H, b), <= 0
@@ -207,7 +218,23 @@ class _TileSums:
         products = torch.stack(self.products).float()  # (T, B, H_kv, G·b, d)
         T, B, H_kv, Gb, _ = products.shape
         output = (products * scale.view(T, B, H_kv, Gb, 1)).sum(dim=0)  # (B, H_kv, G·b, d)
-        return m, total, weighted, output
+        summed = (scale * torch.stack(self.summeds)).sum(dim=0) if self.summeds else None
+        return m, total, weighted, output, summed
+
+
+def _in_range(summed_keys: tuple[int, int] | None, positions: torch.Tensor, low: int, high: int):
+    """Which keys low:high each row `positions` (b,) sums, of the keys S <= j <= i - R (`summed_keys` (S, R)): None
+    when nothing is summed, True for all of them (every row), False for none, else a (b, c) mask."""
+    if summed_keys is None:
+        return None
+    sink, recent = summed_keys
+    first, last = int(positions[0]), int(positions[-1])
+    if high <= sink or low > last - recent:
+        return False
+    if low >= sink and high - 1 <= first - recent:
+        return True
+    keys = torch.arange(low, high, device=positions.device)  # (c,)
+    return (keys[None, :] >= sink) & (keys[None, :] <= positions[:, None] - recent)  # (b, c)
 
 
 def _gathered(rows, key, attention_mask, call: LayerCall, block: BlockGeometry, start, stop, keys, shift, lengths):

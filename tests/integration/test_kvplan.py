@@ -5,6 +5,8 @@ the plan from them; the long probe; texts too short to measure."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -14,7 +16,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.models.loading import load_model
 from attnscope.pipeline.inputs import Text
 from attnscope.pipeline.tokens import batches, pad_id, tokenize
-from tests.support import CAT, DOCTOR, FAMILY_TEXTS, WINDOW
+from tests.support import CAT, DOCTOR, FAMILY_TEXTS, WINDOW, tiles_everywhere
 
 TEXTS = [
     Text(CAT, "a"),
@@ -42,10 +44,15 @@ def _by_eager_maps(model, texts, sink: int, recent: int) -> tuple[np.ndarray, in
     return sums / rows, rows
 
 
-def test_gpt2_scores_equal_the_eager_maps_sums(tiny):
+@pytest.mark.parametrize("tiled", [False, True], ids=["blocks", "tiles"])
+def test_gpt2_scores_equal_the_eager_maps_sums(tiny, tiled):
+    """Also with every block's keys in tiles of 3 (how long rows go on the CPU): tiles wholly inside the summed keys,
+    wholly outside, and across their edges."""
     sink, recent = 2, 3
     expected, rows = _by_eager_maps(tiny, TEXTS, sink, recent)
-    result = api.kvplan(tiny, TEXTS, sink=sink, recent=recent, batch_size=2)  # the two long texts in one batch
+    with tiles_everywhere() if tiled else contextlib.nullcontext([]) as tiled_blocks:
+        result = api.kvplan(tiny, TEXTS, sink=sink, recent=recent, batch_size=2)  # the two long texts in one batch
+    assert bool(tiled_blocks) == tiled
     assert result.inputs["scored_rows"] == rows and result.inputs["n_windows"] == 3
     assert np.allclose(result.scores, expected, atol=1e-6)
     assert np.array_equal(result.kv_scores, result.scores)  # GPT-2: one KV head per query head
@@ -62,14 +69,17 @@ def gemma2(family_dir):
     return load_model(str(family_dir("gemma2")), "cpu")
 
 
-def test_grouped_query_attention_and_a_sliding_window_against_the_eager_maps(gemma2):
+@pytest.mark.parametrize("tiled", [False, True], ids=["blocks", "tiles"])
+def test_grouped_query_attention_and_a_sliding_window_against_the_eager_maps(gemma2, tiled):
     """Gemma 2's layer 0 slides over WINDOW tokens: a row sees keys i - 3 .. i, so only some of the keys after the
     sink and before the recent window carry weight; 4 query heads share 2 KV heads, whose score is the larger of
-    their two."""
+    their two. Also with every block's keys in tiles of 3."""
     assert (gemma2.n_head, gemma2.n_kv_head) == (4, 2)
     sink, recent = 1, 2
     expected, rows = _by_eager_maps(gemma2, FAMILY_TEXTS, sink, recent)
-    result = api.kvplan(gemma2, FAMILY_TEXTS, sink=sink, recent=recent, streaming=0.75, context=1000)
+    with tiles_everywhere() if tiled else contextlib.nullcontext([]) as tiled_blocks:
+        result = api.kvplan(gemma2, FAMILY_TEXTS, sink=sink, recent=recent, streaming=0.75, context=1000)
+    assert bool(tiled_blocks) == tiled
     assert result.inputs["scored_rows"] == rows
     assert np.allclose(result.scores, expected, atol=1e-5)
     assert result.kv_scores.shape == (2, 2)

@@ -26,7 +26,8 @@ from attnscope.models.checks import Shape
 from attnscope.output.kvplan import PLAN_FILE, byte_size, memory_line, plan_config, plan_tsv
 from attnscope.output.notebook import html
 from attnscope.output.views import view_of
-from attnscope.pipeline.blocks import AttentionBlock
+from attnscope.pipeline import block_path
+from attnscope.pipeline.blocks import AttentionBlock, LayerRows
 from attnscope.pipeline.reducers import DistantAttention
 from tests.support import first_token_map, previous_token_map, uniform_map
 
@@ -34,14 +35,18 @@ N = 20  # tokens of the hand-built windows
 
 
 def _distant(maps: torch.Tensor, sink: int, recent: int, lengths=None, cut: int | None = None) -> DistantAttention:
-    """The reducer fed `maps` (B, H, n, n) as the capture feeds it: causal blocks of rows (split at `cut`), each
-    with the keys up to its last row."""
+    """The reducer fed `maps` (B, H, n, n) as the capture feeds it: the block path's sums over the keys it asks for
+    (`summed_keys`), of causal blocks of rows (split at `cut`), each with the keys up to its last row, then the
+    layer's rows."""
     B, H, n, _ = maps.shape
     lengths = torch.full((B,), n) if lengths is None else torch.tensor(lengths)
     reducer = DistantAttention(1, H, torch.device("cpu"), sink, recent)
+    summed = []
     for start, stop in ((0, cut), (cut, n)) if cut else ((0, n),):
-        block = maps[:, :, start:stop, :stop]  # (B, H, b, k): a causal block sees keys up to its last row
-        reducer.add_block(0, AttentionBlock.from_probs(block, torch.arange(start, stop), lengths))
+        block = AttentionBlock.from_probs(maps[:, :, start:stop, :stop], torch.arange(start, stop), lengths)
+        summed.append(block_path._summed(block.exp_logits, block.normalizer, block.positions, reducer.summed_keys))
+    zeros = torch.zeros(B, H, n)
+    reducer.add_layer(0, LayerRows(zeros, zeros, None, lengths, torch.ones(B, n), None, summed=torch.cat(summed, -1)))
     return reducer
 
 
