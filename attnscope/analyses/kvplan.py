@@ -12,7 +12,8 @@ row i, the keys S <= j <= i - R (after the sink, before the recent window),
 
 over the rows with i >= S + R (the rows that have such keys, in every window of the texts; shorter windows are not
 run at all): 0 for a head that never looks past its sink and recent window, 1 for one that never looks inside them
-(`pipeline.reducers.DistantAttention`, exact sums over blocks of rows, no (n × n) map held).
+(`pipeline.reducers.DistantAttention`: exact sums of the capture's per-row sums, `Reducer.summed_keys`, block by
+block or tile by tile, no (n × n) map held).
 
 **A KV head's score** is the largest of its query heads' (grouped-query attention: query head h reads KV head
 h // (H / H_kv)): the cache is shared, so if any query head of the group needs the distant past, the group's cache
