@@ -25,12 +25,11 @@ layers apply their mask to each tile and count the keys each row sees as they go
 
 from __future__ import annotations
 
-import functools
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from attnscope import threads
 from attnscope.pipeline.blocks import (
     LN2,
     LOG2E,
@@ -89,18 +88,9 @@ def blocks_in_tiles(jobs: list[tuple]) -> list[tuple]:
 
     torch.set_num_threads(1)  # before the pool's threads start: a thread takes the count torch has at its first use
     try:
-        return list(_pool(workers, os.getpid()).map(run, jobs))  # an interrupt cancels the blocks not begun
+        return list(threads.pool(workers, os.getpid()).map(run, jobs))  # an interrupt cancels the blocks not begun
     finally:
         torch.set_num_threads(workers)
-
-
-@functools.cache
-def _pool(workers: int, process: int) -> ThreadPoolExecutor:
-    """The threads that compute a layer's blocks, one pool per count, kept for the process (`process`, its id: a
-    process forked from this one has none of these threads, and builds its own pool)."""
-    return ThreadPoolExecutor(
-        workers, thread_name_prefix="attnscope-tiles", initializer=torch.set_num_threads, initargs=(1,)
-    )
 
 
 def wants_tiles(state: CaptureState, call: LayerCall, device: torch.device, n_keys: int) -> bool:

@@ -193,7 +193,7 @@ def test_tiled_blocks_shared_among_threads_give_exactly_what_one_thread_gives(mo
             hook.remove()
             torch.set_num_threads(before)
         assert len(tiled_blocks) > 2 * model.n_layer  # several blocks a layer, to share
-        pooled = {name for *_, name in tiled_blocks if name.startswith("attnscope-tiles")}
+        pooled = {name for *_, name in tiled_blocks if name.startswith("attnscope-workers")}
         assert len(pooled) == (0 if threads == 1 else 2)  # one thread: no pool; two: both threads took blocks
         runs.append((statistics.means(), outputs[0]))
     (one, one_output), (two, two_output) = runs

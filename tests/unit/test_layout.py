@@ -30,13 +30,14 @@ def _module_name(path: Path, root: Path) -> str:
 
 
 def _stage(module: str) -> str:
-    """attnscope.errors, attnscope.options (every option's domain) and attnscope itself: base; attnscope.<stage>.x:
-    <stage> (attnscope.settings: every command's settings, declared once, light enough for `--help`);
-    attnscope.api: api (the Python API, above the output it hands back); attnscope.cli, __main__: cli."""
+    """attnscope.errors, attnscope.options (every option's domain), attnscope.threads (the worker threads) and
+    attnscope itself: base; attnscope.<stage>.x: <stage> (attnscope.settings: every command's settings, declared
+    once, light enough for `--help`); attnscope.api: api (the Python API, above the output it hands back);
+    attnscope.cli, __main__: cli."""
     parts = module.split(".")
     if parts[0] != "attnscope":
         raise ValueError(module)
-    if len(parts) == 1 or parts[1] in ("errors", "options"):
+    if len(parts) == 1 or parts[1] in ("errors", "options", "threads"):
         return "base"
     if parts[1] in ("cli", "__main__"):
         return "cli"

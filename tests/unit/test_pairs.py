@@ -13,6 +13,14 @@ from scipy.spatial.distance import jensenshannon
 from attnscope.scores import groups, pairs
 
 
+@pytest.fixture(params=["numpy", "torch"])
+def kernel(request, monkeypatch):
+    """Float32 rows on the CPU go to numpy's threaded kernel where numpy's log2 is vectorized, else to torch's:
+    each test that takes this fixture runs on both, whatever this machine has."""
+    monkeypatch.setattr(pairs, "numpy_log2_is_vectorized", lambda: request.param == "numpy")
+    return request.param
+
+
 def _random_rows(generator, count, n, zeros=True):
     rows = torch.rand(count, n, generator=generator, dtype=torch.float64) ** 3
     if zeros:
@@ -78,7 +86,7 @@ def test_causal_rows_may_skip_the_keys_after_them():
         assert torch.allclose(ours, theirs, atol=1e-12)
 
 
-def test_identical_heads_are_zero_apart_in_float32():
+def test_identical_heads_are_zero_apart_in_float32(kernel):
     """Float32 softmax rows, as the capture gives them: a head and its copy must be 0 apart, not ~1e-7 bits (whose
     square root, ~4e-4, is what js_distance showed before the divergence was computed in float64)."""
     generator = torch.Generator().manual_seed(3)
@@ -111,7 +119,7 @@ def test_row_divergences_match_scipy_in_float64_with_zeros_and_one_hot_rows():
 
 
 @pytest.mark.parametrize("scale", [0.1, 1.0, 5.0])  # GPT-2 with random weights is near uniform; trained, peaked
-def test_float32_rows_are_within_the_stated_bound_of_float64(scale):
+def test_float32_rows_are_within_the_stated_bound_of_float64(scale, kernel):
     """The float32 kernel against the same rows in float64: within 2e-6 bits per row (the bound row_divergences
     states), 2e-7 typically; some heads near uniform and some peaked in the same rows too."""
     generator = torch.Generator().manual_seed(5)
@@ -122,7 +130,7 @@ def test_float32_rows_are_within_the_stated_bound_of_float64(scale):
         assert error.max() < 2e-6 and error.median() < 2e-7
 
 
-def test_identical_heads_are_exactly_zero_apart_in_every_chunking():
+def test_identical_heads_are_exactly_zero_apart_in_every_chunking(kernel):
     generator = torch.Generator().manual_seed(6)
     rows = _softmax_rows(generator, 5, 9, 33, 3.0)
     rows[4] = rows[0]
@@ -130,6 +138,37 @@ def test_identical_heads_are_exactly_zero_apart_in_every_chunking():
     for budget in (1, 5 * 9 * 33 * 4 * 2, 2**30):  # one head per chunk, two, all
         ours = pairs.row_divergences(rows, budget)
         assert (ours[0, 4] == 0).all() and (ours[1, 2] == 0).all() and (ours[0, 1] > 0).all()
+
+
+def test_the_two_float32_kernels_agree_with_float64_and_threads_change_no_bit(monkeypatch):
+    """Σ s log2 s for every pair, from numpy's kernel (on 1 and 2 threads) and torch's, against float64: both
+    within float32 rounding, and the numpy kernel's pieces give the same bits whichever thread computed them."""
+    generator = torch.Generator().manual_seed(8)
+    rows = torch.cat([_softmax_rows(generator, 4, 5, 37, 3.0), _softmax_rows(generator, 3, 5, 37, 0.1)])  # (7, 5, 37)
+    s = rows[:, None] + rows[None, :]  # (K, K, R, keys)
+    expected = torch.triu(torch.ones(7, 7)).bool()[..., None] * (s * torch.log2(s)).double().sum(-1)  # (K, K, R)
+    threads = torch.get_num_threads()
+    results = {}
+    try:
+        for name, count in (("numpy", 1), ("numpy", 2), ("torch", 2)):
+            monkeypatch.setattr(pairs, "numpy_log2_is_vectorized", lambda name=name: name == "numpy")
+            torch.set_num_threads(count)
+            results[name, count] = pairs.pair_xlog2x(rows, budget_bytes=2 * 5 * 37 * 4)  # two heads a piece
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(results["numpy", 1], results["numpy", 2])
+    for Y in results.values():
+        assert Y.dtype == torch.float32 and torch.allclose(Y.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_numpy_kernel_is_chosen_only_where_numpy_log2_is_vectorized(monkeypatch):
+    introspect = pytest.importorskip("numpy.lib.introspect")
+    for current, chosen in (("X86_V4", True), ("AVX512_SKX", True), ("baseline(X86_V2)", False), ("ASIMD", False)):
+        report = {"log2": {"ff": {"current": current, "available": current}}}
+        monkeypatch.setattr(introspect, "opt_func_info", lambda func_name, signature, report=report: report)
+        pairs.numpy_log2_is_vectorized.cache_clear()
+        assert pairs.numpy_log2_is_vectorized() is chosen, current
+    pairs.numpy_log2_is_vectorized.cache_clear()
 
 
 def test_window_sums_add_up_to_the_pairwise_sums():
