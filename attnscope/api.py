@@ -403,6 +403,13 @@ def is_main_process() -> bool:
     return world().is_main
 
 
+def process_rank() -> int:
+    """This process's rank among torchrun's (0 for the only process); raises AttnscopeError as `is_main_process`."""
+    from attnscope.pipeline.distributed import world
+
+    return world().rank
+
+
 def _noted(result: Any, notes: list[str]) -> Any:
     """`result` with `notes` first among its own."""
     if notes:

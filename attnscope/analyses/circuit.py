@@ -21,8 +21,9 @@ settings (`Circuit`), the analysis (`Circuit.run`: the heads analysis, the chang
 composition, copying and direct effects) and its result (`CircuitResult`).
 
 Under torchrun the removals are shared (`analyses.circuit_replay`: every process runs every batch, and replays every
-N-th removal); everything else runs whole in every process, the heads analysis included (`distributed.alone`: a
-share of the windows, its sums added, would round otherwise), so the result is one process's, bit for bit.
+N-th removal), and the batches of the gradient and of the direct effects (`distributed.in_rounds`); everything else
+runs whole in every process, the heads analysis included (`distributed.alone`: a share of the windows, its sums
+added, would round otherwise), so the result is one process's, bit for bit.
 """
 
 from __future__ import annotations

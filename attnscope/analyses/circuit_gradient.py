@@ -24,7 +24,7 @@ every window, pooled; the probe's induction and duplicate-token scores over its 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,7 @@ from attnscope.analyses.common import too_short
 from attnscope.analyses.heads import Heads
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
-from attnscope.pipeline import interventions
+from attnscope.pipeline import distributed, interventions
 from attnscope.pipeline.ablation import Ablation
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.probe import probe_for
@@ -110,33 +110,48 @@ def gradient_changes(
             lambda: batches(windows, len(windows), loaded.device)
         )
     gates, recorder = interventions.HeadGates(), interventions.AttentionWeightsRecorder()
+
+    def part(source: str, slots: list[int], period: int | None = None) -> Callable[[Any], tuple]:
+        """One batch's share of the sums: (values (n,), gradients (n, L, H), rows counted, local_uniform's sums)."""
+
+        def of_batch(batch: Any) -> tuple:
+            part_values, part_gradients = torch.zeros_like(values), torch.zeros_like(gradients)
+            recorder.layers = frozenset()  # the donors of resample run through the intact model, unrecorded
+            gates.replacements = replacing[source].for_batch(batch)
+            count, batch_uniform = _accumulate(
+                loaded, heads, batch, [wanted[k] for k in slots], slots, gates, recorder,
+                part_values, part_gradients, alphas, period=period,
+            )  # fmt: skip
+            return part_values, part_gradients, int(count), {layer: float(x) for layer, x in batch_uniform.items()}
+
+        return of_batch
+
+    # Under torchrun the batches go round the processes (`distributed.in_rounds`), each batch's sums added in the
+    # batches' order as one process adds them: the same result, bit for bit.
     with (
         interventions.attention(loaded, "eager"),  # the probabilities themselves, differentiable
         interventions.weights_frozen(loaded),  # only the gates' gradients are wanted
         interventions.hooks(loaded, gates, recorder),
     ):
         if from_texts:
-            for batch in text_batches():
-                recorder.layers = frozenset()  # the donors of resample run through the intact model, unrecorded
-                gates.replacements = replacing[catalog.ROWS].for_batch(batch)
-                count, batch_uniform = _accumulate(
-                    loaded, heads, batch, [wanted[k] for k in from_texts], from_texts, gates, recorder,
-                    values, gradients, alphas,
-                )  # fmt: skip
+            for part_values, part_gradients, count, batch_uniform in distributed.in_rounds(
+                text_batches(), part(catalog.ROWS, from_texts)
+            ):
+                values += part_values
+                gradients += part_gradients
                 counts[catalog.ROWS] += count
-                for layer, part in batch_uniform.items():
-                    uniform[layer] += part
+                for layer, share in batch_uniform.items():
+                    uniform[layer] += share
             if counts[catalog.ROWS] == 0:
                 raise AttnscopeError(too_short(loaded, "explain"))
         if from_probe:
-            batch = next(batches(windows, len(windows), loaded.device))
-            recorder.layers = frozenset()
-            gates.replacements = replacing[catalog.PROBE].for_batch(batch)
-            count, _ = _accumulate(
-                loaded, heads, batch, [wanted[k] for k in from_probe], from_probe, gates, recorder,
-                values, gradients, alphas, period=period,
-            )  # fmt: skip
-            counts[catalog.PROBE] += count
+            probe = [next(batches(windows, len(windows), loaded.device))]
+            for part_values, part_gradients, count, _ in distributed.in_rounds(
+                probe, part(catalog.PROBE, from_probe, period)
+            ):
+                values += part_values
+                gradients += part_gradients
+                counts[catalog.PROBE] += count
     for k, item in enumerate(wanted):
         values[k] /= counts[item.source]
         gradients[k] /= counts[item.source]

@@ -55,7 +55,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.models.families import MASKED_LM
 from attnscope.models.loading import LoadedModel, fastest_attention
 from attnscope.models.weights import DirectPath, Norm, direct_path
-from attnscope.pipeline import interventions
+from attnscope.pipeline import distributed, interventions
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.loss_windows import IGNORED, batch_labels, loss_windows
 from attnscope.pipeline.tokens import batches, pad_id
@@ -239,14 +239,21 @@ def direct_effects(
     logit_total, count, tokens = 0.0, 0, 0
     run = _EncoderRun(loaded, path) if path.masked_head is not None else _DecoderRun(loaded, path)
     fastest = fastest_attention(loaded.model)  # no attention weights are needed
+
+    def of_batch(batch: Any) -> tuple[Any, float, int, int]:
+        """A batch's sums: (effects (L, H) float64 on the host, correct-token logits, predicted tokens, tokens)."""
+        labels = batch_labels(windows, batch)  # (B, n) or None
+        effects, logits = run.batch(batch.input_ids, batch.attention_mask, labels)  # (P, L, H), (P,)
+        return effects.double().sum(0).cpu(), float(logits.double().sum()), len(logits), int(batch.lengths.sum())
+
+    # under torchrun the batches go round the processes, their sums added in order as one process adds them
     with interventions.attention(loaded, fastest), interventions.hooks(loaded, run.recorder), torch.inference_mode():
-        for batch in batches(windows.windows, batch_size, loaded.device, pad_id(loaded.tokenizer), max_tokens):
-            labels = batch_labels(windows, batch)  # (B, n) or None
-            effects, logits = run.batch(batch.input_ids, batch.attention_mask, labels)  # (P, L, H), (P,)
-            totals += effects.double().sum(0).cpu()
-            logit_total += float(logits.double().sum())
-            count += len(logits)
-            tokens += int(batch.lengths.sum())
+        all_batches = batches(windows.windows, batch_size, loaded.device, pad_id(loaded.tokenizer), max_tokens)
+        for effects, logits, predicted, length in distributed.in_rounds(all_batches, of_batch):
+            totals += effects
+            logit_total += logits
+            count += predicted
+            tokens += length
             if progress is not None:
                 progress(inputs["n_texts"], tokens, tokens / max(inputs["n_tokens"], 1))
     heads = (totals / max(count, 1)).numpy()

@@ -102,10 +102,22 @@ def _stopped() -> int:
     signum = _interrupted or signal.SIGINT
     name = "" if signum == signal.SIGINT else f" ({signal.Signals(signum).name})"
     try:
-        print(f"attnscope: interrupted{name}", file=sys.stderr)
+        if _rank() == 0:  # torchrun interrupts every process: one line says so
+            print(f"attnscope: interrupted{name}", file=sys.stderr)
     except (OSError, ValueError):  # SIGHUP: the terminal that stderr was is gone
         pass
     return 128 + signum
+
+
+def _rank() -> int:
+    """This process's rank under torchrun, 0 for the only process (and where torchrun's variables are not whole:
+    that error is every process's, and rank 0's line says it)."""
+    from attnscope.api import process_rank
+
+    try:
+        return process_rank()
+    except AttnscopeError:
+        return 0
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -126,6 +138,11 @@ def run(argv: list[str] | None = None) -> int:
         message, status = _user_error(error, (argv or [""])[0] if argv else "")
         if message is None:
             raise  # a bug keeps its traceback, for the bug report
+        rank = _rank()
+        if message and rank and _out_of_memory(error):  # one process's own memory: say whose
+            message = message.replace("attnscope: error:", f"attnscope: error (rank {rank}):", 1)
+        elif rank:  # the same error on every process (they read the same options and texts): rank 0 says it
+            message = ""
         if message:
             print(one_line(message), file=sys.stderr)
         return status

@@ -8,7 +8,9 @@ Two ways of sharing the work, each where it fits:
     items:    each rank takes every N-th item of a list of independent pieces of work (`share`) and does each
               whole, exactly as one process would; the results are gathered, in the list's order, on every rank
               (`run_shared`, `gather`): circuit's removals, compare's models, the models of a report of several.
-              The result is one process's, bit for bit.
+              The result is one process's, bit for bit. A stream of items too long to hold (circuit's gradient,
+              batch by batch) goes round by round (`in_rounds`): N items at a time, one to each rank, their
+              results handed back in order, so that sums over them are added as one process adds them.
 
 Inside `alone()` a process works as if it were the only one (no window split, no sums added, nothing shared): a
 piece of work (a model of compare) runs its passes over the texts whole. Only rank 0 prints and writes files.
@@ -26,8 +28,9 @@ before any model.
 from __future__ import annotations
 
 import contextvars
+import itertools
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -169,6 +172,35 @@ def gather(mine: Sequence[T]) -> list[T]:
     parts: list[Any] = [None] * place.size
     torch.distributed.all_gather_object(parts, list(mine))
     return reassemble(parts)
+
+
+def in_rounds(items: Iterable[T], work: Callable[[T], R]) -> Iterator[R]:
+    """`work(item)` for every item of a stream every process reads alike, yielded in the items' order on every
+    process, one round of N items at a time: item i is worked on by process i mod N, and each round's results are
+    gathered before the next round begins (so only N results are held, however long the stream). An
+    AttnscopeError ends the stream as in `run_shared`: raised by every process, the first in order, at the end of
+    its round. One process: `work(item)` for each item, as it comes."""
+    place = working()
+    if place.size == 1:
+        for item in items:
+            yield work(item)
+        return
+    iterator = iter(items)
+    while True:
+        round_items = list(itertools.islice(iterator, place.size))
+        if not round_items:
+            return
+        mine: tuple[bool, Any] | None = None
+        if place.rank < len(round_items):
+            try:
+                mine = (True, work(round_items[place.rank]))
+            except AttnscopeError as error:
+                mine = (False, str(error))
+        for outcome in gather([] if mine is None else [mine]):
+            done, value = outcome
+            if not done:
+                raise AttnscopeError(value)
+            yield value
 
 
 def run_shared(items: Sequence[T], work: Callable[[T], R]) -> list[R]:

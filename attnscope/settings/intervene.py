@@ -91,7 +91,7 @@ class Ablate(Reading, Batching, Removal, Place, Revision, DeviceMap, Settings):
 class Circuit(Scoring, Removal, Loading, Settings):
     """`attnscope circuit`: which earlier heads each head depends on."""
 
-    torchrun: ClassVar[bool] = True  # each process replays every N-th removal (analyses.circuit_replay)
+    torchrun: ClassVar[bool] = True  # every N-th removal replayed (circuit_replay), every N-th gradient batch
 
     head: Sequence[str] | None = setting(
         options.HEADS,
@@ -138,14 +138,6 @@ class Circuit(Scoring, Removal, Loading, Settings):
             raise AttnscopeError(
                 f"score {self.score}: a count of argmax hits has no gradient, so method gradient cannot estimate its "
                 "changes; use method removal"
-            )
-
-    def check_processes(self, size: int, count: int = 1) -> None:
-        """The removals are shared among torchrun's processes; the gradient's backward passes are not."""
-        if size > 1 and self.method == "gradient":
-            raise AttnscopeError(
-                f"circuit --method gradient does not share its work among torchrun's processes (each of the {size} "
-                "would run it whole): run it as one process, or use --method removal, whose removals they share"
             )
 
     @property

@@ -269,6 +269,37 @@ def test_what_needs_the_model_is_checked_before_any_text_runs(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_under_torchrun_rank_0_alone_says_a_shared_error_and_a_process_out_of_memory_says_its_rank(
+    cli, tiny_model_dir, monkeypatch
+):
+    """Every process of a torchrun launch reads the same options and texts, so a user's error is every process's:
+    one line, rank 0's, not one per process. Running out of memory is one process's own: its line names the rank.
+    (The processes' group is not joined here: its joining is stubbed, the error comes first.)"""
+    from attnscope.analyses import heads
+    from attnscope.pipeline import distributed
+
+    torchrun = {"WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    for name, value in torchrun.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(distributed, "init", lambda device: distributed.world())
+    for rank, lines in (("1", 0), ("0", 1)):
+        monkeypatch.setenv("RANK", rank)
+        for args in (["heads", CAT, "--top", "-3"], ["diversity", CAT, "--layer", "7", "-m", tiny_model_dir]):
+            code, out, err = cli(*args)
+            assert code == 2 and out == "" and len(err.splitlines()) == lines, (rank, args, err)
+            assert err.startswith("attnscope: error: ") or not lines
+
+    def allocate(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(heads, "run_windows", allocate)
+    monkeypatch.setenv("RANK", "1")
+    code, out, err = cli("heads", CAT, "-m", tiny_model_dir)
+    assert code == 2 and out == ""
+    (line,) = err.splitlines()
+    assert line.startswith("attnscope: error (rank 1): out of memory (MemoryError)"), line
+
+
 def test_running_out_of_memory_is_one_line_and_a_bug_is_not_hidden(cli, tiny_model_dir, monkeypatch):
     from attnscope.analyses import heads
 

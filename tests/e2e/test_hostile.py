@@ -824,7 +824,6 @@ def no_process_group(monkeypatch):
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["circuit", CAT, "-m", "TINY", "--method", "gradient"], "circuit --method gradient does not share its work"),
         (["ablate", CAT, "-m", "TINY"], "ablate does not share its work among torchrun's processes"),
         (["report", CAT, "-m", "TINY", "--ablate", "--json"], "ablate (--ablate) is not shared among torchrun"),
         (["random-mha", "--trials", "1"], "random-mha does not share its work among torchrun's processes"),
@@ -835,7 +834,8 @@ def test_what_torchrun_would_get_wrong_or_repeat_is_refused_before_any_model(
 ):
     """compare's divergence under torchrun was one process's share of the texts (0.1267 against 0.1184, exit 0);
     circuit, ablate, report --ablate and random-mha ran whole in every process. compare and circuit's removals are
-    shared now (tests/e2e/test_processes.py); the gradient, ablate, one model's --ablate and random-mha are not."""
+    shared now, the gradient's batches too (tests/e2e/test_processes.py); ablate, one model's --ablate and
+    random-mha are not."""
     from attnscope.models import loading
 
     for name, value in TORCHRUN_ENV.items():
@@ -856,8 +856,7 @@ def test_what_torchrun_shares_among_its_processes_is_not_refused():
     settings.Report(circuit=True).check_processes(2, 1)  # one model's circuit: its removals shared
     with pytest.raises(AttnscopeError, match=r"^ablate \(--ablate\) is not shared among torchrun's 2 processes"):
         settings.Report(ablate=True).check_processes(2, 1)
-    with pytest.raises(AttnscopeError, match=r"^circuit --method gradient does not share its work .* --method removal"):
-        settings.Circuit(method="gradient").check_processes(2)
+    settings.Circuit(method="gradient").check_processes(2)  # the batches go round the processes
 
 
 def test_a_stray_rank_without_torchrun_is_ignored_with_a_note(cli, tiny_model_dir, monkeypatch):

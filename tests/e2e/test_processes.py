@@ -83,10 +83,11 @@ for k, command in enumerate(commands):
 def test_work_shared_under_torchrun_gives_one_process_json(cli, tiny_model_dir, tmp_path):
     """Two gloo processes under one torchrun launch: heads' windows (each process sums every second window of 30
     texts; the sums are added, so the scores equal one process's to float rounding), then, byte for byte one
-    process's (this one, with one thread, as each of the two): circuit's removals (of the texts and the probe),
-    compare's two models (their divergence and their losses on different processes; without the loss, one process
-    does it all and the other joins the group without a model) and a report of three models (one process opens
-    two)."""
+    process's (this one, with one thread, as each of the two): circuit's removals (of the texts and the probe), its
+    gradient's batches and its direct effects' (a batch each), compare's two models (their divergence and their
+    losses on different processes; without the loss, one process does it all and the other joins the group without
+    a model) and a report of three models (one process opens two). Last, a user's error: one line on stderr for the
+    launch, not one per process."""
     file = _corpus_file(tmp_path / "corpus.jsonl", 2, seed=4)
     corpus = _corpus_file(tmp_path / "corpus30.jsonl", 30, seed=2)
     a, b, c = tiny_model_dir, build_tiny_gpt2(tmp_path / "b", seed=1), build_tiny_gpt2(tmp_path / "c", seed=2)
@@ -94,6 +95,7 @@ def test_work_shared_under_torchrun_gives_one_process_json(cli, tiny_model_dir, 
     commands = [
         ["heads", "--file", corpus, "-m", a, "--device", "cpu", "--json", "--batch-size", "4"],
         ["circuit", "-m", a, *common],
+        ["circuit", "-m", a, *common, "--method", "gradient", "--steps", "2", "--batch-size", "1", "--weights"],
         ["compare", "-m", a, "-m", b, "--no-probe", *common],
         ["compare", "-m", a, "-m", b, "--no-probe", "--no-loss", *common],  # one piece: the second process loads none
         ["report", "-m", a, "-m", b, "-m", c, "--no-diversity", "--no-probe", *common],
@@ -104,9 +106,12 @@ def test_work_shared_under_torchrun_gives_one_process_json(cli, tiny_model_dir, 
     path = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    chained = ["|".join(map(str, command)) for command in commands]
+    failing = ["diversity", "-m", a, *common, "--layer", "7"]  # after the commands: a user's error, every process's
+    chained = ["|".join(map(str, command)) for command in [*commands, failing]]
     ran = subprocess.run([*launcher, script, tmp_path, *chained], capture_output=True, text=True, env=env, timeout=300)
-    assert ran.returncode == 0, ran.stderr[-2000:]
+    said = [line for line in ran.stderr.splitlines() if line.startswith("attnscope: ")]
+    assert ran.returncode != 0 and len(said) == 1 and "layer 7" in said[0], (said, ran.stderr[:3000])  # rank 0 alone
+    assert all((tmp_path / f"{k}.json").stat().st_size for k in range(len(commands))), ran.stderr[-2000:]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

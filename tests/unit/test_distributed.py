@@ -44,6 +44,49 @@ def test_run_shared_in_one_process_raises_the_first_error_in_order(monkeypatch):
     assert ran == [0, 1, 0, 1, 2]  # it stopped where one process stops
 
 
+@pytest.mark.parametrize("size", [2, 3])
+def test_in_rounds_works_every_item_on_its_process_and_hands_back_every_result_in_order(monkeypatch, size):
+    """Each process of `size` run in turn (their gathers stubbed to hand back what the processes worked on in that
+    round): process r works on items r, r + N, ... alone, and every process yields every item's result in order;
+    an error ends every process's stream at the first failing item, as one process's."""
+    items = [f"item{k}" for k in range(7)]
+
+    def run(rank: int, failing: str | None = None) -> tuple[list[str], list[str], str | None]:
+        worked: list[str] = []
+        seen: list[str] = []  # what this process has yielded: every earlier round's results
+
+        def work(item: str) -> str:
+            worked.append(item)
+            if item == failing:
+                raise AttnscopeError(f"{item} failed")
+            return item.upper()
+
+        def gather(mine):  # the round's outcomes, as every process would have them
+            round_items = items[len(seen) : len(seen) + size]
+            outcomes = [(False, f"{x} failed") if x == failing else (True, x.upper()) for x in round_items]
+            assert mine == ([outcomes[rank]] if rank < len(round_items) else [])  # this process's own
+            return outcomes
+
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setattr(distributed, "gather", gather)
+        try:
+            for value in distributed.in_rounds(iter(items), work):
+                seen.append(value)
+        except AttnscopeError as error:
+            return worked, seen, str(error)
+        return worked, seen, None
+
+    for name, value in {**TORCHRUN_ENV, "WORLD_SIZE": str(size)}.items():
+        monkeypatch.setenv(name, value)
+    for rank in range(size):
+        worked, seen, error = run(rank)
+        assert worked == items[rank::size] and seen == [item.upper() for item in items] and error is None
+        worked, seen, error = run(rank, failing="item4")
+        assert seen == [item.upper() for item in items[:4]] and error == "item4 failed"
+    with distributed.alone():  # one process: every item, as it comes
+        assert list(distributed.in_rounds(iter(items), str.upper)) == [item.upper() for item in items]
+
+
 def test_alone_makes_this_process_the_only_one(monkeypatch):
     for name, value in TORCHRUN_ENV.items():
         monkeypatch.setenv(name, value)
