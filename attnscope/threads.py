@@ -6,7 +6,10 @@ their operations)."""
 from __future__ import annotations
 
 import functools
+import threading
 from concurrent.futures import ThreadPoolExecutor
+
+PREFIX = "attnscope-workers"
 
 
 @functools.cache
@@ -15,6 +18,11 @@ def pool(workers: int, process: int) -> ThreadPoolExecutor:
     threads, and builds its own pool). Each thread runs torch on one intra-op thread."""
     import torch
 
-    return ThreadPoolExecutor(
-        workers, thread_name_prefix="attnscope-workers", initializer=torch.set_num_threads, initargs=(1,)
-    )
+    return ThreadPoolExecutor(workers, thread_name_prefix=PREFIX, initializer=torch.set_num_threads, initargs=(1,))
+
+
+def in_worker() -> bool:
+    """Whether this thread is one of the pools': work it handed to a pool would wait for threads that may all be
+    waiting likewise, so it does the work in place. (torch's thread count cannot tell: a thread takes the count
+    torch has at its first use, whatever was set in it before.)"""
+    return threading.current_thread().name.startswith(PREFIX)

@@ -77,7 +77,7 @@ def blocks_in_tiles(jobs: list[tuple]) -> list[tuple]:
     operations whichever thread it is: the results do not depend on the threads. A worker keeps the caller's
     inference mode and flushes denormals as the capture does (both are per thread)."""
     workers = torch.get_num_threads()
-    if workers == 1 or len(jobs) == 1:
+    if workers == 1 or len(jobs) == 1 or threads.in_worker():
         return [block_in_tiles(*job) for job in jobs]
     inference = torch.is_inference_mode_enabled()
 

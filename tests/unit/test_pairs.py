@@ -4,6 +4,7 @@ against hand-computed connected components and average linkage."""
 from __future__ import annotations
 
 import itertools
+import threading
 
 import numpy as np
 import pytest
@@ -159,6 +160,37 @@ def test_the_two_float32_kernels_agree_with_float64_and_threads_change_no_bit(mo
     assert torch.equal(results["numpy", 1], results["numpy", 2])
     for Y in results.values():
         assert Y.dtype == torch.float32 and torch.allclose(Y.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_numpy_kernel_called_from_the_worker_threads_works_in_place(monkeypatch):
+    """Two calls on both of the pool's threads at once: were each to hand its pieces to the pool, both threads
+    would wait for pieces no thread is free to run (the test hung so, before `threads.in_worker`); each works in
+    place instead."""
+    import os
+
+    from attnscope import threads
+
+    monkeypatch.setattr(pairs, "numpy_log2_is_vectorized", lambda: True)
+    rows = _softmax_rows(torch.Generator().manual_seed(9), 6, 4, 21, 2.0)
+    expected = pairs.pair_xlog2x(rows, budget_bytes=4 * 21 * 4)  # a head a piece, shared among threads
+    count = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        pool = threads.pool(2, os.getpid())
+        started = threading.Barrier(2)
+
+        def both_at_once() -> torch.Tensor:
+            try:  # both pool threads are busy with a call before either shares its pieces
+                started.wait(timeout=10)
+            except threading.BrokenBarrierError:  # the pool had started one thread only: one call at a time
+                pass
+            return pairs.pair_xlog2x(rows, budget_bytes=4 * 21 * 4)
+
+        calls = [pool.submit(both_at_once) for _ in range(2)]
+        for call in calls:
+            assert torch.equal(call.result(timeout=60), expected)
+    finally:
+        torch.set_num_threads(count)
 
 
 def test_numpy_kernel_is_chosen_only_where_numpy_log2_is_vectorized(monkeypatch):
