@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # How much two processes under torchrun save on the CPU (docs/performance.md, "Several processes on the CPU"):
-# `circuit` (its removals shared) and `compare` of two models (one process scores both, with their divergence;
-# the other measures their losses), each timed as one process with one thread, one process with two threads, and
+# `circuit` (its removals shared), `circuit --method gradient` (its batches shared: `gradient`) and `compare` of two
+# models (one process scores both, with their divergence; the other measures their losses), each timed as one process with one thread, one process with two threads, and
 # two processes of one thread each (torchrun --nproc-per-node 2, gloo). The two processes' JSON must be the same
 # bytes as one process's (one thread each): the script stops if it is not.
 #
 #     scripts/torchrun_speedup.sh [FOLDER]     # FOLDER: where the two models are saved (default: a temporary one)
+#     COMMANDS="gradient" scripts/torchrun_speedup.sh     # some of them only (default: circuit gradient compare)
 #
 # The models: two random-weight GPT-2 "checkpoints" (scripts/time_compare.py's), 8 layers × 8 heads, width 512, the
 # GPT-2 tokenizer of tests/data; the texts: the bundled samples, COPIES times over (default 3). Each way runs ROUNDS
@@ -19,6 +20,7 @@ cd "$(dirname "$0")/.."
 python=${PYTHON:-python}
 rounds=${ROUNDS:-2}
 copies=${COPIES:-3}
+read -r -a names <<< "${COMMANDS:-circuit gradient compare}"
 folder=${1:-$(mktemp -d)}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -45,6 +47,7 @@ EOF
 first="$folder/step-00" second="$folder/step-01"
 declare -A commands=(
     [circuit]="circuit --file $folder/corpus.jsonl -m $first --device cpu --json"
+    [gradient]="circuit --method gradient --file $folder/corpus.jsonl -m $first --device cpu --json"
     [compare]="compare --file $folder/corpus.jsonl -m $first -m $second --device cpu --json"
 )
 # each process's CPU seconds into $folder/cpu.<its local rank> (one process: cpu.0)
@@ -58,7 +61,7 @@ declare -A ways=(
 declare -A best=() cpu=()
 least() { awk "BEGIN { b = \"$1\"; print (b == \"\" || $2 < b + 0) ? $2 : b }"; }
 for round in $(seq "$rounds"); do
-    for command in circuit compare; do
+    for command in "${names[@]}"; do
         for way in one1 one2 two1; do
             rm -f "$folder"/cpu.*
             start=$(date +%s.%N)
@@ -75,7 +78,7 @@ done
 
 echo "| command | 1 process, 1 thread | 1 process, 2 threads | 2 processes, 1 thread each | speed-up (against 1 thread / 2 threads) | CPU time: 1 process / the busier of 2 |"
 echo "|---|---|---|---|---|---|"
-for command in circuit compare; do
+for command in "${names[@]}"; do
     one1=${best[$command-one1]} one2=${best[$command-one2]} two1=${best[$command-two1]}
     cpu1=${cpu[$command-one1]} cpu2=${cpu[$command-two1]}
     awk "BEGIN { printf \"| $command | %.1f s | %.1f s | %.1f s | %.2f× / %.2f× | %.1f s / %.1f s (%.2f×) |\\n\", \

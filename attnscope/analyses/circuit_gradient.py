@@ -24,7 +24,7 @@ every window, pooled; the probe's induction and duplicate-token scores over its 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +97,7 @@ def gradient_changes(
     from_probe = [k for k, item in enumerate(wanted) if item.source == catalog.PROBE]
     pad = pad_id(loaded.tokenizer)
     replacing: dict[str, Ablation] = {}  # source -> what a removed head's output becomes there
+    period, windows = None, []  # the probe's
     if from_texts:
         stream = WindowStream(loaded, texts, heads.bos)
 
@@ -110,48 +111,42 @@ def gradient_changes(
             lambda: batches(windows, len(windows), loaded.device)
         )
     gates, recorder = interventions.HeadGates(), interventions.AttentionWeightsRecorder()
+    slots = {catalog.ROWS: from_texts, catalog.PROBE: from_probe}
 
-    def part(source: str, slots: list[int], period: int | None = None) -> Callable[[Any], tuple]:
-        """One batch's share of the sums: (values (n,), gradients (n, L, H), rows counted, local_uniform's sums)."""
+    def of_batch(item: tuple[str, Any]) -> tuple:
+        """One batch's sums, from the texts or the probe (`source`): (source, values (n,), gradients (n, L, H), rows
+        counted, local_uniform's sums by layer)."""
+        source, batch = item
+        part_values, part_gradients = torch.zeros_like(values), torch.zeros_like(gradients)
+        recorder.layers = frozenset()  # the donors of resample run through the intact model, unrecorded
+        gates.replacements = replacing[source].for_batch(batch)
+        count, batch_uniform = _accumulate(
+            loaded, heads, batch, [wanted[k] for k in slots[source]], slots[source], gates, recorder,
+            part_values, part_gradients, alphas, period=period if source == catalog.PROBE else None,
+        )  # fmt: skip
+        return source, part_values, part_gradients, int(count), {layer: float(x) for layer, x in batch_uniform.items()}
 
-        def of_batch(batch: Any) -> tuple:
-            part_values, part_gradients = torch.zeros_like(values), torch.zeros_like(gradients)
-            recorder.layers = frozenset()  # the donors of resample run through the intact model, unrecorded
-            gates.replacements = replacing[source].for_batch(batch)
-            count, batch_uniform = _accumulate(
-                loaded, heads, batch, [wanted[k] for k in slots], slots, gates, recorder,
-                part_values, part_gradients, alphas, period=period,
-            )  # fmt: skip
-            return part_values, part_gradients, int(count), {layer: float(x) for layer, x in batch_uniform.items()}
+    def every_batch() -> Iterator[tuple[str, Any]]:
+        if from_texts:
+            yield from ((catalog.ROWS, batch) for batch in text_batches())
+        if from_probe:
+            yield catalog.PROBE, next(batches(windows, len(windows), loaded.device))
 
-        return of_batch
-
-    # Under torchrun the batches go round the processes (`distributed.in_rounds`), each batch's sums added in the
-    # batches' order as one process adds them: the same result, bit for bit.
+    # Under torchrun the batches go round the processes (`distributed.in_rounds`, the probe's after the texts'), each
+    # batch's sums added in the batches' order as one process adds them: the same result, bit for bit.
     with (
         interventions.attention(loaded, "eager"),  # the probabilities themselves, differentiable
         interventions.weights_frozen(loaded),  # only the gates' gradients are wanted
         interventions.hooks(loaded, gates, recorder),
     ):
-        if from_texts:
-            for part_values, part_gradients, count, batch_uniform in distributed.in_rounds(
-                text_batches(), part(catalog.ROWS, from_texts)
-            ):
-                values += part_values
-                gradients += part_gradients
-                counts[catalog.ROWS] += count
-                for layer, share in batch_uniform.items():
-                    uniform[layer] += share
-            if counts[catalog.ROWS] == 0:
-                raise AttnscopeError(too_short(loaded, "explain"))
-        if from_probe:
-            probe = [next(batches(windows, len(windows), loaded.device))]
-            for part_values, part_gradients, count, _ in distributed.in_rounds(
-                probe, part(catalog.PROBE, from_probe, period)
-            ):
-                values += part_values
-                gradients += part_gradients
-                counts[catalog.PROBE] += count
+        for source, part_values, part_gradients, count, batch_uniform in distributed.in_rounds(every_batch(), of_batch):
+            values += part_values
+            gradients += part_gradients
+            counts[source] += count
+            for layer, share in batch_uniform.items():
+                uniform[layer] += share
+    if from_texts and counts[catalog.ROWS] == 0:
+        raise AttnscopeError(too_short(loaded, "explain"))
     for k, item in enumerate(wanted):
         values[k] /= counts[item.source]
         gradients[k] /= counts[item.source]
