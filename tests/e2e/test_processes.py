@@ -95,7 +95,7 @@ def test_work_shared_under_torchrun_gives_one_process_json(cli, tiny_model_dir, 
     commands = [
         ["heads", "--file", corpus, "-m", a, "--device", "cpu", "--json", "--batch-size", "4"],
         ["circuit", "-m", a, *common],
-        ["circuit", "-m", a, *common, "--method", "gradient", "--steps", "2", "--batch-size", "1", "--weights"],
+        ["circuit", "-m", a, *common, "--method", "gradient", "--batch-size", "1", "--weights"],
         ["compare", "-m", a, "-m", b, "--no-probe", *common],
         ["compare", "-m", a, "-m", b, "--no-probe", "--no-loss", *common],  # one piece: the second process loads none
         ["report", "-m", a, "-m", b, "-m", c, "--no-diversity", "--no-probe", *common],
