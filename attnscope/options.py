@@ -31,6 +31,10 @@ ABLATION_METHODS = ("loss", "gradient")
 # what a removed head's output becomes (ablate, circuit): 0, its mean over the texts' positions, or another text's
 ABLATIONS = ("zero", "mean", "resample")
 CIRCUIT_METHODS = ("removal", "gradient")  # exact removal of each earlier head, or its first-order estimate
+# discover: integrated gradients on the inputs, attribution patching, or each edge patched alone
+DISCOVER_METHODS = ("eap-ig", "eap", "exact")
+# what an edge outside a circuit carries (discover): the corrupted run's value, or its mean over the pairs
+EDGE_ABLATIONS = ("corrupt", "mean")
 BENCH_METHODS = ("floor", "attnscope", "tutorial", "cache")  # bench's default set
 BENCH_KERNEL_METHODS = ("fused", "blocks")  # the analysis with one kernel or the other
 BENCH_DIVERSITY_METHODS = ("diversity", "diversity-sampled")
@@ -70,7 +74,7 @@ class Option:
     high: float | None = None
     choices: tuple[str, ...] = ()
     optional: bool = False
-    excluded: tuple[int, ...] = ()  # values of the range that mean nothing (a sample of 1 row has no spread)
+    excluded: tuple[float, ...] = ()  # values of the range that mean nothing (a sample of 1 row has no spread)
     described: str = ""  # the domain in words, where `domain()` would not say it well
 
     def or_none(self) -> Option:
@@ -121,7 +125,7 @@ class Option:
         elif self.kind == "number":
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 return f"expected {self.domain()}, not {_type_name(value)}"
-            if not (math.isfinite(value) and self.low <= value <= self.high):
+            if not (math.isfinite(value) and self.low <= value <= self.high) or value in self.excluded:
                 return f"must be {self.domain()}"
         elif self.kind == "flag":
             if not (isinstance(value, bool) or type(value).__name__ == "bool_"):  # numpy's too
@@ -432,6 +436,45 @@ class ShareOrAuto(Option):
 
 
 @dataclass(frozen=True)
+class Percents(Option):
+    """Shares of a whole in percent, each above 0 and at most 100 (discover's budgets): comma-separated on the command
+    line (`0.1,1,10`), a list in Python; a tuple once checked, ascending, each once."""
+
+    kind: str = "percents"
+
+    def domain(self) -> str:
+        return "comma-separated percentages, each above 0 and at most 100"
+
+    def problem(self, value: Any) -> str | None:
+        if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+            return "expected a list of percentages such as [0.1, 1, 10, 100]"
+        values = tuple(value)
+        if not values:
+            return "give at least one percentage"
+        for item in values:
+            if isinstance(item, bool) or not isinstance(item, numbers.Real) or not math.isfinite(item):
+                return f"{_shown(item)}: expected a number"
+            if not 0 < item <= 100:
+                return f"{_shown(item)}: a budget is a percentage of the edges, above 0 and at most 100"
+        return None
+
+    def normal(self, value: Any) -> tuple[float, ...]:
+        return tuple(sorted(dict.fromkeys(float(item) for item in value)))
+
+    def parse(self, text: str) -> tuple[float, ...]:
+        if isinstance(text, tuple):  # a default, already a value
+            return text
+        try:
+            values = tuple(float(part.strip().rstrip("%")) for part in text.split(",") if part.strip())
+        except ValueError:
+            return self._refuse(text, f"expected {self.domain()}")
+        problem = self.problem(values)
+        if problem is not None:
+            self._refuse(text, problem)
+        return self.normal(values)
+
+
+@dataclass(frozen=True)
 class Folder(Option):
     """A folder to write into: an empty name is refused (it would quietly mean the current folder)."""
 
@@ -464,6 +507,9 @@ SINK = count(0, LENGTH_MAX)  # kvplan: the first tokens a streaming head keeps (
 RECENT = count(1, LENGTH_MAX)  # kvplan: the last tokens a streaming head keeps, the current one among them
 CONTEXT = count(1, CONTEXT_MAX)
 STEPS = count(0, 1_000)  # circuit --method gradient: integration points (each a forward and a backward pass)
+IG_STEPS = count(1, 1_000)  # discover --method eap-ig: integration points (each a forward and a backward pass)
+TARGET = Option("number", 0.0, 1.0, described="a number above 0 and at most 1", excluded=(0,))  # discover's f
+BUDGETS = Percents()
 TOKENS = count(1, ROWS_MAX)
 PRUNE = count(0, ROWS_MAX)
 LAYER = count(0, LAYER_MAX)
@@ -491,6 +537,8 @@ FORMAT = choice(*PICTURE_FORMATS)
 ABLATION_METHOD = choice(*ABLATION_METHODS)
 ABLATION = choice(*ABLATIONS)
 CIRCUIT_METHOD = choice(*CIRCUIT_METHODS)
+DISCOVER_METHOD = choice(*DISCOVER_METHODS)
+EDGE_ABLATION = choice(*EDGE_ABLATIONS)
 BOS = FLAG.or_none()  # None: on when the model has the special tokens
 HEAD = Head()
 HEADS = HeadList()

@@ -40,44 +40,33 @@ are measured first, so a corruption that changes nothing is refused before the p
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from attnscope import options, settings
+from attnscope import settings
 from attnscope.analyses.common import check_finite, damaged_weights, first_non_finite_weight
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel, fastest_attention
 from attnscope.pipeline import interventions
-from attnscope.pipeline.prompt_pairs import PromptPair, given_pair, read_pairs
+from attnscope.pipeline.prompt_pairs import (
+    LogitDifference,
+    PromptPair,
+    batch,
+    given_pair,
+    length_groups,
+    pair_records,
+    read_pairs,
+    tokenized,
+)
 from attnscope.pipeline.tokens import default_bos, special_tokens
 from attnscope.scores.catalog import counted
 
 GAP_MIN = 1e-3  # logits: a mean clean − corrupted difference smaller than this leaves nothing to share
 OVERSHOOT, BACKWARDS = 1.05, -0.1  # shares above the one or below the other are counted in the notes
-
-
-def continuation(prompt: str, answer: str) -> str:
-    """The answer as it is written after the prompt: a word given without its leading space gets one (`Mary` →
-    ` Mary`, GPT-2's token for a word that follows another), unless the prompt ends in white space; an answer that
-    starts with white space, or with a character that is not a letter or a digit (`.`, `,`, `'s`), is as written."""
-    if answer[0].isspace() or not answer[0].isalnum() or prompt[-1:].isspace():
-        return answer
-    return " " + answer
-
-
-@dataclass(frozen=True)
-class TokenizedPair:
-    """A pair's token ids (special tokens included) and its two tokens' ids."""
-
-    clean: tuple[int, ...]
-    corrupt: tuple[int, ...]
-    answer: int
-    wrong: int
 
 
 @dataclass(repr=False)  # the repr is Result's: a summary
@@ -110,76 +99,6 @@ class PatchResult(Result):
         return [f"{layer}.{head}" for layer, head in self.ranked()]
 
 
-# ------------------------------------------------------------------------------------------------- tokens
-
-
-def _token_after(tokenizer: Any, prompt: str, token: str, name: str, where: str) -> int:
-    """The id of `token` (answer or wrong) as the one token that follows `prompt` (see `continuation`)."""
-    before = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    after = tokenizer(prompt + continuation(prompt, token), add_special_tokens=False)["input_ids"]
-    if len(after) == len(before) + 1 and after[: len(before)] == before:
-        return after[-1]
-    same = next(
-        (k for k, (a, b) in enumerate(zip(before, after, strict=False)) if a != b), min(len(before), len(after))
-    )
-    pieces = " ".join(repr(tokenizer.decode([piece])) for piece in after[same:])
-    merged = " with the prompt's end" if same < len(before) else ""
-    raise AttnscopeError(
-        f"{where}: {name} {options.shown(token)} is not one token after the prompt: it is tokenized{merged} as "
-        f"{pieces}; give a word of one token (patch compares the logits of two tokens)"
-    )
-
-
-def tokenized(loaded: LoadedModel, pair: PromptPair, prefix: tuple[int, ...]) -> TokenizedPair:
-    """A pair's tokens, checked: the two prompts of one length within the context, answer and wrong one token each
-    (as they follow the clean prompt) and not the same."""
-    tokenizer = loaded.tokenizer
-    clean = (*prefix, *tokenizer(pair.clean, add_special_tokens=False)["input_ids"])
-    corrupt = (*prefix, *tokenizer(pair.corrupt, add_special_tokens=False)["input_ids"])
-    where = pair.source
-    if len(clean) != len(corrupt):
-        raise AttnscopeError(
-            f"{where}: the clean prompt is {counted(len(clean), 'token')} and the corrupted one {len(corrupt)}: "
-            "patching sets each position's output in the other run, so both must have as many tokens (change words "
-            "for words of as many tokens)"
-        )
-    if len(clean) > loaded.n_ctx:
-        raise AttnscopeError(
-            f"{where}: the prompts are {counted(len(clean), 'token')}, more than the model's context ({loaded.n_ctx})"
-        )
-    answer = _token_after(tokenizer, pair.clean, pair.answer, "answer", where)
-    wrong = _token_after(tokenizer, pair.clean, pair.wrong, "wrong", where)
-    if answer == wrong:
-        raise AttnscopeError(
-            f"{where}: answer and wrong are the same token {tokenizer.decode([answer])!r}: their logit difference is "
-            "0 whatever the prompt"
-        )
-    return TokenizedPair(clean, corrupt, answer, wrong)
-
-
-def _groups(lengths: Sequence[int], batch_size: int, max_tokens: int | None) -> list[list[int]]:
-    """Pair indices in batches of one length (no padding: the last position is every row's last token), at most
-    `batch_size` pairs and `max_tokens` tokens each (a pair longer than that runs alone); longest first."""
-    by_length: dict[int, list[int]] = {}
-    for index, length in enumerate(lengths):
-        by_length.setdefault(length, []).append(index)
-    groups = []
-    for length, indices in sorted(by_length.items(), reverse=True):
-        size = max(1, min(batch_size, (max_tokens or length * batch_size) // length))
-        groups += [indices[first : first + size] for first in range(0, len(indices), size)]
-    return groups
-
-
-def _batch(tokens: Sequence[TokenizedPair], group: Sequence[int], device: Any) -> tuple[Any, Any, Any, Any]:
-    """The clean and corrupted ids (B, n) of the pairs `group` (of one length), their answers and wrong tokens (B,)."""
-    import torch
-
-    def column(which: str) -> Any:
-        return torch.tensor([getattr(tokens[k], which) for k in group], device=device)
-
-    return column("clean"), column("corrupt"), column("answer"), column("wrong")
-
-
 # ------------------------------------------------------------------------------------------------- passes
 
 
@@ -188,16 +107,11 @@ class _Passes:
 
     def __init__(self, loaded: LoadedModel):
         self.loaded = loaded
-        takes = inspect.signature(loaded.lm_model.forward).parameters
-        self.last_only = {"logits_to_keep": 1} if "logits_to_keep" in takes else {}  # (B, 1, V), not (B, n, V)
+        self.metric = LogitDifference(loaded)
 
     def logit_differences(self, ids: Any, answer: Any, wrong: Any) -> Any:
         """(B,) float64: logit(answer) − logit(wrong) at the last position of each row of `ids` (B, n)."""
-        import torch
-
-        logits = self.loaded.lm_model(input_ids=ids, **self.last_only).logits[:, -1].float()  # (B, V)
-        rows = torch.arange(ids.shape[0], device=logits.device)
-        return (logits[rows, answer.to(logits.device)] - logits[rows, wrong.to(logits.device)]).double().cpu()
+        return self.metric(ids, answer, wrong).double().cpu()
 
     def recorded(self, ids: Any, answer: Any, wrong: Any) -> tuple[dict[int, Any], dict[int, Any]]:
         """Every layer's heads' outputs (B, n, H, d_head) in the run of `ids`, and what every layer returned."""
@@ -264,11 +178,11 @@ class Patch(settings.Patch):
         clean_ld, corrupt_ld = np.zeros(P), np.zeros(P)
         denoised, noised = np.zeros((P, L, H)), np.zeros((P, L, H))
         passes = _Passes(loaded)
-        groups = _groups([len(pair.clean) for pair in tokens], self.batch_size, self.max_tokens)
+        groups = length_groups([len(pair.clean) for pair in tokens], self.batch_size, self.max_tokens)
 
         with interventions.attention(loaded, fastest_attention(loaded.lm_model)), torch.inference_mode():
             for group in groups:  # the baselines first: a corruption that changes nothing is refused before the rest
-                clean, corrupt, answer, wrong = _batch(tokens, group, loaded.device)
+                clean, corrupt, answer, wrong = batch(tokens, group, loaded.device)
                 clean_ld[group] = passes.logit_differences(clean, answer, wrong).numpy()
                 corrupt_ld[group] = passes.logit_differences(corrupt, answer, wrong).numpy()
             check_finite(loaded, "logit difference", np.concatenate([clean_ld, corrupt_ld]))
@@ -280,7 +194,7 @@ class Patch(settings.Patch):
                     "for a head to restore; corrupt the prompt where it decides the answer"
                 )
             for group in groups:
-                clean, corrupt, answer, wrong = _batch(tokens, group, loaded.device)
+                clean, corrupt, answer, wrong = batch(tokens, group, loaded.device)
                 clean_heads, clean_layers = passes.recorded(clean, answer, wrong)
                 corrupt_heads, corrupt_layers = passes.recorded(corrupt, answer, wrong)
                 found = passes.patched(corrupt, answer, wrong, clean_heads, corrupt_layers)  # (L·H, B)
@@ -301,7 +215,7 @@ class Patch(settings.Patch):
                 "bos": bos,
             },
             {"top": self.top, "batch_size": self.batch_size, "max_tokens": self.max_tokens},
-            _pair_records(loaded, pairs, tokens, clean_ld, corrupt_ld),
+            pair_records(loaded, pairs, tokens, clean_ld, corrupt_ld),
             float(np.mean(clean_ld)),
             float(np.mean(corrupt_ld)),
             restored,
@@ -310,30 +224,6 @@ class Patch(settings.Patch):
             noised,
             notes=_notes(pairs, clean_ld, corrupt_ld, restored, removed),
         )
-
-
-def _pair_records(
-    loaded: LoadedModel, pairs: Sequence[PromptPair], tokens: Sequence[TokenizedPair], clean_ld: Any, corrupt_ld: Any
-) -> list[dict[str, Any]]:
-    """Each pair as the JSON shows it: where it came from, its prompts, its two tokens (as the tokenizer spells
-    them, and their ids), its length in tokens and its baseline logit differences."""
-    decode = loaded.tokenizer.decode
-    return [
-        {
-            "index": k,
-            "source": pair.source,
-            "clean": pair.clean,
-            "corrupt": pair.corrupt,
-            "answer": decode([ids.answer]),
-            "wrong": decode([ids.wrong]),
-            "answer_id": ids.answer,
-            "wrong_id": ids.wrong,
-            "n_tokens": len(ids.clean),
-            "clean_logit_diff": float(clean_ld[k]),
-            "corrupt_logit_diff": float(corrupt_ld[k]),
-        }
-        for k, (pair, ids) in enumerate(zip(pairs, tokens, strict=True))
-    ]
 
 
 def _notes(pairs: Sequence[PromptPair], clean_ld: Any, corrupt_ld: Any, restored: Any, removed: Any) -> list[str]:

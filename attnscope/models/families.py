@@ -6,7 +6,8 @@ One entry per family in FAMILIES; everything else asks the family. Paths are att
 the module whose input is the heads' outputs side by side (head h in columns h·d_head .. (h+1)·d_head),
 `attention_parameters` the modules whose parameters are W_Q, W_K, W_V and W_O with their biases; `weights` (a
 `WeightPaths`) where the weight-based analyses (`models.weights`) find each head's W_Q, W_K, W_V, the norms around
-the attention, the embedding and the unembedding.
+the attention, the embedding and the unembedding; `mlp` (an `MlpPaths`, decoders) where a layer's MLP reads the
+residual stream (`attnscope discover`'s MLP nodes).
 """
 
 from __future__ import annotations
@@ -81,6 +82,35 @@ class WeightPaths:
 
 
 @dataclass(frozen=True)
+class MlpPaths:
+    """Where a decoder layer's MLP reads the residual stream, from the layer (checked against transformers 5.x's
+    decoder layers, 2026-12-03): what `attnscope discover` gives an MLP its own input through.
+
+    reads: the module whose first input is the stream the MLP reads: the MLP's input norm (Llama's
+        `post_attention_layernorm`, GPT-2's `ln_2`, Gemma 2/3's `pre_feedforward_layernorm`, OPT's `final_layer_norm`,
+        which takes the stream flattened to (B·n, d)), or the MLP itself where it reads the stream unnormalised
+        (OLMo 2, EXAONE 4) or through the attention's norm (`shared_norm`);
+    shared_norm: parallel blocks whose MLP takes the attention's normalised input (Phi, Cohere: one
+        `input_layernorm` for both): that norm, applied to the MLP's own stream;
+    parallel: the MLP reads the layer's input, as the attention does, not the stream after the attention (Phi,
+        Cohere; GPT-NeoX when the config attribute named here, `use_parallel_residual`, is true).
+    """
+
+    reads: str
+    shared_norm: str | None = None
+    parallel: bool | str = False
+
+    def is_parallel(self, config: Any) -> bool:
+        if isinstance(self.parallel, str):
+            return bool(getattr(config, self.parallel, False))
+        return self.parallel
+
+
+LLAMA_MLP = MlpPaths("post_attention_layernorm")
+NORMED_OUTPUT_MLP = MlpPaths("mlp")  # OLMo 2, EXAONE 4: the MLP reads the stream itself, its output is normalised
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     model_types: tuple[str, ...]  # config.model_type values of this family
@@ -91,6 +121,7 @@ class Family:
     attention_parameters: tuple[str, ...]
     lm_head: str  # CAUSAL_LM or MASKED_LM
     weights: WeightPaths
+    mlp: MlpPaths | None = None  # decoders: where each layer's MLP reads the stream (None: encoders)
 
     @property
     def kind(self) -> Kind:
@@ -143,10 +174,15 @@ LLAMA_LAYOUT = dict(
     attention_parameters=("self_attn",),
     lm_head=CAUSAL_LM,
     weights=LLAMA_WEIGHTS,
+    mlp=LLAMA_MLP,
 )
 # Gemma: RMSNorms scale by 1 + γ; Gemma 2 and 3 also normalise the attention's output before the residual sum
 GEMMA_WEIGHTS = replace(LLAMA_WEIGHTS, rms_offset=1.0)
 GEMMA2_WEIGHTS = replace(GEMMA_WEIGHTS, output_norm="post_attention_layernorm")
+# Gemma 2 and 3: the MLP has a norm of its own before it (and one after it, part of its output)
+GEMMA2_MLP = MlpPaths("pre_feedforward_layernorm")
+# Phi and Cohere: parallel blocks, the MLP fed the attention's normalised input
+SHARED_NORM_MLP = MlpPaths("mlp", shared_norm="input_layernorm", parallel=True)
 # OLMo 2 and EXAONE 4: no norm before the attention, one on its output
 OUTPUT_NORM_WEIGHTS = replace(LLAMA_WEIGHTS, read_norm=None, output_norm="post_attention_layernorm")
 GRANITE_WEIGHTS = replace(
@@ -173,21 +209,21 @@ ROBERTA_WEIGHTS = replace(BERT_WEIGHTS, masked_head=("lm_head.dense", "lm_head.l
 FAMILIES: tuple[Family, ...] = (
     Family(
         "GPT-2", ("gpt2",), DECODER, "h", "attn", "attn.c_proj", ("attn",), CAUSAL_LM,
-        WeightPaths(qkv=("attn.c_attn",), fused="concat", read_norm="ln_1", final_norm="ln_f"),
+        WeightPaths(qkv=("attn.c_attn",), fused="concat", read_norm="ln_1", final_norm="ln_f"), MlpPaths("ln_2"),
     ),
     Family("Llama", ("llama",), DECODER, **LLAMA_LAYOUT),
     Family("Mistral", ("mistral",), DECODER, **LLAMA_LAYOUT),
     Family("Qwen2", ("qwen2",), DECODER, **LLAMA_LAYOUT),
     Family("Qwen3", ("qwen3",), DECODER, **LLAMA_LAYOUT),
     Family("Gemma", ("gemma",), DECODER, **{**LLAMA_LAYOUT, "weights": GEMMA_WEIGHTS}),
-    Family("Gemma 2", ("gemma2",), DECODER, **{**LLAMA_LAYOUT, "weights": GEMMA2_WEIGHTS}),
-    Family("Gemma 3", ("gemma3_text",), DECODER, **{**LLAMA_LAYOUT, "weights": GEMMA2_WEIGHTS}),
+    Family("Gemma 2", ("gemma2",), DECODER, **{**LLAMA_LAYOUT, "weights": GEMMA2_WEIGHTS, "mlp": GEMMA2_MLP}),
+    Family("Gemma 3", ("gemma3_text",), DECODER, **{**LLAMA_LAYOUT, "weights": GEMMA2_WEIGHTS, "mlp": GEMMA2_MLP}),
     Family(
         "Phi-3", ("phi3",), DECODER,
         **{**LLAMA_LAYOUT, "weights": replace(LLAMA_WEIGHTS, qkv=("self_attn.qkv_proj",), fused="concat")},
     ),
     Family("OLMo", ("olmo",), DECODER, **LLAMA_LAYOUT),
-    Family("OLMo 2", ("olmo2",), DECODER, **{**LLAMA_LAYOUT, "weights": OUTPUT_NORM_WEIGHTS}),
+    Family("OLMo 2", ("olmo2",), DECODER, **{**LLAMA_LAYOUT, "weights": OUTPUT_NORM_WEIGHTS, "mlp": NORMED_OUTPUT_MLP}),
     Family("StarCoder2", ("starcoder2",), DECODER, **LLAMA_LAYOUT),
     Family("SmolLM3", ("smollm3",), DECODER, **LLAMA_LAYOUT),
     Family("gpt-oss", ("gpt_oss",), DECODER, **LLAMA_LAYOUT),
@@ -197,18 +233,20 @@ FAMILIES: tuple[Family, ...] = (
     Family("Granite", ("granite", "granitemoe"), DECODER, **{**LLAMA_LAYOUT, "weights": GRANITE_WEIGHTS}),
     Family(
         "Cohere", ("cohere",), DECODER,
-        **{**LLAMA_LAYOUT, "weights": replace(LLAMA_WEIGHTS, logit_multiplier="logit_scale")},
+        **{**LLAMA_LAYOUT, "weights": replace(LLAMA_WEIGHTS, logit_multiplier="logit_scale"), "mlp": SHARED_NORM_MLP},
     ),
     Family("OLMoE", ("olmoe",), DECODER, **LLAMA_LAYOUT),
     Family("Helium", ("helium",), DECODER, **LLAMA_LAYOUT),
     Family("GLM", ("glm",), DECODER, **LLAMA_LAYOUT),
-    Family("EXAONE 4", ("exaone4",), DECODER, **{**LLAMA_LAYOUT, "weights": OUTPUT_NORM_WEIGHTS}),
+    Family(
+        "EXAONE 4", ("exaone4",), DECODER, **{**LLAMA_LAYOUT, "weights": OUTPUT_NORM_WEIGHTS, "mlp": NORMED_OUTPUT_MLP}
+    ),
     Family("Seed-OSS", ("seed_oss",), DECODER, **LLAMA_LAYOUT),
     Family("Arcee", ("arcee",), DECODER, **LLAMA_LAYOUT),
     Family("HunYuan", ("hunyuan_v1_dense",), DECODER, **LLAMA_LAYOUT),
     Family(
         "Phi", ("phi",), DECODER, "layers", "self_attn", "self_attn.dense", ("self_attn",), CAUSAL_LM,
-        replace(LLAMA_WEIGHTS, final_norm="final_layernorm"),
+        replace(LLAMA_WEIGHTS, final_norm="final_layernorm"), SHARED_NORM_MLP,
     ),
     Family(
         "GPT-NeoX", ("gpt_neox",), DECODER, "layers", "attention", "attention.dense", ("attention",), CAUSAL_LM,
@@ -216,6 +254,7 @@ FAMILIES: tuple[Family, ...] = (
             qkv=("attention.query_key_value",), fused="per_head", read_norm="input_layernorm",
             final_norm="final_layer_norm",
         ),
+        MlpPaths("post_attention_layernorm", parallel="use_parallel_residual"),
     ),
     Family(
         "OPT", ("opt",), DECODER, "decoder.layers", "self_attn", "self_attn.out_proj", ("self_attn",), CAUSAL_LM,
@@ -225,6 +264,7 @@ FAMILIES: tuple[Family, ...] = (
             final_norm="decoder.final_layer_norm", unembedding_projection="decoder.project_out",
             pre_norm_flag="do_layer_norm_before",
         ),
+        MlpPaths("final_layer_norm"),
     ),
     Family(
         "BERT", ("bert",), ENCODER, **BERT_LAYOUT,

@@ -97,6 +97,23 @@ class Norm:
         RMSNorm's is the identity."""
         return v - v.mean(dim=-1, keepdim=True) if self.centred else v
 
+    def jvp(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """J(x) t (…, d), float32: how the norm's output at x moves along t (x broadcastable to t). With n = n(x)
+        and σ its denominator, J t = γ ⊙ (C t − n (n · C t) / d) / σ (the same form for both norms)."""
+        x, t = x.float(), self.centre(t.float())
+        n, sigma = self.normalise(x), self.scale(x)[..., None]
+        d = x.shape[-1]
+        return self.gamma.to(t.device) * (t - n * (n * t).sum(-1, keepdim=True) / d) / sigma
+
+    def vjp(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """J(x)ᵀ g (…, d), float32: the gradient at the norm's input from the gradient g at its output (x
+        broadcastable to g): C (u − n (n · u) / d) / σ with u = γ ⊙ g."""
+        x = x.float()
+        u = self.gamma.to(g.device) * g.float()
+        n, sigma = self.normalise(x), self.scale(x)[..., None]
+        d = x.shape[-1]
+        return self.centre(u - n * (n * u).sum(-1, keepdim=True) / d) / sigma
+
 
 def read_norm(module: Any, name: str, offset: float = 0.0) -> Norm | None:
     """The norm of `module` (None for nn.Identity): RMSNorm when its class says so, else LayerNorm (torch's, OLMo's
@@ -204,6 +221,33 @@ def _projections(module: Any, paths: WeightPaths, H: int, H_kv: int, d_head: int
         biases = [None] * 3 if bias is None else [b.reshape(-1) for b in bias.reshape(H, 3 * d_head).chunk(3, dim=-1)]
         return list(zip(weights, biases, strict=True))
     raise AttnscopeError(f"unknown fused projection layout '{paths.fused}'")
+
+
+def projection_groups(module: Any, paths: WeightPaths, H: int, H_kv: int) -> list[tuple[Any, tuple[int, ...]]]:
+    """The modules that compute one layer's queries, keys and values, each with the input its columns read, one
+    d_head-wide group of columns at a time, in column order: input h < H is head h's query, H + k key/value head
+    k's key, H + H_kv + k its value (the numbering of `models.graph`'s inputs within a layer). Separate projections:
+    (q, 0..H-1), (k, H..), (v, H+H_kv..); fused "concat": one module, 0 .. H+2·H_kv-1; fused "per_head" (GPT-NeoX):
+    per head its query, key and value."""
+    if len(paths.qkv) == 3:
+        starts = (0, H, H + H_kv)
+        counts = (H, H_kv, H_kv)
+        return [
+            (module_at(module, path), tuple(range(start, start + count)))
+            for path, start, count in zip(paths.qkv, starts, counts, strict=True)
+        ]
+    fused = module_at(module, paths.qkv[0])
+    if paths.fused == "concat":
+        return [(fused, tuple(range(H + 2 * H_kv)))]
+    if paths.fused == "per_head":
+        return [(fused, tuple(index for head in range(H) for index in (head, H + head, 2 * H + head)))]
+    raise AttnscopeError(f"unknown fused projection layout '{paths.fused}'")
+
+
+def out_in(module: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A projection's weight as (d_out, d_in), the form nn.Linear stores (GPT-2's Conv1D transposed), and its bias."""
+    weight, bias = _xw(module)
+    return weight.T, bias
 
 
 def reading_norms(loaded: LoadedModel) -> list[Norm | None]:

@@ -53,7 +53,7 @@ MAX_COPY_TOKENS = 8192
 
 
 class Handle(Protocol):
-    """What undoes one installed hook (torch's `RemovableHandle`, or `_RestoredForward`)."""
+    """What undoes one installed hook (torch's `RemovableHandle`, or `RestoredForward`)."""
 
     def remove(self) -> None: ...
 
@@ -375,7 +375,7 @@ class ReplacedAttention:
         self.forward = forward
 
     def install(self, loaded: LoadedModel) -> Iterator[Handle]:
-        yield _RestoredForward(loaded.family.attention_modules(loaded.model)[self.layer], self.forward)
+        yield RestoredForward(loaded.family.attention_modules(loaded.model)[self.layer], self.forward)
 
 
 class SkippedLayers:
@@ -389,7 +389,7 @@ class SkippedLayers:
 
     def install(self, loaded: LoadedModel) -> Iterator[Handle]:
         for layer, module in enumerate(loaded.family.layers(loaded.model)[: self.below]):
-            yield _RestoredForward(module, self._recorded(layer))
+            yield RestoredForward(module, self._recorded(layer))
 
     def _recorded(self, layer: int) -> Callable[..., Any]:
         def forward(*args: Any, **kwargs: Any) -> Any:
@@ -464,7 +464,7 @@ def _position(signature: inspect.Signature, name: str) -> int:
     return list(signature.parameters).index(name)
 
 
-class _RestoredForward:
+class RestoredForward:
     """`module.forward` set to `forward`; `remove` puts back what the instance had (nothing, usually: the class's
     method again)."""
 

@@ -1,22 +1,31 @@
-"""The prompt pairs of `attnscope patch`: one pair from its options, or several from a JSON-lines file (or standard
-input), each line an object with the string fields clean, corrupt, answer and wrong (other fields are ignored).
+"""The prompt pairs of `attnscope patch` and `attnscope discover`: one pair from their options, or several from a
+JSON-lines file (or standard input), each line an object with the string fields clean, corrupt, answer and wrong
+(other fields are ignored); then each pair tokenized and checked for a model, the pairs batched by length, and the
+metric both commands read, the logit difference at the last position.
 
 Read whole and checked before any model loads: a pair file is small (a few thousand pairs are far more than a patch
 run can take: each pair runs the model twice per head), so it is read at once, up to MAX_PAIR_BYTES, and refused in
-one line naming the file and the line where it is not what it should be. Pure Python, no torch.
+one line naming the file and the line where it is not what it should be. Reading is pure Python; torch only in the
+functions that make tensors.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import stat
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnscope import options
 from attnscope.errors import AttnscopeError
 from attnscope.pipeline.inputs import json_line, valid_text
+from attnscope.scores.catalog import counted
+
+if TYPE_CHECKING:
+    from attnscope.models.loading import LoadedModel
 
 FIELDS = ("clean", "corrupt", "answer", "wrong")
 MAX_PAIR_BYTES = 64 * 2**20  # far beyond any set of pairs a patch run can take in a day
@@ -114,3 +123,134 @@ def _pair(line: str, where: str) -> PromptPair:
         value = options.TEXT.check(record[field], f'{where}: the "{field}" field')
         values.append(valid_text(value, f'{where}: the "{field}" field'))
     return PromptPair(*values, where)
+
+
+# ------------------------------------------------------------------------------------------------- tokens
+
+
+def continuation(prompt: str, answer: str) -> str:
+    """The answer as it is written after the prompt: a word given without its leading space gets one (`Mary` →
+    ` Mary`, GPT-2's token for a word that follows another), unless the prompt ends in white space; an answer that
+    starts with white space, or with a character that is not a letter or a digit (`.`, `,`, `'s`), is as written."""
+    if answer[0].isspace() or not answer[0].isalnum() or prompt[-1:].isspace():
+        return answer
+    return " " + answer
+
+
+@dataclass(frozen=True)
+class TokenizedPair:
+    """A pair's token ids (special tokens included) and its two tokens' ids."""
+
+    clean: tuple[int, ...]
+    corrupt: tuple[int, ...]
+    answer: int
+    wrong: int
+
+
+def token_after(tokenizer: Any, prompt: str, token: str, name: str, where: str) -> int:
+    """The id of `token` (answer or wrong) as the one token that follows `prompt` (see `continuation`)."""
+    before = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    after = tokenizer(prompt + continuation(prompt, token), add_special_tokens=False)["input_ids"]
+    if len(after) == len(before) + 1 and after[: len(before)] == before:
+        return after[-1]
+    same = next(
+        (k for k, (a, b) in enumerate(zip(before, after, strict=False)) if a != b), min(len(before), len(after))
+    )
+    pieces = " ".join(repr(tokenizer.decode([piece])) for piece in after[same:])
+    merged = " with the prompt's end" if same < len(before) else ""
+    raise AttnscopeError(
+        f"{where}: {name} {options.shown(token)} is not one token after the prompt: it is tokenized{merged} as "
+        f"{pieces}; give a word of one token (patch compares the logits of two tokens)"
+    )
+
+
+def tokenized(loaded: LoadedModel, pair: PromptPair, prefix: tuple[int, ...]) -> TokenizedPair:
+    """A pair's tokens, checked: the two prompts of one length within the context, answer and wrong one token each
+    (as they follow the clean prompt) and not the same."""
+    tokenizer = loaded.tokenizer
+    clean = (*prefix, *tokenizer(pair.clean, add_special_tokens=False)["input_ids"])
+    corrupt = (*prefix, *tokenizer(pair.corrupt, add_special_tokens=False)["input_ids"])
+    where = pair.source
+    if len(clean) != len(corrupt):
+        raise AttnscopeError(
+            f"{where}: the clean prompt is {counted(len(clean), 'token')} and the corrupted one {len(corrupt)}: "
+            "patching sets each position's output in the other run, so both must have as many tokens (change words "
+            "for words of as many tokens)"
+        )
+    if len(clean) > loaded.n_ctx:
+        raise AttnscopeError(
+            f"{where}: the prompts are {counted(len(clean), 'token')}, more than the model's context ({loaded.n_ctx})"
+        )
+    answer = token_after(tokenizer, pair.clean, pair.answer, "answer", where)
+    wrong = token_after(tokenizer, pair.clean, pair.wrong, "wrong", where)
+    if answer == wrong:
+        raise AttnscopeError(
+            f"{where}: answer and wrong are the same token {tokenizer.decode([answer])!r}: their logit difference is "
+            "0 whatever the prompt"
+        )
+    return TokenizedPair(clean, corrupt, answer, wrong)
+
+
+def length_groups(lengths: Sequence[int], batch_size: int, max_tokens: int | None) -> list[list[int]]:
+    """Pair indices in batches of one length (no padding: the last position is every row's last token), at most
+    `batch_size` pairs and `max_tokens` tokens each (a pair longer than that runs alone); longest first."""
+    by_length: dict[int, list[int]] = {}
+    for index, length in enumerate(lengths):
+        by_length.setdefault(length, []).append(index)
+    groups = []
+    for length, indices in sorted(by_length.items(), reverse=True):
+        size = max(1, min(batch_size, (max_tokens or length * batch_size) // length))
+        groups += [indices[first : first + size] for first in range(0, len(indices), size)]
+    return groups
+
+
+def batch(tokens: Sequence[TokenizedPair], group: Sequence[int], device: Any) -> tuple[Any, Any, Any, Any]:
+    """The clean and corrupted ids (B, n) of the pairs `group` (of one length), their answers and wrong tokens (B,)."""
+    import torch
+
+    def column(which: str) -> Any:
+        return torch.tensor([getattr(tokens[k], which) for k in group], device=device)
+
+    return column("clean"), column("corrupt"), column("answer"), column("wrong")
+
+
+def pair_records(
+    loaded: LoadedModel, pairs: Sequence[PromptPair], tokens: Sequence[TokenizedPair], clean_ld: Any, corrupt_ld: Any
+) -> list[dict[str, Any]]:
+    """Each pair as the JSON shows it: where it came from, its prompts, its two tokens (as the tokenizer spells
+    them, and their ids), its length in tokens and its baseline logit differences."""
+    decode = loaded.tokenizer.decode
+    return [
+        {
+            "index": k,
+            "source": pair.source,
+            "clean": pair.clean,
+            "corrupt": pair.corrupt,
+            "answer": decode([ids.answer]),
+            "wrong": decode([ids.wrong]),
+            "answer_id": ids.answer,
+            "wrong_id": ids.wrong,
+            "n_tokens": len(ids.clean),
+            "clean_logit_diff": float(clean_ld[k]),
+            "corrupt_logit_diff": float(corrupt_ld[k]),
+        }
+        for k, (pair, ids) in enumerate(zip(pairs, tokens, strict=True))
+    ]
+
+
+class LogitDifference:
+    """The metric of `patch` and `discover`: LD = logit(answer) − logit(wrong) at the last position of each row,
+    the logits computed at that position alone where the model takes `logits_to_keep` ((B, 1, V), not (B, n, V))."""
+
+    def __init__(self, loaded: LoadedModel):
+        self.loaded = loaded
+        takes = inspect.signature(loaded.lm_model.forward).parameters
+        self.last_only = {"logits_to_keep": 1} if "logits_to_keep" in takes else {}
+
+    def __call__(self, ids: Any, answer: Any, wrong: Any) -> Any:
+        """(B,) float32 on the model's device, with its graph where gradients are on: LD of each row of `ids`."""
+        import torch
+
+        logits = self.loaded.lm_model(input_ids=ids, **self.last_only).logits[:, -1].float()  # (B, V)
+        rows = torch.arange(ids.shape[0], device=logits.device)
+        return logits[rows, answer.to(logits.device)] - logits[rows, wrong.to(logits.device)]

@@ -1,4 +1,4 @@
-"""The settings of the commands that remove or patch heads: `ablate`, `circuit`, `patch`."""
+"""The settings of the commands that remove or patch heads and edges: `ablate`, `circuit`, `patch`, `discover`."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from attnscope.models.checks import Shape
 from attnscope.models.removal import check_destination
 from attnscope.scores import catalog
 from attnscope.scores.catalog import counted
+from attnscope.scores.faithfulness import MIB_PERCENTS as MIB_BUDGETS
 from attnscope.settings.declare import (
     FILE,
     HEAD_SCORE,
@@ -32,7 +33,7 @@ from attnscope.settings.groups import (
     top_setting,
 )  # fmt: skip
 
-__all__ = ["Ablate", "Circuit", "Patch"]
+__all__ = ["Ablate", "Circuit", "Discover", "Patch", "PromptPairs"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,9 +159,10 @@ PAIR_FIELDS = ("clean", "corrupt", "answer", "wrong")  # a pair's fields, as --f
 
 
 @dataclass(frozen=True, kw_only=True)
-class Patch(Reading, Batching, Place, Revision, DeviceMap, Settings):
-    """`attnscope patch`: activation patching per head, for clean and corrupted prompts (no TEXT: the pairs come
-    from --clean/--corrupt/--answer/--wrong or from --file)."""
+class PromptPairs(Reading):
+    """Clean and corrupted prompts, the answer and the token it is measured against (`patch`, `discover`: no TEXT,
+    the pairs come from --clean/--corrupt/--answer/--wrong or from --file), and the contract of a command that reads
+    them: a decoder's logits, the language-model head."""
 
     reads_texts: ClassVar[bool] = False
 
@@ -182,7 +184,6 @@ class Patch(Reading, Batching, Place, Revision, DeviceMap, Settings):
     wrong: str | None = setting(
         options.TEXT.or_none(), None, "The token it is measured against (written as --answer is).", metavar="TOKEN"
     )
-    top: int | None = top_setting("the heads that restore the most (10 on the terminal)")
     file: str | os.PathLike | None = setting(  # Reading's --file, here a file of pairs
         FILE,
         None,
@@ -207,7 +208,9 @@ class Patch(Reading, Batching, Place, Revision, DeviceMap, Settings):
                 "in a file, not both"
             )
         if self.file is None and not given:
-            raise AttnscopeError(f"no pair to patch: give one with {named(missing)}, or pairs in a file (--file)")
+            raise AttnscopeError(
+                f"no pair to {self.command_name}: give one with {named(missing)}, or pairs in a file (--file)"
+            )
         if self.file is None and missing:
             raise AttnscopeError(
                 f"{named(missing)}: a pair needs clean, corrupt, answer and wrong (or give pairs in a file with --file)"
@@ -220,6 +223,68 @@ class Patch(Reading, Batching, Place, Revision, DeviceMap, Settings):
     def check_shape(self, shape: Shape) -> None:
         if shape.kind_name is not None and shape.kind_name != "decoder":
             raise AttnscopeError(
-                "patch reads the logits of the token that follows each prompt: it needs a decoder (a causal language "
-                f"model); this model is an {shape.kind_name}"
+                f"{self.command_name} reads the logits of the token that follows each prompt: it needs a decoder (a "
+                f"causal language model); this model is an {shape.kind_name}"
             )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Patch(PromptPairs, Batching, Place, Revision, DeviceMap, Settings):
+    """`attnscope patch`: activation patching per head, for clean and corrupted prompts."""
+
+    top: int | None = top_setting("the heads that restore the most (10 on the terminal)")
+
+
+EXACT_MAX_EDGES = 5_000  # discover --method exact: each edge is one patched run of every batch of pairs
+
+
+@dataclass(frozen=True, kw_only=True)
+class Discover(PromptPairs, Batching, Place, Revision, DeviceMap, Settings):
+    """`attnscope discover`: the edges between a decoder's components that carry what the clean and corrupted prompts
+    differ in, scored, and the circuits of the top edges run to measure their faithfulness."""
+
+    torchrun: ClassVar[bool] = True  # every N-th batch of pairs, its scores and its circuits' runs
+
+    method: str = setting(
+        options.DISCOVER_METHOD,
+        "eap-ig",
+        "eap-ig: integrated gradients on the inputs, --steps points (Hanna et al. 2024); eap: one gradient at the "
+        "clean run (Syed et al. 2023); exact: each edge patched alone, corrupted into the clean run (one run per "
+        f"edge: up to {EXACT_MAX_EDGES:,} edges).",
+    )
+    steps: int | None = setting(
+        options.IG_STEPS.or_none(),
+        None,
+        "With --method eap-ig: the points of the integral, each a forward and a backward pass (default 5).",
+        metavar="N",
+        python_help="with method eap-ig: the points of the integral, each a forward and a backward pass (None: 5)",
+    )
+    ablation: str = setting(
+        options.EDGE_ABLATION,
+        "corrupt",
+        "What an edge outside a circuit carries: corrupt, its value in the corrupted prompt's run; mean, its mean "
+        "over every position of every pair (clean and corrupted prompts).",
+    )
+    target: float = setting(
+        options.TARGET, 0.8, "The circuit: the fewest top edges (on the budget grid) whose faithfulness reaches this."
+    )
+    budgets: Sequence[float] = setting(
+        options.BUDGETS,
+        MIB_BUDGETS,
+        "Circuit sizes to run, in percent of the edges (MIB's grid by default; 100 is always run).",
+        metavar="P,P,...",
+    )
+    top: int | None = top_setting("the edges with the largest |score| (20 on the terminal)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.steps is not None and self.method != "eap-ig":
+            raise AttnscopeError(
+                f"steps (--steps) are the integral's points of method eap-ig; method {self.method} takes none"
+            )
+        object.__setattr__(self, "budgets", tuple(sorted({*self.budgets, 100.0})))
+
+    @property
+    def ig_steps(self) -> int:
+        """The points of the integral: `steps`, or 5 (the EAP-IG README's)."""
+        return 5 if self.steps is None else self.steps

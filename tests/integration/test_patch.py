@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import attnscope
-from attnscope.analyses.patch import continuation
 from attnscope.errors import AttnscopeError
 from attnscope.pipeline import interventions
+from attnscope.pipeline.prompt_pairs import continuation
 
 # Two lengths (15 and 13 tokens with BOS), two pairs of one length (a batch of two), and one pair whose corruption
 # moves the logit difference the other way: the tiny model's differences are 1.58, 0.13 and -0.08.
