@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 
 _API = (
     "load", "heads", "show", "diversity", "attend", "ablate", "circuit", "report", "compare", "info", "random_mha",
-    "bench", "patch", "kvplan",
+    "bench", "patch", "discover", "kvplan",
 )  # fmt: skip
 _LAZY = {**{name: "attnscope.api" for name in _API}, "Text": "attnscope.pipeline.inputs"}
 

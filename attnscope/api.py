@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from attnscope.analyses.bench import BenchResult
     from attnscope.analyses.circuit import CircuitResult
     from attnscope.analyses.compare import CompareResult
+    from attnscope.analyses.discover import DiscoverResult
     from attnscope.analyses.diversity import DiversityResult
     from attnscope.analyses.heads import HeadsResult
     from attnscope.analyses.info import InfoResult
@@ -483,6 +484,18 @@ def patch(**given: Any) -> PatchResult:
     return _run(Patch, given)
 
 
+@command(settings.Discover)
+def discover(**given: Any) -> DiscoverResult:
+    """The circuit of a task (`attnscope discover`): for clean and corrupted prompts, every edge between the model's
+    components (embeddings, heads' queries, keys and values, MLPs, logits) scored by how much of the logit difference
+    (answer − wrong, at the last position) it carries, then the circuits of the top edges run with every other edge
+    ablated: their faithfulness, MIB's CPR and CMD, and the smallest circuit that reaches `target`. A model already
+    loaded must have been loaded with `load(..., lm_head=True)`; one given by name is loaded so."""
+    from attnscope.analyses.discover import Discover
+
+    return _run(Discover, given)
+
+
 @command(settings.Kvplan)
 def kvplan(**given: Any) -> KvplanResult:
     """A KV-cache plan in DuoAttention's format (`attnscope kvplan`): each head's attention on the keys a streaming
@@ -544,5 +557,5 @@ def bench(**given: Any) -> BenchResult:
 COMMANDS = {  # the command line's name of each function, in the order `attnscope --help` lists them
     "heads": heads, "show": show, "diversity": diversity, "random-mha": random_mha, "attend": attend,
     "ablate": ablate, "circuit": circuit, "report": report, "compare": compare, "bench": bench, "info": info,
-    "patch": patch, "kvplan": kvplan,
+    "patch": patch, "discover": discover, "kvplan": kvplan,
 }  # fmt: skip

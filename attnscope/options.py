@@ -74,7 +74,7 @@ class Option:
     high: float | None = None
     choices: tuple[str, ...] = ()
     optional: bool = False
-    excluded: tuple[float, ...] = ()  # values of the range that mean nothing (a sample of 1 row has no spread)
+    excluded: tuple[int, ...] = ()  # values of the range that mean nothing (a sample of 1 row has no spread)
     described: str = ""  # the domain in words, where `domain()` would not say it well
 
     def or_none(self) -> Option:
@@ -125,7 +125,7 @@ class Option:
         elif self.kind == "number":
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 return f"expected {self.domain()}, not {_type_name(value)}"
-            if not (math.isfinite(value) and self.low <= value <= self.high) or value in self.excluded:
+            if not (math.isfinite(value) and self.low <= value <= self.high):
                 return f"must be {self.domain()}"
         elif self.kind == "flag":
             if not (isinstance(value, bool) or type(value).__name__ == "bool_"):  # numpy's too
@@ -508,7 +508,7 @@ RECENT = count(1, LENGTH_MAX)  # kvplan: the last tokens a streaming head keeps,
 CONTEXT = count(1, CONTEXT_MAX)
 STEPS = count(0, 1_000)  # circuit --method gradient: integration points (each a forward and a backward pass)
 IG_STEPS = count(1, 1_000)  # discover --method eap-ig: integration points (each a forward and a backward pass)
-TARGET = Option("number", 0.0, 1.0, described="a number above 0 and at most 1", excluded=(0,))  # discover's f
+TARGET = number(0.001, 1.0)  # discover: the faithfulness its circuit must reach
 BUDGETS = Percents()
 TOKENS = count(1, ROWS_MAX)
 PRUNE = count(0, ROWS_MAX)

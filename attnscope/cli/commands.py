@@ -124,6 +124,19 @@ HELP = {
     hold the value" --corrupt "The file and the list hold the value table. The file and the list hold the value"
     --answer method --wrong table --top 5
     """,
+    "discover": """The circuit of a task: the edges between components that carry what two prompts differ in.
+
+    Nodes are the embeddings, every head, every MLP and the logits; an edge goes into a head's query, key or value
+    (under grouped-query attention, the key/value head's), an MLP's input or the logits. Each edge is scored by how
+    much of the logit difference answer − wrong (last position) it carries: --method eap-ig (integrated gradients,
+    --steps points), eap (one gradient) or exact (each edge patched alone). Then the top edges of each budget
+    (--budgets, % of the edges) run with every other edge ablated (--ablation corrupt or mean): faithfulness f,
+    CPR and CMD (MIB), and the circuit: the fewest edges with f >= --target. Pairs as patch takes them.
+
+    Example: attnscope discover --model demo --clean "The file and the list hold the value method. The file and the
+    list hold the value" --corrupt "The file and the list hold the code method. The file and the list hold the value"
+    --answer method --wrong table --top 10
+    """,
     "kvplan": """A KV-cache plan in DuoAttention's format: which key/value heads keep the whole past, which stream.
 
     A streaming head keeps the first --sink and the last --recent tokens alone (DuoAttention; kvpress's

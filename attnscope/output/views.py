@@ -208,6 +208,7 @@ VIEWS: dict[str, str] = {
     "CompareResult": "attnscope.output.compare.CompareView",
     "PatchResult": "attnscope.output.patch.PatchView",
     "KvplanResult": "attnscope.output.kvplan.KvplanView",
+    "DiscoverResult": "attnscope.output.discover.DiscoverView",
 }
 
 

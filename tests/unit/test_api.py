@@ -80,7 +80,7 @@ def test_every_keyword_is_documented_in_the_functions_help(command):
     missing = [name for name in inspect.signature(function).parameters if name not in documented]
     assert missing == [], f"{command}: undocumented keywords {missing}"
     for item in function.settings.declarations():
-        line = next(line for line in lines if line.split() and line.split()[0] == item.name)
+        line = next(line for line in lines if line and not line[0].isspace() and line.split()[0] == item.name)
         assert item.spelled in " ".join(lines[lines.index(line) : lines.index(line) + 4]), (command, item.name)
 
 
@@ -257,6 +257,7 @@ REQUIRED = {
     "circuit": {"method": "gradient", "ablation": "resample"},  # --steps are the gradient's, a seed resample's
     "ablate": {"ablation": "resample"},  # --resample-seed is resample ablation's
     "patch": {"clean": "a b", "corrupt": "a c", "answer": "b", "wrong": "c"},
+    "discover": {"clean": "a b", "corrupt": "a c", "answer": "b", "wrong": "c", "method": "eap-ig"},
 }
 
 

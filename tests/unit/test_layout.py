@@ -20,7 +20,7 @@ TESTS = ROOT / "tests"
 STAGES = ["base", "scores", "models", "settings", "pipeline", "output", "analyses", "api", "cli"]
 COMMANDS = [
     "heads", "show", "diversity", "random-mha", "attend", "ablate", "circuit", "report", "compare", "bench", "info",
-    "patch", "kvplan",
+    "patch", "discover", "kvplan",
 ]  # fmt: skip
 
 
@@ -259,7 +259,7 @@ def test_the_lazy_names_of_the_package_load_their_modules():
 
     assert attnscope.Text is Text
     names = ("load", *(function.__name__ for function in api.COMMANDS.values()))
-    assert len(names) == 14
+    assert len(names) == 15
     for name in names:
         assert getattr(attnscope, name) is getattr(api, name)
         assert name in dir(attnscope) and name in attnscope.__all__

@@ -14,6 +14,7 @@ from attnscope.analyses.attend import AttendResult
 from attnscope.analyses.bench import BenchResult
 from attnscope.analyses.circuit import CircuitResult
 from attnscope.analyses.compare import CompareHead, CompareResult
+from attnscope.analyses.discover import DiscoverResult
 from attnscope.analyses.diversity import DiversityResult
 from attnscope.analyses.heads import HeadRecord, HeadsResult
 from attnscope.analyses.info import InfoResult
@@ -23,6 +24,7 @@ from attnscope.analyses.patch import PatchResult
 from attnscope.analyses.random_mha import RandomMhaResult
 from attnscope.analyses.report import ReportModel, ReportResult
 from attnscope.analyses.result import Result
+from attnscope.models.graph import Graph
 from attnscope.output.views import SUMMARY_WIDTH, VIEWS, fitted
 from attnscope.pipeline.labels import Labels
 from attnscope.scores import catalog
@@ -176,6 +178,21 @@ def kvplan_result() -> KvplanResult:
     return KvplanResult(MODEL, inputs, settings, scores, scores, full, [None, None], memory)
 
 
+def discover_result() -> DiscoverResult:
+    graph = Graph(1, 2, 2)  # 13 edges: embed into 6 head inputs, 3 into mlp 0, 4 into the logits
+    scores = np.zeros(graph.n_edges)
+    scores[[0, 12, 9]] = [0.5, -2.0, 1.25]  # embed → 0.0 q, mlp 0 → logits, embed → logits
+    pair = {"index": 0, "source": "the pair given", "answer": " Mary", "wrong": " John"}
+    curve = [{"percent": 50.0, "edges": 6, "kept": 2, "f": 0.9}, {"percent": 100.0, "edges": 13, "kept": 13, "f": 1.0}]
+    settings = {"method": "eap-ig", "steps": 5, "ablation": "corrupt", "target": 0.8, "budgets": [50.0, 100.0],
+                "top": None, "batch_size": 8, "max_tokens": 16384}  # fmt: skip
+    inputs = {"source": "the pair given", "n_pairs": 1, "n_tokens": 15, "bos": True}
+    circuit = {"percent": 50.0, "f": 0.9, "edges": np.array([9, 12])}
+    return DiscoverResult(
+        MODEL, inputs, settings, [pair], graph, scores, 3.5, -1.5, -1.5, curve, curve, 0.45, 0.05, circuit
+    )
+
+
 # result class -> a hand-built result and what its summary must say (the headline numbers of its terminal view)
 BUILT = {
     "HeadsResult": (
@@ -252,6 +269,15 @@ BUILT = {
             "streaming (layer.kv_head score): 1.1 .001",
         ],
     ),
+    "DiscoverResult": (
+        discover_result,
+        [
+            "tiny: 2 layers × 2 heads; 1 pair, eap-ig",
+            "logit difference (' Mary' − ' John'): clean 3.500, corrupted -1.500, every edge ablated -1.500",
+            "strongest edges: mlp 0→logits -2.00 · embed→logits 1.25 · embed→0.0(q) 0.50",
+            "circuit: 2 edges of 13 (50 % budget), f = 0.900 (target 0.8), 3 nodes",
+        ],
+    ),
     "InfoResult": (lambda: InfoResult(MODEL), ["tiny: 2 layers × 2 heads", "1,234 parameters", "context 16 tokens"]),
     "RandomMhaResult": (random_mha_result, ["d_model 64", "1 - · 4 0.245", "4 0.558"]),
 }
@@ -268,7 +294,8 @@ def _check_brief(text: str, name: str) -> None:
 
 def test_every_result_class_has_a_view_and_prints_through_it():
     """The dataclass decorator writes a __repr__ unless told not to: every result class keeps Result's."""
-    for module in ("heads", "maps", "diversity", "attend", "ablate", "circuit", "compare", "report", "bench", "info"):
+    for module in ("heads", "maps", "diversity", "attend", "ablate", "circuit", "compare", "report", "bench", "info",
+                   "discover"):  # fmt: skip
         importlib.import_module(f"attnscope.analyses.{module}")
     importlib.import_module("attnscope.analyses.random_mha")
     classes = {cls.__name__: cls for cls in Result.__subclasses__()}
