@@ -242,7 +242,8 @@ class Discover(settings.Discover):
                 f"{np.mean(clean_ld):.4f}, corrupted {np.mean(corrupt_ld):.4f} on average): there is no difference "
                 "for an edge to carry; corrupt the prompt where it decides the answer"
             )
-        means = None if sums is None else _to_device(sums.mean(positions), loaded.device)
+        wide = torch.promote_types(loaded.dtype, torch.float32)  # float32, or a float64 model's own
+        means = None if sums is None else _to_device(sums.mean(positions, wide), loaded.device)
         return clean_ld, corrupt_ld, means
 
     # ---------------------------------------------------------------- the scores

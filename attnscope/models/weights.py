@@ -62,6 +62,11 @@ if TYPE_CHECKING:
     from attnscope.models.loading import LoadedModel
 
 
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """x in float32, or as it is when wider (float64: a model a test runs in double precision keeps it)."""
+    return x if x.dtype.itemsize >= 4 and x.dtype.is_floating_point else x.float()
+
+
 @dataclass(frozen=True)
 class Norm:
     """A norm read from its module: y = γ ⊙ (x − mean x) / √(var x + eps) + β (centred: LayerNorm), or
@@ -79,15 +84,15 @@ class Norm:
         return "LayerNorm" if self.centred else "RMSNorm"
 
     def scale(self, x: torch.Tensor) -> torch.Tensor:
-        """(…,) the per-token denominator σ the norm divides x (…, d) by, in float32."""
-        x = x.float()
+        """(…,) the per-token denominator σ the norm divides x (…, d) by, in float32 (or x's float64)."""
+        x = at_least_float32(x)
         if self.centred:
             return (x.var(dim=-1, unbiased=False) + self.eps).sqrt()
         return (x.pow(2).mean(dim=-1) + self.eps).sqrt()
 
     def normalise(self, x: torch.Tensor) -> torch.Tensor:
         """n(x) (…, d): the norm without its γ and β."""
-        x = x.float()
+        x = at_least_float32(x)
         if self.centred:
             x = x - x.mean(dim=-1, keepdim=True)
         return x / self.scale(x)[..., None]
@@ -100,7 +105,7 @@ class Norm:
     def jvp(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """J(x) t (…, d), float32: how the norm's output at x moves along t (x broadcastable to t). With n = n(x)
         and σ its denominator, J t = γ ⊙ (C t − n (n · C t) / d) / σ (the same form for both norms)."""
-        x, t = x.float(), self.centre(t.float())
+        x, t = at_least_float32(x), self.centre(at_least_float32(t))
         n, sigma = self.normalise(x), self.scale(x)[..., None]
         d = x.shape[-1]
         return self.gamma.to(t.device) * (t - n * (n * t).sum(-1, keepdim=True) / d) / sigma
@@ -108,8 +113,8 @@ class Norm:
     def vjp(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """J(x)ᵀ g (…, d), float32: the gradient at the norm's input from the gradient g at its output (x
         broadcastable to g): C (u − n (n · u) / d) / σ with u = γ ⊙ g."""
-        x = x.float()
-        u = self.gamma.to(g.device) * g.float()
+        x = at_least_float32(x)
+        u = self.gamma.to(g.device) * at_least_float32(g)
         n, sigma = self.normalise(x), self.scale(x)[..., None]
         d = x.shape[-1]
         return self.centre(u - n * (n * u).sum(-1, keepdim=True) / d) / sigma

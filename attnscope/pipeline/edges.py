@@ -53,6 +53,7 @@ from attnscope.models.families import module_at
 from attnscope.models.graph import Graph
 from attnscope.models.weights import (
     Norm,
+    at_least_float32,
     out_in,
     output_norms,
     projection_groups,
@@ -223,11 +224,11 @@ class NodeRecord:
             [a + b for a, b in zip(self.mlp, other.mlp, strict=True)],
         )
 
-    def mean(self, count: int) -> NodeRecord:
-        """A record of sums (`summed`, added) over `count` positions as a record of means, float32."""
+    def mean(self, count: int, dtype: Any) -> NodeRecord:
+        """A record of sums (`summed`, added) over `count` positions as a record of means in `dtype`."""
         return NodeRecord(
-            (self.embed / count).float(), [(h / count).float() for h in self.heads],
-            [(x / count).float() for x in self.attention], [(m / count).float() for m in self.mlp],
+            (self.embed / count).to(dtype), [(h / count).to(dtype) for h in self.heads],
+            [(x / count).to(dtype) for x in self.attention], [(m / count).to(dtype) for m in self.mlp],
         )  # fmt: skip
 
 
@@ -288,7 +289,7 @@ class _Layers:
                 return
             out = output[0] if isinstance(output, tuple) else output
             added = self.layout.post(layer, self.x.pop(layer).detach())
-            self.mlp(layer, (out.detach() - self.streams[layer].detach() - added).float())
+            self.mlp(layer, at_least_float32(out.detach() - self.streams[layer].detach() - added))
 
         return hook
 
@@ -299,8 +300,8 @@ class _Layers:
         parts = self.layout.layers[layer]
         H, d_head, _ = parts.W_O.shape
         heads = z.detach().reshape(*z.shape[:2], H, d_head)  # (B, n, H, d_head)
-        o = torch.einsum("bnhk,hkd->hbnd", heads, parts.W_O.to(z.dtype)).float()  # (H, B, n, d)
-        return o if parts.b_O is None else o + parts.b_O.float() / H
+        o = at_least_float32(torch.einsum("bnhk,hkd->hbnd", heads, parts.W_O.to(z.dtype)))  # (H, B, n, d)
+        return o if parts.b_O is None else o + at_least_float32(parts.b_O) / H
 
     # what each kind does at each point (nothing by default)
     def entered(self, layer: int, hidden: Any) -> Any:
@@ -324,14 +325,14 @@ class NodeRecorder(_Layers):
 
     def entered(self, layer: int, hidden: Any) -> Any:
         if layer == 0:
-            self.record.embed = hidden.detach().float()
+            self.record.embed = at_least_float32(hidden.detach())
         return None
 
     def heads(self, layer: int, z: Any) -> None:
         self.record.heads[layer] = self.head_outputs(layer, z)
 
     def attention(self, layer: int, x: Any) -> None:
-        self.record.attention[layer] = x.detach().float()
+        self.record.attention[layer] = at_least_float32(x.detach())
 
     def mlp(self, layer: int, output: Any) -> None:
         self.record.mlp[layer] = output
@@ -387,7 +388,10 @@ class PatchedEdges(_Layers):
         # one buffer per copy where a node this run computes is needed; else one for all (they are the same)
         own = any(need and computed[u] for u, need in enumerate(self._needed))
         self._tokens = (B, n, d)
-        self._delta = torch.zeros(self.copies if own else 1, graph.n_upstream, B * n * d, device=hidden.device)
+        dtype = at_least_float32(hidden).dtype
+        self._delta = torch.zeros(
+            self.copies if own else 1, graph.n_upstream, B * n * d, dtype=dtype, device=hidden.device
+        )
         if self.first == 0:
             return
         outputs, ablated = self.clean.streams(self.layout), self.ablated.streams(self.layout)
@@ -403,7 +407,7 @@ class PatchedEdges(_Layers):
         the same in every copy, so one buffer for all takes the first)."""
         if self._needed[u]:
             B, n, d = self._tokens
-            difference = (output.float().view(-1, B, n, d) - ablated).reshape(-1, B * n * d)  # (C, B·n·d)
+            difference = (at_least_float32(output).view(-1, B, n, d) - ablated).reshape(-1, B * n * d)  # (C, B·n·d)
             self._delta[:, u] = difference[: self._delta.shape[0]]
 
     def _keep_heads(self, layer: int, heads: Any, x: Any) -> None:
@@ -413,7 +417,7 @@ class PatchedEdges(_Layers):
         H = heads.shape[0]
         difference = heads.view(H, -1, B, n, d) - self.ablated.heads[layer][:, None]  # (H, C, B, n, d)
         self._pre[layer] = difference.reshape(H, -1, B * n * d).transpose(0, 1)[:own]  # (C, H, B·n·d)
-        self._x[layer] = x.float().reshape(-1, B, n, d)[:own]
+        self._x[layer] = at_least_float32(x).reshape(-1, B, n, d)[:own]
 
     def _removed_sum(self, columns: slice, count: int) -> Any:
         """(C, V', B, n, d) float32: what the removed edges into the inputs `columns` (V' of them, reading the first
@@ -424,7 +428,7 @@ class PatchedEdges(_Layers):
         if not bool(chosen.any()):
             return None
         B, n, d = self._tokens
-        weights = chosen.transpose(1, 2).float()  # (C, V', U')
+        weights = chosen.transpose(1, 2).to(self._delta.dtype)  # (C, V', U')
         total = torch.matmul(weights, self._delta[:, :count]).view(self.copies, -1, B, n, d)  # (C, V', B, n, d)
         H = self.layout.graph.n_head
         for layer in self.layout.normalised:
@@ -434,7 +438,7 @@ class PatchedEdges(_Layers):
             moved = torch.matmul(weights[:, :, first : first + H], self._pre[layer])  # (C, V', B·n·d)
             x = self._x[layer][:, None]  # (C or 1, 1, B, n, d)
             after = x - moved.view(self.copies, -1, B, n, d)
-            total = total + (self.layout.post(layer, x) - self.layout.post(layer, after)).float()
+            total = total + at_least_float32(self.layout.post(layer, x) - self.layout.post(layer, after))
         return total
 
     def _inputs(self, base: Any, columns: slice, count: int) -> Any:
@@ -444,7 +448,7 @@ class PatchedEdges(_Layers):
             return None
         B, n, d = self._tokens
         moved = total.permute(0, 2, 3, 1, 4).reshape(self.copies * B, n, total.shape[1], d)  # (C·B, n, V', d)
-        return (base.float()[:, :, None, :] - moved).to(base.dtype)
+        return (at_least_float32(base)[:, :, None, :] - moved).to(base.dtype)
 
     # ---------------------------------------------------------------- the hooks
 
@@ -550,7 +554,8 @@ class EdgeGradients(_Layers):
         graph = layout.graph
         B, n, d = clean.embed.shape
         self._tokens = (B, n, d)
-        self._delta = torch.zeros(graph.n_upstream, B * n * d, device=clean.embed.device)  # (U, B·n·d) c_u − a_u
+        dtype, device = clean.embed.dtype, clean.embed.device
+        self._delta = torch.zeros(graph.n_upstream, B * n * d, dtype=dtype, device=device)  # (U, B·n·d) c_u − a_u
         outputs, ablated_outputs = clean.streams(layout), ablated.streams(layout)
         for u, (output, baseline) in enumerate(zip(outputs, ablated_outputs, strict=True)):
             if output is not None:
@@ -567,7 +572,7 @@ class EdgeGradients(_Layers):
 
     def _add(self, columns: slice, count: int, gradient: Any) -> None:
         """scores[:count, columns] += Σ_positions Δ_u · g_v, for the gradient g (B, n, V', d) at those inputs."""
-        flat = gradient.float().permute(2, 0, 1, 3).reshape(gradient.shape[2], -1)  # (V', B·n·d)
+        flat = at_least_float32(gradient).permute(2, 0, 1, 3).reshape(gradient.shape[2], -1)  # (V', B·n·d)
         self.scores[:count, columns] += (self._delta[:count] @ flat.T).double()
 
     def entered(self, layer: int, hidden: Any) -> Any:
@@ -604,11 +609,11 @@ class EdgeGradients(_Layers):
         B, n, d = self._tokens
         if pending.gradient is None:
             inputs = graph.n_head + 2 * graph.n_kv_head
-            pending.gradient = torch.zeros(B, n, inputs, d, device=gradient.device)
+            pending.gradient = torch.zeros(B, n, inputs, d, dtype=self._delta.dtype, device=gradient.device)
         groups = projection.weight.shape[0]
         by_group = gradient.reshape(B, n, groups, -1)  # (B, n, G, d_head)
         at_inputs = torch.einsum("bngk,gkd->bngd", by_group.to(projection.weight.dtype), projection.weight)
-        pending.gradient.index_add_(2, projection.inputs.to(gradient.device), at_inputs.float())
+        pending.gradient.index_add_(2, projection.inputs.to(gradient.device), at_least_float32(at_inputs))
         pending.arrived += 1
         if pending.arrived < len(parts.projections):
             return

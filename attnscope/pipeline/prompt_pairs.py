@@ -248,9 +248,11 @@ class LogitDifference:
         self.last_only = {"logits_to_keep": 1} if "logits_to_keep" in takes else {}
 
     def __call__(self, ids: Any, answer: Any, wrong: Any) -> Any:
-        """(B,) float32 on the model's device, with its graph where gradients are on: LD of each row of `ids`."""
+        """(B,) float32 (float64 for a float64 model) on the model's device, with its graph where gradients are on:
+        LD of each row of `ids`."""
         import torch
 
-        logits = self.loaded.lm_model(input_ids=ids, **self.last_only).logits[:, -1].float()  # (B, V)
+        logits = self.loaded.lm_model(input_ids=ids, **self.last_only).logits[:, -1]  # (B, V)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         rows = torch.arange(ids.shape[0], device=logits.device)
         return logits[rows, answer.to(logits.device)] - logits[rows, wrong.to(logits.device)]
