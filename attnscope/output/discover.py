@@ -154,10 +154,14 @@ class DiscoverView(View):
         """--csv's rows: the edges by rank (the first --top, or all), each with whether the circuit holds it."""
         result = self.result
         inside = {int(index) for index in result.circuit["edges"]}
-        ranked = result.ranked()
-        rows = edge_records(result)
-        for index, row in zip(ranked, rows, strict=True):
-            row["in_circuit"] = int(index) in inside
+        rows = [
+            {
+                "rank": row["rank"],
+                **{key: row[key] for key in ("from", "to", "input", "score")},
+                "in_circuit": index in inside,
+            }
+            for index, row in zip(result.ranked().tolist(), edge_records(result), strict=True)
+        ]
         return rows if every else rows[: result.settings["top"]]
 
     def full_document(self) -> dict:
