@@ -66,6 +66,15 @@ def test_a_reader_that_goes_away_ends_the_run_quietly(tiny_model_dir, output):
     assert err == ""
 
 
+IOI_PAIRS = [
+    {"clean": "When Mary and John went to the store, John gave a drink to",
+     "corrupt": "When Mary and John went to the store, John gave a drink from", "answer": " Mary", "wrong": " John"},
+    {"clean": "Alice gave Bob a book, and then Bob gave it to",
+     "corrupt": "Alice gave Bob a book, and then Alice gave it to", "answer": " Alice", "wrong": " Bob"},
+    {"clean": "The cat sat on the mat and the dog sat on the",
+     "corrupt": "The cat sat on the rug and the dog sat on the", "answer": " mat", "wrong": " rug"},
+]  # fmt: skip
+
 CHAIN = """
 import contextlib, sys
 from attnscope.cli import run
@@ -86,9 +95,12 @@ def test_work_shared_under_torchrun_gives_one_process_json(cli, tiny_model_dir, 
     process's (this one, with one thread, as each of the two): circuit's removals (of the texts and the probe), its
     gradient's batches and its direct effects' (a batch each), compare's two models (their divergence and their
     losses on different processes; without the loss, one process does it all and the other joins the group without
-    a model) and a report of three models (one process opens two). Last, a user's error: one line on stderr for the
+    a model), a report of three models (one process opens two) and discover's batches of pairs (EAP-IG with
+    corrupted ablation; exact with mean ablation). Last, a user's error: one line on stderr for the
     launch, not one per process."""
     file = _corpus_file(tmp_path / "corpus.jsonl", 2, seed=4)
+    pairs = tmp_path / "pairs.jsonl"  # three pairs of two lengths, for discover's batches of pairs
+    pairs.write_text("".join(json.dumps(pair) + "\n" for pair in IOI_PAIRS), encoding="utf-8")
     corpus = _corpus_file(tmp_path / "corpus30.jsonl", 30, seed=2)
     a, b, c = tiny_model_dir, build_tiny_gpt2(tmp_path / "b", seed=1), build_tiny_gpt2(tmp_path / "c", seed=2)
     common = ["--file", file, "--device", "cpu", "--json"]
@@ -99,6 +111,8 @@ def test_work_shared_under_torchrun_gives_one_process_json(cli, tiny_model_dir, 
         ["compare", "-m", a, "-m", b, "--no-probe", *common],
         ["compare", "-m", a, "-m", b, "--no-probe", "--no-loss", *common],  # one piece: the second process loads none
         ["report", "-m", a, "-m", b, "-m", c, "--no-diversity", "--no-probe", *common],
+        ["discover", "-m", a, "--file", pairs, "--device", "cpu", "--json", "--batch-size", "1"],
+        ["discover", "-m", a, "--file", pairs, "--device", "cpu", "--json", "--method", "exact", "--ablation", "mean"],
     ]
     script = tmp_path / "chain.py"
     script.write_text(CHAIN)
