@@ -11,6 +11,7 @@ freed memory is handed back to the OS (glibc malloc_trim) so that the call's own
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics as stats_module
 import threading
@@ -116,7 +117,7 @@ def _peak(run: Callable[[int], Any], device: torch.device) -> int:
         run(1)
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before
-    _release_freed_memory()  # so that the run's allocations show in the resident set size again
+    release_freed_memory()  # so that the run's allocations show in the resident set size again
     with PeakRSS() as rss:
         run(1)
     return rss.above_start
@@ -162,18 +163,27 @@ def measure(
     return {name: (times[name], peaks[name]) for name in names}
 
 
-def _release_freed_memory() -> None:
+def release_freed_memory() -> None:
     """Give memory freed by earlier runs back to the OS (glibc's malloc_trim), where that is possible: without it
     the allocator reuses cached pages and a run's peak barely moves the resident set size."""
-    import ctypes
-    import ctypes.util
     import gc
 
     gc.collect()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, looked up once (find_library runs ldconfig); None where there is none (not glibc)."""
+    import ctypes
+    import ctypes.util
+
     try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):
-        pass
+        return None
 
 
 def available_bytes(device: torch.device) -> int | None:

@@ -24,6 +24,7 @@ as MIB's evaluation builds it (hannamw/MIB-circuit-track, `evaluate_graph.py`). 
 Each kind of hook is installed with `interventions.hooks`:
 
     NodeRecorder    every node's output in one run (the clean run, the ablated run)
+    DifferenceRecorder  the clean run's outputs minus the ablated ones, as they come: what the gradients need
     PatchedEdges    a run of the circuits in `removed`, one per copy of the batch (copy-major, as
                     `interventions.PatchedHeads`): each input of each copy built as above. Where no edge into a
                     layer's attention is removed, the layer runs unchanged; where one is, its queries, keys and values
@@ -199,6 +200,8 @@ class NodeRecord:
         for layer in range(layout.graph.n_layer):
             if layer in layout.normalised:
                 outputs += [None] * layout.graph.n_head
+            elif layout.multiplier == 1.0:
+                outputs += list(self.heads[layer])
             else:
                 outputs += list(self.heads[layer] * layout.multiplier)
             outputs.append(self.mlp[layer])
@@ -336,6 +339,78 @@ class NodeRecorder(_Layers):
 
     def mlp(self, layer: int, output: Any) -> None:
         self.record.mlp[layer] = output
+
+
+@dataclass
+class Differences:
+    """What the gradients of one batch need, and only that: `delta` (U, B·n·d), each upstream node's clean output
+    minus its ablated value in the stream (c_u − a_u; zero rows for the heads of a normalised layer, whose
+    differences before the norm are `heads[layer]`, (H, B·n·d)); the embeddings of both runs, `start` (ablated) and
+    `end` (clean), between which the gradients' runs move."""
+
+    delta: Any
+    heads: dict[int, Any]
+    start: Any
+    end: Any = None
+
+    @property
+    def tokens(self) -> tuple[int, int, int]:
+        return tuple(self.start.shape)
+
+    @classmethod
+    def from_means(cls, layout: Layout, means: NodeRecord, tokens: tuple[int, int, int]) -> Differences:
+        """−a_u for every node from a record of means, broadcast to the batch's `tokens` (B, n, d): what the clean
+        run's outputs are then added to."""
+        import torch
+
+        B, n, d = tokens
+        graph = layout.graph
+        streams = means.streams(layout)
+        delta = torch.zeros(graph.n_upstream, B * n * d, dtype=means.embed.dtype, device=means.embed.device)
+        for u, mean in enumerate(streams):
+            if mean is not None:
+                delta[u] = -mean.expand(B, n, d).reshape(-1)
+        heads = {
+            layer: -means.heads[layer].expand(-1, B, n, d).reshape(graph.n_head, -1) for layer in layout.normalised
+        }
+        return cls(delta, heads, means.embed.expand(B, n, d))
+
+
+class DifferenceRecorder(_Layers):
+    """Adds `sign` times each node's output of one run into `differences`, as it comes: the corrupted run with sign
+    −1 makes them (−a_u), the clean run with +1 completes them (c_u − a_u). One buffer of one record's size: the
+    two runs' records never exist whole."""
+
+    def __init__(self, layout: Layout, differences: Differences | None, sign: float):
+        super().__init__(layout)
+        self.differences, self.sign = differences, sign
+
+    def entered(self, layer: int, hidden: Any) -> Any:
+        import torch
+
+        if layer != 0:
+            return None
+        embed = at_least_float32(hidden.detach())
+        if self.differences is None:
+            B, n, d = hidden.shape
+            delta = torch.zeros(self.layout.graph.n_upstream, B * n * d, dtype=embed.dtype, device=embed.device)
+            self.differences = Differences(delta, {}, embed)
+        else:
+            self.differences.end = embed
+        self.differences.delta[0] += self.sign * embed.reshape(-1)
+        return None
+
+    def heads(self, layer: int, z: Any) -> None:
+        graph, differences = self.layout.graph, self.differences
+        signed = self.sign * self.head_outputs(layer, z).reshape(graph.n_head, -1)  # (H, B·n·d)
+        if layer in self.layout.normalised:
+            differences.heads[layer] = signed if layer not in differences.heads else differences.heads[layer] + signed
+        else:
+            first = graph.head_index(layer, 0)
+            differences.delta[first : first + graph.n_head] += signed * self.layout.multiplier
+
+    def mlp(self, layer: int, output: Any) -> None:
+        self.differences.delta[self.layout.graph.mlp_index(layer)] += self.sign * output.reshape(-1)
 
 
 # ------------------------------------------------------------------------------------------------- circuits
@@ -541,25 +616,17 @@ class _Pending:
 
 
 class EdgeGradients(_Layers):
-    """One forward and backward pass of the batch with the embeddings at α of the way from `ablated` to `clean`
-    (α = 1: the clean run, EAP); `scores` (U, V) float64 receives Σ_positions (c_u − a_u) · ∂m/∂r_v for every edge
-    as the backward pass reaches each input (m: what the caller differentiates, the sum of the logit differences).
-    The caller runs the forward with gradients on (weights frozen) and calls backward on m."""
+    """One forward and backward pass of the batch with the embeddings at α of the way from the ablated run's to the
+    clean run's (α = 1: the clean run, EAP); `scores` (U, V) float64 receives Σ_positions (c_u − a_u) · ∂m/∂r_v for
+    every edge as the backward pass reaches each input (m: what the caller differentiates, the sum of the logit
+    differences), the differences those `DifferenceRecorder` made. The caller runs the forward with gradients on
+    (weights frozen) and calls backward on m."""
 
-    def __init__(self, layout: Layout, clean: NodeRecord, ablated: NodeRecord, alpha: float, scores: Any):
-        import torch
-
+    def __init__(self, layout: Layout, differences: Differences, alpha: float, scores: Any):
         super().__init__(layout)
-        self.clean, self.ablated, self.alpha, self.scores = clean, ablated, alpha, scores
-        graph = layout.graph
-        B, n, d = clean.embed.shape
-        self._tokens = (B, n, d)
-        dtype, device = clean.embed.dtype, clean.embed.device
-        self._delta = torch.zeros(graph.n_upstream, B * n * d, dtype=dtype, device=device)  # (U, B·n·d) c_u − a_u
-        outputs, ablated_outputs = clean.streams(layout), ablated.streams(layout)
-        for u, (output, baseline) in enumerate(zip(outputs, ablated_outputs, strict=True)):
-            if output is not None:
-                self._delta[u] = (output - baseline).expand(B, n, d).reshape(-1)
+        self.differences, self.alpha, self.scores = differences, alpha, scores
+        self._delta = differences.delta  # (U, B·n·d) c_u − a_u; a normalised layer's rows are set at each run
+        self._tokens = differences.tokens
         self._pending: dict[int, _Pending] = {}
 
     def install(self, loaded: LoadedModel) -> Iterator[Any]:
@@ -578,8 +645,8 @@ class EdgeGradients(_Layers):
     def entered(self, layer: int, hidden: Any) -> Any:
         if layer != 0:
             return None
-        start, end = self.ablated.embed, self.clean.embed
-        moved = (start + self.alpha * (end - start)).expand_as(hidden).to(hidden.dtype).detach()
+        start, end = self.differences.start, self.differences.end
+        moved = (start + self.alpha * (end - start)).to(hidden.dtype).detach()
         return moved.requires_grad_(True)
 
     def attention(self, layer: int, x: Any) -> None:
@@ -588,7 +655,7 @@ class EdgeGradients(_Layers):
         # a normalised layer's heads: J_P(x) (o_h − a_h) at this run's x, from the norm's formulas
         graph = self.layout.graph
         norm = self.layout.layers[layer].output_math
-        difference = self.clean.heads[layer] - self.ablated.heads[layer]  # (H, B, n, d)
+        difference = self.differences.heads[layer].view(graph.n_head, *self._tokens)  # (H, B, n, d)
         moved = norm.jvp(x.detach(), difference) * self.layout.multiplier
         first = graph.head_index(layer, 0)
         self._delta[first : first + graph.n_head] = moved.reshape(graph.n_head, -1)

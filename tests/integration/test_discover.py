@@ -142,7 +142,13 @@ def results(demo):
         (method, ablation): Discover(
             method=method, ablation=ablation, clean="-", corrupt="-", answer="-", wrong="-"
         ).run(demo, PAIRS)
-        for method, ablation in (("exact", "corrupt"), ("eap", "corrupt"), ("eap-ig", "corrupt"), ("exact", "mean"))
+        for method, ablation in (
+            ("exact", "corrupt"),
+            ("eap", "corrupt"),
+            ("eap-ig", "corrupt"),
+            ("exact", "mean"),
+            ("eap-ig", "mean"),
+        )
     }
 
 
@@ -184,14 +190,13 @@ def test_exact_equals_each_edge_patched_alone_by_hand(results, hand, encoded, ab
     np.testing.assert_allclose(result.scores, expected, atol=5e-4, rtol=1e-4)
 
 
-def hand_gradient_scores(hand, encoded, alphas):
+def hand_gradient_scores(hand, encoded, alphas, ablation="corrupt"):
     """EAP (alphas [1]) or EAP-IG (midpoints): Σ_positions (c_u − a_u) · ∂LD/∂r_v averaged over the alphas and the
     pairs, the gradient at each input read from a zero nudge added to it in the hand-written model."""
     graph = hand.graph
     total = np.zeros(graph.n_edges)
-    for clean, corrupt, answer, wrong in encoded:
+    for (clean, _, answer, wrong), corrupt_out in zip(encoded, hand_ablated(hand, encoded, ablation), strict=True):
         clean_out, _ = hand.run(clean, answer, wrong)
-        corrupt_out, _ = hand.run(corrupt, answer, wrong)
         for alpha in alphas:
             nudges = [
                 torch.zeros(len(clean), hand.d, dtype=torch.float64, requires_grad=True) for _ in range(graph.n_inputs)
@@ -207,6 +212,12 @@ def hand_gradient_scores(hand, encoded, alphas):
 def test_eap_equals_the_gradient_of_the_hand_written_model(results, hand, encoded):
     expected = hand_gradient_scores(hand, encoded, [1.0])
     np.testing.assert_allclose(results[("eap", "corrupt")].scores, expected, atol=5e-4, rtol=1e-3)
+
+
+def test_eap_ig_with_mean_ablation_equals_the_hand_written_model(results, hand, encoded):
+    """The ablated values are each node's mean over every position of the pairs, the embeddings moved from theirs."""
+    expected = hand_gradient_scores(hand, encoded, [(j + 0.5) / 5 for j in range(5)], "mean")
+    np.testing.assert_allclose(results[("eap-ig", "mean")].scores, expected, atol=5e-4, rtol=1e-3)
 
 
 def test_eap_ig_equals_integrated_gradients_of_the_hand_written_model(results, hand, encoded):

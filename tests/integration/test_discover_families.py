@@ -27,7 +27,14 @@ import torch
 import attnscope
 from attnscope.models.families import BY_MODEL_TYPE
 from attnscope.pipeline import interventions
-from attnscope.pipeline.edges import EdgeGradients, Layout, NodeRecord, NodeRecorder, PatchedEdges
+from attnscope.pipeline.edges import (
+    DifferenceRecorder,
+    EdgeGradients,
+    Layout,
+    NodeRecord,
+    NodeRecorder,
+    PatchedEdges,
+)
 from attnscope.pipeline.prompt_pairs import LogitDifference
 from tests.support import FAMILY_MODELS
 
@@ -122,8 +129,11 @@ def check_family(run: Run) -> None:
 
     # EAP at the clean run = d/dε of each edge ablated alone towards the corrupted run
     scores = torch.zeros(graph.n_upstream, graph.n_inputs, dtype=torch.float64)
+    ablated = DifferenceRecorder(run.layout, None, -1.0)
+    run.ld(run.corrupt, ablated)
+    run.ld(run.clean, DifferenceRecorder(run.layout, ablated.differences, 1.0))
     with interventions.weights_frozen(run.loaded), torch.enable_grad():
-        with interventions.hooks(run.loaded, EdgeGradients(run.layout, clean.record, corrupt.record, 1.0, scores)):
+        with interventions.hooks(run.loaded, EdgeGradients(run.layout, ablated.differences, 1.0, scores)):
             run.metric(run.clean, run.answer, run.wrong).sum().backward()
     eap = scores.numpy()[graph.edges[:, 0], graph.edges[:, 1]]
     one_edge = []

@@ -67,7 +67,7 @@ def test_records_without_a_floor_have_no_ratios_to_it():
 
 def test_measure_runs_round_robin(monkeypatch):
     """Warm-up rounds, then each round runs every method once timed and once for memory, starting one later."""
-    monkeypatch.setattr(harness, "_release_freed_memory", lambda: None)  # a garbage collection per run: slow here
+    monkeypatch.setattr(harness, "release_freed_memory", lambda: None)  # a garbage collection per run: slow here
     calls = []
     runs = {name: (lambda count, name=name: calls.extend([name] * count)) for name in bench.METHODS}
     measured = harness.measure(runs, torch.device("cpu"), warmup=1, repeats=3)  # no sample_s: one call a sample
@@ -80,7 +80,7 @@ def test_measure_runs_round_robin(monkeypatch):
 
 def test_a_short_call_is_timed_over_several_calls(monkeypatch):
     """A sample makes as many calls as fill sample_s by the warm-up's time, and reports the time of one call."""
-    monkeypatch.setattr(harness, "_release_freed_memory", lambda: None)
+    monkeypatch.setattr(harness, "release_freed_memory", lambda: None)
     counts = {"short": [], "long": []}
 
     def run(name, seconds):

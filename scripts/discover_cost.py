@@ -1,0 +1,154 @@
+"""What `attnscope discover` costs against the model's own passes, for docs/performance.md and docs/discover.md.
+
+A 30-layer Llama-architecture model of SmolLM2-135M's widths (d_model 576, 9 query heads over 3 key/value heads,
+MLP 1,536; 8,370 edges... no: see the printed count) with random weights (seed 0) and the GPT-2 tokenizer of
+tests/data, and a batch of 8 IOI-style pairs of one length. In one process, the methods taking turns for --rounds
+rounds (the machine's drift falls on all alike), each timed and its peak resident memory above its start measured
+(`analyses.harness.PeakRSS`):
+
+    forward            the clean batch, no gradients (SDPA, the logits at the last position)
+    forward+backward   the same with the gradient of the summed logit difference taken back to the embeddings (the
+                       weights frozen, as discover's are: the leanest backward pass there is)
+    training step      the same as training takes it: the weights' gradients too (freed after each round)
+    eap-ig scores      one batch's edge scores by EAP-IG, --steps points: the two recording forwards and the steps
+    eap scores         the same by EAP (one gradient)
+    one circuit        one batch run with a circuit of half the edges (the rest ablated), every input split
+
+    python scripts/discover_cost.py [--rounds 3] [--steps 5] [--layers 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import attnscope  # noqa: E402
+from attnscope.analyses.discover import Discover, _Batch  # noqa: E402
+from attnscope.analyses.harness import PeakRSS, release_freed_memory  # noqa: E402
+from attnscope.pipeline import interventions  # noqa: E402
+from attnscope.pipeline.edges import Layout  # noqa: E402
+from attnscope.pipeline.prompt_pairs import PromptPair, tokenized  # noqa: E402
+
+NAMES = [" Mary", " John", " Alice", " Bob", " Tom", " Anna", " James", " Sarah", " David", " Emma"]
+PLACES = [" store", " park", " school", " house", " garden", " office", " market", " river"]
+
+
+def build(folder: Path, layers: int) -> None:
+    from transformers import GPT2TokenizerFast, LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=50257, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers, num_attention_heads=9,
+        num_key_value_heads=3, max_position_embeddings=2048, bos_token_id=50256, eos_token_id=50256,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    GPT2TokenizerFast.from_pretrained(ROOT / "tests" / "data" / "gpt2-tokenizer").save_pretrained(folder)
+
+
+def pairs(count: int) -> list[PromptPair]:
+    """IOI-style pairs of one length: 'When A and B went to the P, B gave a drink to' -> A, against B."""
+    found = []
+    for k in range(count):
+        a, b, place = NAMES[k % len(NAMES)], NAMES[(k + 3) % len(NAMES)], PLACES[k % len(PLACES)]
+        clean = f"When{a} and{b} went to the{place},{b} gave a drink to"
+        corrupt = f"When{a} and{b} went to the{place},{a} gave a drink to"
+        found.append(PromptPair(clean, corrupt, a, b, f"pair {k}"))
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--batch", type=int, default=8)
+    options = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="discover-cost-"))
+    build(folder, options.layers)
+    loaded = attnscope.load(folder, "cpu", lm_head=True)
+    given = dict(clean="-", corrupt="-", answer="-", wrong="-")
+    ig, eap = Discover(steps=options.steps, **given), Discover(method="eap", **given)
+    layout = Layout.of(loaded)
+    graph = layout.graph
+    prompt_pairs = pairs(options.batch)
+    tokens = [tokenized(loaded, pair, (50256,)) for pair in prompt_pairs]
+    assert len({len(pair.clean) for pair in tokens}) == 1, "the pairs must have one length"
+    one = _Batch(ig, loaded, layout, tokens, list(range(len(tokens))))
+    interventions.attention(loaded, "sdpa").__enter__()  # as discover runs (fastest_attention)
+    with torch.no_grad():
+        ablated = one.ablated(None)
+    half = graph.valid & (np.random.default_rng(0).random(graph.valid.shape) < 0.5)
+
+    def forward() -> None:
+        with torch.no_grad():
+            one.logit_differences(one.clean)
+
+    def forward_backward() -> None:
+        embeddings = loaded.model.get_input_embeddings()
+
+        def moved(module, args, output):
+            return output.detach().requires_grad_(True)
+
+        handle = embeddings.register_forward_hook(moved)
+        try:
+            with interventions.weights_frozen(loaded), torch.enable_grad():
+                one.metric(one.clean, one.answer, one.wrong).sum().backward()
+        finally:
+            handle.remove()
+
+    def training_step() -> None:
+        one.metric(one.clean, one.answer, one.wrong).sum().backward()
+        loaded.lm_model.zero_grad(set_to_none=True)
+
+    methods = {
+        "forward": forward,
+        "forward+backward": forward_backward,
+        "training step": training_step,
+        f"eap-ig scores (steps {options.steps})": lambda: ig._scores(one, None),
+        "eap scores": lambda: eap._scores(one, None),
+        "one circuit (half the edges)": lambda: one.circuits([graph.valid & ~half], ablated),
+    }
+    for method in methods.values():  # warm-up
+        method()
+    times = {name: [] for name in methods}
+    peaks = {name: [] for name in methods}
+    names = list(methods)
+    for round_ in range(options.rounds):
+        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+            release_freed_memory()  # what earlier methods freed goes back to the system: each peak is its own
+            with PeakRSS() as peak:
+                start = time.perf_counter()
+                methods[name]()
+                times[name].append(time.perf_counter() - start)
+            peaks[name].append(peak.above_start)
+    B, n = one.clean.shape
+    print(
+        f"model: {options.layers} layers x 9 heads (3 KV heads), d_model 576; {graph.n_edges:,} edges; batch {B} x {n} "
+        f"tokens; {torch.get_num_threads()} threads; median of {options.rounds} rounds"
+    )
+    base_time = statistics.median(times["forward+backward"])
+    base_peak = statistics.median(peaks["forward+backward"])
+    step_peak = statistics.median(peaks["training step"])
+    forward_time = statistics.median(times["forward"])
+    print(f"{'':32} {'time s':>7} {'x fwd':>6} {'x fwd+bwd':>9} {'peak MB':>8} {'x fwd+bwd':>9} {'x training':>10}")
+    for name in names:
+        t, p = statistics.median(times[name]), statistics.median(peaks[name])
+        print(
+            f"{name:32} {t:7.3f} {t / forward_time:6.2f} {t / base_time:9.2f} {p / 2**20:8.1f} {p / base_peak:9.2f} "
+            f"{p / step_peak:10.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
