@@ -40,7 +40,7 @@ import numpy as np
 
 from attnscope import settings
 from attnscope.analyses.common import check_finite, damaged_weights, first_non_finite_weight
-from attnscope.analyses.harness import release_freed_memory
+from attnscope.analyses.harness import trim_heap
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.graph import Graph
@@ -297,7 +297,7 @@ class Discover(settings.Discover):
                     one.metric(one.clean, one.answer, one.wrong).sum().backward()
                 # glibc keeps what a backward pass freed and reuses little of it in the next: measured on a
                 # 30-layer model, the resident size grew by a fifth of a pass's peak per step without this
-                release_freed_memory()
+                trim_heap()
         return (scores / len(alphas)).cpu().numpy()
 
     def _exact(self, one: _Batch, clean: NodeRecord, clean_ld: Any, ablated: NodeRecord, outputs: dict) -> np.ndarray:

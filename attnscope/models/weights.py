@@ -113,11 +113,15 @@ class Norm:
     def vjp(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """J(x)ᵀ g (…, d), float32: the gradient at the norm's input from the gradient g at its output (x
         broadcastable to g): C (u − n (n · u) / d) / σ with u = γ ⊙ g."""
+        import torch
+
         x = at_least_float32(x)
-        u = self.gamma.to(g.device) * at_least_float32(g)
+        u = self.gamma.to(g.device) * at_least_float32(g)  # a new tensor: the steps below work in place
         n, sigma = self.normalise(x), self.scale(x)[..., None]
-        d = x.shape[-1]
-        return self.centre(u - n * (n * u).sum(-1, keepdim=True) / d) / sigma
+        u.addcmul_(n, torch.linalg.vecdot(n, u)[..., None], value=-1.0 / x.shape[-1])
+        if self.centred:
+            u.sub_(u.mean(dim=-1, keepdim=True))
+        return u.div_(sigma)
 
 
 def read_norm(module: Any, name: str, offset: float = 0.0) -> Norm | None:

@@ -242,6 +242,7 @@ class _Layers:
     (interventions.SkippedLayers: they compute nothing) and their hooks do nothing."""
 
     first = 0
+    records_mlp = True  # the MLPs' outputs are wanted (`mlp` is called)
 
     def __init__(self, layout: Layout):
         self.layout = layout
@@ -288,7 +289,7 @@ class _Layers:
 
     def _left(self, layer: int) -> Callable:
         def hook(module, args, output):
-            if layer < self.first:
+            if layer < self.first or not self.records_mlp:
                 return
             out = output[0] if isinstance(output, tuple) else output
             added = self.layout.post(layer, self.x.pop(layer).detach())
@@ -397,20 +398,23 @@ class DifferenceRecorder(_Layers):
             self.differences = Differences(delta, {}, embed)
         else:
             self.differences.end = embed
-        self.differences.delta[0] += self.sign * embed.reshape(-1)
+        self.differences.delta[0].add_(embed.reshape(-1), alpha=self.sign)
         return None
 
     def heads(self, layer: int, z: Any) -> None:
         graph, differences = self.layout.graph, self.differences
-        signed = self.sign * self.head_outputs(layer, z).reshape(graph.n_head, -1)  # (H, B·n·d)
+        heads = self.head_outputs(layer, z).reshape(graph.n_head, -1)  # (H, B·n·d)
         if layer in self.layout.normalised:
-            differences.heads[layer] = signed if layer not in differences.heads else differences.heads[layer] + signed
+            if layer in differences.heads:
+                differences.heads[layer].add_(heads, alpha=self.sign)
+            else:
+                differences.heads[layer] = heads.mul_(self.sign)
         else:
             first = graph.head_index(layer, 0)
-            differences.delta[first : first + graph.n_head] += signed * self.layout.multiplier
+            differences.delta[first : first + graph.n_head].add_(heads, alpha=self.sign * self.layout.multiplier)
 
     def mlp(self, layer: int, output: Any) -> None:
-        self.differences.delta[self.layout.graph.mlp_index(layer)] += self.sign * output.reshape(-1)
+        self.differences.delta[self.layout.graph.mlp_index(layer)].add_(output.reshape(-1), alpha=self.sign)
 
 
 # ------------------------------------------------------------------------------------------------- circuits
@@ -605,14 +609,21 @@ class PatchedEdges(_Layers):
 
 # ------------------------------------------------------------------------------------------------- gradients
 
+# Layers whose gradients one product adds: the differences (U, B·n·d) are read once per so many layers. Measured on a
+# 30-layer model (8 pairs × 15 tokens, 2 threads): per step 0.21 s in the products one layer at a time, 0.09 s by four.
+LAYERS_PER_PRODUCT = 4
+
 
 @dataclass
-class _Pending:
-    """A layer's query, key and value gradients, gathered as they arrive in the backward pass."""
+class _Chunk:
+    """The gradients at the inputs of a few consecutive layers, `low` to `top`, in the graph's input order
+    ((top − low + 1) · inputs per layer, B, n, d), filled as they arrive in the backward pass; `arrived` counts each
+    layer's pieces (its projections' and its MLP's)."""
 
-    gradient: Any = None  # (B, n, G, d) at the normalised inputs
-    arrived: int = 0
-    inputs: list[int] = field(default_factory=list)
+    low: int
+    top: int
+    gradient: Any
+    arrived: dict[int, int] = field(default_factory=dict)
 
 
 class EdgeGradients(_Layers):
@@ -622,12 +633,14 @@ class EdgeGradients(_Layers):
     differences), the differences those `DifferenceRecorder` made. The caller runs the forward with gradients on
     (weights frozen) and calls backward on m."""
 
+    records_mlp = False  # the differences are made: this run needs no node's output
+
     def __init__(self, layout: Layout, differences: Differences, alpha: float, scores: Any):
         super().__init__(layout)
         self.differences, self.alpha, self.scores = differences, alpha, scores
         self._delta = differences.delta  # (U, B·n·d) c_u − a_u; a normalised layer's rows are set at each run
         self._tokens = differences.tokens
-        self._pending: dict[int, _Pending] = {}
+        self._chunk: _Chunk | None = None  # the layers whose gradients are being gathered
 
     def install(self, loaded: LoadedModel) -> Iterator[Any]:
         yield from super().install(loaded)
@@ -638,9 +651,36 @@ class EdgeGradients(_Layers):
         yield self.layout.final_norm.register_forward_pre_hook(self._logits_input)
 
     def _add(self, columns: slice, count: int, gradient: Any) -> None:
-        """scores[:count, columns] += Σ_positions Δ_u · g_v, for the gradient g (B, n, V', d) at those inputs."""
-        flat = at_least_float32(gradient).permute(2, 0, 1, 3).reshape(gradient.shape[2], -1)  # (V', B·n·d)
+        """scores[:count, columns] += Σ_positions Δ_u · g_v, for the gradients g (V', B, n, d) at those inputs: one
+        matrix product, which reads the differences (the size of a record) once."""
+        flat = at_least_float32(gradient).reshape(gradient.shape[0], -1)  # (V', B·n·d)
         self.scores[:count, columns] += (self._delta[:count] @ flat.T).double()
+
+    def _arrived(self, layer: int, index: Any, gradient: Any) -> None:
+        """Gradients (k, B, n, d) at layer `layer`'s inputs `index` (its input order) arrived. The layers are taken
+        LAYERS_PER_PRODUCT at a time, counted from the last: once every piece of a chunk's layers has come (the
+        backward pass reaches the layers from the last down), the chunk is added in one product over the rows its
+        highest layer reads (the entries of rows an input does not read are not edges, and are never read), so that
+        the differences, the size of a record, are read once per so many layers."""
+        import torch
+
+        graph = self.layout.graph
+        inputs = graph.inputs_per_layer
+        top = graph.n_layer - 1 - (graph.n_layer - 1 - layer) // LAYERS_PER_PRODUCT * LAYERS_PER_PRODUCT
+        chunk = self._chunk
+        if chunk is None or chunk.top != top:
+            low = max(0, top - LAYERS_PER_PRODUCT + 1)
+            size = (top - low + 1) * inputs
+            zeros = torch.zeros(size, *self._tokens, dtype=self._delta.dtype, device=gradient.device)
+            chunk = self._chunk = _Chunk(low, top, zeros)
+        chunk.gradient[(layer - chunk.low) * inputs :].index_add_(0, index, at_least_float32(gradient))
+        chunk.arrived[layer] = chunk.arrived.get(layer, 0) + 1
+        needed = [len(self.layout.layers[at].projections) + 1 for at in range(chunk.low, top + 1)]
+        if [chunk.arrived.get(at, 0) for at in range(chunk.low, top + 1)] != needed:
+            return
+        self._chunk = None
+        first, last = graph.first_input(chunk.low), graph.first_input(chunk.top) + inputs
+        self._add(slice(first, last), graph.upstream_count(last - 1), chunk.gradient)
 
     def entered(self, layer: int, hidden: Any) -> Any:
         if layer != 0:
@@ -668,28 +708,18 @@ class EdgeGradients(_Layers):
         return hook
 
     def _projection_gradient(self, layer: int, projection: Projection, gradient: Any) -> None:
+        """The gradient at a projection's output (B, n, G·d_head) taken back, group by group, through its rows of the
+        projection and the layer's norm (at its input h_l) to the stream each group reads."""
         import torch
 
-        graph = self.layout.graph
-        parts = self.layout.layers[layer]
-        pending = self._pending.setdefault(layer, _Pending())
         B, n, d = self._tokens
-        if pending.gradient is None:
-            inputs = graph.n_head + 2 * graph.n_kv_head
-            pending.gradient = torch.zeros(B, n, inputs, d, dtype=self._delta.dtype, device=gradient.device)
+        parts = self.layout.layers[layer]
         groups = projection.weight.shape[0]
-        by_group = gradient.reshape(B, n, groups, -1)  # (B, n, G, d_head)
-        at_inputs = torch.einsum("bngk,gkd->bngd", by_group.to(projection.weight.dtype), projection.weight)
-        pending.gradient.index_add_(2, projection.inputs.to(gradient.device), at_least_float32(at_inputs))
-        pending.arrived += 1
-        if pending.arrived < len(parts.projections):
-            return
-        del self._pending[layer]
-        streams = pending.gradient
+        by_group = gradient.reshape(B * n, groups, -1).transpose(0, 1)  # (G, B·n, d_head)
+        streams = torch.bmm(by_group.to(projection.weight.dtype), projection.weight).view(groups, B, n, d)
         if parts.read_math is not None:  # through the layer's norm, at its input h_l
-            streams = parts.read_math.vjp(self.streams[layer].detach()[:, :, None, :], streams)
-        first = graph.first_input(layer)
-        self._add(slice(first, first + streams.shape[2]), graph.head_index(layer, 0), streams)
+            streams = parts.read_math.vjp(self.streams[layer].detach(), streams)
+        self._arrived(layer, projection.inputs.to(gradient.device), streams)
 
     def _mlp_input(self, layer: int) -> Callable:
         def hook(module, args):
@@ -703,18 +733,19 @@ class EdgeGradients(_Layers):
         return hook
 
     def _mlp_gradient(self, layer: int, gradient: Any) -> None:
+        import torch
+
         graph, parts = self.layout.graph, self.layout.layers[layer]
-        B, n, d = self._tokens
-        gradient = gradient.reshape(B, n, d)
+        gradient = gradient.reshape(self._tokens)
         if parts.shared_math is not None:  # the MLP received the shared norm's output: back through it
             gradient = parts.shared_math.vjp(self.streams[layer].detach(), gradient)
-        index = graph.first_input(layer) + graph.inputs_per_layer - 1
-        self._add(slice(index, index + 1), graph.upstream_count(index), gradient[:, :, None])
+        index = torch.tensor([graph.inputs_per_layer - 1], device=gradient.device)
+        self._arrived(layer, index, gradient[None])
 
     def _logits_input(self, module, args):
         x = args[0]
         alias = x.view_as(x)
         graph = self.layout.graph
         logits = slice(graph.n_inputs - 1, graph.n_inputs)
-        alias.register_hook(lambda gradient: self._add(logits, graph.n_upstream, gradient[:, :, None]))
+        alias.register_hook(lambda gradient: self._add(logits, graph.n_upstream, gradient[None]))
         return (alias, *args[1:])

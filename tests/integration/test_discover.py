@@ -277,3 +277,21 @@ def test_a_corruption_that_changes_nothing_is_refused(demo):
     same = PromptPair(PAIRS[0].clean, PAIRS[0].clean, "method", "table", "pair")
     with pytest.raises(AttnscopeError, match="same logit difference"):
         Discover(clean="-", corrupt="-", answer="-", wrong="-").run(demo, [same])
+
+
+def test_layers_added_a_few_at_a_time_give_the_scores_of_one_at_a_time(tmp_path, monkeypatch):
+    """The gradients' products take LAYERS_PER_PRODUCT layers at once (on 6 layers: 2-5, then 0-1); one layer at a
+    time gives the same scores."""
+    from attnscope.pipeline import edges
+    from tests.support import build_tiny_gpt2
+
+    model = attnscope.load(build_tiny_gpt2(tmp_path / "six", n_layer=6), "cpu", lm_head=True)
+    pair = PromptPair("When Mary and John went to the store, John gave a drink to",
+                      "When Mary and John went to the store, Mary gave a drink to", "Mary", "John", "pair")  # fmt: skip
+    given = dict(clean="-", corrupt="-", answer="-", wrong="-", method="eap", budgets=[100])
+    assert edges.LAYERS_PER_PRODUCT == 4
+    chunked = Discover(**given).run(model, [pair]).scores
+    monkeypatch.setattr(edges, "LAYERS_PER_PRODUCT", 1)
+    one_by_one = Discover(**given).run(model, [pair]).scores
+    assert np.abs(chunked).max() > 1e-3
+    np.testing.assert_allclose(chunked, one_by_one, rtol=1e-5, atol=1e-6)
