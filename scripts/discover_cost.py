@@ -14,12 +14,16 @@ rounds (the machine's drift falls on all alike), each timed and its peak residen
     eap scores         the same by EAP (one gradient)
     one circuit        one batch run with a circuit of half the edges (the rest ablated), every input split
 
-    python scripts/discover_cost.py [--rounds 3] [--steps 5] [--layers 30]
+    python scripts/discover_cost.py [--rounds 3] [--steps 5] [--layers 30] [--folder DIR]
+
+With --folder, the model is saved there (made once, kept) with the pairs as DIR/pairs.jsonl, for the whole command:
+`attnscope discover --model DIR --file DIR/pairs.jsonl --device cpu`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -73,9 +77,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--folder", type=Path, default=None)
     options = parser.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="discover-cost-"))
-    build(folder, options.layers)
+    folder = options.folder or Path(tempfile.mkdtemp(prefix="discover-cost-"))
+    if not (folder / "config.json").exists():
+        build(folder, options.layers)
+    lines = [
+        {"clean": p.clean, "corrupt": p.corrupt, "answer": p.answer, "wrong": p.wrong} for p in pairs(options.batch)
+    ]
+    (folder / "pairs.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
     loaded = attnscope.load(folder, "cpu", lm_head=True)
     given = dict(clean="-", corrupt="-", answer="-", wrong="-")
     ig, eap = Discover(steps=options.steps, **given), Discover(method="eap", **given)

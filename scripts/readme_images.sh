@@ -23,6 +23,8 @@ attnscope circuit --model "$model" --out "$tmp/circuit" --quiet --json > /dev/nu
 repeat="The file and the list hold the value method. The file and the list hold the value"
 attnscope patch --model "$model" --clean "$repeat" --corrupt "${repeat/value method/code method}" --answer method \
   --wrong table --out "$tmp/patch" --quiet --json > /dev/null
+attnscope discover --model "$model" --clean "$repeat" --corrupt "${repeat/value method/code method}" --answer method \
+  --wrong table --out "$tmp/discover" --quiet --json > /dev/null
 # kvplan: the demo's context is 256 tokens, so a sink and a recent window that leave rows to measure
 attnscope kvplan --model "$model" --sink 16 --recent 64 --out "$tmp/kvplan" --quiet --json > /dev/null
 # compare: the test suite's training run of a tiny GPT-2 on repeated random words (tests.support), its 17 checkpoints
@@ -38,6 +40,8 @@ cp "$tmp/circuit/dependencies.png" "$out/circuit_dependencies.png"
 cp "$tmp/compare/trajectories.png" "$out/compare_induction_run.png"
 cp "$tmp/patch/restored.png" "$out/patch_restored.png"
 cp "$tmp/kvplan/kvplan.png" "$out/kvplan.png"
+cp "$tmp/discover/circuit.png" "$out/discover_circuit.png"
+cp "$tmp/discover/faithfulness.png" "$out/discover_faithfulness.png"
 python - "$tmp/report/report.html" "$out/report.png" <<'EOF' || echo "report.png left as it was (needs playwright and chromium)" >&2
 import shutil, sys
 from pathlib import Path

@@ -110,15 +110,19 @@ class Norm:
         d = x.shape[-1]
         return self.gamma.to(t.device) * (t - n * (n * t).sum(-1, keepdim=True) / d) / sigma
 
-    def vjp(self, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    def statistics(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(n(x) (…, d), σ (…, 1)): what `vjp` needs of x, to compute once for several gradients at the same x."""
+        x = at_least_float32(x)
+        return self.normalise(x), self.scale(x)[..., None]
+
+    def vjp(self, x: torch.Tensor, g: torch.Tensor, statistics: tuple | None = None) -> torch.Tensor:
         """J(x)ᵀ g (…, d), float32: the gradient at the norm's input from the gradient g at its output (x
-        broadcastable to g): C (u − n (n · u) / d) / σ with u = γ ⊙ g."""
+        broadcastable to g): C (u − n (n · u) / d) / σ with u = γ ⊙ g; `statistics`: x's, already computed."""
         import torch
 
-        x = at_least_float32(x)
         u = self.gamma.to(g.device) * at_least_float32(g)  # a new tensor: the steps below work in place
-        n, sigma = self.normalise(x), self.scale(x)[..., None]
-        u.addcmul_(n, torch.linalg.vecdot(n, u)[..., None], value=-1.0 / x.shape[-1])
+        n, sigma = self.statistics(x) if statistics is None else statistics
+        u.addcmul_(n, torch.linalg.vecdot(n, u)[..., None], value=-1.0 / n.shape[-1])
         if self.centred:
             u.sub_(u.mean(dim=-1, keepdim=True))
         return u.div_(sigma)

@@ -105,6 +105,16 @@ def circuit_line(result: Any) -> str:
     )
 
 
+NODES_SHOWN = 40  # the circuit's nodes listed on the terminal and in a notebook; every one is in --json
+
+
+def nodes_line(result: Any) -> str:
+    """`nodes: embed, 0.2, mlp 0, … and 12 more`: the circuit's nodes, the first NODES_SHOWN."""
+    nodes = circuit_nodes(result)
+    more = f", … and {len(nodes) - NODES_SHOWN:,} more (--json lists every one)" if len(nodes) > NODES_SHOWN else ""
+    return "nodes: " + ", ".join(nodes[:NODES_SHOWN]) + more
+
+
 class DiscoverView(View):
     command = "discover"
     columns = ("rank", "from", "to", "input", "score", "in_circuit")
@@ -203,7 +213,7 @@ class DiscoverView(View):
             terminal.records_table(self._curve_rows(), "Faithfulness of the circuits of the top edges"),
             self._areas(),
             circuit_line(result),
-            "nodes: " + ", ".join(circuit_nodes(result)),
+            nodes_line(result),
         ]
 
     def notebook(self) -> str:
@@ -214,7 +224,7 @@ class DiscoverView(View):
             notebook.records_table(self._shown(), f"Edges with the largest |score| ({result.settings['method']})"),
             notebook.records_table(self._curve_rows(), "Faithfulness of the circuits of the top edges"),
             notebook.paragraph(self._areas()),
-            notebook.paragraph(circuit_line(result) + ": " + ", ".join(circuit_nodes(result))),
+            notebook.paragraph(circuit_line(result) + "; " + nodes_line(result)),
         )
 
     def summary(self) -> str:

@@ -282,7 +282,8 @@ class _Layers:
     def _attention(self, layer: int) -> Callable:
         def hook(module, args, output):
             if layer >= self.first:
-                self.x[layer] = output
+                if self.records_mlp:  # kept for `mlp`, which needs what the attention added
+                    self.x[layer] = output
                 self.attention(layer, output)
 
         return hook
@@ -444,6 +445,7 @@ class PatchedEdges(_Layers):
         self._pre: dict[int, Any] = {}  # normalised layer -> (C or 1, H, B·n·d) o_h − a_h
         self._x: dict[int, Any] = {}  # normalised layer -> (C or 1, B, n, d) its x in this run
         self._split: dict[int, Any] = {}  # layer -> (C·B, n, G, d): its attention's inputs, normalised
+        self._mlp_removed: dict[int, Any] = {}  # layer -> what its MLP's removed edges from before it take away
         self._head_rows = [graph.head_index(layer, 0) for layer in range(graph.n_layer)]
 
     def install(self, loaded: LoadedModel) -> Iterator[Any]:
@@ -498,21 +500,21 @@ class PatchedEdges(_Layers):
         self._pre[layer] = difference.reshape(H, -1, B * n * d).transpose(0, 1)[:own]  # (C, H, B·n·d)
         self._x[layer] = at_least_float32(x).reshape(-1, B, n, d)[:own]
 
-    def _removed_sum(self, columns: slice, count: int) -> Any:
-        """(C, V', B, n, d) float32: what the removed edges into the inputs `columns` (V' of them, reading the first
-        `count` upstream nodes) take away from the stream; None where none is removed."""
+    def _removed_sum(self, columns: slice, rows: slice) -> Any:
+        """(C, V', B, n, d) float32: what the removed edges from the upstream nodes `rows` into the inputs `columns`
+        (V' of them) take away from the stream; None where none is removed."""
         import torch
 
-        chosen = self.removed[:, :count, columns]  # (C, U', V')
+        chosen = self.removed[:, rows, columns]  # (C, U', V')
         if not bool(chosen.any()):
             return None
         B, n, d = self._tokens
         weights = chosen.transpose(1, 2).to(self._delta.dtype)  # (C, V', U')
-        total = torch.matmul(weights, self._delta[:, :count]).view(self.copies, -1, B, n, d)  # (C, V', B, n, d)
+        total = torch.matmul(weights, self._delta[:, rows]).view(self.copies, -1, B, n, d)  # (C, V', B, n, d)
         H = self.layout.graph.n_head
         for layer in self.layout.normalised:
-            first = self._head_rows[layer]
-            if first >= count or not bool(chosen[:, first : first + H].any()):
+            first = self._head_rows[layer] - rows.start
+            if not 0 <= first < rows.stop - rows.start or not bool(chosen[:, first : first + H].any()):
                 continue
             moved = torch.matmul(weights[:, :, first : first + H], self._pre[layer])  # (C, V', B·n·d)
             x = self._x[layer][:, None]  # (C or 1, 1, B, n, d)
@@ -520,28 +522,33 @@ class PatchedEdges(_Layers):
             total = total + at_least_float32(self.layout.post(layer, x) - self.layout.post(layer, after))
         return total
 
-    def _inputs(self, base: Any, columns: slice, count: int) -> Any:
-        """The streams (C·B, n, V', d) of the inputs `columns` built from `base` (C·B, n, d); None: all as `base`."""
-        total = self._removed_sum(columns, count)
-        if total is None:
-            return None
+    def _streams(self, base: Any, removed: Any) -> Any:
+        """The streams (C·B, n, V', d) of inputs from `base` (C·B, n, d) less what their removed edges take away
+        (C, V', B, n, d)."""
         B, n, d = self._tokens
-        moved = total.permute(0, 2, 3, 1, 4).reshape(self.copies * B, n, total.shape[1], d)  # (C·B, n, V', d)
+        moved = removed.permute(0, 2, 3, 1, 4).reshape(self.copies * B, n, removed.shape[1], d)  # (C·B, n, V', d)
         return (at_least_float32(base)[:, :, None, :] - moved).to(base.dtype)
 
     # ---------------------------------------------------------------- the hooks
 
     def entered(self, layer: int, hidden: Any) -> Any:
+        """The layer's attention inputs and what its MLP's removed edges from before the layer take away, in one
+        product (the differences read once for both)."""
         graph = self.layout.graph
         if layer == self.first:
             self._start(hidden)
         if layer == 0:
             self._store(0, hidden, self.ablated.embed)
-        first = graph.first_input(layer)
-        inputs = graph.n_head + 2 * graph.n_kv_head
-        streams = self._inputs(hidden, slice(first, first + inputs), graph.head_index(layer, 0))
-        read_norm = self.layout.layers[layer].read_norm
-        self._split[layer] = streams if streams is None or read_norm is None else read_norm(streams)
+        first, inputs = graph.first_input(layer), graph.inputs_per_layer
+        before = slice(0, graph.head_index(layer, 0))
+        removed = self._removed_sum(slice(first, first + inputs), before)  # (C, G + 1, B, n, d)
+        self._mlp_removed[layer] = None if removed is None else removed[:, inputs - 1 :]
+        split = None
+        if removed is not None and bool(self.removed[:, before, first : first + inputs - 1].any()):
+            split = self._streams(hidden, removed[:, : inputs - 1])
+            read_norm = self.layout.layers[layer].read_norm
+            split = split if read_norm is None else read_norm(split)
+        self._split[layer] = split
         return None
 
     def heads(self, layer: int, z: Any) -> None:
@@ -589,12 +596,17 @@ class PatchedEdges(_Layers):
                 return None
             graph, parts = self.layout.graph, self.layout.layers[layer]
             index = graph.first_input(layer) + graph.inputs_per_layer - 1
+            removed = self._mlp_removed.pop(layer)  # from before the layer (`entered`), then from its own heads
+            own = slice(graph.head_index(layer, 0), graph.upstream_count(index))  # empty in a parallel block
+            from_heads = self._removed_sum(slice(index, index + 1), own) if own.stop > own.start else None
+            if from_heads is not None:
+                removed = from_heads if removed is None else removed + from_heads
+            if removed is None:
+                return None
             base = args[0] if parts.shared_norm is None else self.streams[layer]
             base = base.reshape(-1, *self._tokens[1:])  # (C·B, n, d) (OPT's MLP reads it flattened)
-            streams = self._inputs(base, slice(index, index + 1), graph.upstream_count(index))
-            if streams is None:
-                return None
-            stream = streams[:, :, 0] if parts.shared_norm is None else parts.shared_norm(streams[:, :, 0])
+            stream = self._streams(base, removed)[:, :, 0]
+            stream = stream if parts.shared_norm is None else parts.shared_norm(stream)
             return (stream.reshape(args[0].shape), *args[1:])
 
         return hook
@@ -603,8 +615,8 @@ class PatchedEdges(_Layers):
         graph = self.layout.graph
         if self._delta is None:  # every layer skipped: the edges into the logits alone
             self._start(args[0])
-        streams = self._inputs(args[0], slice(graph.n_inputs - 1, graph.n_inputs), graph.n_upstream)
-        return None if streams is None else (streams[:, :, 0], *args[1:])
+        removed = self._removed_sum(slice(graph.n_inputs - 1, graph.n_inputs), slice(0, graph.n_upstream))
+        return None if removed is None else (self._streams(args[0], removed)[:, :, 0], *args[1:])
 
 
 # ------------------------------------------------------------------------------------------------- gradients
@@ -641,6 +653,7 @@ class EdgeGradients(_Layers):
         self._delta = differences.delta  # (U, B·n·d) c_u − a_u; a normalised layer's rows are set at each run
         self._tokens = differences.tokens
         self._chunk: _Chunk | None = None  # the layers whose gradients are being gathered
+        self._statistics: dict[int, tuple] = {}  # layer -> its read norm's statistics at h_l, while its gradients come
 
     def install(self, loaded: LoadedModel) -> Iterator[Any]:
         yield from super().install(loaded)
@@ -679,6 +692,8 @@ class EdgeGradients(_Layers):
         if [chunk.arrived.get(at, 0) for at in range(chunk.low, top + 1)] != needed:
             return
         self._chunk = None
+        for done in range(chunk.low, chunk.top + 1):
+            self._statistics.pop(done, None)
         first, last = graph.first_input(chunk.low), graph.first_input(chunk.top) + inputs
         self._add(slice(first, last), graph.upstream_count(last - 1), chunk.gradient)
 
@@ -717,8 +732,10 @@ class EdgeGradients(_Layers):
         groups = projection.weight.shape[0]
         by_group = gradient.reshape(B * n, groups, -1).transpose(0, 1)  # (G, B·n, d_head)
         streams = torch.bmm(by_group.to(projection.weight.dtype), projection.weight).view(groups, B, n, d)
-        if parts.read_math is not None:  # through the layer's norm, at its input h_l
-            streams = parts.read_math.vjp(self.streams[layer].detach(), streams)
+        if parts.read_math is not None:  # through the layer's norm, at its input h_l (its statistics once a layer)
+            if layer not in self._statistics:
+                self._statistics[layer] = parts.read_math.statistics(self.streams[layer].detach())
+            streams = parts.read_math.vjp(None, streams, self._statistics[layer])
         self._arrived(layer, projection.inputs.to(gradient.device), streams)
 
     def _mlp_input(self, layer: int) -> Callable:

@@ -135,21 +135,23 @@ def encoded(demo):
     return found
 
 
+class Results(dict):
+    """discover's result for (method, ablation) on the three pairs, run when a test first asks."""
+
+    def __init__(self, demo):
+        super().__init__()
+        self.demo = demo
+
+    def __missing__(self, key):
+        method, ablation = key
+        given = dict(clean="-", corrupt="-", answer="-", wrong="-")  # the pairs are handed to run
+        self[key] = Discover(method=method, ablation=ablation, **given).run(self.demo, PAIRS)
+        return self[key]
+
+
 @pytest.fixture(scope="module")
 def results(demo):
-    """discover's result for each method (and mean ablation), on the three pairs."""
-    return {
-        (method, ablation): Discover(
-            method=method, ablation=ablation, clean="-", corrupt="-", answer="-", wrong="-"
-        ).run(demo, PAIRS)
-        for method, ablation in (
-            ("exact", "corrupt"),
-            ("eap", "corrupt"),
-            ("eap-ig", "corrupt"),
-            ("exact", "mean"),
-            ("eap-ig", "mean"),
-        )
-    }
+    return Results(demo)
 
 
 def hand_ablated(hand, encoded, ablation):
@@ -175,7 +177,7 @@ def test_the_graph_of_the_demo(results):
     assert graph.n_edges == len(results[("exact", "corrupt")].scores) == 110
 
 
-@pytest.mark.parametrize("ablation", ["corrupt", "mean"])
+@pytest.mark.parametrize("ablation", ["corrupt", pytest.param("mean", marks=pytest.mark.slow)])
 def test_exact_equals_each_edge_patched_alone_by_hand(results, hand, encoded, ablation):
     result = results[("exact", ablation)]
     graph = result.graph
@@ -214,6 +216,7 @@ def test_eap_equals_the_gradient_of_the_hand_written_model(results, hand, encode
     np.testing.assert_allclose(results[("eap", "corrupt")].scores, expected, atol=5e-4, rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_eap_ig_with_mean_ablation_equals_the_hand_written_model(results, hand, encoded):
     """The ablated values are each node's mean over every position of the pairs, the embeddings moved from theirs."""
     expected = hand_gradient_scores(hand, encoded, [(j + 0.5) / 5 for j in range(5)], "mean")
@@ -242,7 +245,9 @@ def test_the_known_circuit_is_found(results, method):
     assert ("0.2", "mlp 0", None) in top
 
 
-@pytest.mark.parametrize("key", [("exact", "corrupt"), ("eap-ig", "corrupt"), ("exact", "mean")])
+@pytest.mark.parametrize(
+    "key", [("exact", "corrupt"), ("eap-ig", "corrupt"), pytest.param(("exact", "mean"), marks=pytest.mark.slow)]
+)
 def test_every_faithfulness_value_equals_a_hand_written_run_of_its_circuit(results, hand, encoded, key):
     result = results[key]
     graph = result.graph
@@ -279,6 +284,7 @@ def test_a_corruption_that_changes_nothing_is_refused(demo):
         Discover(clean="-", corrupt="-", answer="-", wrong="-").run(demo, [same])
 
 
+@pytest.mark.slow
 def test_layers_added_a_few_at_a_time_give_the_scores_of_one_at_a_time(tmp_path, monkeypatch):
     """The gradients' products take LAYERS_PER_PRODUCT layers at once (on 6 layers: 2-5, then 0-1); one layer at a
     time gives the same scores."""
