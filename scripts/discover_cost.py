@@ -34,30 +34,19 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+
+import long_context_model  # noqa: E402  (scripts/, beside this one)
 
 import attnscope  # noqa: E402
-from attnscope.analyses.discover import Discover, _Batch  # noqa: E402
 from attnscope.analyses.harness import PeakRSS, release_freed_memory  # noqa: E402
 from attnscope.pipeline import interventions  # noqa: E402
 from attnscope.pipeline.edges import Layout  # noqa: E402
+from attnscope.pipeline.pair_batch import PairBatch  # noqa: E402
 from attnscope.pipeline.prompt_pairs import PromptPair, tokenized  # noqa: E402
 
 NAMES = [" Mary", " John", " Alice", " Bob", " Tom", " Anna", " James", " Sarah", " David", " Emma"]
 PLACES = [" store", " park", " school", " house", " garden", " office", " market", " river"]
-
-
-def build(folder: Path, layers: int) -> None:
-    from transformers import GPT2TokenizerFast, LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=50257, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers, num_attention_heads=9,
-        num_key_value_heads=3, max_position_embeddings=2048, bos_token_id=50256, eos_token_id=50256,
-        tie_word_embeddings=True,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    GPT2TokenizerFast.from_pretrained(ROOT / "tests" / "data" / "gpt2-tokenizer").save_pretrained(folder)
 
 
 def pairs(count: int) -> list[PromptPair]:
@@ -81,24 +70,23 @@ def main() -> None:
     options = parser.parse_args()
     folder = options.folder or Path(tempfile.mkdtemp(prefix="discover-cost-"))
     if not (folder / "config.json").exists():
-        build(folder, options.layers)
+        long_context_model.main(folder, options.layers, context=2048)
     lines = [
         {"clean": p.clean, "corrupt": p.corrupt, "answer": p.answer, "wrong": p.wrong} for p in pairs(options.batch)
     ]
     (folder / "pairs.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
     loaded = attnscope.load(folder, "cpu", lm_head=True)
-    given = dict(clean="-", corrupt="-", answer="-", wrong="-")
-    ig, eap = Discover(steps=options.steps, **given), Discover(method="eap", **given)
     layout = Layout.of(loaded)
     graph = layout.graph
     prompt_pairs = pairs(options.batch)
     tokens = [tokenized(loaded, pair, (50256,)) for pair in prompt_pairs]
     assert len({len(pair.clean) for pair in tokens}) == 1, "the pairs must have one length"
-    one = _Batch(ig, loaded, layout, tokens, list(range(len(tokens))))
+    one = PairBatch(loaded, layout, tokens, list(range(len(tokens))))
     interventions.attention(loaded, "sdpa").__enter__()  # as discover runs (fastest_attention)
     with torch.no_grad():
         ablated = one.ablated(None)
     half = graph.valid & (np.random.default_rng(0).random(graph.valid.shape) < 0.5)
+    midpoints = [(j + 0.5) / options.steps for j in range(options.steps)]  # discover's EAP-IG points
 
     def forward() -> None:
         with torch.no_grad():
@@ -125,8 +113,8 @@ def main() -> None:
         "forward": forward,
         "forward+backward": forward_backward,
         "training step": training_step,
-        f"eap-ig scores (steps {options.steps})": lambda: ig._scores(one, None),
-        "eap scores": lambda: eap._scores(one, None),
+        f"eap-ig scores (steps {options.steps})": lambda: one.gradient_scores(None, midpoints),
+        "eap scores": lambda: one.gradient_scores(None, [1.0]),
         "one circuit (half the edges)": lambda: one.circuits([graph.valid & ~half], ablated),
     }
     for method in methods.values():  # warm-up

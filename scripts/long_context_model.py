@@ -18,10 +18,12 @@ from transformers import GPT2TokenizerFast, LlamaConfig, LlamaForCausalLM
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def main(folder: str) -> None:
+def main(folder: str, layers: int = 8, context: int = 8192) -> None:
+    """The model of SmolLM2-135M's widths with `layers` layers and a context of `context` tokens, saved in `folder`
+    (scripts/discover_cost.py takes 30 layers, SmolLM2-135M's own number)."""
     config = LlamaConfig(
-        vocab_size=50257, hidden_size=576, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=9,
-        num_key_value_heads=3, max_position_embeddings=8192, bos_token_id=50256, eos_token_id=50256,
+        vocab_size=50257, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers, num_attention_heads=9,
+        num_key_value_heads=3, max_position_embeddings=context, bos_token_id=50256, eos_token_id=50256,
         tie_word_embeddings=True,
     )  # fmt: skip
     torch.manual_seed(0)

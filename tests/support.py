@@ -546,6 +546,26 @@ def visible_keys(config, layer: int, lengths: torch.Tensor, n: int, causal: bool
     return allowed
 
 
+def demo_logit_differences(*prompts: str, answer: str = " method", wrong: str = " table") -> list[float]:
+    """logit(answer) − logit(wrong) after each prompt with BOS first, by transformers' GPT2LMHeadModel alone on the
+    bundled demo model's files (an independent reading of `patch`'s and `discover`'s baselines)."""
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    import attnscope
+
+    demo = Path(attnscope.__file__).parent / "demo_model"
+    model = GPT2LMHeadModel.from_pretrained(demo).eval()
+    tokenizer = AutoTokenizer.from_pretrained(demo)
+    (answer_id,), (wrong_id,) = tokenizer(answer)["input_ids"], tokenizer(wrong)["input_ids"]
+    found = []
+    for prompt in prompts:
+        ids = torch.tensor([[tokenizer.bos_token_id] + tokenizer(prompt)["input_ids"]])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, -1]
+        found.append(float(logits[answer_id] - logits[wrong_id]))
+    return found
+
+
 # ------------------------------------------------------------------------------------- weights, per family
 # `models.weights` against each family's own attention: the norms' parameters randomised first, so that a γ or β
 # folded wrongly shows; rotary families run with every position at 0, where the rotation is the identity (or YaRN's

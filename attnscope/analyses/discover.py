@@ -27,7 +27,8 @@ circuit is the |score| ranking's smallest budget with f ≥ `target`.
 Cost, per batch of pairs of one length: two forwards for the baselines (recording every node's output where the
 ablation is a mean), two recording forwards, then `steps` forward and backward passes (eap: one; exact: one run of
 the batch per edge, as copies), then one recording forward of the corrupted prompts and one run per distinct
-circuit (as copies of the batch, as many per pass as fit in EDGE_COPY_BYTES).
+circuit (as copies of the batch, as many per pass as fit in `pipeline.pair_batch.EDGE_COPY_BYTES`). The runs of a
+batch are `pipeline.pair_batch.PairBatch`'s.
 """
 
 from __future__ import annotations
@@ -40,28 +41,20 @@ import numpy as np
 
 from attnscope import settings
 from attnscope.analyses.common import check_finite, damaged_weights, first_non_finite_weight
-from attnscope.analyses.harness import trim_heap
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.graph import Graph
 from attnscope.models.loading import LoadedModel, fastest_attention
 from attnscope.pipeline import distributed, interventions
-from attnscope.pipeline.edges import (
-    DifferenceRecorder,
-    Differences,
-    EdgeGradients,
-    Layout,
-    NodeRecord,
-    NodeRecorder,
-    PatchedEdges,
-)
+from attnscope.pipeline.edges import Layout, NodeRecord
+from attnscope.pipeline.pair_batch import PairBatch
 from attnscope.pipeline.prompt_pairs import (
-    LogitDifference,
     PromptPair,
     TokenizedPair,
-    batch,
+    check_gap,
     given_pair,
     length_groups,
+    pair_notes,
     pair_records,
     read_pairs,
     tokenized,
@@ -70,9 +63,6 @@ from attnscope.pipeline.tokens import default_bos, special_tokens
 from attnscope.scores import faithfulness
 from attnscope.scores.catalog import counted
 from attnscope.settings.intervene import EXACT_MAX_EDGES
-
-GAP_MIN = 1e-3  # logits: a mean clean − corrupted difference smaller than this leaves nothing to find
-EDGE_COPY_BYTES = 2**28  # the differences and split inputs of the copies of one pass, at most (about)
 
 
 @dataclass(repr=False)  # the repr is Result's: a summary
@@ -105,81 +95,6 @@ class DiscoverResult(Result):
         """(from, to, input) of edge `index`."""
         upstream, target = self.graph.edges[index]
         return self.graph.edge_name(int(upstream), int(target))
-
-
-# ------------------------------------------------------------------------------------------------- one batch
-
-
-class _Batch:
-    """One batch of pairs of one length: its ids, answers and wrong tokens, and the runs made of it."""
-
-    def __init__(self, analysis: Discover, loaded: LoadedModel, layout: Layout, tokens: Sequence[TokenizedPair], group):
-        self.analysis, self.loaded, self.layout = analysis, loaded, layout
-        self.clean, self.corrupt, self.answer, self.wrong = batch(tokens, group, loaded.device)
-        self.metric = LogitDifference(loaded)
-
-    @property
-    def size(self) -> int:
-        return self.clean.shape[0]
-
-    def logit_differences(self, ids: Any, copies: int = 1) -> Any:
-        """(copies · B,) float64 on the host: LD of `ids` (copies of the batch, copy-major)."""
-        return self.metric(ids, self.answer.repeat(copies), self.wrong.repeat(copies)).double().cpu()
-
-    def recorded(self, ids: Any, *more: Any) -> tuple[NodeRecord, Any]:
-        """Every node's output in the run of `ids`, and its LD (more hooks beside, as `interventions.hooks` takes)."""
-        recorder = NodeRecorder(self.layout)
-        with interventions.hooks(self.loaded, recorder, *more):
-            differences = self.logit_differences(ids)
-        return recorder.record, differences
-
-    def differences(self, means: NodeRecord | None) -> Differences:
-        """Every node's clean output minus its ablated value, recorded as the runs go
-        (`pipeline.edges.DifferenceRecorder`): −a_u from the corrupted run (or the means), then + c_u from the clean
-        run, into one buffer."""
-        differences = None if means is None else Differences.from_means(self.layout, means, self.tokens)
-        if means is None:
-            recorder = DifferenceRecorder(self.layout, None, -1.0)
-            with interventions.hooks(self.loaded, recorder):
-                self.logit_differences(self.corrupt)
-            differences = recorder.differences
-        with interventions.hooks(self.loaded, DifferenceRecorder(self.layout, differences, 1.0)):
-            self.logit_differences(self.clean)
-        return differences
-
-    @property
-    def tokens(self) -> tuple[int, int, int]:
-        """(B, n, d): the batch's pairs, their length, the stream's width."""
-        return (*self.clean.shape, self.loaded.d_model)
-
-    def ablated(self, means: NodeRecord | None) -> NodeRecord:
-        """What an ablated edge carries: the corrupted run's node outputs, or the means."""
-        return self.recorded(self.corrupt)[0] if means is None else means
-
-    def circuits(self, removed: Sequence[np.ndarray], ablated: NodeRecord) -> np.ndarray:
-        """(C,) float64: Σ_pairs LD of the clean batch run with each circuit's `removed` edges (U, V) ablated, as
-        copies of the batch."""
-        import torch
-
-        graph = self.layout.graph
-        found = np.zeros(len(removed))
-        per_pass = _copies(self.clean.shape, graph, self.layout)
-        for first in range(0, len(removed), per_pass):
-            chunk = removed[first : first + per_pass]
-            masks = torch.from_numpy(np.stack(chunk)).to(self.loaded.device)  # (C, U, V)
-            with torch.no_grad(), interventions.hooks(self.loaded, PatchedEdges(self.layout, masks, ablated)):
-                differences = self.logit_differences(self.clean.repeat(len(chunk), 1), len(chunk))
-            found[first : first + len(chunk)] = differences.view(len(chunk), -1).sum(dim=1).numpy()
-        return found
-
-
-def _copies(shape: Any, graph: Graph, layout: Layout) -> int:
-    """Copies of a batch (B, n) per pass: their differences (U per copy) and split inputs within EDGE_COPY_BYTES,
-    their tokens within interventions.MAX_COPY_TOKENS."""
-    B, n = shape
-    d = layout.layers[0].W_O.shape[-1]
-    per_copy = 4 * B * n * d * (graph.n_upstream + 3 * graph.inputs_per_layer)
-    return max(1, min(EDGE_COPY_BYTES // per_copy, interventions.MAX_COPY_TOKENS // (B * n)))
 
 
 # ------------------------------------------------------------------------------------------------- the analysis
@@ -215,7 +130,7 @@ class Discover(settings.Discover):
         self._check_exact(graph, len(groups))
 
         def batches() -> Any:
-            return (_Batch(self, loaded, layout, tokens, group) for group in groups)
+            return (PairBatch(loaded, layout, tokens, group) for group in groups)
 
         with interventions.attention(loaded, fastest_attention(loaded.lm_model)):
             clean_ld, corrupt_ld, means = self._baselines(loaded, groups, batches())
@@ -246,7 +161,7 @@ class Discover(settings.Discover):
         clean_ld, corrupt_ld = np.zeros(P), np.zeros(P)
         sums, positions = None, 0
 
-        def baseline(one: _Batch) -> tuple[Any, Any, Any, int]:
+        def baseline(one: PairBatch) -> tuple[Any, Any, Any, int]:
             with torch.no_grad():
                 if self.ablation == "corrupt":
                     clean, corrupt = one.logit_differences(one.clean), one.logit_differences(one.corrupt)
@@ -263,67 +178,19 @@ class Discover(settings.Discover):
             if summed is not None:
                 sums, positions = summed if sums is None else sums + summed, positions + count
         check_finite(loaded, "logit difference", np.concatenate([clean_ld, corrupt_ld]))
-        gap = float(np.mean(clean_ld - corrupt_ld))
-        if abs(gap) < GAP_MIN:
-            raise AttnscopeError(
-                f"the clean and corrupted prompts give the same logit difference (answer − wrong: clean "
-                f"{np.mean(clean_ld):.4f}, corrupted {np.mean(corrupt_ld):.4f} on average): there is no difference "
-                "for an edge to carry; corrupt the prompt where it decides the answer"
-            )
+        check_gap(clean_ld, corrupt_ld, "an edge to carry")
         wide = torch.promote_types(loaded.dtype, torch.float32)  # float32, or a float64 model's own
         means = None if sums is None else _to_device(sums.mean(positions, wide), loaded.device)
         return clean_ld, corrupt_ld, means
 
     # ---------------------------------------------------------------- the scores
 
-    def _scores(self, one: _Batch, means: NodeRecord | None) -> np.ndarray:
+    def _scores(self, one: PairBatch, means: NodeRecord | None) -> np.ndarray:
         """(U, V) float64: the batch's edge scores summed over its pairs (zero where no edge is)."""
-        import torch
-
         if self.method == "exact":
-            layers = interventions.LayerOutputsRecorder()
-            with torch.no_grad():
-                clean, clean_ld = one.recorded(one.clean, layers)
-                ablated = one.ablated(means)
-            return self._exact(one, clean, clean_ld, ablated, layers.outputs)
-        graph, loaded = one.layout.graph, one.loaded
-        with torch.no_grad():
-            differences = one.differences(means)
+            return one.exact_scores(means)
         alphas = [1.0] if self.method == "eap" else [(j + 0.5) / self.ig_steps for j in range(self.ig_steps)]
-        scores = torch.zeros(graph.n_upstream, graph.n_inputs, dtype=torch.float64, device=loaded.device)
-        with interventions.weights_frozen(loaded), torch.enable_grad():
-            for alpha in alphas:
-                with interventions.hooks(loaded, EdgeGradients(one.layout, differences, alpha, scores)):
-                    one.metric(one.clean, one.answer, one.wrong).sum().backward()
-                # glibc keeps what a backward pass freed and reuses little of it in the next: measured on a
-                # 30-layer model, the resident size grew by a fifth of a pass's peak per step without this
-                trim_heap()
-        return (scores / len(alphas)).cpu().numpy()
-
-    def _exact(self, one: _Batch, clean: NodeRecord, clean_ld: Any, ablated: NodeRecord, outputs: dict) -> np.ndarray:
-        """(U, V) float64: Σ_pairs LD(clean) − LD(clean with the edge alone ablated), the edges into one layer's
-        inputs at a time as copies of the batch, the layers below not computed again."""
-        import torch
-
-        graph, loaded = one.layout.graph, one.loaded
-        found = np.zeros((graph.n_upstream, graph.n_inputs))
-        per_pass = _copies(one.clean.shape, graph, one.layout)
-        for layer in range(graph.n_layer + 1):  # the logits' input last, as layer n_layer
-            last = graph.first_input(layer + 1) if layer < graph.n_layer else graph.n_inputs
-            edges = [(u, v) for v in range(graph.first_input(layer), last) for u in range(graph.upstream_count(v))]
-            for first in range(0, len(edges), per_pass):
-                upstream, inputs = (list(part) for part in zip(*edges[first : first + per_pass], strict=True))
-                k = len(upstream)
-                removed = torch.zeros(k, graph.n_upstream, graph.n_inputs, dtype=torch.bool, device=loaded.device)
-                removed[torch.arange(k), upstream, inputs] = True  # copy c: its one edge
-                patched = PatchedEdges(one.layout, removed, ablated, clean, first=layer)
-                with (
-                    torch.no_grad(),
-                    interventions.hooks(loaded, patched, interventions.SkippedLayers(outputs, layer, k)),
-                ):
-                    differences = one.logit_differences(one.clean.repeat(k, 1), k).view(k, -1)  # (k, B)
-                found[upstream, inputs] = (clean_ld[None, :] - differences).sum(dim=1).numpy()
-        return found
+        return one.gradient_scores(means, alphas)
 
     # ---------------------------------------------------------------- faithfulness
 
@@ -353,7 +220,7 @@ class Discover(settings.Discover):
                 kept = graph.pruned(graph.mask(order[:k]))
                 rows[absolute].append((percent, k, kept, circuit(kept)))
 
-        def work(one: _Batch) -> np.ndarray:
+        def work(one: PairBatch) -> np.ndarray:
             with torch.no_grad():
                 ablated = one.ablated(means)
             return one.circuits(removed, ablated)
@@ -461,21 +328,7 @@ def _notes(
 ) -> list[str]:
     """What to know: a difference with the sign the user did not expect, pairs that pull the other way, circuits
     past the model or below the empty circuit, a circuit that is the whole graph, how normalised heads are read."""
-    notes = []
-    gaps = clean_ld - corrupt_ld
-    total = float(gaps.sum())
-    if total < 0:
-        notes.append(
-            f"the corrupted prompts favour the answer more than the clean ones (clean − corrupted = "
-            f"{total / len(gaps):.3f} logits on average): answer and wrong may be swapped"
-        )
-    against = [pair.source for pair, gap in zip(pairs, gaps, strict=True) if gap * total < 0]
-    if against:
-        listed = ", ".join(against[:3]) + (f" and {len(against) - 3:,} more" if len(against) > 3 else "")
-        notes.append(
-            f"the corruption moves the logit difference the other way in {counted(len(against), 'pair')} "
-            f"({listed}): in the scores and the faithfulness they count against the others"
-        )
+    notes = pair_notes(pairs, clean_ld, corrupt_ld, "the scores and the faithfulness")
     for name, rows in (("by |score|", curve), ("by signed score", signed)):
         above = [row for row in rows if row["f"] > FAR_ABOVE]
         below = [row for row in rows if row["f"] < FAR_BELOW]

@@ -11,7 +11,6 @@ freed memory is handed back to the OS (glibc malloc_trim) so that the call's own
 
 from __future__ import annotations
 
-import functools
 import math
 import statistics as stats_module
 import threading
@@ -21,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from attnscope.pipeline import heap
 
 MAX_CALLS = 1000
 
@@ -169,27 +170,7 @@ def release_freed_memory() -> None:
     import gc
 
     gc.collect()
-    trim_heap()
-
-
-def trim_heap() -> None:
-    """Hand the heap's free pages back to the OS (glibc's malloc_trim(0); nothing elsewhere): 50 ms after a backward
-    pass of a 30-layer model on the CPU, where a garbage collection first takes 0.5 s."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's malloc_trim, looked up once (find_library runs ldconfig); None where there is none (not glibc)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
+    heap.trim()
 
 
 def available_bytes(device: torch.device) -> int | None:

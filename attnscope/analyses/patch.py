@@ -56,8 +56,10 @@ from attnscope.pipeline.prompt_pairs import (
     LogitDifference,
     PromptPair,
     batch,
+    check_gap,
     given_pair,
     length_groups,
+    pair_notes,
     pair_records,
     read_pairs,
     tokenized,
@@ -65,7 +67,6 @@ from attnscope.pipeline.prompt_pairs import (
 from attnscope.pipeline.tokens import default_bos, special_tokens
 from attnscope.scores.catalog import counted
 
-GAP_MIN = 1e-3  # logits: a mean clean − corrupted difference smaller than this leaves nothing to share
 OVERSHOOT, BACKWARDS = 1.05, -0.1  # shares above the one or below the other are counted in the notes
 
 
@@ -186,13 +187,7 @@ class Patch(settings.Patch):
                 clean_ld[group] = passes.logit_differences(clean, answer, wrong).numpy()
                 corrupt_ld[group] = passes.logit_differences(corrupt, answer, wrong).numpy()
             check_finite(loaded, "logit difference", np.concatenate([clean_ld, corrupt_ld]))
-            gap = float(np.mean(clean_ld - corrupt_ld))
-            if abs(gap) < GAP_MIN:
-                raise AttnscopeError(
-                    f"the clean and corrupted prompts give the same logit difference (answer − wrong: clean "
-                    f"{np.mean(clean_ld):.4f}, corrupted {np.mean(corrupt_ld):.4f} on average): there is no difference "
-                    "for a head to restore; corrupt the prompt where it decides the answer"
-                )
+            check_gap(clean_ld, corrupt_ld, "a head to restore")
             for group in groups:
                 clean, corrupt, answer, wrong = batch(tokens, group, loaded.device)
                 clean_heads, clean_layers = passes.recorded(clean, answer, wrong)
@@ -229,22 +224,7 @@ class Patch(settings.Patch):
 def _notes(pairs: Sequence[PromptPair], clean_ld: Any, corrupt_ld: Any, restored: Any, removed: Any) -> list[str]:
     """What to know: a total difference with the sign the user did not expect, pairs that pull the other way,
     shares past 1 or below 0."""
-    notes = []
-    gaps = clean_ld - corrupt_ld
-    total = float(gaps.sum())
-    if total < 0:
-        notes.append(
-            f"the corrupted prompts favour the answer more than the clean ones (clean − corrupted = "
-            f"{total / len(gaps):.3f} logits on average): answer and wrong may be swapped; the shares are still "
-            "shares of that difference"
-        )
-    against = [pair.source for pair, gap in zip(pairs, gaps, strict=True) if gap * total < 0]
-    if against:
-        listed = ", ".join(against[:3]) + (f" and {len(against) - 3:,} more" if len(against) > 3 else "")
-        notes.append(
-            f"the corruption moves the logit difference the other way in {counted(len(against), 'pair')} "
-            f"({listed}): in the shares, they count against the others"
-        )
+    notes = pair_notes(pairs, clean_ld, corrupt_ld, "the shares")
     for name, shares in (("restored", restored), ("removed", removed)):
         above, below = int((shares > OVERSHOOT).sum()), int((shares < BACKWARDS).sum())
         if above:

@@ -238,6 +238,45 @@ def pair_records(
     ]
 
 
+GAP_MIN = 1e-3  # logits: a mean clean − corrupted difference smaller than this leaves nothing to find
+
+
+def check_gap(clean_ld: Any, corrupt_ld: Any, what: str) -> None:
+    """Refuse, in one line, pairs whose corruption changes nothing: a mean clean − corrupted logit difference under
+    GAP_MIN logits leaves nothing for `what` ("a head to restore", "an edge to carry")."""
+    import numpy as np
+
+    if abs(float(np.mean(clean_ld - corrupt_ld))) < GAP_MIN:
+        raise AttnscopeError(
+            f"the clean and corrupted prompts give the same logit difference (answer − wrong: clean "
+            f"{np.mean(clean_ld):.4f}, corrupted {np.mean(corrupt_ld):.4f} on average): there is no difference for "
+            f"{what}; corrupt the prompt where it decides the answer"
+        )
+
+
+def pair_notes(pairs: Sequence[PromptPair], clean_ld: Any, corrupt_ld: Any, measured: str) -> list[str]:
+    """What to know of the pairs' baselines (LD per pair, numpy): a total clean − corrupted difference with the sign
+    the user did not expect, and the pairs that pull the other way (they count against the others in `measured`:
+    "the shares", "the scores and the faithfulness")."""
+    notes = []
+    gaps = clean_ld - corrupt_ld
+    total = float(gaps.sum())
+    if total < 0:
+        notes.append(
+            f"the corrupted prompts favour the answer more than the clean ones (clean − corrupted = "
+            f"{total / len(gaps):.3f} logits on average): answer and wrong may be swapped; {measured} are still "
+            "measured against that difference"
+        )
+    against = [pair.source for pair, gap in zip(pairs, gaps, strict=True) if gap * total < 0]
+    if against:
+        listed = ", ".join(against[:3]) + (f" and {len(against) - 3:,} more" if len(against) > 3 else "")
+        notes.append(
+            f"the corruption moves the logit difference the other way in {counted(len(against), 'pair')} "
+            f"({listed}): in {measured}, they count against the others"
+        )
+    return notes
+
+
 class LogitDifference:
     """The metric of `patch` and `discover`: LD = logit(answer) − logit(wrong) at the last position of each row,
     the logits computed at that position alone where the model takes `logits_to_keep` ((B, 1, V), not (B, n, V))."""

@@ -9,11 +9,10 @@ import io
 import json
 
 import pytest
-import torch
 
 import attnscope
 from attnscope.errors import AttnscopeError
-from tests.support import build_family_model, png_size
+from tests.support import build_family_model, demo_logit_differences, png_size
 
 REPEATED = "The file and the list hold the value {0}. The file and the list hold the value"
 PAIR = {
@@ -25,29 +24,12 @@ PAIR = {
 ARGS = ["--model", "demo", *(item for key, value in PAIR.items() for item in (f"--{key}", value))]
 
 
-def _logit_differences(*prompts: str) -> list[float]:
-    """logit(' method') − logit(' table') after each prompt with BOS first, by transformers' GPT2LMHeadModel alone."""
-    from transformers import AutoTokenizer, GPT2LMHeadModel
-
-    demo = attnscope.__path__[0] + "/demo_model"
-    model = GPT2LMHeadModel.from_pretrained(demo).eval()
-    tokenizer = AutoTokenizer.from_pretrained(demo)
-    (answer,), (wrong,) = tokenizer(" method")["input_ids"], tokenizer(" table")["input_ids"]
-    found = []
-    for prompt in prompts:
-        ids = torch.tensor([[tokenizer.bos_token_id] + tokenizer(prompt)["input_ids"]])
-        with torch.no_grad():
-            logits = model(input_ids=ids).logits[0, -1]
-        found.append(float(logits[answer] - logits[wrong]))
-    return found
-
-
 def test_json_ranks_every_edge_and_holds_the_curves_and_the_circuit(cli):
     code, out, err = cli("discover", *ARGS, "--json")
     assert code == 0, err
     doc = json.loads(out)
     assert doc["command"] == "discover" and (doc["method"], doc["steps"], doc["ablation"]) == ("eap-ig", 5, "corrupt")
-    clean, corrupt = _logit_differences(PAIR["clean"], PAIR["corrupt"])
+    clean, corrupt = demo_logit_differences(PAIR["clean"], PAIR["corrupt"])
     assert doc["clean_logit_diff"] == pytest.approx(clean, abs=1e-4)
     assert doc["corrupt_logit_diff"] == pytest.approx(corrupt, abs=1e-4)
     assert doc["ablated_logit_diff"] == pytest.approx(corrupt, abs=1e-4)  # every edge ablated: the corrupted run

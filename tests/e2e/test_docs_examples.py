@@ -119,6 +119,7 @@ def test_every_command_page_has_an_example_that_runs_offline():
 @pytest.mark.slow
 def test_every_offline_command_line_of_the_docs_runs(cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the examples write into relative folders
+    (tmp_path / "sample_texts").symlink_to(ROOT / "sample_texts")  # and read from the repository's root
     for where, argv in command_lines():
         code, out, err = cli(*argv)
         assert code == 0, (where, argv, err)

@@ -8,34 +8,14 @@ import csv
 import io
 import json
 import re
-from pathlib import Path
 
 import pytest
-import torch
 
-import attnscope
-from tests.support import png_size
+from tests.support import demo_logit_differences, png_size
 
-DEMO = Path(attnscope.__file__).parent / "demo_model"  # the bundled model's folder, read by transformers alone
 REPEATED = "The file and the list hold the value {0}. The file and the list hold the value"
 PAIR = {"clean": REPEATED.format("method"), "corrupt": REPEATED.format("table"), "answer": "method", "wrong": "table"}
 ARGS = ["--model", "demo", *(item for key, value in PAIR.items() for item in (f"--{key}", value))]
-
-
-def _logit_differences(*prompts: str) -> list[float]:
-    """logit(' method') − logit(' table') after each prompt with BOS first, by transformers' GPT2LMHeadModel alone."""
-    from transformers import AutoTokenizer, GPT2LMHeadModel
-
-    model = GPT2LMHeadModel.from_pretrained(DEMO).eval()
-    tokenizer = AutoTokenizer.from_pretrained(DEMO)
-    (answer,), (wrong,) = tokenizer(" method")["input_ids"], tokenizer(" table")["input_ids"]
-    found = []
-    for prompt in prompts:
-        ids = torch.tensor([[tokenizer.bos_token_id] + tokenizer(prompt)["input_ids"]])
-        with torch.no_grad():
-            logits = model(input_ids=ids).logits[0, -1]
-        found.append(float(logits[answer] - logits[wrong]))
-    return found
 
 
 @pytest.mark.slow
@@ -44,7 +24,7 @@ def test_json_csv_and_top(cli):
     assert code == 0, err
     doc = json.loads(out)
     assert doc["command"] == "patch" and doc["input"]["n_pairs"] == 1
-    clean, corrupt = _logit_differences(PAIR["clean"], PAIR["corrupt"])
+    clean, corrupt = demo_logit_differences(PAIR["clean"], PAIR["corrupt"])
     assert doc["clean_logit_diff"] == pytest.approx(clean, abs=1e-4)
     assert doc["corrupt_logit_diff"] == pytest.approx(corrupt, abs=1e-4)
     (pair,) = doc["pairs"]

@@ -288,7 +288,7 @@ def test_a_corruption_that_changes_nothing_is_refused(demo):
 def test_layers_added_a_few_at_a_time_give_the_scores_of_one_at_a_time(tmp_path, monkeypatch):
     """The gradients' products take LAYERS_PER_PRODUCT layers at once (on 6 layers: 2-5, then 0-1); one layer at a
     time gives the same scores."""
-    from attnscope.pipeline import edges
+    from attnscope.pipeline import edge_gradients as edges
     from tests.support import build_tiny_gpt2
 
     model = attnscope.load(build_tiny_gpt2(tmp_path / "six", n_layer=6), "cpu", lm_head=True)

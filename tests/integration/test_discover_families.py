@@ -27,14 +27,9 @@ import torch
 import attnscope
 from attnscope.models.families import BY_MODEL_TYPE
 from attnscope.pipeline import interventions
-from attnscope.pipeline.edges import (
-    DifferenceRecorder,
-    EdgeGradients,
-    Layout,
-    NodeRecord,
-    NodeRecorder,
-    PatchedEdges,
-)
+from attnscope.pipeline.edge_circuits import PatchedEdges
+from attnscope.pipeline.edge_gradients import EdgeGradients
+from attnscope.pipeline.edges import DifferenceRecorder, Layout, NodeRecord, NodeRecorder
 from attnscope.pipeline.prompt_pairs import LogitDifference
 from tests.support import FAMILY_MODELS
 
