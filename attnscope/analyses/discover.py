@@ -33,6 +33,7 @@ batch are `pipeline.pair_batch.PairBatch`'s.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -344,7 +345,13 @@ def _notes(
                 f"{min(row['f'] for row in below):.2f}, at {_percents(below)}): their edges' effects need others left "
                 "out, or cancel"
             )
-    if circuit["percent"] == 100.0 and len(curve) > 1:
+    if any(math.isnan(row["f"]) for row in curve):
+        notes.append(
+            "with every edge ablated the model gives the clean logit difference (within 0.001 logits): faithfulness "
+            "is undefined (null in the JSON) and the circuit is every edge; ablate with the corrupted run (--ablation "
+            "corrupt)"
+        )
+    elif circuit["percent"] == 100.0 and len(curve) > 1:
         notes.append(
             f"no circuit smaller than the whole graph reaches faithfulness {analysis.target:g}: the circuit is every "
             "edge (add budgets with --budgets, or lower --target)"

@@ -38,10 +38,14 @@ def ranked(scores: np.ndarray, absolute: bool) -> np.ndarray:
     return np.argsort(-key, kind="stable")
 
 
+GAP_MIN = 1e-3  # m(N) − m(∅) smaller than this (in the metric's units) leaves f undefined
+
+
 def faithfulness(circuit: float, full: float, empty: float) -> float:
-    """f = (m(C) − m(∅)) / (m(N) − m(∅)); NaN where the model and the empty circuit agree."""
+    """f = (m(C) − m(∅)) / (m(N) − m(∅)); NaN where the model and the empty circuit agree (within GAP_MIN): a ratio
+    of two near-zero differences would be a number that means nothing."""
     gap = full - empty
-    return (circuit - empty) / gap if gap != 0 else math.nan
+    return (circuit - empty) / gap if abs(gap) >= GAP_MIN else math.nan
 
 
 def areas(percents: Sequence[float], signed: Sequence[float], absolute: Sequence[float]) -> tuple[float, float]:
