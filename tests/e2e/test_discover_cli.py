@@ -83,6 +83,12 @@ def test_the_python_function_and_a_model_without_its_head():
     assert result.to_json() == result.to_json()
     with pytest.raises(AttnscopeError, match="language-model head"):
         attnscope.discover(attnscope.load("demo"), **PAIR)
+    markup = attnscope.discover(
+        model, clean="The list holds < and the file holds > and the list holds",
+        corrupt="The list holds > and the file holds < and the list holds", answer="<", wrong=">", budgets=[100],
+    )._repr_html_()  # fmt: skip
+    assert markup.startswith('<div class="attnscope"') and markup.endswith("</div>")
+    assert "<script" not in markup and "(&#x27;&lt;&#x27; − &#x27;&gt;&#x27;)" in markup  # the tokens as text
 
 
 @pytest.mark.parametrize(
