@@ -36,6 +36,9 @@ _MEMORY_ADVICE_DEFAULT = "try a smaller --batch-size or --max-tokens, shorter te
 _interrupted = 0
 # Whether an interrupt a destructor swallowed is still to be sent again (see _on_unraisable).
 _resending = False
+# Whether the command has finished and shown its result: a stopping signal then changes nothing (it once turned a
+# complete run, its files written, into exit status 130 or 143 without a word, in the second the exit takes).
+_finished = False
 STOPPING_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 
 
@@ -45,6 +48,8 @@ def _on_interrupt(signum: int, frame: Any) -> None:
     KeyboardInterrupt and raises something else (an import cut short turns into an ImportError inside
     transformers) still ends as interrupted."""
     global _interrupted
+    if _finished:
+        return
     _interrupted = _interrupted or signum
     raise KeyboardInterrupt
 
@@ -120,17 +125,62 @@ def _rank() -> int:
         return 0
 
 
+def _checked_spelling(argv: list[str]) -> None:
+    """What click would read otherwise than the user meant, refused in one line before it parses: options before the
+    command's name (`attnscope --model demo heads`: click says only "No such option"), a long option with one dash
+    (`-out x`: click reads `-o ut` and a text `x`), and an option that takes one value given twice (`--file a --file
+    b`: click keeps the last and drops the first without a word). Anything else is left to click."""
+    import typer
+
+    root = typer.main.get_command(app)
+    commands = root.commands
+    at = next((k for k, token in enumerate(argv) if token in commands), None)
+    if at is None:
+        return
+    first = argv[0]
+    if at > 0 and first.startswith("-") and first not in {name for param in root.params for name in param.opts}:
+        raise AttnscopeError(
+            f"{first}: options go after the command's name: attnscope {argv[at]} {' '.join(argv[:at])} ..."
+        )
+    options = {name: param for param in commands[argv[at]].params for name in (*param.opts, *param.secondary_opts)}
+    counts: dict[Any, list[str]] = {}
+    tokens = iter(argv[at + 1 :])
+    for token in tokens:
+        if token == "--":
+            break
+        if not token.startswith("-") or token == "-":
+            continue
+        name, equals, _ = token.partition("=")
+        if not token.startswith("--") and len(name) > 2 and f"-{name}" in options:
+            raise AttnscopeError(f"{name}: an option's long name takes two dashes: -{name}")
+        param = options.get(name if token.startswith("--") else token[:2])
+        if param is None:
+            continue  # click says what is wrong with it
+        counts.setdefault(param, []).append(name if token.startswith("--") else token[:2])
+        if not param.is_flag and not equals and (token.startswith("--") or len(token) == 2):
+            next(tokens, None)  # its value, which may look like an option
+    for param, given in counts.items():
+        if len(given) > 1 and not param.multiple:
+            spelled = max(param.opts, key=len)
+            raise AttnscopeError(
+                f"{spelled} is given {len(given)} times ({', '.join(given)}): it takes one value, and the last would "
+                "win without a word; give it once"
+            )
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI on `argv` and return its exit status: the one error boundary for every command."""
-    global _interrupted
-    _interrupted = 0
+    global _interrupted, _finished
+    _interrupted, _finished = 0, False
     _usable_matplotlib_folder()
     try:
+        _checked_spelling(list(argv if argv is not None else sys.argv[1:]))
         # Commands return None; typer returns an exit status instead when one stopped early: 130 for Ctrl-C
         # (it turns KeyboardInterrupt into that itself), 0 after --help.
         status = app(args=argv, prog_name="attnscope", standalone_mode=False)
         if status == 130 or _interrupted:
             return _stopped()
+        _finished = True
         return status if isinstance(status, int) else 0
     except BaseException as error:
         if _interrupted or isinstance(error, (typer.Abort, KeyboardInterrupt)):
@@ -291,4 +341,8 @@ def main() -> None:
             pass
         signal.signal(status - 128, signal.SIG_DFL)
         os.kill(os.getpid(), status - 128)
+    if _finished:  # the result is complete: a signal during the exit (freeing torch takes a second) is too late
+        for name in STOPPING_SIGNALS:
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), signal.SIG_IGN)
     sys.exit(status)

@@ -58,12 +58,28 @@ def _remove_empty(folders: list[Path]) -> None:
             return
 
 
+# The endings of the files a user may take --out for: a new folder named so is refused (`heads --out results.json`
+# made a folder results.json/, `report --out report.html` wrote report.html/report.html)
+FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".tsv", ".txt", ".png", ".svg", ".pdf", ".html", ".htm")
+
+
 def prepare_out_dir(path: str | os.PathLike) -> Path:
     """Prove that `path` can be created and written to before any work is done, and leave the disk as it was: the
-    folder is made when the files are written (`write_all`), so a run that fails leaves no empty folder behind."""
+    folder is made when the files are written (`write_all`), so a run that fails leaves no empty folder behind. A
+    new folder named like a file (FILE_SUFFIXES) and a link to nothing are refused, saying what they are."""
     folder = options.expanded_path(path, "--out")
     if folder.exists() and not folder.is_dir():
         raise AttnscopeError(f"cannot write to --out {path}: it is a file, not a folder")
+    if folder.is_symlink() and not folder.exists():
+        raise AttnscopeError(
+            f"cannot write to --out {path}: it is a link to {os.readlink(folder)}, which does not exist; make that "
+            "folder, or give another"
+        )
+    if not folder.exists() and folder.suffix.lower() in FILE_SUFFIXES:
+        raise AttnscopeError(
+            f"--out {path} is named like a file ({folder.suffix.lower()}), but --out is a folder that the command "
+            f"writes its files into (JSON, CSV, pictures); give a folder, e.g. --out {folder.with_suffix('')}/"
+        )
     missing = _missing_folders(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)

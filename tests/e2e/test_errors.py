@@ -45,6 +45,8 @@ CASES = {
     "plot malformed": (["heads", CAT, *D, "--plot", "4-11", "--out", "@tmp/plots"], "expected LAYER.HEAD"),
     "plot without out": (["heads", CAT, *D, "--plot", "0.1"], "--plot draws into the folder of --out"),
     "unwritable out": (["heads", CAT, *D, "--out", "@file/sub"], "cannot write to --out"),
+    "out named like a file": (["heads", CAT, *D, "--out", "@tmp/results.json"], "results.json is named like a file"),
+    "out named like a page": (["report", *D, "--out", "@tmp/report.html"], "report.html is named like a file (.html)"),
     "empty out": (["heads", CAT, *D, "--out", ""], "--out '': an empty folder name"),
     "blank out": (["show", CAT, *D, "--layer", "0", "--out", " "], "--out ' ': an empty folder name"),
     "threshold of no role": (["heads", CAT, *D, "--threshold", "previous=0.2"], "expected ROLE=VALUE"),
@@ -56,6 +58,14 @@ CASES = {
     "window 0": (["heads", CAT, *D, "--window", "0"], "--window 0: must be a whole number from 1 to 100,000"),
     "batch size 0": (["heads", CAT, *D, "--batch-size", "0"], "--batch-size 0: must be a whole number from 1"),
     "unknown option": (["heads", CAT, *D, "--colour"], "No such option: --colour"),
+    "an option before the command": (["--model", "@decoder", "heads", CAT], "--model: options go after the command's"),
+    "a long option with one dash": (["heads", CAT, *D, "-out", "x"], "-out: an option's long name takes two dashes"),
+    "a file given twice": (
+        ["heads", *D, "--file", "@file", "--file", "@file"],
+        "--file is given 2 times (--file, --file): it takes one",
+    ),
+    "a short option given twice": (["heads", CAT, *D, "-w", "3", "--window=4"], "--window is given 2 times (-w, "),
+    "a switch both ways": (["heads", CAT, *D, "--bos", "--no-bos"], "--bos is given 2 times (--bos, --no-bos)"),
     "probe period 2": (["heads", CAT, *D, "--probe-len", "2"], "--probe-len 2: must be a whole number from 3"),
     "probe too long": (["heads", CAT, *D, "--probe-len", "100"], "must fit the model's context of 128 tokens"),
     "negative probe seed": (["heads", CAT, *D, "--probe-seed", "-1"], "--probe-seed -1: must be a whole number from 0"),
@@ -321,3 +331,11 @@ def test_running_out_of_memory_is_one_line_and_a_bug_is_not_hidden(cli, tiny_mod
     monkeypatch.setattr(heads, "run_windows", bug)
     with pytest.raises(RuntimeError, match="shape mismatch"):  # a bug keeps its traceback, for the bug report
         cli("heads", CAT, "-m", tiny_model_dir)
+
+
+def test_out_through_a_link_to_nothing_is_one_line(cli, tiny_model_dir, tmp_path):
+    """A dangling link once said only "File exists"."""
+    (tmp_path / "results").symlink_to(tmp_path / "gone")
+    code, out, err = cli("heads", CAT, "-m", tiny_model_dir, "--out", tmp_path / "results")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert f"it is a link to {tmp_path / 'gone'}, which does not exist" in err

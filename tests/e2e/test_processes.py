@@ -250,3 +250,32 @@ def test_a_long_single_line_from_stdin_streams_to_the_same_numbers_as_the_same_t
         assert a["role"] == b["role"]
         for name in ("previous_token", "first_token", "self", "local", "entropy"):
             assert a[name] == pytest.approx(b[name], abs=1e-6)
+
+
+FINISHED_THEN_SIGNALLED = """
+import os, signal, sys
+from attnscope.cli import boundary
+
+done, sent = boundary.run, getattr(signal, sys.argv[1])
+
+def run_then_signal(argv):
+    status = done(argv)
+    os.kill(os.getpid(), sent)  # the second after the last file is written
+    return status
+
+boundary.run = run_then_signal
+sys.argv = ["attnscope", "info", "--model", "demo", "--out", sys.argv[2]]
+boundary.main()
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="sends signals")
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
+def test_a_signal_once_the_result_is_complete_changes_nothing(tmp_path, name):
+    """A signal between the last file written and the exit once ended a complete run with 130 or 143 and no line."""
+    out = tmp_path / "info"
+    ran = subprocess.run(
+        [sys.executable, "-c", FINISHED_THEN_SIGNALLED, name, str(out)], capture_output=True, text=True, timeout=120
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "interrupted" not in ran.stderr and (out / "info.json").exists()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
+import numpy as np
 import pytest
 
 from attnscope import api, options, settings
@@ -172,3 +173,13 @@ def test_the_functions_signature_is_made_from_the_declarations():
 def test_what_a_setting_asks_of_a_model_is_refused_from_its_config(build, message):
     with pytest.raises(AttnscopeError, match=message):
         build()
+
+
+@pytest.mark.parametrize("given", [0.7499999999999999, np.float32(0.75), 0.7500000001])
+def test_a_streaming_share_is_applied_as_the_json_records_it(given):
+    """Six decimals, as the JSON writes it: floor(share × 8 KV heads) is then 6, the plan the file describes, where
+    the float given would floor to 5."""
+    from attnscope.analyses.kvplan import streaming_heads
+
+    share = settings.Kvplan(streaming=given).streaming
+    assert share == 0.75 and streaming_heads(8, share) == 6
