@@ -156,19 +156,23 @@ class Live:
         self.bar.__enter__()
         self.task = self.bar.add_task(self.label, total=None, share="", texts="", rate="")
         self.started = self.refreshed = time.perf_counter()
+        self.first_tokens: int | None = None  # tokens run before the bar started: not counted in its rate
 
     def _progress(self, texts: int, tokens: int, share: float) -> None:
         """`texts` read from the input so far, `tokens` forwarded so far, `share` of the input read (0 to 1)."""
         if self.bar is None:
             self._start_bar()
-        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        if self.first_tokens is None:  # the first batch ran before the bar: a rate from it alone divided by ~0 s
+            self.first_tokens = tokens
+        elapsed = time.perf_counter() - self.started
+        ran = tokens - self.first_tokens
         self.bar.update(
             self.task,
             completed=share,
             total=1.0,
             share=f"{share:.0%} of the input",
             texts=f"{counted(texts, 'text')} read",
-            rate=f"{tokens / elapsed:,.0f} tokens/s",
+            rate=f"{ran / elapsed:,.0f} tokens/s" if ran and elapsed > 0 else "",
         )
         now = time.perf_counter()
         if now - self.refreshed > 0.1 or share >= 1.0:  # at most 10 redraws a second

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 DEMO = "demo"  # --model demo: the small GPT-2 trained by scripts/train_demo_model.py, shipped in the package
 # Said by every error that means "this model cannot be had": the one model that is always there.
-DEMO_HINT = "--model demo runs the small GPT-2 bundled with attnscope, with no download"
+# said from the command line and from Python alike: the model's name, then how the command line spells it
+DEMO_HINT = "the model 'demo' (--model demo) is the small GPT-2 bundled with attnscope, with no download"
 DTYPES = options.DTYPES
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt")  # the vocabulary: any fast tokenizer, GPT-2, BERT
@@ -307,12 +308,19 @@ def _no_folder(name: str) -> str:
     return f" (nor is there a folder {Path(name).absolute()})"
 
 
+def _demo_meant(name: str) -> str:
+    """`did you mean 'demo'? ` where the name is one letter from it (`demoo`, `Demo`, `dmeo`)."""
+    import difflib
+
+    return f"did you mean '{DEMO}'? " if difflib.get_close_matches(name.lower(), [DEMO], cutoff=0.7) else ""
+
+
 def _offline_message(name: str, revision: str | None = None) -> str:
     at = "" if revision is None else f" at revision '{revision}'"
     return (
         f"model '{name}'{at} is not in the local Hugging Face cache and the Hub cannot be reached{_no_folder(name)}; "
-        f"{DEMO_HINT}; or pass a directory saved with save_pretrained (--model PATH), or point HF_HOME at a cache "
-        "that has it (with HF_HUB_OFFLINE=1 to skip the network)"
+        f"{_demo_meant(name)}{DEMO_HINT}; or pass a directory saved with save_pretrained (--model PATH), or point "
+        "HF_HOME at a cache that has it (with HF_HUB_OFFLINE=1 to skip the network)"
     )
 
 
@@ -320,7 +328,8 @@ def _unknown_model_message(name: str, revision: str | None = None) -> str:
     at = "" if revision is None else f" at revision '{revision}'"
     return (
         f"model '{name}'{at} is neither a local directory nor a model on the Hugging Face Hub{_no_folder(name)} "
-        f"(check the spelling, or log in with `hf auth login` for a private or gated one); {DEMO_HINT}"
+        f"(check the spelling, or log in with `hf auth login` for a private or gated one); {_demo_meant(name)}"
+        f"{DEMO_HINT}"
     )
 
 

@@ -264,7 +264,7 @@ def role_counts(result: Any) -> list[dict]:
         if result.has_loss:
             row["loss (nats)"] = result.losses[k]
         if result.sink_rates:
-            row["sink rate %"] = round(100 * result.sink_rates[k].model, 1)
+            row["sink rate %"] = f"{100 * result.sink_rates[k].model:.1f}"  # a share of heads: 74.4, not 74.400
         row.update({role.short: sum(head.roles[k] == role.name for head in result.heads) for role in held})
         rows.append(row)
     return rows

@@ -15,7 +15,7 @@ import pytest
 
 from tests.support import CAT, FAMILY_MODELS, build_tiny_gpt2
 
-DEMO_HINT = "--model demo runs the small GPT-2 bundled with attnscope, with no download"
+DEMO_HINT = "the model 'demo' (--model demo) is the small GPT-2 bundled with attnscope, with no download"
 MODEL_COMMANDS = (
     "heads", "show", "diversity", "attend", "ablate", "circuit", "report", "compare", "bench", "info", "kvplan",
 )  # fmt: skip
@@ -304,3 +304,30 @@ def test_notes_count_in_words(cli, short_context_model_dir):
     assert re.fullmatch(
         r"note: 1 text longer than the model's context \(16 tokens\) was split into windows; \d+ windows in all", split
     )
+
+
+def test_a_name_one_letter_from_the_demo_is_asked_about_from_python_too():
+    """`load("demoo")` once spoke to a Python user of the command line's flag alone."""
+    import attnscope
+    from attnscope.errors import AttnscopeError
+
+    with pytest.raises(AttnscopeError) as caught:
+        attnscope.load("demoo")
+    assert "did you mean 'demo'? the model 'demo' (--model demo) is the small GPT-2" in str(caught.value)
+
+
+def test_the_rate_counts_the_tokens_run_since_the_bar_started(terminal):
+    """The first batch runs before the bar exists: counted in the rate, it divided its tokens by almost no time
+    (a 2-text run once showed 7,683,865 tokens/s)."""
+    import time
+
+    from attnscope.cli.display import Live
+
+    terminal()
+    with Live(False, "heads") as live:
+        live.progress(1, 50_000, 0.5)  # the first batch: no rate yet
+        assert live.bar.tasks[0].fields["rate"] == ""
+        time.sleep(0.05)
+        live.progress(2, 50_100, 1.0)  # 100 tokens in 0.05 s or more
+        rate = int(live.bar.tasks[0].fields["rate"].split()[0].replace(",", ""))
+    assert 0 < rate <= 2_000

@@ -259,3 +259,19 @@ def test_line_end_labels_are_moved_apart_where_lines_end_together():
     assert placed["0.1"] == 0.2 and placed["1.2"] == 0.56  # alone, or the lowest of a bunch: where the line ends
     assert placed["1.2"] < placed["1.3"] < placed["1.0"]
     assert placed["1.3"] - placed["1.2"] >= 0.07 - 1e-9 and placed["1.0"] - placed["1.3"] >= 0.07 - 1e-9
+
+
+def test_the_sink_rate_is_a_percentage_with_one_decimal():
+    """A share of heads: 74.4, once printed 74.400 by the table's three decimals for floats."""
+    from rich.console import Console
+
+    from attnscope.output.views import view_of
+    from attnscope.scores.roles import SinkRate
+
+    result = _result()
+    result.sink_rates = [SinkRate(0.3, 0.744, (0.744,)), SinkRate(0.3, 0.5, (0.5,))]
+    console = Console(width=120, record=True)
+    for item in view_of(result).terminal([]):
+        console.print(item)
+    text = console.export_text()
+    assert "sink rate %" in text and "74.4 " in text and "74.400" not in text and "50.0" in text
