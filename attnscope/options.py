@@ -408,13 +408,11 @@ class ShareOrAuto(Option):
         return "a number from 0 to 1, or 'auto'"
 
     def problem(self, value: Any) -> str | None:
+        """A number, or the one word "auto"; from Python a number is a number ('0.5' is refused, as sink='16' is)."""
         if isinstance(value, str) and value.strip().lower() == "auto":
             return None
         if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                return f"expected {self.domain()}"
+            return f"expected {self.domain()}, not a str"
         if (
             isinstance(value, bool)
             or not isinstance(value, numbers.Real)
@@ -432,10 +430,16 @@ class ShareOrAuto(Option):
         return round(float(value), 6)
 
     def parse(self, text: str) -> float | str:
-        problem = self.problem(text)
+        if text.strip().lower() == "auto":
+            return "auto"
+        try:
+            value = float(text)
+        except ValueError:
+            return self._refuse(text, f"expected {self.domain()}")
+        problem = self.problem(value)
         if problem is not None:
             self._refuse(text, problem)
-        return self.normal(text)
+        return self.normal(value)
 
 
 @dataclass(frozen=True)
@@ -485,7 +489,9 @@ class Folder(Option):
     example: str = "--out results/ (or . for this one)"
 
     def problem(self, value: Any) -> str | None:
-        if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)) or not os.fspath(value).strip():
+        if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
+            return f"expected a folder's path, not {_type_name(value)}; give a folder, e.g. {self.example}"
+        if not os.fspath(value).strip():
             return f"an empty folder name; give a folder, e.g. {self.example}"
         return None
 

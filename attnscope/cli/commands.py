@@ -161,6 +161,7 @@ def _run(name: str, function: Any, output: Output, given: dict[str, Any]) -> Non
     for option in NEEDS_OUT:
         if given.get(option) and output.out is None:
             raise AttnscopeError(f"--{option} draws into the folder of --out: give --out DIR too")
+    _check_apart(given.get("save"), output.out)
     default = function.settings.default_out
     folder = output.out if output.out is not None else None if output.json or output.csv or default is None else default
     folder = None if folder is None else prepare_out_dir(Path(folder))
@@ -170,6 +171,19 @@ def _run(name: str, function: Any, output: Output, given: dict[str, Any]) -> Non
         result = function(**given, **callbacks)
     if is_main():
         emit(result, output, folder)
+
+
+def _check_apart(saved: Any, out: Any) -> None:
+    """ablate's --save (a model's folder) and --out (the analysis' files) in one folder, or one inside the other,
+    would mix the analysis' files into the saved model's folder: refused."""
+    if saved is None or out is None:
+        return
+    model, files = (Path(folder).expanduser().resolve() for folder in (saved, out))
+    if model == files or model in files.parents or files in model.parents:
+        raise AttnscopeError(
+            f"--save {saved} and --out {out}: the saved model's folder and the analysis' files would mix; give "
+            "them folders apart"
+        )
 
 
 def _given(values: dict[str, Any]) -> dict[str, Any]:

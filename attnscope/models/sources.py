@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnscope.errors import AttnscopeError
-from attnscope.models.loading import DEMO, LoadedModel
+from attnscope.models.loading import DEMO, LoadedModel, demo_model_dir
 from attnscope.options import expanded_path
 
 
@@ -104,6 +104,8 @@ def label_of(name: str, revision: str | None = None) -> str:
 def identity(name: str, revision: str | None = None) -> tuple[str, str | None]:
     """What makes two names the same model: a folder's real path (a trailing slash, a link or `./` changes nothing),
     else the name itself, at its revision."""
+    if name == DEMO:  # the bundled folder, however it is named
+        return os.path.realpath(demo_model_dir()), None
     if is_folder(name):
         return os.path.realpath(os.path.expanduser(name)), None
     return name, revision

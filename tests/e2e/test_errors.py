@@ -4,9 +4,12 @@ text runs. A bug is not hidden behind that line."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+import attnscope
 from tests.support import CAT
 
 DOCTOR_TWICE = "The doctor said that she would help the doctor."
@@ -46,6 +49,11 @@ CASES = {
     "plot without out": (["heads", CAT, *D, "--plot", "0.1"], "--plot draws into the folder of --out"),
     "unwritable out": (["heads", CAT, *D, "--out", "@file/sub"], "cannot write to --out"),
     "out named like a file": (["heads", CAT, *D, "--out", "@tmp/results.json"], "results.json is named like a file"),
+    "save into out": (
+        ["ablate", CAT, *D, "--remove", "0.1", "--save", "@tmp/m", "--out", "@tmp/m/analysis"],
+        "would mix",
+    ),
+    "a model given twice by two names": (["compare", "-m", "demo", "-m", "@demo"], "is given twice (as 'demo' and "),
     "out named like a page": (["report", *D, "--out", "@tmp/report.html"], "report.html is named like a file (.html)"),
     "empty out": (["heads", CAT, *D, "--out", ""], "--out '': an empty folder name"),
     "blank out": (["show", CAT, *D, "--layer", "0", "--out", " "], "--out ' ': an empty folder name"),
@@ -207,6 +215,7 @@ def fill(model_dirs, pickle_only_dir, tmp_path):
     surrogate = tmp_path / "surrogate.jsonl"
     surrogate.write_text('{"text": "a \\ud800 b"}\n', encoding="utf-8")
     places |= {"@latin1": latin, "@file": a_file, "@tmp": tmp_path, "@binary": binary, "@surrogate": surrogate}
+    places["@demo"] = Path(attnscope.__file__).parent / "demo_model"  # the bundled demo's own folder
 
     def filled(args):
         out = []

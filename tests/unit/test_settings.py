@@ -183,3 +183,18 @@ def test_a_streaming_share_is_applied_as_the_json_records_it(given):
 
     share = settings.Kvplan(streaming=given).streaming
     assert share == 0.75 and streaming_heads(8, share) == 6
+
+
+def test_a_share_given_as_text_from_python_is_refused_as_a_number_given_as_text_is():
+    """streaming='0.5' was taken while sink='16' was refused: from Python a number is a number."""
+    with pytest.raises(AttnscopeError, match="^streaming '0.5': expected a number from 0 to 1, or 'auto', not a str"):
+        settings.Kvplan(streaming="0.5")
+    with pytest.raises(AttnscopeError, match="^sink '16': expected a whole number"):
+        settings.Kvplan(sink="16")
+    assert settings.Kvplan(streaming="auto").streaming == "auto" and options.STREAMING.parse("0.25") == 0.25
+
+
+def test_a_folder_that_is_not_a_path_is_named_for_what_it_is():
+    """ablate(save=5) once said 'an empty folder name'."""
+    with pytest.raises(AttnscopeError, match="^save 5: expected a folder's path, not an int"):
+        settings.Ablate(remove=["0.1"], save=5)
