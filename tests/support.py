@@ -546,6 +546,18 @@ def visible_keys(config, layer: int, lengths: torch.Tensor, n: int, causal: bool
     return allowed
 
 
+def replaced(args: list, *changes) -> list:
+    """`args` with the values of the options in `changes` (flag, value, flag, value, ...) replaced, or the options
+    added where `args` lacks them: an option given twice is refused (its last value would win without a word)."""
+    args = list(args)
+    for flag, value in zip(changes[::2], changes[1::2], strict=True):
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    return args
+
+
 def demo_logit_differences(*prompts: str, answer: str = " method", wrong: str = " table") -> list[float]:
     """logit(answer) − logit(wrong) after each prompt with BOS first, by transformers' GPT2LMHeadModel alone on the
     bundled demo model's files (an independent reading of `patch`'s and `discover`'s baselines)."""

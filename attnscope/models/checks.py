@@ -199,10 +199,11 @@ def check_loaded_weights(name: str, info: Mapping[str, Any], model: Any, lm_head
     if missing:
         in_base = [key for key in missing if lm_head_kind is None or key.startswith(f"{prefix}.")]
         if lm_head_kind is not None and not in_base:
+            electra = " (an ELECTRA generator, not its discriminator)" if lm_head_kind == "masked" else ""
             raise AttnscopeError(
-                f"model '{name}' has no {lm_head_kind} language-model head to measure a loss with "
+                f"model '{name}' has no {lm_head_kind} language-model head, whose logits this command reads "
                 f"({_counted(len(missing), 'weight')} missing, e.g. {missing[0]}); use a checkpoint saved with its "
-                "head (an ELECTRA generator, not its discriminator)"
+                f"head{electra}"
             )
         raise AttnscopeError(
             f"model '{name}': the checkpoint lacks {_counted(len(in_base), 'weight')} of the model its config "

@@ -156,11 +156,20 @@ def token_after(tokenizer: Any, prompt: str, token: str, name: str, where: str) 
     same = next(
         (k for k, (a, b) in enumerate(zip(before, after, strict=False)) if a != b), min(len(before), len(after))
     )
-    pieces = " ".join(repr(tokenizer.decode([piece])) for piece in after[same:])
+    shown = [tokenizer.decode([piece]) for piece in after[same:]]
+    if any("\ufffd" in piece for piece in shown):  # bytes of one character split among tokens: name them by id
+        pieces = f"{len(shown)} pieces of its bytes (ids {', '.join(str(piece) for piece in after[same:])})"
+    else:
+        pieces = " ".join(repr(piece) for piece in shown)
     merged = " with the prompt's end" if same < len(before) else ""
+    fix = (
+        "remove the white space that ends the prompt: a word's token holds the space before it"
+        if prompt[-1:].isspace()
+        else "give a word of one token (the logit difference compares two tokens)"
+    )
     raise AttnscopeError(
         f"{where}: {name} {options.shown(token)} is not one token after the prompt: it is tokenized{merged} as "
-        f"{pieces}; give a word of one token (patch compares the logits of two tokens)"
+        f"{pieces}; {fix}"
     )
 
 
@@ -246,7 +255,14 @@ def check_gap(clean_ld: Any, corrupt_ld: Any, what: str) -> None:
     GAP_MIN logits leaves nothing for `what` ("a head to restore", "an edge to carry")."""
     import numpy as np
 
-    if abs(float(np.mean(clean_ld - corrupt_ld))) < GAP_MIN:
+    gaps = clean_ld - corrupt_ld
+    if abs(float(np.mean(gaps))) < GAP_MIN and np.abs(gaps).max() >= GAP_MIN:
+        raise AttnscopeError(
+            f"the pairs' corruptions move the logit difference (answer − wrong) by {np.abs(gaps).max():.4f} at most "
+            f"but in opposite directions, and they cancel: {float(np.mean(gaps)):.4f} on average; give pairs whose "
+            "corruption moves it the same way (answer and wrong swapped in some?)"
+        )
+    if abs(float(np.mean(gaps))) < GAP_MIN:
         raise AttnscopeError(
             f"the clean and corrupted prompts give the same logit difference (answer − wrong: clean "
             f"{np.mean(clean_ld):.4f}, corrupted {np.mean(corrupt_ld):.4f} on average): there is no difference for "

@@ -12,7 +12,7 @@ import pytest
 
 import attnscope
 from attnscope.errors import AttnscopeError
-from tests.support import build_family_model, demo_logit_differences, png_size
+from tests.support import build_family_model, demo_logit_differences, png_size, replaced
 
 REPEATED = "The file and the list hold the value {0}. The file and the list hold the value"
 PAIR = {
@@ -121,9 +121,9 @@ def test_exact_beyond_its_bound_names_the_edges_and_runs(cli, monkeypatch, tmp_p
 
 
 def test_pairs_that_cannot_be_used_are_one_line(cli):
-    code, out, err = cli("discover", *ARGS, "--answer", "methodically")
+    code, out, err = cli("discover", *replaced(ARGS, "--answer", "methodically"))
     assert code == 2 and "answer 'methodically' is not one token after the prompt" in err and err.count("\n") == 1
-    code, out, err = cli("discover", *ARGS, "--corrupt", PAIR["clean"])
+    code, out, err = cli("discover", *replaced(ARGS, "--corrupt", PAIR["clean"]))
     assert code == 2 and "give the same logit difference" in err and err.count("\n") == 1
     code, out, err = cli("discover", "--model", "demo", "--clean", "a", "--corrupt", "b", "--answer", "c")
     assert code == 2 and "wrong (--wrong): a pair needs clean, corrupt" in err

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from tests.support import demo_logit_differences, png_size
+from tests.support import demo_logit_differences, png_size, replaced
 
 REPEATED = "The file and the list hold the value {0}. The file and the list hold the value"
 PAIR = {"clean": REPEATED.format("method"), "corrupt": REPEATED.format("table"), "answer": "method", "wrong": "table"}
@@ -62,7 +62,7 @@ def test_out_writes_every_head_and_the_two_grids(cli, tmp_path):
     ],
 )
 def test_a_pair_that_cannot_be_patched_is_one_line(cli, change, message):
-    code, out, err = cli("patch", *ARGS, *change)
+    code, out, err = cli("patch", *replaced(ARGS, *change))
     assert code == 2 and out == ""
     assert err.startswith("attnscope: error: the pair given: ") and message in err and err.count("\n") == 1
 
@@ -94,3 +94,28 @@ def test_an_encoder_is_one_line(cli, tiny_bert_dir):
         "attnscope: error: patch reads the logits of the token that follows each prompt: it needs a decoder (a "
         "causal language model); this model is an encoder\n"
     )
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (["--clean", REPEATED.format("method") + " "], "remove the white space that ends the prompt"),
+        (["--answer", "🙂"], "is tokenized as 4 pieces of its bytes (ids "),
+    ],
+)
+def test_an_answer_that_is_not_one_token_says_why_in_words_that_help(cli, change, message):
+    """A prompt ending in a space made ` method`, one token, "not one token"; an emoji's pieces printed as '�'."""
+    args = replaced(ARGS, *change)
+    if change[0] == "--clean":
+        args = replaced(args, "--corrupt", PAIR["corrupt"] + " ")
+    code, out, err = cli("patch", *args)
+    assert code == 2 and out == "" and message in err and "\ufffd" not in err and err.count("\n") == 1
+
+
+def test_pairs_that_cancel_are_told_so(cli, tmp_path):
+    """Two pairs whose corruptions move the logit difference by the same amount in opposite ways: not 'the same'."""
+    swapped = {**PAIR, "clean": PAIR["corrupt"], "corrupt": PAIR["clean"]}
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(json.dumps(PAIR) + "\n" + json.dumps(swapped) + "\n")
+    code, out, err = cli("patch", "--model", "demo", "--file", path)
+    assert code == 2 and "in opposite directions, and they cancel" in err and err.count("\n") == 1

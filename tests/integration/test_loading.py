@@ -402,5 +402,5 @@ def test_a_checkpoint_without_its_language_model_head_is_refused_for_losses(tmp_
         if (tiny_bert_dir / name).exists():
             shutil.copy(tiny_bert_dir / name, tmp_path / name)
     assert load_model(str(tmp_path), "cpu").n_layer == 2
-    with pytest.raises(AttnscopeError, match=r"has no masked language-model head .* e\.g\. cls\.predictions"):
+    with pytest.raises(AttnscopeError, match=r"has no masked language-model head, whose .* e\.g\. cls\.predictions"):
         load_model(str(tmp_path), "cpu", lm_head=True)
