@@ -102,11 +102,11 @@ def test_ablation_and_removed_heads_are_recorded(cli, tmp_path):
     texts = tmp_path / "texts.txt"
     texts.write_text("The cat sat on the mat.\n\nThe doctor said that she would help.\n", encoding="utf-8")
     args = ("ablate", "--model", "demo", "--file", texts, "--method", "gradient", "--json")
-    doc = _ablate(cli, *args[1:], "--ablation", "resample", "--resample-seed", "2")
+    doc = _ablate(cli, *args[1:-1], "--ablation", "resample", "--resample-seed", "2")  # _ablate adds --json
     assert doc["settings"]["ablation"] == "resample" and doc["settings"]["resample_seed"] == 2
     assert any(note.startswith("resample ablation (seed 2): ") for note in doc["notes"])
     assert doc["intact_loss"] is None and doc["settings"]["remove"] == []
-    doc = _ablate(cli, *args[1:], "--remove", "0.2,1.0", "--remove", "L1H3")
+    doc = _ablate(cli, *args[1:-1], "--remove", "0.2,1.0", "--remove", "L1H3")
     assert doc["settings"]["ablation"] == "mean" and doc["settings"]["remove"] == ["0.2", "1.0", "1.3"]
     assert abs(doc["intact_loss"] - doc["baseline_loss"]) > 1e-3  # the whole model's loss, and the loss without them
     assert {h["label"]: h["importance"] for h in doc["heads"]}["1.3"] == 0
