@@ -98,6 +98,18 @@ class DiscoverResult(Result):
         return self.graph.edge_name(int(upstream), int(target))
 
 
+@dataclass
+class _Curves:
+    """What the faithfulness runs found: m(∅), both rankings' curves, CPR, CMD and the circuit chosen."""
+
+    empty: float
+    curve: list[dict[str, Any]]
+    signed: list[dict[str, Any]]
+    cpr: float
+    cmd: float
+    circuit: dict[str, Any]
+
+
 # ------------------------------------------------------------------------------------------------- the analysis
 
 
@@ -120,7 +132,6 @@ class Discover(settings.Discover):
         pairs = list(self.read_inputs() if pairs is None else pairs)
         layout = Layout.of(loaded)  # an encoder or a post-norm decoder: refused here
         graph = layout.graph
-        self._normalised = sorted(layout.normalised)
         damaged = first_non_finite_weight(loaded.lm_model)  # SDPA turns a NaN head's output into zeros
         if damaged is not None:
             raise AttnscopeError(damaged_weights(damaged))
@@ -141,7 +152,9 @@ class Discover(settings.Discover):
             scores = total[graph.edges[:, 0], graph.edges[:, 1]] / len(pairs)
             check_finite(loaded, "edge score", scores)
             curves = self._faithfulness(graph, scores, batches(), means, float(np.sum(clean_ld)), len(pairs))
-        return self._result(loaded, pairs, tokens, bos, graph, scores, clean_ld, corrupt_ld, *curves)
+        result = self._result(loaded, pairs, tokens, bos, graph, scores, clean_ld, corrupt_ld, curves)
+        result.notes += _notes(self, pairs, clean_ld, corrupt_ld, curves, layout)
+        return result
 
     def _check_exact(self, graph: Graph, n_batches: int) -> None:
         if self.method == "exact" and graph.n_edges > EXACT_MAX_EDGES:
@@ -197,7 +210,7 @@ class Discover(settings.Discover):
 
     def _faithfulness(
         self, graph: Graph, scores: np.ndarray, batches: Any, means: NodeRecord | None, clean_sum: float, P: int
-    ) -> tuple[Any, ...]:
+    ) -> _Curves:
         """Every budget's circuit in both rankings run on every batch: the curves, m(∅), CPR, CMD and the circuit."""
         import torch
 
@@ -249,7 +262,7 @@ class Discover(settings.Discover):
         kept = rows[True][chosen][2]
         circuit_edges = np.nonzero(kept[graph.edges[:, 0], graph.edges[:, 1]])[0]
         chosen_circuit = {"percent": percents[chosen], "f": curves[True][chosen]["f"], "edges": circuit_edges}
-        return float(m[empty]), curves[True], curves[False], cpr, cmd, chosen_circuit
+        return _Curves(float(m[empty]), curves[True], curves[False], cpr, cmd, chosen_circuit)
 
     # ---------------------------------------------------------------- the result
 
@@ -263,12 +276,7 @@ class Discover(settings.Discover):
         scores: np.ndarray,
         clean_ld: np.ndarray,
         corrupt_ld: np.ndarray,
-        empty: float,
-        curve: list[dict],
-        signed: list[dict],
-        cpr: float,
-        cmd: float,
-        circuit: dict,
+        curves: _Curves,
     ) -> DiscoverResult:
         source = pairs[0].source if self.file is None else "standard input" if self.file == "-" else self.file
         return DiscoverResult(
@@ -289,13 +297,12 @@ class Discover(settings.Discover):
             scores,
             float(np.mean(clean_ld)),
             float(np.mean(corrupt_ld)),
-            empty,
-            curve,
-            signed,
-            cpr,
-            cmd,
-            circuit,
-            notes=_notes(self, graph, pairs, clean_ld, corrupt_ld, curve, signed, circuit, self._normalised),
+            curves.empty,
+            curves.curve,
+            curves.signed,
+            curves.cpr,
+            curves.cmd,
+            curves.circuit,
         )
 
 
@@ -318,17 +325,15 @@ FAR_ABOVE, FAR_BELOW = 1.05, -0.05  # faithfulness past these is named in the no
 
 def _notes(
     analysis: Discover,
-    graph: Graph,
     pairs: Sequence[PromptPair],
     clean_ld: np.ndarray,
     corrupt_ld: np.ndarray,
-    curve: list[dict],
-    signed: list[dict],
-    circuit: dict,
-    normalised: Sequence[int],
+    curves: _Curves,
+    layout: Layout,
 ) -> list[str]:
     """What to know: a difference with the sign the user did not expect, pairs that pull the other way, circuits
     past the model or below the empty circuit, a circuit that is the whole graph, how normalised heads are read."""
+    curve, signed, circuit = curves.curve, curves.signed, curves.circuit
     notes = pair_notes(pairs, clean_ld, corrupt_ld, "the scores and the faithfulness")
     for name, rows in (("by |score|", curve), ("by signed score", signed)):
         above = [row for row in rows if row["f"] > FAR_ABOVE]
@@ -356,10 +361,10 @@ def _notes(
             f"no circuit smaller than the whole graph reaches faithfulness {analysis.target:g}: the circuit is every "
             "edge (add budgets with --budgets, or lower --target)"
         )
-    if normalised:
+    if layout.normalised:
         notes.append(
-            f"{counted(len(normalised), 'layer')} normalise their attention's output before the residual sum: a head's "
-            "edges carry its share before the norm, and the norm is recomputed for each input (as MIB does)"
+            f"{counted(len(layout.normalised), 'layer')} normalise their attention's output before the residual sum: a "
+            "head's edges carry its share before the norm, and the norm is recomputed for each input (as MIB does)"
         )
     return notes
 
