@@ -172,6 +172,13 @@ class Kvplan(settings.Kvplan):
     ) -> KvplanResult:
         """The scores over `texts` (None: the long probe), the plan and its memory."""
         self.check_shape(loaded.shape)
+        if self.check:  # prompts that test nothing are refused before the scores are measured
+            from attnscope.analyses import kvplan_check
+
+            lengths = self.lengths_for(loaded.n_ctx)
+            kvplan_check.testing_prompts(
+                loaded.tokenizer, lengths, self.trials, self.check_seed, self.sink, self.recent
+            )
         kept = self.sink + self.recent
         bos = default_bos(loaded.tokenizer, loaded.kind) if self.bos is None else self.bos
         sums = DistantAttention(loaded.n_layer, loaded.n_head, loaded.device, self.sink, self.recent)
@@ -236,7 +243,7 @@ class Kvplan(settings.Kvplan):
             return float(self.streaming), None
         from attnscope.analyses import kvplan_check
 
-        lengths = self.check_lengths or kvplan_check.default_lengths(loaded.n_ctx)
+        lengths = self.lengths_for(loaded.n_ctx)
         auto = self.streaming == "auto"
         fractions = kvplan_check.AUTO_FRACTIONS if auto else sorted({*kvplan_check.FRACTIONS, float(self.streaming)})
         checked = kvplan_check.check_plans(
@@ -319,7 +326,21 @@ def _check_notes(check: dict[str, Any] | None) -> list[str]:
     )
     if check["full"] == 0:
         note += "; full attention retrieves none, so the check cannot tell plans apart on this model"
-    return [note]
+    elif not check["tells_apart"]:
+        note += (
+            "; every plan, random ones included, retrieves as full attention does at every share short of all KV "
+            "heads, so the check cannot tell plans apart here: give longer --check-lengths or a smaller --sink or "
+            "--recent"
+        )
+    notes = [note]
+    if check["prompts_hidden"] < check["prompts"]:
+        missed = check["prompts"] - check["prompts_hidden"]
+        notes.append(
+            f"{counted(missed, 'passkey prompt')} of {check['prompts']} {'holds its' if missed == 1 else 'hold their'} "
+            "needle within the sink or the recent window, where a streaming head sees it: "
+            f"{'it tests' if missed == 1 else 'they test'} no plan (longer --check-lengths hide every needle)"
+        )
+    return notes
 
 
 def _notes(

@@ -29,19 +29,12 @@ import numpy as np
 from attnscope.analyses.common import Progress
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
-from attnscope.pipeline.passkey import passkey_prompts, passkey_results
+from attnscope.pipeline.passkey import PasskeyPrompt, passkey_prompts, passkey_results
 
 DEPTHS = (0.25, 0.5, 0.75)
 RANDOM_PLANS = 3
 FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 AUTO_FRACTIONS = tuple(k / 8 for k in range(9))
-LONGEST_DEFAULT = 4096  # the default check's longest prompt: a CPU runs it in seconds a prompt on a 1B model
-
-
-def default_lengths(n_ctx: int) -> tuple[int, ...]:
-    """The model's context up to LONGEST_DEFAULT tokens, and half of it."""
-    longest = min(n_ctx, LONGEST_DEFAULT)
-    return tuple(sorted({longest // 2, longest}))
 
 
 def streaming_query_heads(full: np.ndarray, n_head: int) -> dict[int, list[int]]:
@@ -62,6 +55,22 @@ def random_plan(shape: tuple[int, int], streaming: int, generator: np.random.Gen
     return full
 
 
+def testing_prompts(
+    tokenizer: Any, lengths: Sequence[int], trials: int, seed: int, sink: int, recent: int
+) -> list[PasskeyPrompt]:
+    """The check's passkey prompts (at DEPTHS), refused when none hides its needle from a streaming head: every plan
+    would then retrieve as full attention does, and the check would pass any plan."""
+    prompts = passkey_prompts(tokenizer, lengths, DEPTHS, trials, seed)
+    if not any(prompt.hidden_from(sink, recent) for prompt in prompts):
+        raise AttnscopeError(
+            f"none of --check's {len(prompts)} passkey prompts ({','.join(map(str, lengths))} tokens) hides its "
+            f"passkey from a streaming head: each needle lies within the first {sink} or the last {recent} tokens "
+            "before the question (--sink, --recent), so every plan would retrieve as full attention does; give "
+            "longer --check-lengths or a smaller --sink or --recent"
+        )
+    return prompts
+
+
 def check_plans(
     loaded: LoadedModel,
     plan_of: Callable[[float], np.ndarray],
@@ -78,12 +87,7 @@ def check_plans(
     and depth). `plan_of(F)` is the plan at share F, (L, H_kv) bool, True where a KV head keeps the full cache."""
     if loaded.lm_model is None:
         raise AttnscopeError("--check needs the model's language-model head, and this model has none")
-    too_long = [length for length in lengths if length > loaded.n_ctx]
-    if too_long:
-        raise AttnscopeError(
-            f"--check-lengths {','.join(map(str, too_long))}: longer than the model's context ({loaded.n_ctx:,} tokens)"
-        )
-    prompts = passkey_prompts(loaded.tokenizer, lengths, DEPTHS, trials, seed)
+    prompts = testing_prompts(loaded.tokenizer, lengths, trials, seed, sink, recent)
     generator = np.random.default_rng(seed)
     plans = {fraction: plan_of(fraction) for fraction in fractions}  # (L, H_kv) each
     runs = 1 + sum(1 + RANDOM_PLANS for full in plans.values() if not full.all())
@@ -108,7 +112,22 @@ def check_plans(
         planned = accuracy(full)
         randoms = [accuracy(random_plan(full.shape, count, generator)) for _ in range(RANDOM_PLANS)]
         shares.append({"streaming": fraction, "kv_heads": count, "plan": planned, "random": randoms})
-    return {"prompts": prompts, "full": full_attention, "shares": shares}
+    total = next(iter(plans.values())).size if plans else 0
+    hidden = sum(prompt.hidden_from(sink, recent) for prompt in prompts)
+    return {"prompts": prompts, "hidden": hidden, "kv_heads": total, "full": full_attention, "shares": shares}
+
+
+def tells_apart(checked: dict[str, Any]) -> bool:
+    """Whether the check can tell plans apart: at some share where some but not all KV heads stream, the plan or a
+    random plan retrieves otherwise than full attention. Where none does, streaming costs nothing at any budget on
+    these prompts, and a plan that kept the wrong heads would pass as well as the right one."""
+    full = sum(checked["full"])
+    return any(
+        sum(outcome) != full
+        for share in checked["shares"]
+        if 0 < share["kv_heads"] < checked["kv_heads"]
+        for outcome in (share["plan"], *share["random"])
+    )
 
 
 def within_one_prompt(full: Sequence[bool], planned: Sequence[bool]) -> bool:
@@ -154,6 +173,8 @@ def summary(
         "depths": list(DEPTHS),
         "trials": trials,
         "prompts": len(prompts),
+        "prompts_hidden": checked["hidden"],
+        "tells_apart": tells_apart(checked),
         "random_plans": RANDOM_PLANS,
         "seed": seed,
         "full": rate(full),

@@ -42,6 +42,14 @@ class PasskeyPrompt:
     key: int
     length: int  # the length asked for (the prompt is at most this long)
     depth: float  # where the needle starts, as a share of the filler before it (0: first, 1: last)
+    needle: tuple[int, int] = (0, 0)  # the needle's tokens are ids[needle[0]:needle[1]]
+
+    def hidden_from(self, sink: int, recent: int) -> bool:
+        """Whether a streaming head (the first `sink` keys and the last `recent` before each query) sees none of
+        the needle from the position that predicts the answer's first token: only then does the prompt test the
+        heads that reach back."""
+        query = self.answer[0] - 1  # keys query - recent + 1 .. query are the recent window
+        return self.needle[0] >= sink and self.needle[1] <= query - recent + 1
 
 
 def passkey_prompts(
@@ -70,9 +78,11 @@ def passkey_prompts(
                         f"and one filler {len(filler)}"
                     )
                 before = round(depth * fillers)
+                start = len(bos) + len(introduction) + len(filler) * before
                 body = bos + introduction + filler * before + needle + filler * (fillers - before) + question
                 span = (len(body), len(body) + len(answer))
-                prompts.append(PasskeyPrompt(tuple(body + answer), span, key, length, depth))
+                hidden = (start, start + len(needle))
+                prompts.append(PasskeyPrompt(tuple(body + answer), span, key, length, depth, hidden))
     return prompts
 
 

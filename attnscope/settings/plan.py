@@ -18,6 +18,7 @@ __all__ = ["PROBE_TOKENS", "Kvplan"]
 # tokens (or the model's context, when shorter). Long enough that most of its rows lie past DuoAttention's sink and
 # recent window (128 + 256 tokens); short enough to run on a CPU.
 PROBE_TOKENS = 4096
+LONGEST_CHECK = 4096  # --check's default longest prompt: a CPU runs it in seconds a prompt on a 1B model
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +87,34 @@ class Kvplan(Reading, Batching, Place, Revision, DeviceMap, Settings):
     def needs_lm_head(self) -> bool:
         return self.check  # the passkey check reads the model's next-token predictions
 
+    def lengths_for(self, n_ctx: int) -> tuple[int, ...]:
+        """--check's prompt lengths: --check-lengths, or the model's context up to LONGEST_CHECK tokens and half of
+        it."""
+        if self.check_lengths:
+            return tuple(self.check_lengths)
+        longest = min(n_ctx, LONGEST_CHECK)
+        return tuple(sorted({longest // 2, longest}))
+
+    def _check_check_lengths(self, n_ctx: int) -> None:
+        """--check's prompts must fit the model and be longer than what a streaming head keeps: a prompt no longer
+        than sink + recent is whole in every cache, every plan retrieves it as full attention does, and a check of
+        such prompts would pass any plan."""
+        lengths, kept = self.lengths_for(n_ctx), self.sink + self.recent
+        given = "--check-lengths" if self.check_lengths else f"--check-lengths (default {','.join(map(str, lengths))})"
+        too_long = [length for length in lengths if length > n_ctx]
+        if too_long:
+            raise AttnscopeError(
+                f"--check-lengths {','.join(map(str, too_long))}: longer than the model's context ({n_ctx:,} tokens)"
+            )
+        short = [length for length in lengths if length <= kept]
+        if short:
+            raise AttnscopeError(
+                f"{given} {','.join(map(str, short))}: no longer than sink {self.sink} + recent {self.recent} "
+                f"(--sink, --recent) = {kept:,} tokens, so a streaming cache keeps every token of such a prompt and "
+                f"every plan passes it as full attention does; give --check-lengths above {kept:,} (the model reads "
+                f"{n_ctx:,}) or a smaller --sink or --recent"
+            )
+
     def check_shape(self, shape: Shape) -> None:
         if shape.kind_name is not None and shape.kind_name != "decoder":
             raise AttnscopeError(
@@ -99,3 +128,5 @@ class Kvplan(Reading, Batching, Place, Revision, DeviceMap, Settings):
                 f"context ({shape.n_ctx:,} tokens): a streaming head would keep every token it can see, so there is "
                 "nothing to plan; give a smaller --sink or --recent"
             )
+        if self.check and shape.n_ctx is not None:
+            self._check_check_lengths(shape.n_ctx)

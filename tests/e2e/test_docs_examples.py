@@ -3,8 +3,9 @@
 - Python: every code block marked `<!-- test: run -->` on the line before it is run, in a folder of its own, on the
   bundled demo model; what it prints and writes is checked against something known apart from it (the demo model's
   card, the files `--out` writes).
-- The command line (slow): every line of a bash block that starts with `attnscope` and uses `--model demo` (or reads
-  no model: `random-mha`) is run through the CLI, in a folder of its own, and must succeed without an error line.
+- The command line (slow): every line of a bash block that starts with `attnscope` and uses `--model demo`, a model
+  of the repository's `tests/data` (the passkey model), or no model (`random-mha`) is run through the CLI, in a
+  folder of its own, and must succeed without an error line.
 """
 
 from __future__ import annotations
@@ -79,6 +80,9 @@ def test_the_api_pages_second_example(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------------- command lines
 
 
+REPOSITORY_MODELS = {"tests/data/passkey-model"}  # models a clone of the repository holds
+
+
 def command_lines() -> list[tuple[str, list[str]]]:
     """(where, argv) for every command line of the docs that runs offline, each once (its comment aside), in the
     order written: the demo's, random-mha's, and those of models an earlier line saved (`ablate --save DIR`, then
@@ -93,7 +97,7 @@ def command_lines() -> list[tuple[str, list[str]]]:
                     continue
                 argv = shlex.split(line, comments=True)[1:]
                 models = [value for flag, value in zip(argv, argv[1:], strict=False) if flag in ("--model", "-m")]
-                if (models and set(models) <= {"demo", *saved}) or argv[0] == "random-mha":
+                if (models and set(models) <= {"demo", *REPOSITORY_MODELS, *saved}) or argv[0] == "random-mha":
                     found.setdefault(tuple(argv), (path.relative_to(ROOT).as_posix(), argv))
                     if "--save" in argv:
                         saved.add(argv[argv.index("--save") + 1])
@@ -120,6 +124,8 @@ def test_every_command_page_has_an_example_that_runs_offline():
 def test_every_offline_command_line_of_the_docs_runs(cli, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the examples write into relative folders
     (tmp_path / "sample_texts").symlink_to(ROOT / "sample_texts")  # and read from the repository's root
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "data").symlink_to(ROOT / "tests" / "data")
     for where, argv in command_lines():
         code, out, err = cli(*argv)
         assert code == 0, (where, argv, err)

@@ -7,6 +7,9 @@ plans of the same budget lose the passkey, and auto must pick that budget."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -112,6 +115,9 @@ def test_kvplan_keeps_the_retrieval_head_its_check_passes_and_random_plans_lose(
     texts = [tokenizer.decode(prompt.ids[1:]) for prompt in scored]  # without BOS: attnscope adds it
     for text, prompt in zip(texts, scored, strict=True):  # decoded and tokenized again, the same prompt
         assert tokenizer(text, add_special_tokens=False)["input_ids"] == list(prompt.ids[1:])
+    # the docs' example scores these texts: sample_texts/passkey-texts.jsonl holds them, in this order
+    example = Path(__file__).resolve().parents[2] / "sample_texts" / "passkey-texts.jsonl"
+    assert [json.loads(line)["text"] for line in example.read_text(encoding="utf-8").splitlines()] == texts
     result = attnscope.kvplan(
         loaded, texts, sink=PASSKEY_SINK, recent=PASSKEY_RECENT, streaming="auto", check_lengths=LENGTHS, trials=TRIALS
     )

@@ -312,3 +312,24 @@ def test_the_notebook_shades_the_shares_from_blue_through_white_to_red_and_escap
     assert "background:rgb(178,24,43)" in fragment and "background:rgb(33,102,172)" in fragment
     assert "background:rgb(247,247,247)" in fragment
     assert "Share of the logit difference restored (1 = all of it)" in fragment
+
+
+@pytest.mark.slow
+def test_the_ioi_pairs_of_the_docs_are_ioi_pairs_every_one_read(lm):
+    """sample_texts/ioi-pairs.jsonl, the docs' GPT-2 example: each pair is Wang et al.'s IOI sentence with its second
+    mention of the subject replaced by the indirect object (symmetric token replacement, Heimersheim & Nanda 2024),
+    answer the indirect object, wrong the subject; with the GPT-2 tokenizer every pair reads, as many tokens in both
+    prompts, one token each for answer and wrong."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "sample_texts" / "ioi-pairs.jsonl"
+    pairs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert len(pairs) == 16
+    for pair in pairs:
+        clean, corrupt = pair["clean"].split(), pair["corrupt"].split()
+        changed = [k for k, (a, b) in enumerate(zip(clean, corrupt, strict=True)) if a != b]
+        assert len(changed) == 1 and clean[changed[0]] == pair["wrong"] and corrupt[changed[0]] == pair["answer"]
+        assert pair["answer"] in clean[: changed[0]] and pair["wrong"] in clean[: changed[0]]  # both named before
+    result = attnscope.patch(lm, file=str(path))
+    document = json.loads(result.to_json())
+    assert len(document["pairs"]) == 16

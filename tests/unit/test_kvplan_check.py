@@ -17,20 +17,26 @@ from attnscope.analyses.kvplan_check import (
     AUTO_FRACTIONS,
     check_plans,
     chosen_share,
-    default_lengths,
     random_plan,
     streaming_query_heads,
     summary,
+    tells_apart,
 )
 from attnscope.errors import AttnscopeError
+from attnscope.models.checks import Shape
 from attnscope.pipeline.passkey import PasskeyPrompt
 
 RETRIEVAL = (1, 2)  # the planted retrieval KV head: (layer, kv_head)
 N_HEAD, N_KV_HEAD = 8, 4  # two query heads per KV head
 
 
+def _prompt(length, depth, key, needle=(10, 12)):
+    """40 tokens, the answer at 30: with sink 4 and recent 8 the query at 29 sees keys 0-3 and 22-29."""
+    return PasskeyPrompt((0,) * 40, (30, 31), key, length, depth, needle)
+
+
 def _prompts(tokenizer, lengths, depths, trials, seed):
-    return [PasskeyPrompt((0,) * 4, (3, 4), 10000 + k, n, d) for n in lengths for d in depths for k in range(trials)]
+    return [_prompt(n, d, 10000 + k) for n in lengths for d in depths for k in range(trials)]
 
 
 @pytest.fixture
@@ -111,10 +117,12 @@ def test_a_plan_narrows_every_query_head_of_a_streaming_kv_head():
 
 
 def test_default_lengths_and_refusals():
-    assert default_lengths(256) == (128, 256)
-    assert default_lengths(131072) == (2048, 4096)
+    assert settings.Kvplan().lengths_for(256) == (128, 256)
+    assert settings.Kvplan().lengths_for(131072) == (2048, 4096)
+    assert settings.Kvplan(check_lengths=(300, 200)).lengths_for(256) == (300, 200)
+    checked = settings.Kvplan(check=True, check_lengths=(512, 2048), sink=4, recent=8)
     with pytest.raises(AttnscopeError, match=r"--check-lengths 2048: longer than the model's context \(1,024"):
-        check_plans(LOADED, _planner(), [0.5], 4, 8, [512, 2048], 1, seed=0)
+        checked.check_shape(Shape(2, 4, "decoder", 1024))
     headless = SimpleNamespace(**{**vars(LOADED), "lm_model": None})
     with pytest.raises(AttnscopeError, match="language-model head"):
         check_plans(headless, _planner(), [0.5], 4, 8, [512], 1, seed=0)
@@ -127,3 +135,50 @@ def test_auto_runs_the_check_and_needs_the_language_model_head():
         settings.Kvplan(streaming="most")
     with pytest.raises(AttnscopeError, match="check_lengths"):
         settings.Kvplan(check_lengths=(8,))
+
+
+def test_a_check_whose_prompts_a_streaming_cache_holds_whole_is_refused_before_any_weight_loads():
+    """Prompts no longer than sink + recent: every plan passes them, so the check would prove nothing (issue 38)."""
+    shape = Shape(2, 4, "decoder", 1024)
+    with pytest.raises(AttnscopeError, match=r"^--check-lengths 256: no longer than sink 128 \+ recent 256"):
+        settings.Kvplan(check=True, check_lengths=(256, 512)).check_shape(shape)
+    with pytest.raises(AttnscopeError, match=r"--check-lengths \(default 64,128\) 64: .* = 80 tokens"):
+        settings.Kvplan(check=True, sink=16, recent=64).check_shape(Shape(2, 4, "decoder", 128))
+    settings.Kvplan(check=True, check_lengths=(385,)).check_shape(shape)  # one token past the cache: a test
+    settings.Kvplan(check_lengths=(256,)).check_shape(shape)  # no --check: the lengths are not read
+
+
+def test_prompts_whose_needle_a_streaming_head_sees_test_nothing(planted, monkeypatch):
+    """The query before the answer (29) sees keys 0-3 (sink 4) and 22-29 (recent 8): a needle at 10-12 is hidden
+    from it, one at 2-4 or 21-23 is not."""
+    assert _prompt(512, 0.5, 1).hidden_from(4, 8)
+    assert not _prompt(512, 0.5, 1, needle=(2, 4)).hidden_from(4, 8)
+    assert not _prompt(512, 0.5, 1, needle=(21, 23)).hidden_from(4, 8)
+    assert _prompt(512, 0.5, 1, needle=(4, 22)).hidden_from(4, 8)  # the edges of both
+    monkeypatch.setattr(kvplan_check, "passkey_prompts", lambda *given: [_prompt(512, 0.5, 1, needle=(21, 23))] * 3)
+    with pytest.raises(AttnscopeError, match=r"none of --check's 3 passkey prompts \(512 tokens\) hides its passkey"):
+        check_plans(LOADED, _planner(), [0.5], 4, 8, [512], 1, seed=0)
+    monkeypatch.setattr(
+        kvplan_check, "passkey_prompts", lambda *given: [_prompt(512, d, 1, needle=(19 + k, 21 + k)) for k, d in
+                                                        enumerate(kvplan_check.DEPTHS)]
+    )  # fmt: skip
+    document = summary(check_plans(LOADED, _planner(), [0.5], 4, 8, [512], 1, seed=0), 0.5, [512], 1, 0)
+    assert (
+        document["prompts"] == 3 and document["prompts_hidden"] == 2
+    )  # needles ending at 21 and 22 are hidden, not 23
+
+
+def test_a_check_where_every_plan_retrieves_alike_says_it_cannot_tell_plans_apart(planted, monkeypatch):
+    checked = check_plans(LOADED, _planner(), [0.0, 0.5, 1.0], 4, 8, [512], 1, seed=0)
+    assert tells_apart(checked)  # the retrieval head: random plans of 4 of 8 lose it (seed 0) while the plan keeps it
+    assert any(not all(outcome) for outcome in checked["shares"][1]["random"])
+    monkeypatch.setattr(kvplan_check, "passkey_results", lambda loaded, prompts, *given: [True] * len(prompts))
+    alike = check_plans(LOADED, _planner(), [0.0, 0.5, 1.0], 4, 8, [512], 1, seed=0)
+    assert not tells_apart(alike)  # every plan retrieves every prompt
+    # all heads streaming losing the passkey tells the budget's limit, not one plan from another
+    monkeypatch.setattr(
+        kvplan_check, "passkey_results", lambda loaded, prompts, streaming=None, *given: [
+            streaming is None or sum(map(len, streaming.values())) < 2 * N_HEAD] * len(prompts)
+    )  # fmt: skip
+    every = check_plans(LOADED, _planner(), [0.0, 0.5, 1.0], 4, 8, [512], 1, seed=0)
+    assert not all(every["shares"][2]["plan"]) and not tells_apart(every)
