@@ -380,6 +380,9 @@ def _run(analysis_class: type[settings.Settings], given: dict[str, Any]) -> Any:
         return _noted(analysis.run_models(sources, gathered, progress), notes + ([note] if note else []))
     loaded = sources[0].open(analysis.needs_lm_head)
     analysis.check_shape(loaded.shape)
+    planned = analysis.planned_work(loaded, gathered) if status is not None else None
+    if planned:
+        status(settings.Planned(planned))
     return _noted(analysis.run(loaded, gathered, progress), notes)
 
 

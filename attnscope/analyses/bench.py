@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from attnscope import options, settings
+from attnscope.analyses.common import planned_work
 from attnscope.analyses.harness import Measurement, available_bytes, measure
 from attnscope.analyses.micro_bench import MICRO_D_MODEL, micro_benchmark
 from attnscope.analyses.result import Result
@@ -48,6 +49,8 @@ from attnscope.errors import AttnscopeError
 from attnscope.models.families import family_of
 from attnscope.models.loading import fastest_attention, load_config, load_model, resolve_device, resolve_dtype
 from attnscope.pipeline import capture, kernels
+from attnscope.scores.catalog import counted
+from attnscope.settings import Planned
 
 METHODS = options.BENCH_METHODS  # the default set
 DIVERSITY_METHODS = options.BENCH_DIVERSITY_METHODS
@@ -348,6 +351,20 @@ class Bench(settings.Bench):
         if self.kernel == "fused" or "fused" in self.methods:  # Triton missing: one line now, not after the warm-up
             kernels.decide("fused", device)
 
+    def _planned(self, network: Any) -> str | None:
+        """The timed runs, when large: every method at every shape, warm-up and repeats (at least; a fast one repeats
+        until it has run SAMPLE_S)."""
+        shapes = [(batch, seq) for batch in self.batch_sizes for seq in self.seq_lens]
+        each = len(self.methods) * (self.warmup + self.repeats)
+        return planned_work(
+            network,
+            each * len(shapes),
+            each * sum(batch * seq for batch, seq in shapes),
+            f"bench times {counted(len(self.methods), 'method')} at {counted(len(shapes), 'shape')} (--batch-sizes × "
+            f"--seq-lens), {self.warmup} warm-up + {counted(self.repeats, 'timed run')} each",
+            "fewer or shorter --seq-lens, fewer --batch-sizes, --methods or --repeats make it smaller",
+        )
+
     def run(self, model: str, status: Callable[[str], None] | None = None) -> BenchResult:
         """Load (or build) the model named `model` and time it; `status` is told what is being done."""
         if not isinstance(model, str):
@@ -355,6 +372,9 @@ class Bench(settings.Bench):
         device = resolve_device(self.device)
         notes: list[str] = []
         network, name = self._network(model, device, notes, status)
+        planned = self._planned(network)
+        if planned and status is not None:
+            status(Planned(planned))
         measurements = run_bench(
             network,
             device,

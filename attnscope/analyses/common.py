@@ -24,6 +24,24 @@ DEFAULT_MAX_TOKENS = settings.Batching.max_tokens  # padded tokens per batch: bo
 Progress = Callable[[int, int, float], None]
 
 
+# Planned work worth announcing before it starts: about a minute of a 2-core CPU (~20 GFLOP/s), counting 2 FLOP per
+# parameter per token forwarded (the attention's own cost aside)
+LARGE_WORK_FLOP = 1e12
+
+
+def planned_work(network: Any, forwards: int, tokens: int, what: str, smaller: str) -> str | None:
+    """`what` in `forwards` forward passes of `tokens` tokens in all through `network` (a torch module), said with
+    how to make it `smaller`, when that is large (LARGE_WORK_FLOP); None otherwise."""
+    parameters = sum(parameter.numel() for parameter in network.parameters())
+    flop = 2 * parameters * tokens
+    if flop < LARGE_WORK_FLOP:
+        return None
+    return (
+        f"{what}: {forwards:,} forward passes, {tokens:,} tokens in all through {parameters / 1e6:,.0f}M parameters "
+        f"(about {flop / 1e12:,.0f} TFLOP); {smaller}"
+    )
+
+
 def check_index(index: int, texts: Texts | Sequence[Text]) -> Texts:
     """The text at `index` (0-based) of the texts given, alone, as a stream."""
     if index < 0:

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from attnscope import settings
-from attnscope.analyses.common import Progress, check_finite, input_summary, run_windows
+from attnscope.analyses.common import Progress, check_finite, input_summary, planned_work, run_windows
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
@@ -234,6 +234,31 @@ class Kvplan(settings.Kvplan):
             check=check,
         )
 
+    def planned_work(self, loaded: LoadedModel, texts: Any) -> str | None:
+        """--check's passes, when large: each passkey prompt through full attention, then, at every share that streams
+        some KV head, through the plan and its random plans."""
+        if not self.check:
+            return None
+        from attnscope.analyses import kvplan_check
+
+        lengths, total = self.lengths_for(loaded.n_ctx), loaded.n_layer * loaded.n_kv_head
+        fractions = kvplan_check.fractions(self.streaming)
+        streaming = sum(math.floor(fraction * total + 1e-9) > 0 for fraction in fractions)
+        runs = 1 + streaming * (1 + kvplan_check.RANDOM_PLANS)
+        depths, trials = len(kvplan_check.DEPTHS), self.trials
+        prompts = len(lengths) * depths * trials
+        auto = " instead of auto" if self.streaming == "auto" else ""
+        return planned_work(
+            loaded.model,
+            runs * prompts,
+            runs * depths * trials * sum(lengths),
+            f"--check runs {counted(prompts, 'passkey prompt')} ({counted(len(lengths), 'length')} × "
+            f"{counted(depths, 'depth')} × {counted(trials, 'trial')}) {runs} times (full attention, then "
+            f"{counted(streaming, 'share')} × (the plan + {kvplan_check.RANDOM_PLANS} random plans))",
+            f"shorter --check-lengths (now {','.join(map(str, lengths))}), fewer --trials, or one --streaming "
+            f"share{auto} make it smaller",
+        )
+
     def _checked(
         self, loaded: LoadedModel, kv_scores: np.ndarray, progress: Progress | None
     ) -> tuple[float, dict[str, Any] | None]:
@@ -245,7 +270,7 @@ class Kvplan(settings.Kvplan):
 
         lengths = self.lengths_for(loaded.n_ctx)
         auto = self.streaming == "auto"
-        fractions = kvplan_check.AUTO_FRACTIONS if auto else sorted({*kvplan_check.FRACTIONS, float(self.streaming)})
+        fractions = kvplan_check.fractions(self.streaming)
         checked = kvplan_check.check_plans(
             loaded,
             lambda share: plan(kv_scores, share),

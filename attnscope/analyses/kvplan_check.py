@@ -37,6 +37,11 @@ FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 AUTO_FRACTIONS = tuple(k / 8 for k in range(9))
 
 
+def fractions(streaming: float | str) -> list[float]:
+    """The shares the check measures: eighths for auto, else FRACTIONS and the share asked for."""
+    return list(AUTO_FRACTIONS) if streaming == "auto" else sorted({*FRACTIONS, float(streaming)})
+
+
 def streaming_query_heads(full: np.ndarray, n_head: int) -> dict[int, list[int]]:
     """layer -> the query heads that read a streaming KV head of the plan `full` (L, H_kv) (query head h reads KV
     head h // (H / H_kv))."""

@@ -103,20 +103,34 @@ def is_main() -> bool:
     return is_main_process()
 
 
+# Off a terminal (a pipe, CI, a notebook's subprocess) progress is plain lines: none in a command's first
+# PLAIN_FIRST_S seconds (a quick command says nothing), then at most one every PLAIN_EVERY_S seconds
+PLAIN_FIRST_S, PLAIN_EVERY_S = 10.0, 30.0
+
+
 class Live:
-    """What stderr shows while a command runs, drawn only on a terminal (not with --quiet, and only on rank 0 under
-    torchrun): a status line saying what is being done (`loading demo …`), replaced by the next; then, once the
+    """What stderr shows while a command runs (not with --quiet, and only on rank 0 under torchrun).
+
+    On a terminal: a status line saying what is being done (`loading demo …`), replaced by the next; then, once the
     texts run, a rich progress bar: the share of the input read (bytes of a file, texts of a list) with the time left
     at this pace, the texts read so far, the tokens forwarded per second (special tokens included, padding not).
-    A context manager; `status` and `progress` are the callbacks the Python API takes (None when hidden)."""
+    Off a terminal: the same news as plain lines (`progress: heads: 40% of the input, …`), at a modest rate
+    (PLAIN_FIRST_S, PLAIN_EVERY_S). Either way, the planned work a command announces before a long run
+    (`settings.Planned`) stays, as a note. A context manager; `status` and `progress` are the callbacks the Python
+    API takes (None when hidden)."""
 
     def __init__(self, quiet: bool, label: str):
-        self.shown = not quiet and sys.stderr.isatty() and is_main()
+        main = not quiet and is_main()
+        self.shown = main and sys.stderr.isatty()
+        plain = main and not self.shown
         self.label = label
         self.line_drawn = False
         self.bar: Any = None
-        self.status = self._status if self.shown else None
-        self.progress = self._progress if self.shown else None
+        self.began = time.perf_counter()
+        self.last_plain: float | None = None
+        self.news = ""  # off a terminal: the latest status or progress, written when its time comes
+        self.status = self._status if self.shown else self._plain_status if plain else None
+        self.progress = self._progress if self.shown else self._plain_progress if plain else None
 
     def __enter__(self) -> Live:
         return self
@@ -124,6 +138,12 @@ class Live:
     def _status(self, text: str) -> None:
         import shutil
 
+        from attnscope.settings import Planned
+
+        if isinstance(text, Planned):  # kept: a note
+            self._clear_line()
+            note(text)
+            return
         if self.bar is not None:
             return
         width = shutil.get_terminal_size().columns - 1  # a line that wrapped could not be cleared
@@ -179,11 +199,46 @@ class Live:
             self.refreshed = now
             self.bar.refresh()
 
+    def _plain_status(self, text: str) -> None:
+        from attnscope.settings import Planned
+
+        if isinstance(text, Planned):
+            note(text)
+            return
+        self.news = text.removesuffix(" …")
+        self._plain_line()
+
+    def _plain_progress(self, texts: int, tokens: int, share: float) -> None:
+        elapsed = time.perf_counter() - self.began
+        self.news = f"{share:.0%} of the input, {counted(texts, 'text')} read, {tokens:,} tokens run"
+        if elapsed > 0 and tokens:
+            self.news += f" ({tokens / elapsed:,.0f} tokens/s)"
+        self._plain_line()
+
+    def _plain_line(self) -> None:
+        """The latest news as one line, when the time since the command began and since the last line allow."""
+        now = time.perf_counter()
+        if now - self.began < PLAIN_FIRST_S or (self.last_plain is not None and now - self.last_plain < PLAIN_EVERY_S):
+            return
+        self.last_plain = now
+        sys.stderr.write(one_line(f"progress: {self.label}: {self.news}; {_duration(now - self.began)} so far") + "\n")
+        sys.stderr.flush()
+
     def __exit__(self, *exc: Any) -> None:
         if self.bar is not None:
             self.bar.__exit__(*exc)
             self.bar = None
         self._clear_line()
+
+
+def _duration(seconds: float) -> str:
+    """`42 s`, `3 min 05 s`, `1 h 02 min`."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
 
 
 def emit(result: Any, output: Any, folder: Path | None) -> None:

@@ -35,6 +35,7 @@ __all__ = [
     "ONE",
     "OWN",
     "PROGRESS",
+    "Planned",
     "REQUIRED",
     "HEAD_SCORE",
     "SCORE",
@@ -308,11 +309,17 @@ PROGRESS = Setting(
 STATUS = Setting(
     None,
     "",
-    python_help="called with a line saying what is being done ('loading demo …')",
+    python_help="called with a line saying what is being done ('loading demo …'), and before a large piece of work "
+    "how large it is (a `Planned`, a str)",
     command_line=False,
     name="status",
     default=None,
 )
+
+
+class Planned(str):
+    """A status line that says, before a large piece of work begins, how large it is and how to make it smaller: the
+    command line keeps it on stderr as a note, on a terminal or not, where other status lines come and go."""
 
 
 # ------------------------------------------------------------------------------------------------- the bases
@@ -387,6 +394,11 @@ class Settings(Declared):
 
     def check_shape(self, shape: Shape) -> None:
         """What these settings ask of the model's shape (`--layer 99`), from its config before any weight loads."""
+
+    def planned_work(self, loaded: Any, texts: Any) -> str | None:
+        """Before `run`, how much work it plans and how to make it smaller, when that is large (`Planned`); None:
+        nothing worth saying."""
+        return None
 
     def check_models(self, count: int) -> None:
         """How many models these settings take (several: report, compare)."""

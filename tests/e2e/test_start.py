@@ -252,8 +252,11 @@ def test_a_status_line_wider_than_the_terminal_is_cut(cli, tiny_model_dir, termi
 
 
 @pytest.mark.slow
-def test_bench_says_what_it_times(cli, tiny_model_dir, terminal):
+def test_bench_says_what_it_times(cli, tiny_model_dir, terminal, monkeypatch):
+    from attnscope.analyses import common
+
     terminal()
+    monkeypatch.setattr(common, "LARGE_WORK_FLOP", 0)  # and what it plans, as it does before a large run
     args = ("--seq-lens", "8,12", "--batch-sizes", "1", "--repeats", "1", "--warmup", "0", "--device", "cpu", "--micro")
     code, _, err = cli("bench", "-m", tiny_model_dir, *args, "--methods", "floor,attnscope", "--json")
     assert code == 0
@@ -262,6 +265,8 @@ def test_bench_says_what_it_times(cli, tiny_model_dir, terminal):
         "timing floor, attnscope at 1 × 8 (1 of 2) …" in err and "timing floor, attnscope at 1 × 12 (2 of 2) …" in err
     )
     assert "micro-benchmark at 1 × 12 (2 of 2) …" in err
+    planned = "note: bench times 2 methods at 2 shapes (--batch-sizes × --seq-lens), 0 warm-up + 1 timed run each: "
+    assert f"\r\x1b[2K{planned}4 forward passes, 40 tokens in all" in err  # 2 × 1 × (8 + 12) tokens
     assert err.endswith("\r\x1b[2K")
 
 
@@ -331,3 +336,59 @@ def test_the_rate_counts_the_tokens_run_since_the_bar_started(terminal):
         live.progress(2, 50_100, 1.0)  # 100 tokens in 0.05 s or more
         rate = int(live.bar.tasks[0].fields["rate"].split()[0].replace(",", ""))
     assert 0 < rate <= 2_000
+
+
+def test_off_a_terminal_a_long_run_says_how_it_goes_in_plain_lines_now_and_then(capsys, monkeypatch):
+    """A pipe, CI, a notebook's subprocess: no line in the first PLAIN_FIRST_S seconds (a quick command says
+    nothing), then the latest news at most once every PLAIN_EVERY_S seconds (issue 38: `bench` printed nothing for
+    15 minutes); a planned piece of work is said at once, and kept, as a note."""
+    from attnscope.cli import display
+    from attnscope.settings import Planned
+
+    clock = [100.0]
+    monkeypatch.setattr(display.time, "perf_counter", lambda: clock[0])
+    with display.Live(False, "kvplan") as live:
+        live.status("loading demo …")
+        live.status(Planned("--check runs 12 passkey prompts 33 times"))
+        clock[0] += display.PLAIN_FIRST_S - 1
+        live.progress(1, 500, 0.25)
+        assert capsys.readouterr().err == "note: --check runs 12 passkey prompts 33 times\n"
+        clock[0] += 2  # past the first wait
+        live.progress(2, 1_100, 0.5)
+        clock[0] += display.PLAIN_EVERY_S - 1  # too soon for another
+        live.status("timing floor at 1 × 8 (1 of 2) …")
+        clock[0] += 1
+        live.progress(3, 1_700, 0.75)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "progress: kvplan: 50% of the input, 2 texts read, 1,100 tokens run (100 tokens/s); 11 s so far",
+        "progress: kvplan: 75% of the input, 3 texts read, 1,700 tokens run (41 tokens/s); 41 s so far",
+    ]
+    with display.Live(True, "kvplan") as quiet:  # --quiet: nothing
+        assert quiet.status is None and quiet.progress is None
+
+
+@pytest.mark.slow
+def test_a_large_check_says_before_it_starts_how_large_it_is(monkeypatch):
+    """What the announcement counts is what the check runs: 2 lengths × 3 depths × 1 trial = 6 prompts, through full
+    attention once and, at each share that streams some KV head, through the plan and 3 random plans."""
+    import attnscope
+    from attnscope.analyses import common
+    from attnscope.settings import Planned
+
+    monkeypatch.setattr(common, "LARGE_WORK_FLOP", 0)  # every piece of work is large
+    said = []
+    result = attnscope.kvplan(
+        "demo", sink=8, recent=32, check=True, check_lengths=(128, 256), trials=1, status=said.append
+    )
+    (planned,) = [line for line in said if isinstance(line, Planned)]
+    streaming = sum(share["kv_heads"] > 0 for share in result.check["shares"])
+    runs = 1 + streaming * (1 + result.check["random_plans"])
+    assert result.check["prompts"] == 6 and runs == 17
+    assert planned.startswith(f"--check runs 6 passkey prompts (2 lengths × 3 depths × 1 trial) {runs} times")
+    assert f"{runs * 6:,} forward passes, {runs * 3 * (128 + 256):,} tokens in all" in planned
+    assert "fewer --trials" in planned
+    monkeypatch.setattr(common, "LARGE_WORK_FLOP", 1e30)
+    said.clear()
+    attnscope.kvplan("demo", sink=8, recent=32, check=True, check_lengths=(128,), trials=1, status=said.append)
+    assert not any(isinstance(line, Planned) for line in said)  # small work: nothing said
