@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from attnscope import options, settings
-from attnscope.errors import AttnscopeError
+from attnscope.errors import AttnscopeError, NoLanguageModelHead
 from attnscope.models.loading import DEMO, LoadedModel, local_kind  # light: no torch until a model loads
 from attnscope.models.sources import ModelSource, check_once, is_folder, labels, name_notes
 
@@ -135,14 +135,16 @@ def load(
     *,
     revision: str | None = settings.Revision.revision,
     device_map: str | None = settings.DeviceMap.device_map,
-    lm_head: bool = False,
+    lm_head: bool | None = None,
     kernel: str = settings.Kernel.kernel,
 ) -> LoadedModel:
     """Load a model for analysis: "demo" (bundled), a Hugging Face id ("gpt2"), or a folder saved with
     save_pretrained. Load once and pass the model to every function: a name is loaded again at every call.
 
-    lm_head     load the language-model head too, which `ablate` needs; every other function takes such a model as
-                well (it analyses the base model)
+    lm_head     the language-model head, which `ablate`, `patch`, `discover` and `kvplan(check=True)` read; every
+                other function analyses the base model and takes either. None (the default): with the head where
+                the checkpoint has one, so that every function takes the model; True: with it, or refused; False:
+                without it (saves its memory: a large vocabulary's head can be a tenth of a model)
 
     Under torchrun, a CUDA device becomes this process's own GPU and the process joins the group, as in the CLI.
     """
@@ -151,14 +153,22 @@ def load(
 
     _check_name(name)
     chosen = settings.Loading(device=device, dtype=dtype, revision=revision, device_map=device_map, kernel=kernel)
-    options.FLAG.check(lm_head, "lm_head")
+    if lm_head is not None:
+        options.FLAG.check(lm_head, "lm_head")
     device = chosen.device
     place = distributed.world()
     if place.size > 1 and loading.resolve_device(device).type == "cuda":
         device = f"cuda:{place.local_rank}"
     # decided now, before the weights (one line where it cannot run: Triton missing, ...); the capture reads it
     kernels.decide(chosen.kernel, loading.resolve_device(device))
-    loaded = loading.load_model(os.fspath(name), device, chosen.dtype, lm_head, chosen.revision, chosen.device_map)
+    try:
+        loaded = loading.load_model(
+            os.fspath(name), device, chosen.dtype, lm_head is not False, chosen.revision, chosen.device_map
+        )
+    except NoLanguageModelHead:
+        if lm_head:
+            raise
+        loaded = loading.load_model(os.fspath(name), device, chosen.dtype, False, chosen.revision, chosen.device_map)
     loaded.kernel = chosen.kernel
     distributed.init(loaded.device)
     return loaded
@@ -285,8 +295,8 @@ def _check_untouched(loading: dict[str, Any], loaded: LoadedModel) -> None:
 def _given(loaded: LoadedModel, lm_head: bool) -> LoadedModel:
     if lm_head and loaded.lm_model is None:
         raise AttnscopeError(
-            f"this needs the model's language-model head: load it with attnscope.load({loaded.name!r}, "
-            "lm_head=True), or give the model's name"
+            f"this needs the model's language-model head, and this one was loaded without it: load it with "
+            f"attnscope.load({loaded.name!r}) (lm_head=False leaves it out), or give the model's name"
         )
     return loaded
 
@@ -460,7 +470,7 @@ def attend(**given: Any) -> AttendResult:
 @command(settings.Ablate)
 def ablate(**given: Any) -> AblationResult:
     """Which heads matter: the language-model loss with each head's output removed (`attnscope ablate`). A model
-    already loaded must have been loaded with `load(..., lm_head=True)`; one given by name is loaded so."""
+    already loaded must have its language-model head (`load`'s default); one given by name is loaded so."""
     from attnscope.analyses.ablate import Ablate
 
     return _run(Ablate, given)
@@ -469,7 +479,7 @@ def ablate(**given: Any) -> AblationResult:
 @command(settings.Circuit)
 def circuit(**given: Any) -> CircuitResult:
     """Which earlier heads each head depends on: its score with and without each of them (`attnscope circuit`).
-    With `weights` (the default), a model already loaded must have been loaded with `load(..., lm_head=True)`; one
+    With `weights` (the default), a model already loaded must have its language-model head (`load`'s default); one
     given by name is loaded so."""
     from attnscope.analyses.circuit import Circuit
 
@@ -480,8 +490,8 @@ def circuit(**given: Any) -> CircuitResult:
 def patch(**given: Any) -> PatchResult:
     """Activation patching per head (`attnscope patch`): for clean and corrupted prompts, the share of the logit
     difference (answer − wrong, at the last position) that each head's clean output restores in the corrupted run,
-    and that its corrupted output removes from the clean run. A model already loaded must have been loaded with
-    `load(..., lm_head=True)`; one given by name is loaded so."""
+    and that its corrupted output removes from the clean run. A model already loaded must have its language-model head
+    (`load`'s default); one given by name is loaded so."""
     from attnscope.analyses.patch import Patch
 
     return _run(Patch, given)
@@ -493,7 +503,7 @@ def discover(**given: Any) -> DiscoverResult:
     components (embeddings, heads' queries, keys and values, MLPs, logits) scored by how much of the logit difference
     (answer − wrong, at the last position) it carries, then the circuits of the top edges run with every other edge
     ablated: their faithfulness, MIB's CPR and CMD, and the smallest circuit that reaches `target`. A model already
-    loaded must have been loaded with `load(..., lm_head=True)`; one given by name is loaded so."""
+    loaded must have its language-model head (`load`'s default); one given by name is loaded so."""
     from attnscope.analyses.discover import Discover
 
     return _run(Discover, given)

@@ -3,3 +3,7 @@
 
 class AttnscopeError(Exception):
     """A problem with the user's input, model, device or output path, worded so it can be shown as is."""
+
+
+class NoLanguageModelHead(AttnscopeError):
+    """A checkpoint saved without its language-model head, asked for one (`load` then takes the base model alone)."""

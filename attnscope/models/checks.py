@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnscope.errors import AttnscopeError
+from attnscope.errors import AttnscopeError, NoLanguageModelHead
 from attnscope.options import LAYER_MAX
 
 # The shape fields attnscope reads, each under the names config.json files use for it (transformers maps them onto
@@ -200,7 +200,7 @@ def check_loaded_weights(name: str, info: Mapping[str, Any], model: Any, lm_head
         in_base = [key for key in missing if lm_head_kind is None or key.startswith(f"{prefix}.")]
         if lm_head_kind is not None and not in_base:
             electra = " (an ELECTRA generator, not its discriminator)" if lm_head_kind == "masked" else ""
-            raise AttnscopeError(
+            raise NoLanguageModelHead(
                 f"model '{name}' has no {lm_head_kind} language-model head, whose logits this command reads "
                 f"({_counted(len(missing), 'weight')} missing, e.g. {missing[0]}); use a checkpoint saved with its "
                 f"head{electra}"

@@ -82,7 +82,7 @@ def test_the_python_function_and_a_model_without_its_head():
     assert result.settings["method"] == "eap" and len(result.scores) == 110
     assert result.to_json() == result.to_json()
     with pytest.raises(AttnscopeError, match="language-model head"):
-        attnscope.discover(attnscope.load("demo"), **PAIR)
+        attnscope.discover(attnscope.load("demo", lm_head=False), **PAIR)
     markup = attnscope.discover(
         model, clean="The list holds < and the file holds > and the list holds",
         corrupt="The list holds > and the file holds < and the list holds", answer="<", wrong=">", budgets=[100],

@@ -97,7 +97,7 @@ def test_a_loaded_model_takes_no_loading_keywords(tiny, model, keywords, message
 
 @pytest.mark.slow
 def test_ablate_asks_for_the_language_model_head(tiny, tiny_model_dir):
-    with pytest.raises(AttnscopeError, match=r"load it with attnscope.load\('.*', lm_head=True\), or give the model"):
+    with pytest.raises(AttnscopeError, match=r"loaded without it: load it with attnscope.load\('.*'\) \(lm_head=False"):
         attnscope.ablate(tiny, CAT)
     with_head = attnscope.load(tiny_model_dir, "cpu", lm_head=True)
     by_name = attnscope.ablate(str(tiny_model_dir), CAT, device="cpu", method="gradient")

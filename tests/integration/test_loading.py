@@ -404,3 +404,26 @@ def test_a_checkpoint_without_its_language_model_head_is_refused_for_losses(tmp_
     assert load_model(str(tmp_path), "cpu").n_layer == 2
     with pytest.raises(AttnscopeError, match=r"has no masked language-model head, whose .* e\.g\. cls\.predictions"):
         load_model(str(tmp_path), "cpu", lm_head=True)
+    # attnscope.load, by default with the head where the checkpoint has one, takes the base model alone here
+    import attnscope
+
+    assert attnscope.load(tmp_path, "cpu").lm_model is None
+    with pytest.raises(AttnscopeError, match="has no masked language-model head"):
+        attnscope.load(tmp_path, "cpu", lm_head=True)
+    assert attnscope.load(tiny_bert_dir, "cpu").lm_model is not None  # a checkpoint with its head: loaded with it
+
+
+@pytest.mark.slow
+def test_a_model_loaded_as_the_readme_loads_it_serves_every_command():
+    """`attnscope.load("demo")`, then `patch`: it once asked for lm_head=True (issue 38); the result is the one the
+    model given by name gives."""
+    import attnscope
+
+    pair = dict(
+        clean="The list holds the value method. The list holds the value", answer="method", wrong="table",
+        corrupt="The list holds the value table. The list holds the value",
+    )  # fmt: skip
+    model = attnscope.load("demo", "cpu")
+    assert model.lm_model is not None
+    assert attnscope.patch(model, **pair).to_json() == attnscope.patch("demo", **pair, device="cpu").to_json()
+    assert attnscope.load("demo", lm_head=False).lm_model is None
