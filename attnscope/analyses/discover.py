@@ -59,6 +59,7 @@ from attnscope.pipeline.prompt_pairs import (
     pair_records,
     read_pairs,
     tokenized,
+    written_specials,
 )
 from attnscope.pipeline.tokens import default_bos, special_tokens
 from attnscope.scores import faithfulness
@@ -127,7 +128,7 @@ class Discover(settings.Discover):
         self, loaded: LoadedModel, pairs: Sequence[PromptPair] | None = None, progress: Any = None
     ) -> DiscoverResult:
         if loaded.lm_model is None:
-            raise AttnscopeError("discover needs the model's language-model head: load it with lm_head=True")
+            raise AttnscopeError("discover needs the model's language-model head, and this model was loaded without it")
         self.check_shape(loaded.shape)
         pairs = list(self.read_inputs() if pairs is None else pairs)
         layout = Layout.of(loaded)  # an encoder or a post-norm decoder: refused here
@@ -154,6 +155,7 @@ class Discover(settings.Discover):
             curves = self._faithfulness(graph, scores, batches(), means, float(np.sum(clean_ld)), len(pairs))
         result = self._result(loaded, pairs, tokens, bos, graph, scores, clean_ld, corrupt_ld, curves)
         result.notes += _notes(self, pairs, clean_ld, corrupt_ld, curves, layout)
+        result.notes += written_specials(loaded, pairs, tokens, len(prefix))
         return result
 
     def _check_exact(self, graph: Graph, n_batches: int) -> None:

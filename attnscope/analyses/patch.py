@@ -63,6 +63,7 @@ from attnscope.pipeline.prompt_pairs import (
     pair_records,
     read_pairs,
     tokenized,
+    written_specials,
 )
 from attnscope.pipeline.tokens import default_bos, special_tokens
 from attnscope.scores.catalog import counted
@@ -165,7 +166,7 @@ class Patch(settings.Patch):
         import torch
 
         if loaded.lm_model is None:
-            raise AttnscopeError("patch needs the model's language-model head: load it with lm_head=True")
+            raise AttnscopeError("patch needs the model's language-model head, and this model was loaded without it")
         self.check_shape(loaded.shape)
         pairs = list(self.read_inputs() if pairs is None else pairs)
         # SDPA turns a NaN head's output into zeros: a damaged model would pass for a sound one
@@ -217,7 +218,8 @@ class Patch(settings.Patch):
             removed,
             denoised,
             noised,
-            notes=_notes(pairs, clean_ld, corrupt_ld, restored, removed),
+            notes=_notes(pairs, clean_ld, corrupt_ld, restored, removed)
+            + written_specials(loaded, pairs, tokens, len(prefix)),
         )
 
 

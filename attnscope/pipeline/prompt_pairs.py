@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from attnscope import options
 from attnscope.errors import AttnscopeError
 from attnscope.pipeline.inputs import json_line, valid_text
+from attnscope.pipeline.tokens import written_special_ids
 from attnscope.scores.catalog import counted
 
 if TYPE_CHECKING:
@@ -268,6 +269,35 @@ def check_gap(clean_ld: Any, corrupt_ld: Any, what: str) -> None:
             f"{np.mean(clean_ld):.4f}, corrupted {np.mean(corrupt_ld):.4f} on average): there is no difference for "
             f"{what}; corrupt the prompt where it decides the answer"
         )
+
+
+def written_specials(
+    loaded: LoadedModel, pairs: Sequence[PromptPair], tokens: Sequence[TokenizedPair], prefix: int
+) -> list[str]:
+    """A note on the tokenizer's special tokens written in the prompts (`<|endoftext|>`), as the texts' readers give
+    one (`pipeline.tokens`): each is read as that token, mid-prompt. `prefix`: the tokens put before each prompt."""
+    tokenizer = loaded.tokenizer
+    special = written_special_ids(tokenizer)
+    counts: dict[int, int] = {}
+    first = ""
+    for pair, tokenized_pair in zip(pairs, tokens, strict=True):
+        for ids in (tokenized_pair.clean[prefix:], tokenized_pair.corrupt[prefix:]):
+            for token in special.intersection(ids):
+                counts[token] = counts.get(token, 0) + ids.count(token)
+                first = first or pair.source
+    if not counts:
+        return []
+    count = sum(counts.values())
+    found = ", ".join(
+        f"{tokenizer.convert_ids_to_tokens(token)} × {times:,} (id {token}"
+        f"{', the BOS' if token == tokenizer.bos_token_id else ''})"
+        for token, times in sorted(counts.items())
+    )
+    return [
+        f"the prompts write {counted(count, 'special token')} of the tokenizer ({found}; first in {first}): each is "
+        "read as that token, not as its characters, so the model sees it mid-prompt (a BOS there is a second first "
+        f"token, where attention may sink); remove {'it' if count == 1 else 'them'} to patch the words alone"
+    ]
 
 
 def pair_notes(pairs: Sequence[PromptPair], clean_ld: Any, corrupt_ld: Any, measured: str) -> list[str]:

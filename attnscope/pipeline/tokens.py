@@ -48,6 +48,20 @@ def default_bos(tokenizer: Any, kind: Kind) -> bool:
     return tokenizer.bos_token_id is not None
 
 
+def unknown_id(tokenizer: Any) -> int | None:
+    """The id of the tokenizer's unknown token, None when it has none or when that token is also its BOS, EOS or PAD
+    (GPT-2's `<|endoftext|>` is all four): then it stands for no unknown word."""
+    special = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id}
+    unknown = tokenizer.unk_token_id
+    return unknown if unknown is not None and unknown not in special else None
+
+
+def written_special_ids(tokenizer: Any) -> set[int]:
+    """The special tokens a text can write (`<|endoftext|>`), read as themselves, as the tokenizer reads them; not
+    the unknown token, which stands for words the tokenizer does not know."""
+    return set(getattr(tokenizer, "all_special_ids", ()) or ()) - {unknown_id(tokenizer)}
+
+
 def special_tokens(tokenizer: Any, kind: Kind, bos: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(prefix, suffix) ids put around every window: (BOS,) and () for a decoder, ([CLS],) and ([SEP],) for an
     encoder, nothing with `bos` off."""
@@ -110,11 +124,8 @@ class WindowStream:
             )
         embeddings = model.model.get_input_embeddings() if hasattr(model.model, "get_input_embeddings") else None
         self.vocabulary = getattr(embeddings, "num_embeddings", None)
-        special = {self.tokenizer.bos_token_id, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id}
-        unknown = self.tokenizer.unk_token_id
-        self.unknown_id = unknown if unknown is not None and unknown not in special else None
-        # special tokens written in a text (`<|endoftext|>`) are read as themselves, as the tokenizer reads them
-        self.special_ids = set(getattr(self.tokenizer, "all_special_ids", ()) or ()) - {self.unknown_id}
+        self.unknown_id = unknown_id(self.tokenizer)
+        self.special_ids = written_special_ids(self.tokenizer)
         self.exact_cuts = _cuts_exactly(self.tokenizer)
         self._reset()
 

@@ -333,3 +333,17 @@ def test_the_ioi_pairs_of_the_docs_are_ioi_pairs_every_one_read(lm):
     result = attnscope.patch(lm, file=str(path))
     document = json.loads(result.to_json())
     assert len(document["pairs"]) == 16
+
+
+@pytest.mark.slow
+def test_special_tokens_written_in_the_prompts_get_a_note(lm):
+    """`<|endoftext|>` written in a prompt is read as GPT-2's BOS, mid-prompt: said, as heads and kvplan say it of
+    texts (issue 38); prompts without one get no such note."""
+    special = attnscope.patch(
+        lm, clean="When Mary and John went to the store,<|endoftext|> John gave a drink to", answer=" Mary",
+        corrupt="When Mary and John went to the store,<|endoftext|> Mary gave a drink to", wrong=" John",
+    )  # fmt: skip
+    (note,) = [note for note in special.notes if "special token" in note]
+    assert note.startswith("the prompts write 2 special tokens of the tokenizer (<|endoftext|> × 2 (id 50256, the BOS)")
+    plain = attnscope.patch(lm, **{key: PAIRS[1][key] for key in ("clean", "corrupt", "answer", "wrong")})
+    assert not any("special token" in note for note in plain.notes)
