@@ -35,7 +35,7 @@ if not torch.cuda.is_available():
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
-from tests.support import BUILDERS, build_family_model, build_tiny_gpt2  # noqa: E402  (after the offline variables)
+from tests.support import BUILDERS, build_family_model, build_tiny_gpt2, with_nan  # noqa: E402  (after the offline variables)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -113,6 +113,20 @@ def tiny_bert_dir(model_dirs) -> Path:
 @pytest.fixture(scope="session")
 def tiny_bert(loaded_models):
     return loaded_models["encoder"]
+
+
+@pytest.fixture(scope="session")
+def mlp_nan_model_dir(tmp_path_factory) -> Path:
+    """The tiny GPT-2 with a NaN in its last layer's MLP: every attention map stays finite (that MLP comes after the
+    last attention), its loss does not: a damaged checkpoint that no map reveals."""
+    return with_nan(build_tiny_gpt2(tmp_path_factory.mktemp("mlp-nan")), "transformer.h.1.mlp.c_fc.weight", (2, 7))
+
+
+@pytest.fixture(scope="session")
+def mlp_nan_model(mlp_nan_model_dir):
+    from attnscope.models.loading import load_model
+
+    return load_model(str(mlp_nan_model_dir), "cpu")
 
 
 @pytest.fixture(scope="session")

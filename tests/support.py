@@ -45,6 +45,18 @@ def build_tiny_gpt2(folder: Path, seed: int = 0, **config) -> Path:
     return folder
 
 
+def with_nan(folder: Path, weight: str, index: tuple[int, ...]) -> Path:
+    """The GPT-2 saved in `folder`, saved again with a NaN at `index` of its parameter `weight` (a damaged
+    checkpoint)."""
+    from transformers import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel.from_pretrained(folder)
+    with torch.no_grad():
+        model.get_parameter(weight)[index] = float("nan")
+    model.save_pretrained(folder)
+    return folder
+
+
 BERT_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # Whole words for the test sentences and the bundled samples, then single characters and ##-continuations so that
 # any lowercase ASCII text tokenizes without [UNK].

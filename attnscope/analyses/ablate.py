@@ -41,8 +41,7 @@ from attnscope.analyses.common import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_TOKENS,
     check_finite,
-    damaged_weights,
-    first_non_finite_weight,
+    check_weights,
 )
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
@@ -215,9 +214,7 @@ class Ablate(settings.Ablate):
             removal.check_removable(loaded, self.ablation)  # before any pass
         # SDPA, which the losses run with, turns a NaN head's output into zeros: a damaged head would pass for an
         # ablated one, so the weights are checked first (a scan costs less than one of the forward passes here)
-        damaged = first_non_finite_weight(loaded.lm_model)
-        if damaged is not None:
-            raise AttnscopeError(damaged_weights(damaged))
+        check_weights(loaded)
         windows, inputs, notes = loss_windows(loaded, texts, self.bos)
         inputs.update(
             n_windows=len(windows.windows),

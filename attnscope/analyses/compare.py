@@ -35,7 +35,9 @@ Each model's `loss`: the mean language-model loss of the texts in nats per predi
 measures its baseline (`pipeline.loss_windows`: a decoder's next-token cross-entropy over every predicted token; an
 encoder's masked-LM loss on a deterministic 15 % of its tokens), from the model loaded with its own language-model
 head (exact whatever the head: tied or not, soft-capped or not), while it is the one model in memory; one forward
-pass over the texts more per model, with the fastest attention. None, with a note, for a model without a head.
+pass over the texts more per model, with the fastest attention. None, with a note, for a model without a head, or
+whose loss overflowed (a half precision). Every model's weights are checked as it opens (`common.check_weights`): a
+NaN in an MLP after the last attention leaves the heads finite and the loss not, so the model is refused, named.
 
     from attnscope import compare
     result = compare(["runs/step-0000", "runs/step-1000"], "The cat sat on the mat.")
@@ -49,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnscope import settings
-from attnscope.analyses.common import Progress
+from attnscope.analyses.common import Progress, check_finite, check_weights
 from attnscope.analyses.heads import scoring
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
@@ -208,6 +210,7 @@ def model_loss(loaded: LoadedModel, texts: Texts | Sequence[Text], compare: sett
     keep_all = torch.ones(1, loaded.n_layer, loaded.n_head)  # (1, L, H): every head kept
     with interventions.attention(loaded, fastest_attention(loaded.model)):
         loss = float(losses_under(loaded, windows, keep_all, compare.batch_size, compare.max_tokens)[0])
+    check_finite(loaded, "loss", [loss])  # its weights are finite (checked at open): a half precision overflowed
     return loss, notes
 
 
@@ -313,6 +316,7 @@ class Compare(settings.Compare):
                         self.check_shape(model.shape)
                     elif reference is not None:
                         check_comparable(reference, model, sources[0].label, source.label)
+                    check_weights(model)  # a NaN after the last attention leaves the heads finite, the loss not
                     if scored:
                         also = None
                         if divergence and spool is None:

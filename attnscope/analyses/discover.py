@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from attnscope import settings
-from attnscope.analyses.common import check_finite, damaged_weights, first_non_finite_weight
+from attnscope.analyses.common import check_finite, check_weights
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.graph import Graph
@@ -133,9 +133,7 @@ class Discover(settings.Discover):
         pairs = list(self.read_inputs() if pairs is None else pairs)
         layout = Layout.of(loaded)  # an encoder or a post-norm decoder: refused here
         graph = layout.graph
-        damaged = first_non_finite_weight(loaded.lm_model)  # SDPA turns a NaN head's output into zeros
-        if damaged is not None:
-            raise AttnscopeError(damaged_weights(damaged))
+        check_weights(loaded)  # SDPA turns a NaN head's output into zeros
         bos = default_bos(loaded.tokenizer, loaded.kind) if self.bos is None else self.bos
         prefix, _ = special_tokens(loaded.tokenizer, loaded.kind, bos)
         tokens = [tokenized(loaded, pair, prefix) for pair in pairs]

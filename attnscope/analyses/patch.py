@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from attnscope import settings
-from attnscope.analyses.common import check_finite, damaged_weights, first_non_finite_weight
+from attnscope.analyses.common import check_finite, check_weights
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel, fastest_attention
@@ -170,9 +170,7 @@ class Patch(settings.Patch):
         self.check_shape(loaded.shape)
         pairs = list(self.read_inputs() if pairs is None else pairs)
         # SDPA turns a NaN head's output into zeros: a damaged model would pass for a sound one
-        damaged = first_non_finite_weight(loaded.lm_model)
-        if damaged is not None:
-            raise AttnscopeError(damaged_weights(damaged))
+        check_weights(loaded)
         bos = default_bos(loaded.tokenizer, loaded.kind) if self.bos is None else self.bos
         prefix, _ = special_tokens(loaded.tokenizer, loaded.kind, bos)
         tokens = [tokenized(loaded, pair, prefix) for pair in pairs]

@@ -14,7 +14,8 @@ time), so memory stays bounded whatever the corpus.
 
 Several models (`run_models`: checkpoints of one run, a model and its fine-tune): the same texts through each model,
 one at a time (loaded, run, what the page needs kept, freed), each checked comparable with the first
-(`models.checks.check_comparable`: the same layers × heads and tokenizer). Each model's heads are scored and its
+(`models.checks.check_comparable`: the same layers × heads and tokenizer) and its weights finite, as one model's are
+(`common.check_weights`: its maps can be finite where its weights are not). Each model's heads are scored and its
 maps drawn on the same texts, cut to the same cap; the models share one budget of MULTI_MAP_CELLS cells (twice a
 one-model page's: two models keep a one-model page's maps each, more models share it, their texts cut shorter).
 The page opens on the last model (for a training run, the trained one; models are given in the order of the run),
@@ -34,7 +35,7 @@ import numpy as np
 
 from attnscope import settings
 from attnscope.analyses.ablate import Ablate, AblationResult
-from attnscope.analyses.common import Progress, check_finite
+from attnscope.analyses.common import Progress, check_finite, check_weights
 from attnscope.analyses.diversity import Diversity, DiversityResult
 from attnscope.analyses.heads import HeadRecord, HeadsResult, scoring
 from attnscope.analyses.result import Result
@@ -313,6 +314,7 @@ class Report(settings.Report):
         """The report of one model; `budget`: the map cells its maps may take."""
         batching = {"bos": self.bos, "batch_size": self.batch_size, "max_tokens": self.max_tokens}
         ablation_settings = Ablate(**batching) if self.ablate else None  # checked before any pass
+        check_weights(model)  # a page of a damaged checkpoint would pass for a sound model's (its maps can be finite)
         heads = scoring(self).run(model, texts, progress)
         shown, map_notes, cap = shown_texts(model, texts, self.bos, _probe(model, heads), budget=budget)
         diversity = linkage = None
@@ -423,6 +425,7 @@ class Report(settings.Report):
                     result = self.run(loaded, texts, progress, budget=budget)
                     heads, shown = result.heads, result.texts
                 else:
+                    check_weights(loaded)  # as `run` checks the last
                     heads = heads_analysis.run(loaded, texts, progress)
                     shown, _, _ = shown_texts(loaded, texts, self.bos, _probe(loaded, heads), budget=budget)
                 reference = Comparable.of(loaded)

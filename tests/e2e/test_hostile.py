@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from attnscope.errors import AttnscopeError
-from tests.support import CAT, build_tiny_gpt2
+from tests.support import CAT, build_tiny_gpt2, with_nan
 
 
 def one_error_line(code: int, out: str, err: str) -> str:
@@ -180,14 +180,9 @@ def test_the_memory_estimate_is_below_what_a_forward_takes_and_grows_with_the_sh
 @pytest.fixture(scope="module")
 def nan_model_dir(tmp_path_factory):
     """A tiny GPT-2 whose second layer's query/key/value weights hold a NaN (a damaged checkpoint)."""
-    from transformers import GPT2LMHeadModel
-
-    folder = build_tiny_gpt2(tmp_path_factory.mktemp("nan-weights"))
-    model = GPT2LMHeadModel.from_pretrained(folder)
-    with torch.no_grad():
-        model.transformer.h[1].attn.c_attn.weight[3, 5] = float("nan")
-    model.save_pretrained(folder)
-    return folder
+    return with_nan(
+        build_tiny_gpt2(tmp_path_factory.mktemp("nan-weights")), "transformer.h.1.attn.c_attn.weight", (3, 5)
+    )
 
 
 @pytest.mark.parametrize(
@@ -1080,7 +1075,41 @@ def test_circuit_refuses_batches_that_would_not_fit_before_any_forward(cli, tiny
 def test_a_damaged_model_among_several_is_named(cli, fresh_loads, tiny_model_dir, nan_model_dir, tmp_path, command):
     args = [command, CAT, "-m", tiny_model_dir, "-m", nan_model_dir]
     line = one_error_line(*cli(*args, *(["--out", tmp_path / "page"] if command == "report" else [])))
-    assert line.startswith(f"attnscope: error: model '{nan_model_dir.name}': the attention is not finite")
+    assert line.startswith(f"attnscope: error: model '{nan_model_dir.name}': the model's weights hold NaN")
+    assert line.endswith("h.1.attn.c_attn.weight): the checkpoint is damaged")
+
+
+def _mlp_damage(command: str) -> str:
+    """The refusal's words for mlp_nan_model_dir: compare scans the model with its language-model head (loaded for
+    the loss), whose parameters are named from the checkpoint's top (transformer.h.1...)."""
+    weight = f"{'transformer.' if command == 'compare' else ''}h.1.mlp.c_fc.weight"
+    return f"the model's weights hold NaN or infinite values (first in {weight}): the checkpoint is damaged"
+
+
+@pytest.mark.slow  # the library's refusals are in the everyday loop (integration/test_compare.py, test_report.py)
+@pytest.mark.parametrize("command", ["compare", "report"])
+@pytest.mark.parametrize("damaged_first", [True, False], ids=["damaged first", "damaged second"])
+def test_a_model_whose_mlp_holds_nan_is_refused_among_several(
+    cli, tiny_model_dir, mlp_nan_model_dir, tmp_path, command, damaged_first
+):
+    """Its maps are finite, so nothing non-finite came out: compare gave its loss as null without a word and report
+    wrote the page, both with exit 0. Each model's weights are now checked as it opens, first or second."""
+    models = [tiny_model_dir, mlp_nan_model_dir][:: -1 if damaged_first else 1]
+    output = ["--out", tmp_path / "page"] if command == "report" else ["--json"]
+    line = one_error_line(*cli(command, CAT, "-m", models[0], "-m", models[1], *output))
+    assert line == f"attnscope: error: model '{mlp_nan_model_dir.name}': {_mlp_damage(command)}"
+    assert list(tmp_path.iterdir()) == []  # no page, no staged file
+
+
+@pytest.mark.slow
+def test_one_model_whose_mlp_holds_nan_has_no_report(cli, mlp_nan_model_dir, tmp_path):
+    """`heads` shows its maps, finite and true (weights are looked at once a result comes out non-finite); a page
+    would pass for a sound model's, so `report` checks the weights first, and writes nothing."""
+    code, out, err = cli("heads", CAT, "-m", mlp_nan_model_dir, "--json", "--no-probe")
+    assert code == 0, err
+    line = one_error_line(*cli("report", CAT, "-m", mlp_nan_model_dir, "--out", tmp_path / "page"))
+    assert line == f"attnscope: error: {_mlp_damage('report')}"
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow

@@ -240,6 +240,42 @@ def test_a_model_without_its_head_has_no_loss_and_a_note(tiny):
     assert not any("no loss" in note for note in off.notes)
 
 
+DAMAGED_MLP = (
+    "model 'damaged': the model's weights hold NaN or infinite values (first in h.1.mlp.c_fc.weight): the checkpoint "
+    "is damaged"
+)
+
+
+@pytest.mark.parametrize("damaged_first", [True, False], ids=["damaged first", "damaged second"])
+def test_a_model_whose_mlp_holds_nan_is_refused_first_or_second(tiny, mlp_nan_model, damaged_first):
+    """Its attention is finite and its loss is not: it was compared, its loss null without a word. Each model's
+    weights are checked as it opens, the tensor named."""
+    models = [("tiny", tiny), ("damaged", mlp_nan_model)][:: -1 if damaged_first else 1]
+    with pytest.raises(AttnscopeError) as refused:
+        Compare(probe=False, divergence=False).run_models(given_models(*models), TEXTS)
+    assert str(refused.value) == DAMAGED_MLP
+
+
+def test_a_loss_that_is_not_finite_is_null_with_a_note(tiny, monkeypatch):
+    """With the weights checked as each model opens, a loss that still comes out NaN overflowed (a half precision):
+    null, and a note says why (it was null without a word)."""
+    import json
+    from dataclasses import replace
+
+    from attnscope.analyses import ablate
+
+    monkeypatch.setattr(ablate, "losses_under", lambda *args, **kwargs: np.array([np.nan]))  # (K,) = (1,)
+    with_head = replace(tiny, lm_model=tiny.model)  # never run: the losses are the stand-in's
+    models = given_models(("a", with_head), ("b", with_head))
+    result = Compare(probe=False, divergence=False).run_models(models, TEXTS)
+    assert result.losses == [None, None] and json.loads(result.to_json())["loss"] == [None, None]
+    assert [note for note in result.notes if "no loss" in note] == [
+        f"{label}: no loss (the loss is not finite (NaN or infinity); nothing is reported: the model's activations "
+        "overflowed)"
+        for label in "ab"
+    ]
+
+
 @pytest.mark.slow
 def test_an_encoders_loss_is_the_masked_lm_loss_ablate_measures(tiny_bert_dir, tmp_path):
     """An encoder's loss is `ablate`'s masked-LM baseline (the same deterministic masks) of each model."""

@@ -257,6 +257,27 @@ def test_several_models_share_the_map_budget(tiny, monkeypatch):
     assert any("share" in note for note in report.map_notes)
 
 
+DAMAGED_MLP = (
+    "the model's weights hold NaN or infinite values (first in h.1.mlp.c_fc.weight): the checkpoint is damaged"
+)
+
+
+@pytest.mark.parametrize("damaged_first", [True, False], ids=["damaged first", "damaged second"])
+def test_a_model_whose_mlp_holds_nan_is_refused_first_second_or_alone(tiny, mlp_nan_model, damaged_first):
+    """Its maps are finite, so its page passed for a sound model's. Its weights are checked as it opens: first (a
+    model whose page is read only for its maps), last (the page's own model, `run`), or alone."""
+    from attnscope.errors import AttnscopeError
+
+    models = [("tiny", tiny), ("damaged", mlp_nan_model)][:: -1 if damaged_first else 1]
+    settings = Report(probe=False, diversity=False)
+    with pytest.raises(AttnscopeError) as refused:
+        settings.run_models(given_models(*models), TEXTS)
+    assert str(refused.value) == f"model 'damaged': {DAMAGED_MLP}"
+    with pytest.raises(AttnscopeError) as refused:
+        settings.run(mlp_nan_model, TEXTS)
+    assert str(refused.value) == DAMAGED_MLP
+
+
 def test_the_api_takes_a_list_of_models_and_refuses_in_one_line(tiny, two_models):
     """`report([a, b])`: loaded models are reported as they are (labelled by their folders, not freed); a list of one
     is a report of one model; what cannot be is refused before any model loads."""
