@@ -33,6 +33,8 @@ from attnscope.errors import AttnscopeError, NoLanguageModelHead
 from attnscope.models.loading import DEMO, LoadedModel, local_kind  # light: no torch until a model loads
 from attnscope.models.sources import ModelSource, check_once, is_folder, labels, name_notes
 
+Planned = settings.Planned  # a status line announcing a large piece of work (the command line keeps it as a note)
+
 if TYPE_CHECKING:
     from attnscope.analyses.ablate import AblationResult
     from attnscope.analyses.attend import AttendResult
@@ -392,7 +394,7 @@ def _run(analysis_class: type[settings.Settings], given: dict[str, Any]) -> Any:
     analysis.check_shape(loaded.shape)
     planned = analysis.planned_work(loaded, gathered) if status is not None else None
     if planned:
-        status(settings.Planned(planned))
+        status(Planned(planned))
     return _noted(analysis.run(loaded, gathered, progress), notes)
 
 

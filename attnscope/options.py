@@ -486,7 +486,7 @@ class Folder(Option):
     """A folder to write into: an empty name is refused (it would quietly mean the current folder)."""
 
     kind: str = "folder"
-    example: str = "--out results/ (or . for this one)"
+    example: str = "results/ (or . for this one)"
 
     def problem(self, value: Any) -> str | None:
         if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
@@ -554,7 +554,7 @@ HEADS = HeadList()
 HEAD_SET = HeadSet()
 LAYER_OR_ALL = LayerOrAll()
 FOLDER = Folder()
-MODEL_FOLDER = Folder(example="--save demo-without-0.2/")  # where ablate --save writes a model
+MODEL_FOLDER = Folder(example="demo-without-0.2/")  # where ablate --save writes a model
 
 
 def check_text(value: Any, name: str, optional: bool = False) -> str | None:

@@ -73,7 +73,7 @@ class Result:
                 f"out {options.shown(out)}: give a folder to write into, e.g. save('results/') ('.': this one)"
             )
         view = view_of(self, files.Pictures(format=format, dpi=files.DPI if dpi is None else dpi))
-        return files.write_all(files.prepare_out_dir(out), view.files)
+        return files.write_all(files.prepare_out_dir(out, "out"), view.files, "out")
 
     def plot(self) -> dict[str, Any]:
         """The pictures `save` writes, as matplotlib Figures by file stem (`role_map`, `score_previous_token`, ...;

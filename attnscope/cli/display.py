@@ -138,7 +138,7 @@ class Live:
     def _status(self, text: str) -> None:
         import shutil
 
-        from attnscope.settings import Planned
+        from attnscope.api import Planned
 
         if isinstance(text, Planned):  # kept: a note
             self._clear_line()
@@ -200,7 +200,7 @@ class Live:
             self.bar.refresh()
 
     def _plain_status(self, text: str) -> None:
-        from attnscope.settings import Planned
+        from attnscope.api import Planned
 
         if isinstance(text, Planned):
             note(text)

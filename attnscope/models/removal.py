@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 def check_destination(path: str | os.PathLike) -> Path:
     """The folder `save` may write: new, or empty (a model's files are not mixed with others'), in a folder this
     process can write to; else one line saying why. Checked before any work is done."""
-    folder = options.expanded_path(path, "--save")
+    folder = options.expanded_path(path, "save (--save)")
     shown = os.fspath(path)
     if folder.exists() and not folder.is_dir():
         raise AttnscopeError(f"save (--save) {shown}: it is a file; give a new folder for the model")
@@ -135,7 +135,7 @@ def save(loaded: LoadedModel, path: str | os.PathLike) -> Path:
         stage = None
     except OSError as error:
         raise AttnscopeError(
-            f"cannot write to --save {os.fspath(path)}: {error.strerror or error}; nothing was written"
+            f"save (--save) {os.fspath(path)}: cannot write: {error.strerror or error}; nothing was written"
         ) from None
     finally:
         if stage is not None:

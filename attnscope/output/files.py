@@ -63,22 +63,23 @@ def _remove_empty(folders: list[Path]) -> None:
 FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".tsv", ".txt", ".png", ".svg", ".pdf", ".html", ".htm")
 
 
-def prepare_out_dir(path: str | os.PathLike) -> Path:
+def prepare_out_dir(path: str | os.PathLike, named: str = "--out") -> Path:
     """Prove that `path` can be created and written to before any work is done, and leave the disk as it was: the
     folder is made when the files are written (`write_all`), so a run that fails leaves no empty folder behind. A
-    new folder named like a file (FILE_SUFFIXES) and a link to nothing are refused, saying what they are."""
-    folder = options.expanded_path(path, "--out")
+    new folder named like a file (FILE_SUFFIXES) and a link to nothing are refused, saying what they are. Messages
+    name the folder as `named` (the CLI's `--out`, a Python keyword)."""
+    folder = options.expanded_path(path, named)
     if folder.exists() and not folder.is_dir():
-        raise AttnscopeError(f"cannot write to --out {path}: it is a file, not a folder")
+        raise AttnscopeError(f"cannot write to {named} {path}: it is a file, not a folder")
     if folder.is_symlink() and not folder.exists():
         raise AttnscopeError(
-            f"cannot write to --out {path}: it is a link to {os.readlink(folder)}, which does not exist; make that "
+            f"cannot write to {named} {path}: it is a link to {os.readlink(folder)}, which does not exist; make that "
             "folder, or give another"
         )
     if not folder.exists() and folder.suffix.lower() in FILE_SUFFIXES:
         raise AttnscopeError(
-            f"--out {path} is named like a file ({folder.suffix.lower()}), but --out is a folder that the command "
-            f"writes its files into (JSON, CSV, pictures); give a folder, e.g. --out {folder.with_suffix('')}/"
+            f"{named} {path} is named like a file ({folder.suffix.lower()}), but {named} is a folder that the "
+            f"command writes its files into (JSON, CSV, pictures); give a folder, e.g. {folder.with_suffix('')}/"
         )
     missing = _missing_folders(folder)
     try:
@@ -86,7 +87,7 @@ def prepare_out_dir(path: str | os.PathLike) -> Path:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".attnscope-probe-"):
             pass
     except OSError as error:
-        raise AttnscopeError(f"cannot write to --out {path}: {error.strerror or error}") from None
+        raise AttnscopeError(f"cannot write to {named} {path}: {error.strerror or error}") from None
     finally:
         _remove_empty(missing)
     return folder
@@ -97,7 +98,7 @@ def prepare_out_dir(path: str | os.PathLike) -> Path:
 STOPPING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
-def write_all(folder: Path, write: Callable[[Path], Sequence[Path]]) -> list[Path]:
+def write_all(folder: Path, write: Callable[[Path], Sequence[Path]], named: str = "--out") -> list[Path]:
     """Run `write(stage)`, which writes its files into `stage`, a hidden folder inside `folder`, then move them
     all into `folder`: all of them or none. Every destination is checked before the first move (a folder in the
     way is refused), and a move that still fails (a file another user owns in a sticky folder, ...) puts back what
@@ -112,17 +113,17 @@ def write_all(folder: Path, write: Callable[[Path], Sequence[Path]]) -> list[Pat
         stage = Path(tempfile.mkdtemp(dir=folder, prefix=".attnscope-"))
     except OSError as error:
         _remove_empty(missing)
-        raise AttnscopeError(f"cannot write to --out {folder}: {error.strerror or error}") from None
+        raise AttnscopeError(f"cannot write to {named} {folder}: {error.strerror or error}") from None
     landed = False
     try:
         try:
             written = list(write(stage))
         except OSError as error:  # a full disk, a quota, a folder that went read-only: nothing is left behind
-            raise AttnscopeError(f"cannot write to --out {folder}: {error.strerror or error}") from None
-        _check_destinations(folder, written)
+            raise AttnscopeError(f"cannot write to {named} {folder}: {error.strerror or error}") from None
+        _check_destinations(folder, written, named)
         held = signal.pthread_sigmask(signal.SIG_BLOCK, set(STOPPING_SIGNALS))
         try:
-            _move_all(folder, stage, written)
+            _move_all(folder, stage, written, named)
             landed = True
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
@@ -133,18 +134,18 @@ def write_all(folder: Path, write: Callable[[Path], Sequence[Path]]) -> list[Pat
     return [folder / path.name for path in written]
 
 
-def _check_destinations(folder: Path, written: Sequence[Path]) -> None:
+def _check_destinations(folder: Path, written: Sequence[Path], named: str) -> None:
     """Refuse, before anything is moved, a destination that a file cannot replace: a folder of that name."""
     for path in written:
         destination = folder / path.name
         if destination.is_dir() and not destination.is_symlink():
             raise AttnscopeError(
-                f"cannot write to --out {folder}: {destination} is a folder, and {path.name} would replace it; move "
-                "it away or choose another --out (nothing was written)"
+                f"cannot write to {named} {folder}: {destination} is a folder, and {path.name} would replace it; move "
+                f"it away or choose another {named} (nothing was written)"
             )
 
 
-def _move_all(folder: Path, stage: Path, written: Sequence[Path]) -> None:
+def _move_all(folder: Path, stage: Path, written: Sequence[Path], named: str) -> None:
     """Move every staged file into `folder`, keeping what each replaces in `stage` until all have moved; on a
     failure, undo the moves made (the replaced files back in place) and refuse in one line."""
     done: list[tuple[Path, Path | None]] = []  # (destination, the file it replaced, kept in the stage)
@@ -168,7 +169,7 @@ def _move_all(folder: Path, stage: Path, written: Sequence[Path]) -> None:
             except OSError:
                 pass  # best effort: the first error is the one to report
         raise AttnscopeError(
-            f"cannot write to --out {folder}: {destination.name}: {error.strerror or error}; nothing was changed"
+            f"cannot write to {named} {folder}: {destination.name}: {error.strerror or error}; nothing was changed"
         ) from None
 
 

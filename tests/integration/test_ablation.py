@@ -115,7 +115,9 @@ def test_save_refuses_what_weights_cannot_hold_and_writes_nothing_on_error(demo,
 
     monkeypatch.setattr(type(demo.tokenizer), "save_pretrained", full_disk)  # once the weights are written
     target = tmp_path / "deep" / "new"
-    with pytest.raises(AttnscopeError, match="^cannot write to --save .*No space left on device; nothing was written$"):
+    with pytest.raises(
+        AttnscopeError, match=r"^save \(--save\) .*: cannot write: .*No space left on device; nothing was written$"
+    ):
         Ablate(remove="0.2,1.1", save=target, method="gradient").run(demo, DEMO_TEXTS[:2])
     assert sorted(path.name for path in tmp_path.iterdir()) == ["full"]  # no folder, no hidden stage
     assert all(torch.equal(value, demo.lm_model.state_dict()[name]) for name, value in before.items())

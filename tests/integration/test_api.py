@@ -246,3 +246,19 @@ def test_plot_gives_the_figures_that_save_writes(tiny, tmp_path):
     pictures = {path.stem for path in written if path.suffix == ".svg"}
     assert pictures == set(figures)
     assert attnscope.info(tiny).plot() == {}  # info draws nothing
+
+
+def test_python_errors_name_the_keyword_not_the_command_lines_option(tiny, tmp_path):
+    """The promise: from Python a line names the keyword (issue 38: `save` and `result.save` spoke of --out and
+    --save)."""
+    result = attnscope.heads(tiny, CAT)
+    (tmp_path / "file").write_text("x")
+    for folder, message in (
+        (tmp_path / "results.json", r"^out .*results\.json is named like a file \(\.json\), but out is a folder"),
+        (tmp_path / "file", r"^cannot write to out .*file: it is a file, not a folder$"),
+    ):
+        with pytest.raises(AttnscopeError, match=message) as raised:
+            result.save(folder)
+        assert "--" not in str(raised.value)
+    with pytest.raises(AttnscopeError, match=r"^save 5: expected a folder's path, not an int; give a folder, e.g. "):
+        attnscope.ablate(tiny, CAT, save=5)
