@@ -3,3 +3,8 @@
 
 class AttnscopeError(Exception):
     """A problem with the user's input, model, device or output path, worded so it can be shown as is."""
+
+
+class RendezvousError(AttnscopeError):
+    """This process could not meet the others that torchrun (or a hand-set WORLD_SIZE) says it has: an error of its
+    own, not one every process meets alike, so every process that meets it says it, with its rank."""
