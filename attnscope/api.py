@@ -426,6 +426,14 @@ def process_rank() -> int:
     return world().rank
 
 
+def stopped_waiting() -> bool:
+    """Whether a stopping signal (Ctrl-C, SIGTERM) ended this process's wait for torchrun's other processes, before
+    they met: no rank 0 then says so for it."""
+    from attnscope.pipeline.distributed import stopped_waiting
+
+    return stopped_waiting()
+
+
 def _noted(result: Any, notes: list[str]) -> Any:
     """`result` with `notes` first among its own."""
     if notes:

@@ -7,3 +7,8 @@ class AttnscopeError(Exception):
 
 class NoLanguageModelHead(AttnscopeError):
     """A checkpoint saved without its language-model head, asked for one (`load` then takes the base model alone)."""
+
+
+class RendezvousError(AttnscopeError):
+    """This process could not meet the others that torchrun (or a hand-set WORLD_SIZE) says it has: an error of its
+    own, not one every process meets alike, so every process that meets it says it, with its rank."""

@@ -23,7 +23,7 @@ except ImportError:  # older typer runs on click itself
 from attnscope.cli.commands import app
 from attnscope.cli.declare import OptionError
 from attnscope.cli.display import one_line, silence_stdout
-from attnscope.errors import AttnscopeError
+from attnscope.errors import AttnscopeError, RendezvousError
 
 # Out-of-memory advice names the options of the command that ran out (bench has no --max-tokens).
 _MEMORY_ADVICE = {
@@ -102,12 +102,16 @@ def _stopped() -> int:
     signal (128 + its number: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP)."""
     import signal
 
+    from attnscope.api import stopped_waiting
+
     global _resending
     _resending = False
     signum = _interrupted or signal.SIGINT
     name = "" if signum == signal.SIGINT else f" ({signal.Signals(signum).name})"
     try:
-        if _rank() == 0:  # torchrun interrupts every process: one line says so
+        # torchrun interrupts every process: one line says so; a process stopped while it waited for the others at
+        # the rendezvous has met no rank 0 that would, and says it itself
+        if _rank() == 0 or stopped_waiting():
             print(f"attnscope: interrupted{name}", file=sys.stderr)
     except (OSError, ValueError):  # SIGHUP: the terminal that stderr was is gone
         pass
@@ -189,7 +193,8 @@ def run(argv: list[str] | None = None) -> int:
         if message is None:
             raise  # a bug keeps its traceback, for the bug report
         rank = _rank()
-        if message and rank and _out_of_memory(error):  # one process's own memory: say whose
+        # one process's own memory, or its own failure to meet the others: say whose
+        if message and rank and (_out_of_memory(error) or isinstance(error, RendezvousError)):
             message = message.replace("attnscope: error:", f"attnscope: error (rank {rank}):", 1)
         elif rank:  # the same error on every process (they read the same options and texts): rank 0 says it
             message = ""

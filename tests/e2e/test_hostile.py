@@ -810,6 +810,9 @@ TORCHRUN_ENV = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR"
 @pytest.fixture
 def no_process_group(monkeypatch):
     """A test of torchrun's variables never waits for processes that will not come."""
+    from attnscope.pipeline import distributed
+
+    monkeypatch.setattr(distributed, "_meet", lambda place: pytest.fail("waited for the other processes"))
     monkeypatch.setattr(torch.distributed, "init_process_group", lambda *a, **k: pytest.fail("joined a group"))
 
 
@@ -874,6 +877,10 @@ def test_a_stray_rank_without_torchrun_is_ignored_with_a_note(cli, tiny_model_di
         ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 says this is one of 2 processes, but RANK, LOCAL_RANK, MASTER_ADDR"),
         ({**TORCHRUN_ENV, "RANK": "x"}, "RANK=x: torchrun sets it to a whole number"),
         ({**TORCHRUN_ENV, "RANK": "2"}, "RANK=2 with WORLD_SIZE=2: a rank is below the number of processes"),
+        (
+            {**TORCHRUN_ENV, "ATTNSCOPE_RENDEZVOUS_TIMEOUT": "1m"},
+            "ATTNSCOPE_RENDEZVOUS_TIMEOUT=1m: how long the processes wait for each other, in seconds (a number above 0",
+        ),
     ],
 )
 def test_an_environment_torchrun_did_not_make_is_one_line(

@@ -3,10 +3,12 @@ torchrun. All in subprocesses, all slow."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -279,3 +281,84 @@ def test_a_signal_once_the_result_is_complete_changes_nothing(tmp_path, name):
     )
     assert ran.returncode == 0, ran.stderr
     assert "interrupted" not in ran.stderr and (out / "info.json").exists()
+
+
+# ---------------------------------------------------------------------- issue 38, item 9: a rank that waits forever
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _one_of_two(rank: int, port: int, seconds: float) -> dict[str, str]:
+    """Process `rank` of two, launched by hand (no torchrun), to meet the other at 127.0.0.1:port within `seconds`."""
+    place = {"WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1"}
+    return {**os.environ, **place, "MASTER_PORT": str(port), "ATTNSCOPE_RENDEZVOUS_TIMEOUT": f"{seconds:g}"}
+
+
+ALONE = {1: ["heads", "--model", "demo", "--json", CAT], 0: ["circuit", "--model", "demo", "--json"]}
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="meets on localhost TCP")
+@pytest.mark.parametrize("rank", [1, 0])
+def test_a_process_whose_others_never_come_ends_in_one_line_that_states_the_timeout(rank):
+    """`WORLD_SIZE=2 RANK=1 ... attnscope circuit`, started by hand without the other process, waited 30 minutes in
+    torch's rendezvous, then printed a C++ stack; rank 0 alone, the same. Now one line, once the timeout it states
+    has passed: rank 1 finds nothing listening at MASTER_ADDR:MASTER_PORT, rank 0 waits there for a rank 1 that
+    never comes."""
+    port = _free_port()
+    ran = _module(*ALONE[rank], env=_one_of_two(rank, port, 2), timeout=120)
+    assert ran.returncode == 2 and ran.stdout == "", ran.stderr[-3000:]
+    (line,) = ran.stderr.splitlines()
+    said = (
+        f"attnscope: error (rank 1): nothing answered at MASTER_ADDR:MASTER_PORT (127.0.0.1:{port}) within 2 s, "
+        if rank
+        else f"attnscope: error: torchrun's 2 processes did not all come to 127.0.0.1:{port} within 2 s ("
+    )
+    assert line.startswith(said) and line.endswith("or give them longer: ATTNSCOPE_RENDEZVOUS_TIMEOUT=SECONDS"), line
+
+
+def _listening(port: int, deadline: float) -> None:
+    """Wait for rank 0 to listen at its port (a connection it sees come and go is no process joining)."""
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    pytest.fail(f"nothing listened at {port}")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="sends signals")
+@pytest.mark.parametrize("rank, stop", [(1, signal.SIGINT), (1, signal.SIGTERM), (0, signal.SIGINT)])
+def test_a_signal_ends_the_wait_for_the_other_processes_at_once(rank, stop):
+    """Waiting in torch's rendezvous, a process ignored Ctrl-C and SIGTERM (torch waits inside C++, where Python's
+    handlers cannot run; only SIGKILL ended it) and printed a C++ stack. Rank 1 here finds a listener that never
+    answers, so torch's client waits in C++ for a reply; rank 0 waits for rank 1. The wait's own timeout is a
+    minute: the signal, not the timeout, ends it, with the usual line and the status of a program killed by it."""
+    port = _free_port()
+    with contextlib.ExitStack() as cleanup:
+        listener = cleanup.enter_context(socket.create_server(("127.0.0.1", port))) if rank else None
+        process = subprocess.Popen(
+            [sys.executable, "-m", "attnscope", *ALONE[rank]],
+            env=_one_of_two(rank, port, 60),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        cleanup.callback(lambda: process.poll() is None and process.kill())
+        if listener is not None:
+            listener.settimeout(60)
+            cleanup.enter_context(listener.accept()[0])  # it has come to the rendezvous
+        else:
+            _listening(port, time.monotonic() + 60)
+        time.sleep(1.0)  # well inside torch's wait
+        process.send_signal(stop)
+        sent = time.monotonic()
+        _, err = process.communicate(timeout=10)
+    assert time.monotonic() - sent < 5
+    assert process.returncode == -stop, err[-3000:]
+    named = "" if stop == signal.SIGINT else f" ({stop.name})"
+    assert err.splitlines() == [f"attnscope: interrupted{named}"]

@@ -97,6 +97,23 @@ def test_alone_makes_this_process_the_only_one(monkeypatch):
     assert distributed.world().size == 3  # the place itself is untouched: only rank 0 prints
 
 
+def test_the_wait_for_the_other_processes_is_two_minutes_or_the_seconds_the_environment_gives(monkeypatch):
+    for name, value in TORCHRUN_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv(distributed.RENDEZVOUS_TIMEOUT, raising=False)
+    assert distributed.world().rendezvous_seconds == distributed.DEFAULT_RENDEZVOUS_SECONDS == 120
+    monkeypatch.setenv(distributed.RENDEZVOUS_TIMEOUT, " 2.5 ")
+    assert distributed.world().rendezvous_seconds == 2.5
+    monkeypatch.setenv(distributed.RENDEZVOUS_TIMEOUT, "1e7")
+    assert distributed.world().rendezvous_seconds == 10**7
+    for wrong in ("0", "-3", "nan", "inf", "2s", "10000001"):
+        monkeypatch.setenv(distributed.RENDEZVOUS_TIMEOUT, wrong)
+        with pytest.raises(AttnscopeError, match=rf"^ATTNSCOPE_RENDEZVOUS_TIMEOUT={wrong}: how long .*120 when unset"):
+            distributed.world()
+    monkeypatch.setenv("WORLD_SIZE", "1")  # one process waits for no one: the variable is not read
+    assert distributed.world().size == 1
+
+
 @pytest.mark.parametrize("processes", [1, 2, 3])
 def test_compare_opens_each_model_once_per_piece_and_keeps_two_models_rows_together(processes):
     for count in (2, 3):
