@@ -14,26 +14,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnscope.errors import AttnscopeError
+from attnscope.errors import AttnscopeError as AttnscopeError
 
 __version__ = "0.1.0"
 
-_API = (
-    "load", "heads", "show", "diversity", "attend", "ablate", "circuit", "report", "compare", "info", "random_mha",
-    "bench", "patch", "discover", "kvplan",
-)  # fmt: skip
-_LAZY = {**{name: "attnscope.api" for name in _API}, "Text": "attnscope.pipeline.inputs"}
 
-__all__ = ["AttnscopeError", "__version__", *_LAZY]
+def _public() -> dict[str, str]:
+    """Every name the package offers lazily, by the module that holds it: `load`, a function per command of the
+    registry (attnscope.registry, read without torch), `Text`."""
+    import importlib
+
+    registry = importlib.import_module("attnscope.registry")  # `from attnscope import` would ask __getattr__ again
+    functions = ("load", *(command.function for command in registry.COMMANDS))
+    return {**{name: "attnscope.api" for name in functions}, "Text": "attnscope.pipeline.inputs"}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
+    if name == "__all__":
+        return ["AttnscopeError", "__version__", *_public()]
+    if name in _public():
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        return getattr(importlib.import_module(_public()[name]), name)
     raise AttributeError(f"module 'attnscope' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    return sorted({*globals(), *_public()})

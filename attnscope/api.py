@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import inspect
 import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from attnscope import options, settings
+from attnscope import options, registry, settings
 from attnscope.errors import AttnscopeError, NoLanguageModelHead
 from attnscope.models.loading import DEMO, LoadedModel, local_kind  # light: no torch until a model loads
 from attnscope.models.sources import ModelSource, check_once, is_folder, labels, name_notes
@@ -36,20 +37,6 @@ from attnscope.models.sources import ModelSource, check_once, is_folder, labels,
 Planned = settings.Planned  # a status line announcing a large piece of work (the command line keeps it as a note)
 
 if TYPE_CHECKING:
-    from attnscope.analyses.ablate import AblationResult
-    from attnscope.analyses.attend import AttendResult
-    from attnscope.analyses.bench import BenchResult
-    from attnscope.analyses.circuit import CircuitResult
-    from attnscope.analyses.compare import CompareResult
-    from attnscope.analyses.discover import DiscoverResult
-    from attnscope.analyses.diversity import DiversityResult
-    from attnscope.analyses.heads import HeadsResult
-    from attnscope.analyses.info import InfoResult
-    from attnscope.analyses.kvplan import KvplanResult
-    from attnscope.analyses.maps import ShowResult
-    from attnscope.analyses.patch import PatchResult
-    from attnscope.analyses.random_mha import RandomMhaResult
-    from attnscope.analyses.report import ReportResult
     from attnscope.pipeline.inputs import Texts
 
 LOADING = tuple(declaration.name for declaration in settings.Loading.declarations())
@@ -444,141 +431,24 @@ def _noted(result: Any, notes: list[str]) -> Any:
 # ------------------------------------------------------------------------------------------------- commands
 
 
-@command(settings.Heads)
-def heads(**given: Any) -> HeadsResult:
-    """Score and classify every attention head (`attnscope heads`). A notebook shows the role map and the table."""
-    from attnscope.analyses.heads import Heads
+def _function(entry: registry.Command) -> Callable[..., Any]:
+    """The Python function of a command (its record in `registry`): the analysis the record names, run on what the
+    function is given (`_run`), with the keywords and docstring `command` makes from its settings."""
 
-    return _run(Heads, given)
+    def run(**given: Any) -> Any:
+        module, _, name = entry.analysis.rpartition(".")
+        return _run(getattr(importlib.import_module(module), name), given)
 
-
-@command(settings.Show)
-def show(**given: Any) -> ShowResult:
-    """One layer's attention maps, or one head's, for one text (`attnscope show`). A notebook shows each map as a
-    shaded table; `save(folder)` draws the picture."""
-    from attnscope.analyses.maps import Show
-
-    return _run(Show, given)
-
-
-@command(settings.Diversity)
-def diversity(**given: Any) -> DiversityResult:
-    """How different the heads are: cosine and Jensen–Shannon between every pair (`attnscope diversity`)."""
-    from attnscope.analyses.diversity import Diversity
-
-    return _run(Diversity, given)
+    run.__name__ = run.__qualname__ = entry.function
+    run.__module__ = __name__
+    run.__doc__ = entry.doc
+    run.__annotations__ = {"return": entry.result.rpartition(".")[2]}
+    function = command(entry.settings)(run)
+    function.command = entry  # its record: what the command line shows of it (its help)
+    return function
 
 
-@command(settings.Attend)
-def attend(**given: Any) -> AttendResult:
-    """Where one word looks, in every layer and head (`attnscope attend`)."""
-    from attnscope.analyses.attend import Attend
-
-    return _run(Attend, given)
-
-
-@command(settings.Ablate)
-def ablate(**given: Any) -> AblationResult:
-    """Which heads matter: the language-model loss with each head's output removed (`attnscope ablate`). A model
-    already loaded must have its language-model head (`load`'s default); one given by name is loaded so."""
-    from attnscope.analyses.ablate import Ablate
-
-    return _run(Ablate, given)
-
-
-@command(settings.Circuit)
-def circuit(**given: Any) -> CircuitResult:
-    """Which earlier heads each head depends on: its score with and without each of them (`attnscope circuit`).
-    With `weights` (the default), a model already loaded must have its language-model head (`load`'s default); one
-    given by name is loaded so."""
-    from attnscope.analyses.circuit import Circuit
-
-    return _run(Circuit, given)
-
-
-@command(settings.Patch)
-def patch(**given: Any) -> PatchResult:
-    """Activation patching per head (`attnscope patch`): for clean and corrupted prompts, the share of the logit
-    difference (answer − wrong, at the last position) that each head's clean output restores in the corrupted run,
-    and that its corrupted output removes from the clean run. A model already loaded must have its language-model head
-    (`load`'s default); one given by name is loaded so."""
-    from attnscope.analyses.patch import Patch
-
-    return _run(Patch, given)
-
-
-@command(settings.Discover)
-def discover(**given: Any) -> DiscoverResult:
-    """The circuit of a task (`attnscope discover`): for clean and corrupted prompts, every edge between the model's
-    components (embeddings, heads' queries, keys and values, MLPs, logits) scored by how much of the logit difference
-    (answer − wrong, at the last position) it carries, then the circuits of the top edges run with every other edge
-    ablated: their faithfulness, MIB's CPR and CMD, and the smallest circuit that reaches `target`. A model already
-    loaded must have its language-model head (`load`'s default); one given by name is loaded so."""
-    from attnscope.analyses.discover import Discover
-
-    return _run(Discover, given)
-
-
-@command(settings.Kvplan)
-def kvplan(**given: Any) -> KvplanResult:
-    """A KV-cache plan in DuoAttention's format (`attnscope kvplan`): each head's attention on the keys a streaming
-    cache drops (those after the first `sink` and before the last `recent` of each row), the largest of a KV head's
-    query heads, and the `streaming` share of KV heads with the lowest scores given a streaming cache. `save(folder)`
-    writes full_attention_heads.tsv and config.json as DuoAttention and kvpress read them."""
-    from attnscope.analyses.kvplan import Kvplan
-
-    return _run(Kvplan, given)
-
-
-@command(settings.Report)
-def report(**given: Any) -> ReportResult:
-    """Everything the report page shows (`attnscope report`): `save(folder)` writes report.html; a notebook shows
-    the role map, the heads and the diversity. Several models (a list, or `revisions`) share one page with a
-    slider over them, loaded one at a time."""
-    from attnscope.analyses.report import Report
-
-    return _run(Report, given)
-
-
-@command(settings.Compare)
-def compare(**given: Any) -> CompareResult:
-    """Compare the heads of several models on the same texts and probe (`attnscope compare`): each head's scores
-    and role in every model, when each role formed, and for two models how far its attention moved (its divergence).
-    Models given by name are loaded one at a time and freed; models already loaded are used as they are."""
-    from attnscope.analyses.compare import Compare
-
-    return _run(Compare, given)
-
-
-@command(settings.Info)
-def info(**given: Any) -> InfoResult:
-    """The model's shape: layers, heads, d_model, d_head, context, attention parameters, device, dtype
-    (`attnscope info`). A model given by name is not loaded: its config.json alone is read."""
-    from attnscope.analyses.info import Info
-
-    return _run(Info, given)
-
-
-@command(settings.RandomMha)
-def random_mha(**given: Any) -> RandomMhaResult:
-    """How different are the heads of a random (untrained) attention layer, by their number (`attnscope
-    random-mha`)? No model and no text."""
-    from attnscope.analyses.random_mha import RandomMha
-
-    return _run(RandomMha, given)
-
-
-@command(settings.Bench)
-def bench(**given: Any) -> BenchResult:
-    """How fast is the analysis, against a plain SDPA forward and the usual notebook ways (`attnscope bench`)? The
-    model is named: bench loads it itself, or builds it with random weights."""
-    from attnscope.analyses.bench import Bench
-
-    return _run(Bench, given)
-
-
-COMMANDS = {  # the command line's name of each function, in the order `attnscope --help` lists them
-    "heads": heads, "show": show, "diversity": diversity, "random-mha": random_mha, "attend": attend,
-    "ablate": ablate, "circuit": circuit, "report": report, "compare": compare, "bench": bench, "info": info,
-    "patch": patch, "discover": discover, "kvplan": kvplan,
-}  # fmt: skip
+# the command line's name of each function, in the order `attnscope --help` lists them; each is also this module's
+# attribute of its Python name (`api.heads`, `api.random_mha`), as `attnscope.heads` is
+COMMANDS: dict[str, Callable[..., Any]] = {entry.name: _function(entry) for entry in registry.COMMANDS}
+globals().update({function.__name__: function for function in COMMANDS.values()})

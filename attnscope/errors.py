@@ -1,4 +1,4 @@
-"""The exception for errors a user can cause, and two kinds of it; the CLI turns each into one line and exit status 2."""
+"""The exception for errors a user can cause, and two kinds of it; the CLI turns each into one line, exit 2."""
 
 
 class AttnscopeError(Exception):

@@ -47,6 +47,7 @@ from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models import removal
 from attnscope.models.loading import LoadedModel, fastest_attention
+from attnscope.output.ablate import AblateView
 from attnscope.pipeline import interventions
 from attnscope.pipeline.ablation import Ablation
 from attnscope.pipeline.inputs import Text, Texts
@@ -82,6 +83,8 @@ class AblationResult(Result):
     """Importance of every head, (n_layer, n_head) numpy float64; with the loss method also the loss with the head
     removed; `prune` lists the loss as the least important heads are removed one after another. With `remove`, the
     baseline is the loss without those heads and `intact_loss` the whole model's."""
+
+    view_class = AblateView  # how it is shown (--json, --csv, --out, the terminal, a notebook)
 
     model: dict[str, Any]
     inputs: dict[str, Any]

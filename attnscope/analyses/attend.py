@@ -23,6 +23,7 @@ from attnscope.analyses.common import check_finite, check_index
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
+from attnscope.output.attend import AttendView
 from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.labels import Labels, label_window, vocabulary_style
@@ -91,6 +92,8 @@ class AttendResult(Result):
     to_weight: (n_layer, n_head) attention summed over their tokens, or None without a target; word_rows: (n_layer,
     n_head, W) the rows summed over each word's keys, in the words view (`view` "words"), else None.
     """
+
+    view_class = AttendView  # how it is shown (--json, --csv, --out, the terminal, a notebook)
 
     model: dict[str, Any]
     settings: dict[str, Any]

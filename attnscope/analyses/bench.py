@@ -48,6 +48,7 @@ from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.families import family_of
 from attnscope.models.loading import fastest_attention, load_config, load_model, resolve_device, resolve_dtype
+from attnscope.output.bench import BenchView
 from attnscope.pipeline import capture, kernels
 from attnscope.scores.catalog import counted
 from attnscope.settings import Planned
@@ -322,6 +323,8 @@ def random_model(config: Any, device: torch.device, dtype: Any) -> Any:
 
 @dataclass(repr=False)  # the repr is Result's: a summary
 class BenchResult(Result):
+    view_class = BenchView  # how it is shown (--json, --csv, --out, the terminal, a notebook)
+
     model: dict[str, Any]  # name and shape of the model timed
     settings: dict[str, Any]  # what was asked, and the machine it ran on
     rows: list[dict]  # `records` of every measurement

@@ -41,6 +41,7 @@ from attnscope.analyses.heads import scoring
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
+from attnscope.output.circuit import CircuitView
 from attnscope.pipeline import distributed
 from attnscope.pipeline.ablation import describe
 from attnscope.pipeline.inputs import Text, Texts
@@ -82,6 +83,8 @@ class CircuitResult(Result):
     the change of that score when head A is removed (0 where A's layer >= B's); heads: one record per head of the
     model (label, layer, head, role, the score a head is explained by or decided by, copying, direct_effect);
     composition (scores.composition.Composition, or None without the weights) and its random baseline."""
+
+    view_class = CircuitView  # how it is shown (--json, --csv, --out, the terminal, a notebook)
 
     model: dict[str, Any]
     inputs: dict[str, Any]

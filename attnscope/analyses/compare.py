@@ -58,6 +58,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.models.checks import Comparable, check_comparable
 from attnscope.models.loading import LoadedModel
 from attnscope.models.sources import ModelSource
+from attnscope.output.compare import CompareView
 from attnscope.pipeline import distributed
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.scores import catalog
@@ -102,6 +103,8 @@ class CompareHead:
 
 @dataclass(repr=False)  # the repr is Result's: a summary
 class CompareResult(Result):
+    view_class = CompareView  # how it is shown (--json, --csv, --out, the terminal, a notebook)
+
     model: dict[str, Any]  # the first model's facts (the shape every model shares), `compared`: each model's
     kind: Kind
     labels: list[str]  # the models, in the order given

@@ -46,6 +46,7 @@ from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.graph import Graph
 from attnscope.models.loading import LoadedModel, fastest_attention
+from attnscope.output.discover import DiscoverView
 from attnscope.pipeline import distributed, interventions
 from attnscope.pipeline.edges import Layout, NodeRecord
 from attnscope.pipeline.pair_batch import PairBatch
@@ -72,6 +73,8 @@ class DiscoverResult(Result):
     """Every edge's score (`scores`, float64, in `graph.edges`' order), the faithfulness of the circuits of the top
     edges on the budget grid (`faithfulness`: ranked by |score|; `faithfulness_signed`: by signed score), MIB's CPR
     and CMD, and the circuit chosen (see the module docstring)."""
+
+    view_class = DiscoverView  # how it is shown (--json, --csv, --out, the terminal, a notebook)
 
     model: dict[str, Any]
     inputs: dict[str, Any]

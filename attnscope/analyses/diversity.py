@@ -16,6 +16,7 @@ from attnscope.analyses.common import Progress
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
+from attnscope.output.diversity import DiversityView
 from attnscope.pipeline import distributed
 from attnscope.pipeline.blocks import AttentionBlock
 from attnscope.pipeline.inputs import Text, Texts
@@ -34,6 +35,8 @@ class DiversityResult(Result):
     Matrices are (K, K) numpy float64: `cosine`, `js` (mean JSD per scored row, bits) and `js_distance` (mean of
     its square root per row). `layer_scores`: layer -> mean JSD over the pairs of its heads.
     """
+
+    view_class = DiversityView  # how it is shown (--json, --csv, --out, the terminal, a notebook)
 
     model: dict[str, Any]
     inputs: dict[str, Any]

@@ -16,6 +16,7 @@ from attnscope.analyses.maps import AttentionMap, with_words
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
+from attnscope.output.heads import HeadsView
 from attnscope.pipeline import capture, distributed
 from attnscope.pipeline.blocks import Reducer
 from attnscope.pipeline.divergence import Reducers
@@ -43,6 +44,8 @@ class HeadRecord:
 
 @dataclass(repr=False)  # the repr is Result's: a summary
 class HeadsResult(Result):
+    view_class = HeadsView  # how it is shown (--json, --csv, --out, the terminal, a notebook)
+
     model: dict[str, Any]
     kind: Kind
     inputs: dict[str, Any]

@@ -10,10 +10,13 @@ from attnscope import settings
 from attnscope.analyses.result import Result
 from attnscope.models.facts import model_facts
 from attnscope.models.loading import LoadedModel
+from attnscope.output.info import InfoView
 
 
 @dataclass(repr=False)  # the repr is Result's: a summary
 class InfoResult(Result):
+    view_class = InfoView  # how it is shown (--json, --csv, --out, the terminal, a notebook)
+
     model: dict[str, Any]
     notes: list[str] = field(default_factory=list)
 

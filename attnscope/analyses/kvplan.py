@@ -47,6 +47,7 @@ from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.output.documents import DECIMALS
+from attnscope.output.kvplan import KvplanView
 from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text, Texts, sample_texts
 from attnscope.pipeline.reducers import DistantAttention
@@ -61,6 +62,8 @@ class KvplanResult(Result):
     """Every query head's score (L, H) and every KV head's (L, H_kv), numpy float64 (see the module docstring); the
     plan, `full` (L, H_kv) bool (True: the full cache; False: streaming); each layer's own sliding window (None: it
     sees every earlier key); the memory at the context asked for (bytes, full and with the plan)."""
+
+    view_class = KvplanView  # how it is shown (--json, --csv, --out, the terminal, a notebook)
 
     model: dict[str, Any]
     inputs: dict[str, Any]

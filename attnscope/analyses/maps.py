@@ -14,6 +14,7 @@ from attnscope import options, settings
 from attnscope.analyses.common import check_finite, check_index
 from attnscope.analyses.result import Result
 from attnscope.models.loading import LoadedModel
+from attnscope.output.show import ShowView
 from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.labels import Labels, label_window
@@ -89,6 +90,8 @@ def attention_maps(
 class ShowResult(Result):
     """`attnscope show`: one layer's maps (every head, or `head` alone) for the text at `index`, token by token or
     (`attention.view` "words") word by word."""
+
+    view_class = ShowView  # how it is shown (--json, --csv, --out, the terminal, a notebook)
 
     model: dict[str, Any]
     attention: AttentionMap

@@ -51,6 +51,7 @@ from attnscope.analyses.common import check_finite, check_weights
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel, fastest_attention
+from attnscope.output.patch import PatchView
 from attnscope.pipeline import interventions
 from attnscope.pipeline.prompt_pairs import (
     LogitDifference,
@@ -76,6 +77,8 @@ class PatchResult(Result):
     """Every head's restored and removed shares (L, H) numpy float64 (see the module docstring), the pairs with their
     baseline logit differences, and each pair's patched logit differences (P, L, H): `denoised` (the corrupted run
     with the head's clean output), `noised` (the clean run with the head's corrupted output)."""
+
+    view_class = PatchView  # how it is shown (--json, --csv, --out, the terminal, a notebook)
 
     model: dict[str, Any]
     inputs: dict[str, Any]

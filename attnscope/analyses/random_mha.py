@@ -16,6 +16,7 @@ import torch
 from attnscope import settings
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
+from attnscope.output.random_mha import RandomMhaView
 from attnscope.scores import pairs
 from attnscope.scores.catalog import counted
 from attnscope.scores.kinds import DECODER
@@ -108,6 +109,8 @@ def _diversity_by_heads(
 
 @dataclass(repr=False)  # the repr is Result's: a summary
 class RandomMhaResult(Result):
+    view_class = RandomMhaView  # how it is shown (--json, --csv, --out, the terminal, a notebook)
+
     settings: dict[str, Any]
     rows: list[dict]  # one per head count, ascending
     notes: list[str] = field(default_factory=list)

@@ -43,6 +43,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.models.checks import Comparable, check_comparable
 from attnscope.models.loading import LoadedModel
 from attnscope.models.sources import ModelSource
+from attnscope.output.report import ReportView
 from attnscope.pipeline import capture, distributed
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.labels import Labels, label_window
@@ -279,6 +280,8 @@ class ReportModel:
 
 @dataclass(repr=False)  # the repr is Result's: a summary
 class ReportResult(Result):
+    view_class = ReportView  # how it is shown (--json, --csv, --out, the terminal, a notebook)
+
     heads: HeadsResult
     diversity: DiversityResult | None  # None with the diversity pass off
     characteristic: list[HeadRecord]

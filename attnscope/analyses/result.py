@@ -16,7 +16,7 @@ field, arrays and all: thousands of characters) over the one here.
 Why a result can call its view: rendering is a stage below the analyses (tests/unit/test_layout.py:
 ... pipeline < output < analyses < api < cli), because that is the way the imports really go: a result hands itself
 to its view, and a view never imports a result class. Views read results by duck typing (the attributes their
-docstrings name), and `output.views` finds a result's view by the result's class name. So every dependency points
+docstrings name), and a result's class names its view by reference (`view_class`). So every dependency points
 one way and there is no cycle, while `result.to_json()` still works on any result. The renderers' modules are light
 (matplotlib and rich come inside the functions that draw), so importing an analysis loads no renderer's library.
 """

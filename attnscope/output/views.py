@@ -14,18 +14,17 @@ figures, its terminal tables and its notebook HTML), built from the shared build
 JSON and CSV text), `files` (staged, atomic writes), `figures` (matplotlib: writing, layout, colour bars) and the
 pictures built on it (`head_grids`, `attention_maps`, `head_matrices`, `head_graph`, `line_plots`), `terminal` (rich:
 palette, grids, record tables), `notebook` (inline HTML: cells, tables, grids) and `viewer` (the report page's
-interactive viewer). `VIEWS` below registers every room.
+interactive viewer).
 
 The output stage sits below the analyses (tests/unit/test_layout.py): an analysis result hands itself to its view
 (`analyses.result.Result`), and no module here imports an analysis. A view reads its result by duck typing, the
-attributes its docstrings name; `view_of` finds the view by the result's class name and imports only that room, so
-showing one result loads no other command's code (nor torch, for `attnscope info`). Views render what the analyses
-computed and compute nothing themselves.
+attributes its docstrings name; a result names its view by reference (`view_class`, a class attribute of its
+class), so showing one result loads no other command's room (nor torch, for `attnscope info`). Views render what the
+analyses computed and compute nothing themselves.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -191,34 +190,7 @@ def words_field(labels: Any) -> list[dict]:
     return [{"text": text, "positions": list(word)} for text, word in zip(labels.word_text, labels.words, strict=True)]
 
 
-# The rooms: an analysis result's class name -> its view, by the dotted path of the View class in its room, imported
-# when a result of that class is first shown (as transformers' auto classes name their modules). A new command adds
-# its line.
-VIEWS: dict[str, str] = {
-    "HeadsResult": "attnscope.output.heads.HeadsView",
-    "ShowResult": "attnscope.output.show.ShowView",
-    "DiversityResult": "attnscope.output.diversity.DiversityView",
-    "RandomMhaResult": "attnscope.output.random_mha.RandomMhaView",
-    "AttendResult": "attnscope.output.attend.AttendView",
-    "AblationResult": "attnscope.output.ablate.AblateView",
-    "ReportResult": "attnscope.output.report.ReportView",
-    "BenchResult": "attnscope.output.bench.BenchView",
-    "InfoResult": "attnscope.output.info.InfoView",
-    "CircuitResult": "attnscope.output.circuit.CircuitView",
-    "CompareResult": "attnscope.output.compare.CompareView",
-    "PatchResult": "attnscope.output.patch.PatchView",
-    "KvplanResult": "attnscope.output.kvplan.KvplanView",
-    "DiscoverResult": "attnscope.output.discover.DiscoverView",
-}
-
-
-def view_class(result_class: str) -> type[View]:
-    """The view of results of class `result_class` (a name of VIEWS), its room imported now."""
-    module, _, name = VIEWS[result_class].rpartition(".")
-    return getattr(importlib.import_module(module), name)
-
-
 def view_of(result: Any, pictures: Pictures | None = None) -> View:
-    """The view of an analysis result; `pictures`: how its files' pictures are written (default PNG at
-    output.files.DPI)."""
-    return view_class(type(result).__name__)(result, pictures)
+    """The view of an analysis result (the View class its class names, `view_class`); `pictures`: how its files'
+    pictures are written (default PNG at output.files.DPI)."""
+    return type(result).view_class(result, pictures)

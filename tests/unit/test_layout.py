@@ -17,11 +17,7 @@ TESTS = ROOT / "tests"
 # A module of a stage imports only modules of its own stage or of lower ones. Rendering (output) sits below the
 # analyses: a result hands itself to its view (`result.to_json()`, `_repr_html_`), and views read results by duck
 # typing, never importing a result class (see analyses/result.py).
-STAGES = ["base", "scores", "models", "settings", "pipeline", "output", "analyses", "api", "cli"]
-COMMANDS = [
-    "heads", "show", "diversity", "random-mha", "attend", "ablate", "circuit", "report", "compare", "bench", "info",
-    "patch", "discover", "kvplan",
-]  # fmt: skip
+STAGES = ["base", "scores", "models", "settings", "pipeline", "output", "analyses", "registry", "api", "cli"]
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -230,12 +226,13 @@ def test_the_import_check_finds_an_upward_import_at_any_depth(tmp_path):
 
 
 def test_every_command_has_one_room_and_every_result_its_view():
-    """Each command's rendering lives in one module, output/<command>.py, and the views table names, for every
-    result class of the analyses, a View of that folder (the view of a command's result is that command's room)."""
-    from attnscope.output.views import VIEWS, View, view_class
+    """Each command's rendering lives in one module, output/<command>.py, and each command's result (its record in
+    attnscope.registry) names a View of that room; every result class of the analyses is some command's."""
+    import importlib
 
-    rooms = {path.stem for path in (PACKAGE / "output").glob("*.py")}
-    assert {command.replace("-", "_") for command in COMMANDS} <= rooms
+    from attnscope import registry
+    from attnscope.output.views import View
+
     results = sorted(
         node.name
         for path, _ in _package_modules()
@@ -243,23 +240,24 @@ def test_every_command_has_one_room_and_every_result_its_view():
         for node in ast.walk(_tree(path))
         if isinstance(node, ast.ClassDef) and any(getattr(base, "id", None) == "Result" for base in node.bases)
     )
-    assert results == sorted(VIEWS)
-    for name in results:
-        view = view_class(name)
-        assert issubclass(view, View) and f"{view.__module__}.{view.__name__}" == VIEWS[name]
-        assert view.command and view.command.replace("-", "_") == view.__module__.rpartition(".")[2]
+    assert results == sorted(command.result.rpartition(".")[2] for command in registry.COMMANDS)
+    for command in registry.COMMANDS:
+        module, _, name = command.result.rpartition(".")
+        view = getattr(importlib.import_module(module), name).view_class
+        assert issubclass(view, View) and view.__module__ == f"attnscope.output.{command.function}", command.name
+        assert view.command == command.name
 
 
 def test_the_lazy_names_of_the_package_load_their_modules():
     """`attnscope/__init__` names a few things of higher stages by string, loaded when first used (not an import
     statement, so the package imports without torch)."""
     import attnscope
-    from attnscope import api
+    from attnscope import api, registry
     from attnscope.pipeline.inputs import Text
 
     assert attnscope.Text is Text
     names = ("load", *(function.__name__ for function in api.COMMANDS.values()))
-    assert len(names) == 15
+    assert len(names) == 1 + len(api.COMMANDS) and list(api.COMMANDS) == [c.name for c in registry.COMMANDS]
     for name in names:
         assert getattr(attnscope, name) is getattr(api, name)
         assert name in dir(attnscope) and name in attnscope.__all__
@@ -312,7 +310,9 @@ def test_help_does_not_import_heavy_libraries():
     )
     assert helped.returncode == 0, helped.stderr
     listed = [line.split()[0] for line in helped.stdout.split("Commands:")[1].splitlines() if line.strip()]
-    assert listed == COMMANDS
+    from attnscope import registry
+
+    assert listed == [command.name for command in registry.COMMANDS]  # in the registry's order
 
 
 def test_tests_share_code_only_through_support():

@@ -9,6 +9,7 @@ import importlib
 import numpy as np
 import pytest
 
+from attnscope import registry
 from attnscope.analyses.ablate import AblationResult
 from attnscope.analyses.attend import AttendResult
 from attnscope.analyses.bench import BenchResult
@@ -25,7 +26,7 @@ from attnscope.analyses.random_mha import RandomMhaResult
 from attnscope.analyses.report import ReportModel, ReportResult
 from attnscope.analyses.result import Result
 from attnscope.models.graph import Graph
-from attnscope.output.views import SUMMARY_WIDTH, VIEWS, fitted
+from attnscope.output.views import SUMMARY_WIDTH, View, fitted
 from attnscope.pipeline.labels import Labels
 from attnscope.scores import catalog
 from attnscope.scores.kinds import DECODER
@@ -293,15 +294,16 @@ def _check_brief(text: str, name: str) -> None:
 
 
 def test_every_result_class_has_a_view_and_prints_through_it():
-    """The dataclass decorator writes a __repr__ unless told not to: every result class keeps Result's."""
-    for module in ("heads", "maps", "diversity", "attend", "ablate", "circuit", "compare", "report", "bench", "info",
-                   "discover"):  # fmt: skip
-        importlib.import_module(f"attnscope.analyses.{module}")
-    importlib.import_module("attnscope.analyses.random_mha")
-    classes = {cls.__name__: cls for cls in Result.__subclasses__()}
-    assert set(classes) == set(VIEWS) == set(BUILT)
+    """Every command's result (its record in attnscope.registry) is built here by hand, names its view, and keeps
+    Result's __repr__ (the dataclass decorator writes its own unless told not to)."""
+    classes = {}
+    for command in registry.COMMANDS:
+        module, _, name = command.result.rpartition(".")
+        classes[name] = getattr(importlib.import_module(module), name)
+    assert set(classes) == set(BUILT) == {cls.__name__ for cls in Result.__subclasses__()}
     for name, cls in classes.items():
         assert cls.__repr__ is Result.__repr__, name
+        assert issubclass(cls.view_class, View), name
 
 
 @pytest.mark.parametrize("name", sorted(BUILT))
