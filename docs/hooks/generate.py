@@ -8,6 +8,10 @@ what it names, built from the code as it is now:
     <!-- generated: scores -->         the catalog's scores (attnscope/scores/catalog.py)
     <!-- generated: roles -->          the catalog's roles, in the order they are tried
     <!-- generated: info MODEL -->      what `attnscope info --model MODEL --device cpu` prints (config only, fast)
+    <!-- generated: commands -->       the commands' index: one row per record of attnscope.registry, linked to its page
+    <!-- generated: api -->            the API reference's members: `load` and every command's function
+
+And the site's navigation lists the commands of attnscope.registry, each under its name and page (`on_config`).
 
 A marker may also hold what it generated, up to `<!-- end generated -->`: the page then reads on a code host too
 (docs/reference.md does: `python docs/hooks/generate.py` rewrites its block, and tests/unit/test_docs.py fails while
@@ -238,6 +242,42 @@ def info_markdown(model: str) -> str:
     return "```\n" + printed.getvalue().rstrip() + "\n```"
 
 
+def commands_markdown() -> str:
+    """The commands' index (docs/commands/index.md): each record's name linked to its page, what it does, what it
+    draws."""
+    from attnscope import registry
+
+    rows = ["| command | what it does | picture |", "|---|---|---|"]
+    for command in registry.COMMANDS:
+        link = command.page.removeprefix("commands/") if command.page.startswith("commands/") else f"../{command.page}"
+        rows.append(f"| [`attnscope {command.name}`]({link}) | {command.summary} | {command.picture} |")
+    return "\n".join(rows)
+
+
+def api_markdown() -> str:
+    """The API reference (docs/api.md): `load` and every command's function, from their docstrings as `help()` shows
+    them (the functions are made at import from the registry, so they are read by inspection, not from the source)."""
+    from attnscope import registry
+
+    members = ", ".join(["load", *(command.function for command in registry.COMMANDS)])
+    return f"::: attnscope.api\n    options:\n      force_inspection: true\n      members: [{members}]"
+
+
+def navigation(nav: list[Any]) -> list[Any]:
+    """The site's navigation with its Commands section made of the registry's records (after its first entry, the
+    overview, and before its last, the reference of every option)."""
+    from attnscope import registry
+
+    out = []
+    for entry in nav:
+        if isinstance(entry, dict) and "Commands" in entry:
+            first, *_, last = entry["Commands"]
+            pages = [{command.name: command.page} for command in registry.COMMANDS]
+            entry = {"Commands": [first, *pages, last]}
+        out.append(entry)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- the hook
 
 
@@ -254,9 +294,19 @@ def expand(markdown: str) -> str:
             return roles_markdown()
         if kind == "info" and argument is not None:
             return info_markdown(argument)
+        if kind == "commands" and argument is None:
+            return commands_markdown()
+        if kind == "api" and argument is None:
+            return api_markdown()
         raise ValueError(f"unknown marker: {found.group(0)}")
 
     return MARKER.sub(replace, markdown)
+
+
+def on_config(config: Any) -> Any:
+    """MkDocs' hook: the navigation's commands from the registry."""
+    config["nav"] = navigation(config["nav"])
+    return config
 
 
 def on_page_markdown(markdown: str, page: Any = None, config: Any = None, files: Any = None) -> str:
