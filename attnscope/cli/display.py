@@ -128,6 +128,7 @@ class Live:
         self.bar: Any = None
         self.began = time.perf_counter()
         self.last_plain: float | None = None
+        self.first_progress: tuple[float, int] | None = None  # off a terminal: (when, tokens) at the first batch
         self.news = ""  # off a terminal: the latest status or progress, written when its time comes
         self.status = self._status if self.shown else self._plain_status if plain else None
         self.progress = self._progress if self.shown else self._plain_progress if plain else None
@@ -209,10 +210,13 @@ class Live:
         self._plain_line()
 
     def _plain_progress(self, texts: int, tokens: int, share: float) -> None:
-        elapsed = time.perf_counter() - self.began
+        now = time.perf_counter()
+        if self.first_progress is None:  # the first batch: the rate counts from here, as the bar's does
+            self.first_progress = (now, tokens)
+        since, before = self.first_progress
         self.news = f"{share:.0%} of the input, {counted(texts, 'text')} read, {tokens:,} tokens run"
-        if elapsed > 0 and tokens:
-            self.news += f" ({tokens / elapsed:,.0f} tokens/s)"
+        if now > since and tokens > before:
+            self.news += f" ({(tokens - before) / (now - since):,.0f} tokens/s)"
         self._plain_line()
 
     def _plain_line(self) -> None:

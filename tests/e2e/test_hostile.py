@@ -5,6 +5,7 @@ memory, a batch that cannot fit, a model with NaN weights, a context too short f
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import signal
@@ -204,9 +205,17 @@ def test_nan_weights_are_refused_naming_the_first_damaged_weight(cli, nan_model_
     )  # (transformer.)h.1…: ablate scans its LM model
 
 
-def test_a_layer_before_the_damage_is_still_shown(cli, nan_model_dir):
+def test_a_layer_before_the_damage_is_still_shown(cli, nan_model_dir, tiny_model_dir):
+    """The NaN is in layer 1's weights: layer 0 computes before it and cannot see it, so its maps are those of the
+    same tiny GPT-2 without the NaN (both built with seed 0), finite, each row summing to 1."""
     code, out, err = cli("show", CAT, "--layer", "0", "--json", "-m", nan_model_dir)
     assert code == 0, err
+    sound_code, sound, _ = cli("show", CAT, "--layer", "0", "--json", "-m", tiny_model_dir)
+    assert sound_code == 0
+    damaged, whole = json.loads(out), json.loads(sound)
+    assert damaged["maps"] == whole["maps"] and damaged["maps"]
+    maps = torch.tensor(damaged["maps"], dtype=torch.float64)  # (heads, rows, keys)
+    assert maps.isfinite().all() and torch.allclose(maps.sum(-1), torch.ones(()).double(), atol=1e-5)
 
 
 def test_half_precision_that_overflows_is_told_to_use_float32():
@@ -944,8 +953,13 @@ def test_a_score_the_same_for_every_head_is_refused_where_heads_are_told_apart(c
 
 
 def test_the_same_score_still_sorts_the_heads(cli, tiny_model_dir):
-    code, out, err = cli("heads", CAT, "-m", tiny_model_dir, "--sort", "local_uniform", "--top", "2")
+    """local_uniform is the same for every head (a property of the text): sorting by it keeps the order layer.head,
+    as docs/promises.md says."""
+    code, out, err = cli("heads", CAT, "-m", tiny_model_dir, "--sort", "local_uniform", "--top", "3", "--json")
     assert code == 0, err
+    heads = json.loads(out)["heads"]
+    assert [head["label"] for head in heads] == ["0.0", "0.1", "0.2"]
+    assert len({head["local_uniform"] for head in heads}) == 1
 
 
 def test_a_nul_character_is_refused_from_every_input(cli, tmp_path, tiny_model_dir):
