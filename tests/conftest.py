@@ -22,6 +22,9 @@ os.environ.setdefault("ATTNSCOPE_REAL_HF_HOME", os.environ.get("HF_HOME", ""))
 OFFLINE_HF_HOME = tempfile.mkdtemp(prefix="attnscope-tests-hf-home-")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HOME"] = OFFLINE_HF_HOME
+# Off a terminal a long run prints a progress line now and then (cli.display.Live); a test run on a busy machine
+# would get one where it checks stderr line by line. The tests of those lines turn them back on.
+os.environ["ATTNSCOPE_PROGRESS"] = "off"
 # Without a GPU the fused kernel's tests run it under Triton's interpreter. Triton reads TRITON_INTERPRET once, when it
 # is imported (triton.language decorates its own functions, tl.sum and the like, as compiled or interpreted then),
 # and transformers imports it (through torch._dynamo) long before any kernel runs: so it is set here, before any test

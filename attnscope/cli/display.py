@@ -106,6 +106,7 @@ def is_main() -> bool:
 # Off a terminal (a pipe, CI, a notebook's subprocess) progress is plain lines: none in a command's first
 # PLAIN_FIRST_S seconds (a quick command says nothing), then at most one every PLAIN_EVERY_S seconds
 PLAIN_FIRST_S, PLAIN_EVERY_S = 10.0, 30.0
+PLAIN_SWITCH = "ATTNSCOPE_PROGRESS"  # `off` in the environment: no such lines (the planned work's note stays)
 
 
 class Live:
@@ -123,6 +124,7 @@ class Live:
         main = not quiet and is_main()
         self.shown = main and sys.stderr.isatty()
         plain = main and not self.shown
+        self.lines = plain and os.environ.get(PLAIN_SWITCH, "").strip().lower() != "off"  # progress lines
         self.label = label
         self.line_drawn = False
         self.bar: Any = None
@@ -131,7 +133,7 @@ class Live:
         self.first_progress: tuple[float, int] | None = None  # off a terminal: (when, tokens) at the first batch
         self.news = ""  # off a terminal: the latest status or progress, written when its time comes
         self.status = self._status if self.shown else self._plain_status if plain else None
-        self.progress = self._progress if self.shown else self._plain_progress if plain else None
+        self.progress = self._progress if self.shown else self._plain_progress if self.lines else None
 
     def __enter__(self) -> Live:
         return self
@@ -222,7 +224,11 @@ class Live:
     def _plain_line(self) -> None:
         """The latest news as one line, when the time since the command began and since the last line allow."""
         now = time.perf_counter()
-        if now - self.began < PLAIN_FIRST_S or (self.last_plain is not None and now - self.last_plain < PLAIN_EVERY_S):
+        if (
+            not self.lines
+            or now - self.began < PLAIN_FIRST_S
+            or (self.last_plain is not None and now - self.last_plain < PLAIN_EVERY_S)
+        ):
             return
         self.last_plain = now
         sys.stderr.write(one_line(f"progress: {self.label}: {self.news}; {_duration(now - self.began)} so far") + "\n")

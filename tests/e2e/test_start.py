@@ -347,6 +347,7 @@ def test_off_a_terminal_a_long_run_says_how_it_goes_in_plain_lines_now_and_then(
 
     clock = [100.0]
     monkeypatch.setattr(display.time, "perf_counter", lambda: clock[0])
+    monkeypatch.delenv(display.PLAIN_SWITCH)  # the tests turn the lines off (conftest); on by default
     with display.Live(False, "kvplan") as live:
         live.status("loading demo …")
         live.status(Planned("--check runs 12 passkey prompts 33 times"))
@@ -366,6 +367,13 @@ def test_off_a_terminal_a_long_run_says_how_it_goes_in_plain_lines_now_and_then(
     ]
     with display.Live(True, "kvplan") as quiet:  # --quiet: nothing
         assert quiet.status is None and quiet.progress is None
+    monkeypatch.setenv(display.PLAIN_SWITCH, "off")  # no lines, but what is planned is still said
+    with display.Live(False, "kvplan") as off:
+        off.status(Planned("a large piece of work"))
+        clock[0] += 100
+        off.status("loading demo …")
+        assert off.progress is None
+    assert capsys.readouterr().err == "note: a large piece of work\n"
 
 
 @pytest.mark.slow
