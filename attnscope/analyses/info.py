@@ -1,5 +1,5 @@
-"""`attnscope info`: the model's shape and size, from its config.json alone (see `facts.model_facts`), or from a
-model already loaded (`LoadedModel.info`)."""
+"""`attnscope info`: the model's shape and size, and each layer's attention, from its config.json alone (see
+`facts.facts_and_layers`), or from a model already loaded (`LoadedModel.info`, `LoadedModel.attention_layers`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from attnscope import settings
 from attnscope.analyses.result import Result
-from attnscope.models.facts import model_facts
+from attnscope.models.facts import facts_and_layers
 from attnscope.models.loading import LoadedModel
 from attnscope.output.info import InfoView
 
@@ -19,6 +19,8 @@ class InfoResult(Result):
 
     model: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    # one record per layer of what its attention computes (models.families.AttentionTraits.layers)
+    layers: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Info(settings.Info):
@@ -27,5 +29,6 @@ class Info(settings.Info):
 
     def run(self, model: LoadedModel | str, status: Any = None) -> InfoResult:
         if isinstance(model, LoadedModel):
-            return InfoResult(model.info())
-        return InfoResult(model_facts(model, self.device, self.dtype, self.revision))
+            return InfoResult(model.info(), layers=model.attention_layers())
+        facts, layers = facts_and_layers(model, self.device, self.dtype, self.revision)
+        return InfoResult(facts, layers=layers)

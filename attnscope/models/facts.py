@@ -43,8 +43,16 @@ SAFETENSORS_DTYPES = {  # the floating-point dtypes of the safetensors format, b
 
 
 def model_facts(name: str, device: str = "auto", dtype: str = "auto", revision: str | None = None) -> dict[str, Any]:
-    """What `load_model(name, device, dtype).info()` reports, from the model's config.json alone: no weights are
-    read (nor downloaded), no tokenizer either. Every fact is the loaded model's:
+    """What `load_model(name, device, dtype).info()` reports, from the model's config.json alone (see
+    `facts_and_layers`)."""
+    return facts_and_layers(name, device, dtype, revision)[0]
+
+
+def facts_and_layers(
+    name: str, device: str = "auto", dtype: str = "auto", revision: str | None = None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """What `load_model(name, device, dtype)` reports with `info()` and `attention_layers()`, from the model's
+    config.json alone: no weights are read (nor downloaded), no tokenizer either. Every fact is the loaded model's:
 
     - the shape (layers, heads, widths, context, vocabulary) is the config's, as transformers reads it;
     - `n_params` and `attention_params`: for GPT-2 (the demo model, gpt2 …) counted by formula from the config
@@ -53,7 +61,9 @@ def model_facts(name: str, device: str = "auto", dtype: str = "auto", revision: 
     - `dtype` with `auto`: the config's own (`dtype`, or `torch_dtype` in older files), else that of the first
       floating-point tensor of the weights' safetensors header when the weights are on disk (transformers' rule),
       else float32;
-    - `device`: where `load_model` would put the model (asking torch only when CUDA could be there).
+    - `device`: where `load_model` would put the model (asking torch only when CUDA could be there);
+    - each layer's attention is read from the config by the family's traits (`AttentionTraits.layers`), as the
+      loaded model reads it.
     """
     folder = _config_folder(name, revision)
     raw = checks.read_raw_config(folder, name)
@@ -64,8 +74,12 @@ def model_facts(name: str, device: str = "auto", dtype: str = "auto", revision: 
         )
     )
     gpt2 = raw.get("model_type") == "gpt2" and not raw.get("add_cross_attention")  # no cross-attention layers
-    facts = gpt2_facts(raw, name, family) if gpt2 else _facts_from_architecture(name, folder, family)
-    return {**facts, "device": _device_name(device), "dtype": _dtype_name(dtype, raw, folder)}
+    if gpt2:
+        facts = gpt2_facts(raw, name, family)
+        layers = family.attention_layers(SimpleNamespace(**raw), facts["n_layer"], facts["n_head"], facts["n_kv_head"])
+    else:
+        facts, layers = _facts_from_architecture(name, folder, family)
+    return {**facts, "device": _device_name(device), "dtype": _dtype_name(dtype, raw, folder)}, layers
 
 
 def config_shape(name: str, revision: str | None = None) -> checks.Shape:
@@ -162,9 +176,9 @@ def gpt2_facts(raw: dict[str, Any], name: str, family: Family) -> dict[str, Any]
     }
 
 
-def _facts_from_architecture(name: str, folder: Path, family: Family) -> dict[str, Any]:
-    """`LoadedModel.info` of the model's architecture built on torch's meta device: every parameter has its shape
-    and no memory, so counts are exact and nothing is read but the config."""
+def _facts_from_architecture(name: str, folder: Path, family: Family) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`LoadedModel.info` and `attention_layers` of the model's architecture built on torch's meta device: every
+    parameter has its shape and no memory, so counts are exact and nothing is read but the config."""
     import torch
     from transformers import AutoConfig, AutoModel
     from transformers.utils import logging as hf_logging
@@ -177,7 +191,8 @@ def _facts_from_architecture(name: str, folder: Path, family: Family) -> dict[st
     except Exception as error:  # a config transformers cannot build: name it, as loading would
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise AttnscopeError(f"cannot read model '{name}': {type(error).__name__}: {first_line}") from error
-    return LoadedModel(name, model, None, None, family).info()
+    built = LoadedModel(name, model, None, None, family)
+    return built.info(), built.attention_layers()
 
 
 def _device_name(spec: str) -> str:

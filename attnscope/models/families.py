@@ -7,7 +7,9 @@ the module whose input is the heads' outputs side by side (head h in columns h·
 `attention_parameters` the modules whose parameters are W_Q, W_K, W_V and W_O with their biases; `weights` (a
 `WeightPaths`) where the weight-based analyses (`models.weights`) find each head's W_Q, W_K, W_V, the norms around
 the attention, the embedding and the unembedding; `mlp` (an `MlpPaths`, decoders) where a layer's MLP reads the
-residual stream (`attnscope discover`'s MLP nodes).
+residual stream (`attnscope discover`'s MLP nodes); `traits` (an `AttentionTraits`) what its attention does besides
+a softmax over every key (sliding windows, soft-capping, QK-norm, sinks), which `Family.attention_layers` reads from
+a config for `attnscope info`.
 """
 
 from __future__ import annotations
@@ -107,6 +109,76 @@ class MlpPaths:
 
 
 LLAMA_MLP = MlpPaths("post_attention_layernorm")
+EVERY_LAYER = "every_layer"  # AttentionTraits.windows: config.sliding_window on every layer
+LAYER_TYPES = "layer_types"  # AttentionTraits.windows: config.sliding_window on the layers config.layer_types names
+
+
+@dataclass(frozen=True)
+class AttentionTraits:
+    """What a family's attention does besides a softmax over every key its kind lets a query see, as the config
+    switches it on (checked against transformers 5.24's modeling code of every family, 2026-12-03): what the
+    attention function receives as `sliding_window`, `softcap` and `s_aux`, and the masks the model builds.
+
+    windows: where a layer's sliding window comes from: "" none (the family's mask ignores `sliding_window`, even
+        when a config.json holds one); EVERY_LAYER `config.sliding_window` on every layer, when set (Mistral,
+        Mixtral, Phi-3, StarCoder2, Qwen3-MoE); LAYER_TYPES `config.sliding_window` on the layers whose entry of
+        `config.layer_types` is "sliding_attention", the others full (Qwen2, Gemma 2 and 3, gpt-oss, ModernBERT …);
+    softcap: the config attribute of the logits' soft cap (Gemma 2/3's `attn_logit_softcapping`: s ← c · tanh(s / c)
+        before the mask; unset, None, no cap), None where the family has none;
+    qk_norm: True where every layer normalises its queries and keys before their dot product (Qwen3, Gemma 3,
+        OLMo 2, …), or the config attribute that switches it (Cohere's `use_qk_norm`, Phi's `qk_layernorm`);
+    sinks: one learned logit per head joins each row's softmax as an extra key, its share dropped (gpt-oss).
+    """
+
+    windows: str = ""
+    softcap: str | None = None
+    qk_norm: bool | str = False
+    sinks: bool = False
+
+    def layers(self, config: Any, n_layer: int, n_head: int, n_kv_head: int) -> list[dict[str, Any]]:
+        """One record per layer, in layer order, of the attention a model with this config computes:
+
+        - `attention`: "sliding" (a decoder's query i sees keys i − W < j <= i, itself and the W − 1 before it; an
+          encoder's, ModernBERT's local layers, |i − j| <= W) or "full" (every earlier key, or every key);
+        - `window`: W, transformers' `sliding_window` (None where the layer is full);
+        - `softcap`: c where the logits are soft-capped (s ← c · tanh(s / c)), else None;
+        - `qk_norm`: whether queries and keys are normalised before their dot product;
+        - `sinks`: whether a learned sink logit per head takes a share of each row's softmax (the weights on the keys
+          then sum to less than 1);
+        - `kv_heads`, `query_heads_per_kv_head`: the key/value heads and how many query heads read each (1 without
+          grouped-query attention).
+
+        `config` is a transformers config or anything with its attributes (GPT-2's config.json read as a namespace:
+        its family reads none of them).
+        """
+        window = getattr(config, "sliding_window", None) if self.windows else None
+        types = getattr(config, "layer_types", None) if self.windows == LAYER_TYPES else None
+        cap = getattr(config, self.softcap, None) if self.softcap else None
+        qk_norm = bool(getattr(config, self.qk_norm, False)) if isinstance(self.qk_norm, str) else self.qk_norm
+        records = []
+        for layer in range(n_layer):
+            slides = window is not None and (
+                self.windows == EVERY_LAYER or (types is not None and types[layer] == "sliding_attention")
+            )
+            records.append(
+                {
+                    "layer": layer,
+                    "attention": "sliding" if slides else "full",
+                    "window": int(window) if slides else None,
+                    "softcap": None if cap is None else float(cap),
+                    "qk_norm": qk_norm,
+                    "sinks": self.sinks,
+                    "kv_heads": n_kv_head,
+                    "query_heads_per_kv_head": n_head // n_kv_head,
+                }
+            )
+        return records
+
+
+PLAIN = AttentionTraits()
+WINDOWS_EVERY_LAYER = AttentionTraits(windows=EVERY_LAYER)
+WINDOWS_BY_LAYER_TYPE = AttentionTraits(windows=LAYER_TYPES)
+QK_NORM = AttentionTraits(qk_norm=True)
 NORMED_OUTPUT_MLP = MlpPaths("mlp")  # OLMo 2, EXAONE 4: the MLP reads the stream itself, its output is normalised
 
 
@@ -122,6 +194,12 @@ class Family:
     lm_head: str  # CAUSAL_LM or MASKED_LM
     weights: WeightPaths
     mlp: MlpPaths | None = None  # decoders: where each layer's MLP reads the stream (None: encoders)
+    traits: AttentionTraits = PLAIN  # what its attention does besides a softmax over every key
+
+    def attention_layers(self, config: Any, n_layer: int, n_head: int, n_kv_head: int) -> list[dict[str, Any]]:
+        """Each layer's attention, as a model of this family with `config` computes it (`AttentionTraits.layers`):
+        what `attnscope info` shows, from the config alone or from a loaded model alike."""
+        return self.traits.layers(config, n_layer, n_head, n_kv_head)
 
     @property
     def kind(self) -> Kind:
@@ -212,41 +290,53 @@ FAMILIES: tuple[Family, ...] = (
         WeightPaths(qkv=("attn.c_attn",), fused="concat", read_norm="ln_1", final_norm="ln_f"), MlpPaths("ln_2"),
     ),
     Family("Llama", ("llama",), DECODER, **LLAMA_LAYOUT),
-    Family("Mistral", ("mistral",), DECODER, **LLAMA_LAYOUT),
-    Family("Qwen2", ("qwen2",), DECODER, **LLAMA_LAYOUT),
-    Family("Qwen3", ("qwen3",), DECODER, **LLAMA_LAYOUT),
+    Family("Mistral", ("mistral",), DECODER, **LLAMA_LAYOUT, traits=WINDOWS_EVERY_LAYER),
+    Family("Qwen2", ("qwen2",), DECODER, **LLAMA_LAYOUT, traits=WINDOWS_BY_LAYER_TYPE),
+    Family("Qwen3", ("qwen3",), DECODER, **LLAMA_LAYOUT, traits=AttentionTraits(LAYER_TYPES, qk_norm=True)),
     Family("Gemma", ("gemma",), DECODER, **{**LLAMA_LAYOUT, "weights": GEMMA_WEIGHTS}),
-    Family("Gemma 2", ("gemma2",), DECODER, **{**LLAMA_LAYOUT, "weights": GEMMA2_WEIGHTS, "mlp": GEMMA2_MLP}),
-    Family("Gemma 3", ("gemma3_text",), DECODER, **{**LLAMA_LAYOUT, "weights": GEMMA2_WEIGHTS, "mlp": GEMMA2_MLP}),
+    Family(
+        "Gemma 2", ("gemma2",), DECODER, **{**LLAMA_LAYOUT, "weights": GEMMA2_WEIGHTS, "mlp": GEMMA2_MLP},
+        traits=AttentionTraits(LAYER_TYPES, softcap="attn_logit_softcapping"),
+    ),
+    Family(
+        "Gemma 3", ("gemma3_text",), DECODER, **{**LLAMA_LAYOUT, "weights": GEMMA2_WEIGHTS, "mlp": GEMMA2_MLP},
+        traits=AttentionTraits(LAYER_TYPES, softcap="attn_logit_softcapping", qk_norm=True),
+    ),
     Family(
         "Phi-3", ("phi3",), DECODER,
         **{**LLAMA_LAYOUT, "weights": replace(LLAMA_WEIGHTS, qkv=("self_attn.qkv_proj",), fused="concat")},
+        traits=WINDOWS_EVERY_LAYER,
     ),
     Family("OLMo", ("olmo",), DECODER, **LLAMA_LAYOUT),
-    Family("OLMo 2", ("olmo2",), DECODER, **{**LLAMA_LAYOUT, "weights": OUTPUT_NORM_WEIGHTS, "mlp": NORMED_OUTPUT_MLP}),
-    Family("StarCoder2", ("starcoder2",), DECODER, **LLAMA_LAYOUT),
-    Family("SmolLM3", ("smollm3",), DECODER, **LLAMA_LAYOUT),
-    Family("gpt-oss", ("gpt_oss",), DECODER, **LLAMA_LAYOUT),
-    Family("Mixtral", ("mixtral",), DECODER, **LLAMA_LAYOUT),
-    Family("Qwen2-MoE", ("qwen2_moe",), DECODER, **LLAMA_LAYOUT),
-    Family("Qwen3-MoE", ("qwen3_moe",), DECODER, **LLAMA_LAYOUT),
+    Family(
+        "OLMo 2", ("olmo2",), DECODER, **{**LLAMA_LAYOUT, "weights": OUTPUT_NORM_WEIGHTS, "mlp": NORMED_OUTPUT_MLP},
+        traits=QK_NORM,
+    ),
+    Family("StarCoder2", ("starcoder2",), DECODER, **LLAMA_LAYOUT, traits=WINDOWS_EVERY_LAYER),
+    Family("SmolLM3", ("smollm3",), DECODER, **LLAMA_LAYOUT, traits=WINDOWS_BY_LAYER_TYPE),
+    Family("gpt-oss", ("gpt_oss",), DECODER, **LLAMA_LAYOUT, traits=AttentionTraits(LAYER_TYPES, sinks=True)),
+    Family("Mixtral", ("mixtral",), DECODER, **LLAMA_LAYOUT, traits=WINDOWS_EVERY_LAYER),
+    Family("Qwen2-MoE", ("qwen2_moe",), DECODER, **LLAMA_LAYOUT, traits=WINDOWS_BY_LAYER_TYPE),
+    Family("Qwen3-MoE", ("qwen3_moe",), DECODER, **LLAMA_LAYOUT, traits=AttentionTraits(EVERY_LAYER, qk_norm=True)),
     Family("Granite", ("granite", "granitemoe"), DECODER, **{**LLAMA_LAYOUT, "weights": GRANITE_WEIGHTS}),
     Family(
         "Cohere", ("cohere",), DECODER,
         **{**LLAMA_LAYOUT, "weights": replace(LLAMA_WEIGHTS, logit_multiplier="logit_scale"), "mlp": SHARED_NORM_MLP},
+        traits=AttentionTraits(qk_norm="use_qk_norm"),
     ),
-    Family("OLMoE", ("olmoe",), DECODER, **LLAMA_LAYOUT),
+    Family("OLMoE", ("olmoe",), DECODER, **LLAMA_LAYOUT, traits=QK_NORM),
     Family("Helium", ("helium",), DECODER, **LLAMA_LAYOUT),
     Family("GLM", ("glm",), DECODER, **LLAMA_LAYOUT),
     Family(
-        "EXAONE 4", ("exaone4",), DECODER, **{**LLAMA_LAYOUT, "weights": OUTPUT_NORM_WEIGHTS, "mlp": NORMED_OUTPUT_MLP}
+        "EXAONE 4", ("exaone4",), DECODER, **{**LLAMA_LAYOUT, "weights": OUTPUT_NORM_WEIGHTS, "mlp": NORMED_OUTPUT_MLP},
+        traits=AttentionTraits(LAYER_TYPES, qk_norm=True),
     ),
     Family("Seed-OSS", ("seed_oss",), DECODER, **LLAMA_LAYOUT),
     Family("Arcee", ("arcee",), DECODER, **LLAMA_LAYOUT),
-    Family("HunYuan", ("hunyuan_v1_dense",), DECODER, **LLAMA_LAYOUT),
+    Family("HunYuan", ("hunyuan_v1_dense",), DECODER, **LLAMA_LAYOUT, traits=QK_NORM),
     Family(
         "Phi", ("phi",), DECODER, "layers", "self_attn", "self_attn.dense", ("self_attn",), CAUSAL_LM,
-        replace(LLAMA_WEIGHTS, final_norm="final_layernorm"), SHARED_NORM_MLP,
+        replace(LLAMA_WEIGHTS, final_norm="final_layernorm"), SHARED_NORM_MLP, AttentionTraits(qk_norm="qk_layernorm"),
     ),
     Family(
         "GPT-NeoX", ("gpt_neox",), DECODER, "layers", "attention", "attention.dense", ("attention",), CAUSAL_LM,
@@ -286,6 +376,7 @@ FAMILIES: tuple[Family, ...] = (
             qkv=("attn.Wqkv",), fused="concat", read_norm="attn_norm", embedding_norm="embeddings.norm",
             final_norm="final_norm", masked_head=("head.dense", "head.norm"),
         ),
+        traits=WINDOWS_BY_LAYER_TYPE,
     ),
     Family(
         "DistilBERT", ("distilbert",), ENCODER, "transformer.layer", "attention", "attention.out_lin", ("attention",),

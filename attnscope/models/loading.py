@@ -46,9 +46,7 @@ class LoadedModel:
     tokenizer: Any
     device: Any  # torch.device
     family: Family
-    lm_model: Any = (
-        None  # the model with its language-model head, loaded only when asked (`ablate`); `model` is its base
-    )
+    lm_model: Any = None  # the model with its language-model head, loaded only when asked (`ablate`); `model`: its base
     kernel: str = "auto"  # what computes attention when an analysis captures it: auto, fused or blocks (capture.run)
 
     @property
@@ -126,6 +124,11 @@ class LoadedModel:
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
         }
+
+    def attention_layers(self) -> list[dict[str, Any]]:
+        """Each layer's attention (`attnscope info`'s `layers`): full or a sliding window, soft-capping, QK-norm,
+        sinks, key/value heads, read from the config by the family's traits (`AttentionTraits.layers`)."""
+        return self.family.attention_layers(self.config, self.n_layer, self.n_head, self.n_kv_head)
 
 
 def fastest_attention(model: Any) -> str:

@@ -183,13 +183,16 @@ FAST_FAMILIES = ["llama", "gemma2", "bert"]
 )
 def test_info_of_every_family_equals_the_loaded_model(family_dir, family, tmp_path):
     """Counted on the architecture built on the meta device from config.json alone: every fact equals the model
-    loaded with its weights (grouped-query attention, QK-norms, mixtures of experts, encoders' poolers)."""
-    from attnscope.models.facts import model_facts
+    loaded with its weights (grouped-query attention, QK-norms, mixtures of experts, encoders' poolers), and so does
+    each layer's attention."""
+    from attnscope.models.facts import facts_and_layers, model_facts
     from attnscope.models.loading import load_model
 
     shutil.copy(family_dir(family) / "config.json", tmp_path / "config.json")
-    loaded = load_model(str(family_dir(family)), "cpu").info()
-    assert model_facts(str(tmp_path), "cpu") == {**loaded, "name": str(tmp_path)}
+    loaded = load_model(str(family_dir(family)), "cpu")
+    facts, layers = facts_and_layers(str(tmp_path), "cpu")
+    assert model_facts(str(tmp_path), "cpu") == facts == {**loaded.info(), "name": str(tmp_path)}
+    assert layers == loaded.attention_layers() and len(layers) == loaded.n_layer
 
 
 def test_info_takes_no_device_map(cli, tiny_model_dir):

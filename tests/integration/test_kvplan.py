@@ -138,3 +138,4 @@ def test_the_families_scores_kv_heads_and_windows_against_the_eager_maps(family_
     group = model.n_head // model.n_kv_head
     assert np.allclose(result.kv_scores, expected.reshape(model.n_layer, model.n_kv_head, group).max(-1), atol=1e-5)
     assert result.sliding_windows == _windows_of(model.config, model.n_layer)
+    assert result.sliding_windows == [layer["window"] for layer in model.attention_layers()]  # what `info` says

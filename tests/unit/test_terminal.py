@@ -268,6 +268,92 @@ def test_info_view_says_what_it_counts():
         "attention_params": 100, "attention_params_formula": 90, "device": "cpu", "dtype": "float32",
     }  # fmt: skip
     text = " ".join(render(*view_of(InfoResult(facts)).terminal([]), width=120).split())
-    assert "4 (sharing 1 key/value head)" in text
+    assert "4 (sharing 1 key/value head, 4 query heads each)" in text
     assert "1 token" in text and "1 tokens" not in text
     assert "100 (W_Q, W_K, W_V, W_O and any biases: 90)" in text
+
+
+def _layer(layer, attention="full", window=None, softcap=None, qk_norm=False, sinks=False, kv_heads=8, group=4):
+    """One record of `info`'s `layers` (models.families.AttentionTraits.layers)."""
+    return {
+        "layer": layer, "attention": attention, "window": window, "softcap": softcap, "qk_norm": qk_norm,
+        "sinks": sinks, "kv_heads": kv_heads, "query_heads_per_kv_head": group,
+    }  # fmt: skip
+
+
+def test_info_groups_equal_layers_of_an_alternating_model():
+    """Gemma 3's shape: five sliding layers, then a full one; soft-capping and QK-norm on every layer."""
+    from attnscope.analyses.info import InfoResult
+    from attnscope.output.views import view_of
+
+    layers = [
+        _layer(layer, "full", None, 50.0, True) if layer % 6 == 5 else _layer(layer, "sliding", 4096, 50.0, True)
+        for layer in range(12)
+    ]
+    facts = {
+        "name": "g", "family": "Gemma 3", "model_type": "gemma3_text", "kind": "decoder", "n_layer": 12, "n_head": 32,
+        "n_kv_head": 8, "d_model": 64, "d_head": 2, "n_ctx": 8192, "vocab_size": 1, "n_params": 1000,
+        "attention_params": 100, "attention_params_formula": 90, "device": "cpu", "dtype": "float32",
+    }  # fmt: skip
+    result = InfoResult(facts, layers=layers)
+    text = render(*view_of(result).terminal([]), width=100)
+    rows = [[cell.strip() for cell in line.split("│")[1:3]] for line in text.splitlines() if "│" in line]
+    start = rows.index(["attention", "layers 0-4, 6-10: sliding window of 4,096 tokens"])
+    assert rows[start - 1 : start + 5] == [
+        ["heads per layer", "32 (sharing 8 key/value heads, 4 query heads each)"],
+        ["attention", "layers 0-4, 6-10: sliding window of 4,096 tokens"],
+        ["", "layers 5, 11: full causal attention"],
+        ["", "every layer: logits soft-capped at ±50"],
+        ["", "every layer: QK-norm (queries and keys normalised)"],
+        ["width (d_model)", "64"],
+    ]
+    record = result.to_records()[0]
+    assert record["attention"] == (
+        "layers 0-4, 6-10: sliding window of 4,096 tokens | layers 5, 11: full causal attention | every layer: "
+        "logits soft-capped at ±50 | every layer: QK-norm (queries and keys normalised)"
+    )
+    assert result.to_document()["layers"] == layers
+    assert "layers 5, 11: full causal attention" in repr(result) and ".layers" in repr(result)
+    assert "layers 5, 11: full causal attention" in result._repr_html_()
+
+
+@pytest.mark.parametrize(
+    "layers, kind, lines",
+    [
+        ([_layer(0), _layer(1)], DECODER, ["every layer: full causal attention"]),
+        ([_layer(0), _layer(1)], ENCODER, ["every layer: full bidirectional attention"]),
+        (
+            [_layer(0), _layer(1, "sliding", 64), _layer(2)], ENCODER,
+            ["layers 0, 2: full bidirectional attention", "layer 1: sliding window of ±64 tokens"],
+        ),
+        (
+            [_layer(n, "sliding" if n % 2 == 0 else "full", 128 if n % 2 == 0 else None, sinks=True) for n in range(8)],
+            DECODER,
+            ["layers 0, 2, …, 6: sliding window of 128 tokens", "layers 1, 3, …, 7: full causal attention",
+             "every layer: a learned attention sink per head"],
+        ),
+        (
+            [_layer(0, qk_norm=True), _layer(1), _layer(2, softcap=30.0)], DECODER,
+            ["every layer: full causal attention", "layer 2: logits soft-capped at ±30", "layer 0: QK-norm (queries "
+             "and keys normalised)"],
+        ),
+        ([], DECODER, []),
+    ],
+)  # fmt: skip
+def test_info_attention_lines(layers, kind, lines):
+    from attnscope.output.info import attention_lines
+
+    assert attention_lines(layers, kind) == lines
+
+
+@pytest.mark.parametrize(
+    "numbers, shown",
+    [
+        ([5], "layer 5"), ([0, 1], "layers 0, 1"), ([0, 1, 2, 4], "layers 0-2, 4"), ([1, 3, 5], "layers 1, 3, 5"),
+        ([1, 3, 5, 7, 9], "layers 1, 3, …, 9"), ([0, 1, 2, 3], "layers 0-3"), ([0, 6, 7, 9], "layers 0, 6, 7, 9"),
+    ],
+)  # fmt: skip
+def test_info_layer_numbers(numbers, shown):
+    from attnscope.output.info import layer_numbers
+
+    assert layer_numbers(numbers) == shown
