@@ -261,18 +261,20 @@ COMMANDS: tuple[Command, ...] = (
         "attnscope.analyses.info.Info",
         "attnscope.analyses.info.InfoResult",
         doc="""
-        The model's shape: layers, heads, d_model, d_head, context, attention parameters, device, dtype
-        (`attnscope info`). A model given by name is not loaded: its config.json alone is read.
+        The model's shape: layers, heads, d_model, d_head, context, attention parameters, device, dtype, and what
+        each layer's attention is (`attnscope info`). A model given by name is not loaded: its config.json alone is
+        read.
         """,
         help="""
-        The model's shape: layers, heads, d_model, d_head, context, parameters, device and dtype.
+        The model's shape: layers, heads, d_model, d_head, context, parameters, device and dtype, and what
+        each layer's attention is (full or a sliding window, soft-capping, QK-norm, sinks, shared key/value heads).
 
         Reads the model's config.json only: no weights are loaded or downloaded.
 
         Example: attnscope info --model gpt2-medium
         """,
         page="commands/info.md",
-        summary="a model's shape, from its config alone",
+        summary="a model's shape and each layer's attention, from its config alone",
         picture="",
     ),
     Command(
