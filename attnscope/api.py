@@ -11,7 +11,8 @@ function and renders what it returns, so the two cannot drift apart.
 A function's keywords are its command's settings (attnscope.settings), each declared once: `--batch-size` is
 `batch_size`, with the same default and the same check, so the same options give the same result (and `to_json()`
 the same bytes as `--json`). Their signatures and the keyword lists of their docstrings are made from those
-declarations (`command`). Where Python differs: TEXT is `texts` (a string, a list, or None for the samples), the
+declarations (`command`), and so are their types for type checkers and IDEs (attnscope/api.pyi, written by
+scripts/generate_stubs.py). Where Python differs: TEXT is `texts` (a string, a list, or None for the samples), the
 model (`--model`) is the first argument (a name, or a model `load` returned), a repeated option is a list,
 `--from`/`--to` are `from_token`/`to_token`. An error a user can cause raises AttnscopeError, worded as the CLI's one
 line; a keyword the function does not take raises TypeError, as Python does.
@@ -45,10 +46,12 @@ LOADING = tuple(declaration.name for declaration in settings.Loading.declaration
 # ------------------------------------------------------------------------------------------------- declarations
 
 
-def _inputs(declared: type[settings.Settings]) -> list[options.Setting]:
+def _inputs(declared: type[settings.Settings]) -> list[settings.Setting]:
     """What a command's function takes besides its settings: the model and the texts first (positional), then the
     callbacks, as its contract says."""
     model = settings.MODELS if declared.models == settings.SEVERAL else settings.MODEL
+    if not declared.takes_loaded:  # bench: a name, which it loads (or builds) itself
+        model = dataclasses.replace(model, python_help="a name to load: 'demo', a Hub id, a folder")
     first = [] if declared.models == settings.NONE else [model]
     first += [_texts(declared)] if declared.reads_texts else []
     last = [settings.PROGRESS] if declared.reads_texts else []
@@ -56,7 +59,7 @@ def _inputs(declared: type[settings.Settings]) -> list[options.Setting]:
     return first + last
 
 
-def _texts(declared: type[settings.Settings]) -> options.Setting:
+def _texts(declared: type[settings.Settings]) -> settings.Setting:
     """The TEXT of a command: the bundled samples when none is given, or the command's own texts (`default_texts`)."""
     if declared.default_texts is None:
         return settings.TEXTS
@@ -67,7 +70,7 @@ def _texts(declared: type[settings.Settings]) -> options.Setting:
     )
 
 
-def keywords(declared: type[settings.Settings]) -> list[options.Setting]:
+def keywords(declared: type[settings.Settings]) -> list[settings.Setting]:
     """Every keyword of a command's function, in order: its inputs and its settings (the CLI builds its options from
     the same list)."""
     inputs = _inputs(declared)
@@ -76,7 +79,7 @@ def keywords(declared: type[settings.Settings]) -> list[options.Setting]:
 
 
 def _signature(declared: type[settings.Settings], returns: Any) -> inspect.Signature:
-    def parameter(item: options.Setting) -> inspect.Parameter:
+    def parameter(item: settings.Setting) -> inspect.Parameter:
         kind = (
             inspect.Parameter.POSITIONAL_OR_KEYWORD
             if item.name in ("model", "texts")
@@ -163,9 +166,10 @@ def load(
     return loaded
 
 
-load.__doc__ = load.__doc__.replace(
+load.__doc__ = load.__doc__.replace(  # indented as the docstring's own lines, so that help() aligns them
     "    lm_head ",
-    "\n".join(item.docstring_line() for item in settings.Loading.declarations()) + "\n    lm_head ",
+    "".join(f"    {line}\n" for item in settings.Loading.declarations() for line in item.docstring_line().splitlines())
+    + "    lm_head ",
 )
 
 

@@ -343,6 +343,7 @@ class Settings(Declared):
     language-model head, pictures drawn, no demand on the model's shape."""
 
     models: ClassVar[str] = ONE
+    takes_loaded: ClassVar[bool] = True  # the model may be one `load` returned (bench's: a name only)
     reads_texts: ClassVar[bool] = True
     draws: ClassVar[bool] = True  # the command has pictures (--format, --dpi)
     default_out: ClassVar[str | None] = None  # a command whose output is its files: where they go without --out

@@ -50,6 +50,7 @@ class Bench(Place, Revision, Kernel, Settings):
     """`attnscope bench`: how fast the analysis runs, against a plain forward and the notebook ways."""
 
     models: ClassVar[str] = OWN
+    takes_loaded: ClassVar[bool] = False  # it loads (or builds) the model itself
     reads_texts: ClassVar[bool] = False
 
     random_weights: bool = setting(

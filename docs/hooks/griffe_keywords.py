@@ -8,13 +8,17 @@ as aligned columns for `help()`,
 become a Markdown table (Markdown would run the lines together into one paragraph). A function's docstring and
 signature are taken from the function itself, as `help()` shows them: the API makes each command's keywords, their
 defaults and their docstring lines from its settings' declarations at import (`api.command`), which reading the
-source alone would miss (it says `heads(**given)`). Importing the API is cheap (no torch).
+source alone would miss (it says `heads(**given)`); their types from the API's stub (attnscope/api.pyi, generated
+from the same declarations by scripts/generate_stubs.py). Importing the API is cheap (no torch).
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
 import re
+from pathlib import Path
 from typing import Any
 
 import griffe
@@ -75,18 +79,38 @@ KINDS = {
 }
 
 
+@functools.cache
+def stub_types(module: str) -> dict[str, dict[str, str]]:
+    """{function: {parameter: its type}} as the module's stub (`.pyi` beside it) writes them; {} without one."""
+    path = Path(importlib.import_module(module).__file__ or "").with_suffix(".pyi")
+    if not path.is_file():
+        return {}
+    functions = [node for node in ast.parse(path.read_text(encoding="utf-8")).body if isinstance(node, ast.FunctionDef)]
+    return {
+        function.name: {
+            argument.arg: ast.unparse(argument.annotation)
+            for argument in function.args.args + function.args.kwonlyargs
+            if argument.annotation is not None
+        }
+        for function in functions
+    }
+
+
 def runtime_parameters(obj: griffe.Object) -> griffe.Parameters | None:
     """The parameters of a live function whose signature was made at import (`__signature__`): each with its kind
-    and its default as Python writes it; None for any other function (griffe reads those from the source)."""
+    and its default as Python writes it, and its type as the module's stub gives it; None for any other function
+    (griffe reads those from the source)."""
     import inspect
 
     live = _live(obj)
     if live is None or "__signature__" not in vars(live):
         return None
+    types = stub_types(obj.module.path).get(obj.name, {})
     parameters = []
     for parameter in inspect.signature(live).parameters.values():
         default = None if parameter.default is inspect.Parameter.empty else repr(parameter.default)
-        parameters.append(griffe.Parameter(parameter.name, kind=KINDS[parameter.kind.name], default=default))
+        kind, annotation = KINDS[parameter.kind.name], types.get(parameter.name)
+        parameters.append(griffe.Parameter(parameter.name, kind=kind, default=default, annotation=annotation))
     return griffe.Parameters(*parameters)
 
 

@@ -111,7 +111,8 @@ def test_readme_main_command_runs_offline(tmp_path):
 
 @pytest.mark.slow
 def test_a_built_wheel_carries_the_demo_model_and_the_samples(tmp_path):
-    """`pip install .` (not only the editable install the tests run from) must ship the package data."""
+    """`pip install .` (not only the editable install the tests run from) must ship the package data, and the API's
+    types."""
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, tmp_path / name)
     shutil.copytree(ROOT / "attnscope", tmp_path / "attnscope", ignore=shutil.ignore_patterns("__pycache__", "*.log"))
@@ -127,3 +128,5 @@ def test_a_built_wheel_carries_the_demo_model_and_the_samples(tmp_path):
     # every subpackage of the new layout ships too
     for package in ("scores", "models", "pipeline", "analyses", "output"):
         assert f"attnscope/{package}/__init__.py" in shipped, package
+    # the API's types: PEP 561's marker, and the stubs a type checker reads (scripts/generate_stubs.py)
+    assert {"attnscope/py.typed", "attnscope/__init__.pyi", "attnscope/api.pyi"} <= shipped

@@ -1,7 +1,8 @@
 """Adding a command is its modules, one record in attnscope.registry, its page and its tests (docs/development.md):
 a throwaway command (tests/data/throwaway/echo_command.py), its record added before the package's API and command
 line are built, appears in the Python API and `attnscope.__all__`, the command line and its `--help`, and the
-documentation's reference, commands' index and navigation, with nothing else written for it."""
+documentation's reference, commands' index and navigation, and the API's stubs (scripts/generate_stubs.py), with
+nothing else written for it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = f"""
 import sys
 sys.path[:0] = [{str(ROOT / "tests" / "data" / "throwaway")!r}, {str(ROOT / "docs" / "hooks")!r}]
+sys.path.append({str(ROOT / "scripts")!r})
 from attnscope import registry
 import echo_command
 registry.COMMANDS = (*registry.COMMANDS, echo_command.RECORD)  # the one record: everything else is derived
@@ -26,6 +28,9 @@ assert "| [`attnscope echo`](echo.md) | says 7 back |  |" in generate.commands_m
 assert "echo" in generate.api_markdown()
 nav = generate.navigation([{{"Commands": [{{"Overview": "commands/index.md"}}, {{"Every option": "reference.md"}}]}}])
 assert nav[0]["Commands"][-2] == {{"echo": "commands/echo.md"}}
+import generate_stubs  # the API's stubs: its typed function, and the package's name for it
+assert "def echo(\\n    *,\\n    times: int = 2,\\n) -> EchoResult:" in generate_stubs.api_stub()
+assert "import echo as echo" in generate_stubs.package_stub()
 from attnscope.cli.boundary import run
 sys.exit(run(sys.argv[1:]))
 """

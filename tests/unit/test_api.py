@@ -84,6 +84,14 @@ def test_every_keyword_is_documented_in_the_functions_help(command):
         assert item.spelled in " ".join(lines[lines.index(line) : lines.index(line) + 4]), (command, item.name)
 
 
+def test_loads_help_lists_its_keywords_in_one_column():
+    """`load`'s loading keywords come from their declarations (settings.Loading), aligned with its own `lm_head`."""
+    lines = inspect.getdoc(api.load).splitlines()
+    documented = {line.split()[0] for line in lines if line and not line[0].isspace()}
+    assert set(inspect.signature(api.load).parameters) - {"name"} <= documented
+    assert all(line == line.lstrip() for line in lines[:2])  # the summary, not indented
+
+
 def test_an_unknown_keyword_is_a_type_error_as_python_says_it():
     with pytest.raises(TypeError, match=r"^heads\(\): got an unexpected keyword argument 'windw'$"):
         api.heads("demo", windw=3)
