@@ -43,7 +43,7 @@ COMMANDS: tuple[Command, ...] = (
         "heads",
         settings.Heads,
         "attnscope.analyses.heads.Heads",
-        "attnscope.analyses.heads.HeadsResult",
+        "attnscope.analyses.scoring.HeadsResult",
         doc="""
         Score and classify every attention head (`attnscope heads`). A notebook shows the role map and the table.
         """,
@@ -62,8 +62,8 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "show",
         settings.Show,
-        "attnscope.analyses.maps.Show",
-        "attnscope.analyses.maps.ShowResult",
+        "attnscope.analyses.show.Show",
+        "attnscope.analyses.show.ShowResult",
         doc="""
         One layer's attention maps, or one head's, for one text (`attnscope show`). A notebook shows each map as a
         shaded table; `save(folder)` draws the picture.

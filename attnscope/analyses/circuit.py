@@ -37,8 +37,8 @@ import numpy as np
 from attnscope import options, settings
 from attnscope.analyses.circuit_replay import Explained, removal_changes
 from attnscope.analyses.common import Progress
-from attnscope.analyses.heads import scoring
 from attnscope.analyses.result import Result
+from attnscope.analyses.scoring import score_heads, scoring
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.output.circuit import CircuitView
@@ -184,7 +184,7 @@ class Circuit(settings.Circuit):
         heads = scoring(self)
         check_memory(loaded, texts, heads)  # before any forward
         with distributed.alone():  # under torchrun every process scores every head on every text, as one does
-            base = heads.run(loaded, texts, progress)  # every head's scores and role
+            base = score_heads(loaded, texts, heads, progress)  # every head's scores and role
         chosen = [options.head_of(label) for label in self.head] or [(a, h) for a in range(1, L) for h in range(H)]
         chosen = list(dict.fromkeys(chosen))
         records = {(record.layer, record.head): record for record in base.heads}

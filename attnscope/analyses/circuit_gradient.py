@@ -32,7 +32,6 @@ import numpy as np
 
 from attnscope import settings
 from attnscope.analyses.common import too_short
-from attnscope.analyses.heads import Heads
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.pipeline import distributed, interventions
@@ -60,7 +59,7 @@ def gradient_changes(
     loaded: LoadedModel,
     texts: Texts | Sequence[Text],
     explained: Sequence[tuple[int, int, str]],
-    heads: Heads,
+    heads: settings.Scoring,
     *,
     steps: int = 0,
     ablation: str,
@@ -161,7 +160,7 @@ def gradient_changes(
     return values.numpy(), (0.0 - gradients).numpy()  # 0 - x: no -0.0
 
 
-def _check(loaded: LoadedModel, heads: Heads, layer: Any, head: Any, name: Any) -> _Explained:
+def _check(loaded: LoadedModel, heads: settings.Scoring, layer: Any, head: Any, name: Any) -> _Explained:
     """One explained (layer, head, score), checked against the model and the settings."""
     score = catalog.score_named(settings.SCORE.check(name, "score"))
     for value, what, size in ((layer, "layer", loaded.n_layer), (head, "head", loaded.n_head)):
@@ -174,7 +173,7 @@ def _check(loaded: LoadedModel, heads: Heads, layer: Any, head: Any, name: Any) 
     return _Explained(int(layer), int(head), score.name, source)
 
 
-def _probe(loaded: LoadedModel, heads: Heads) -> tuple[int, list[Window]]:
+def _probe(loaded: LoadedModel, heads: settings.Scoring) -> tuple[int, list[Window]]:
     """The probe's period and windows, as the heads analysis builds them."""
     probe, notes = probe_for(loaded, heads.probe, heads.probe_len, heads.probe_seed)
     if probe is None:
@@ -184,7 +183,7 @@ def _probe(loaded: LoadedModel, heads: Heads) -> tuple[int, list[Window]]:
 
 def _accumulate(
     loaded: LoadedModel,
-    heads: Heads,
+    heads: settings.Scoring,
     batch: Any,
     wanted: list[_Explained],
     slots: list[int],
@@ -263,7 +262,7 @@ def _gradients(totals: list[Any], gate: Any) -> list[Any]:
 
 
 def _row_sums(
-    loaded: LoadedModel, heads: Heads, attn: Any, positions: Any, batch: Any, visible: Any
+    loaded: LoadedModel, heads: settings.Scoring, attn: Any, positions: Any, batch: Any, visible: Any
 ) -> tuple[dict[str, Any], int, float]:
     """Every row score of every head summed over the batch's scored rows (name -> (H,) float64, with the graph),
     the scored row count, and local_uniform's sum."""

@@ -52,8 +52,8 @@ from typing import Any
 
 from attnscope import settings
 from attnscope.analyses.common import Progress, check_finite, check_weights
-from attnscope.analyses.heads import scoring
 from attnscope.analyses.result import Result
+from attnscope.analyses.scoring import score_heads, scoring
 from attnscope.errors import AttnscopeError
 from attnscope.models.checks import Comparable, check_comparable
 from attnscope.models.loading import LoadedModel
@@ -327,7 +327,7 @@ class Compare(settings.Compare):
                             also = SpoolWriter(spool)
                         elif divergence:
                             also = DivergenceStatistics(spool, model.n_layer, model.n_head, model.device)
-                        part.run = heads.run(model, texts, _part(progress, index, len(sources)), also)
+                        part.run = score_heads(model, texts, heads, _part(progress, index, len(sources)), also)
                         if isinstance(also, DivergenceStatistics):
                             part.divergences = also.means()
                     if loss:

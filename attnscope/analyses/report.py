@@ -37,8 +37,8 @@ from attnscope import settings
 from attnscope.analyses.ablate import Ablate, AblationResult
 from attnscope.analyses.common import Progress, check_finite, check_weights
 from attnscope.analyses.diversity import Diversity, DiversityResult
-from attnscope.analyses.heads import HeadRecord, HeadsResult, scoring
 from attnscope.analyses.result import Result
+from attnscope.analyses.scoring import HeadRecord, HeadsResult, score_heads, scoring
 from attnscope.errors import AttnscopeError
 from attnscope.models.checks import Comparable, check_comparable
 from attnscope.models.loading import LoadedModel
@@ -318,7 +318,7 @@ class Report(settings.Report):
         batching = {"bos": self.bos, "batch_size": self.batch_size, "max_tokens": self.max_tokens}
         ablation_settings = Ablate(**batching) if self.ablate else None  # checked before any pass
         check_weights(model)  # a page of a damaged checkpoint would pass for a sound model's (its maps can be finite)
-        heads = scoring(self).run(model, texts, progress)
+        heads = score_heads(model, texts, scoring(self), progress)
         shown, map_notes, cap = shown_texts(model, texts, self.bos, _probe(model, heads), budget=budget)
         diversity = linkage = None
         if self.diversity:
@@ -411,7 +411,7 @@ class Report(settings.Report):
     ) -> list[tuple[int, ReportModel, ReportResult | None, Comparable]]:
         """The models of one piece, opened one at a time: each one's page (heads and maps), the last model's whole
         report, and what the check of comparability reads of each."""
-        heads_analysis = scoring(self)
+        heads_settings = scoring(self)
         opened: list[tuple[int, ReportModel, ReportResult | None, Comparable]] = []
         first: LoadedModel | None = None  # the first model, its weights freed: its config and tokenizer stay
         for index in piece:
@@ -429,7 +429,7 @@ class Report(settings.Report):
                     heads, shown = result.heads, result.texts
                 else:
                     check_weights(loaded)  # as `run` checks the last
-                    heads = heads_analysis.run(loaded, texts, progress)
+                    heads = score_heads(loaded, texts, heads_settings, progress)
                     shown, _, _ = shown_texts(loaded, texts, self.bos, _probe(loaded, heads), budget=budget)
                 reference = Comparable.of(loaded)
             del loaded

@@ -1,7 +1,7 @@
 """`attnscope heads`, shown: the JSON and CSV of every head, the pictures (role map, a heatmap per score, the maps
 of the plotted heads), the terminal's role map and heads table, and the notebook's.
 
-Reads a HeadsResult (analyses.heads) by duck typing: `model`, `inputs`, `settings`, `notes`, `kind`, `heads` (each
+Reads a HeadsResult (analyses.scoring) by duck typing: `model`, `inputs`, `settings`, `notes`, `kind`, `heads` (each
 record's `layer`, `head`, `label`, `role` (role, metric, score) and `scores`), `selected`, `selection`, `measured`,
 `plotted`, `attention`, `sink_rate` (epsilon, model, layers).
 """

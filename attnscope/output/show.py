@@ -1,7 +1,7 @@
 """`attnscope show`, shown: one layer's maps of one text (every head, or one head larger) as a picture, which is the
 command's output; the maps as JSON and CSV; in a notebook, the report page's interactive viewer over static tables.
 
-Reads a ShowResult (analyses.maps) by duck typing: `model`, `attention` (an AttentionMap: `layer`, `maps` (H, n, n),
+Reads a ShowResult (analyses.show) by duck typing: `model`, `attention` (an AttentionMap: `layer`, `maps` (H, n, n),
 `labels`, `tokens`, `view`, `word_maps`, `shown()`), `head`, `index`, `bos`, `notes`.
 """
 

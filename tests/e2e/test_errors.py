@@ -275,12 +275,12 @@ def test_what_needs_no_model_is_checked_before_it_loads(cli, tmp_path, args, exp
 def test_what_needs_the_model_is_checked_before_any_text_runs(
     cli, tiny_model_dir, tmp_path, monkeypatch, args, expected
 ):
-    from attnscope.analyses import heads
+    from attnscope.analyses import scoring
 
     def no_analysis(*args, **kwargs):
         raise AssertionError("the texts ran before the settings were checked")
 
-    monkeypatch.setattr(heads, "run_windows", no_analysis)
+    monkeypatch.setattr(scoring, "run_windows", no_analysis)
     args = [str(tmp_path / "out") if arg == "OUT" else arg for arg in args]
     code, out, err = cli(*args, "-m", tiny_model_dir)
     assert code == 2 and out == ""
@@ -294,7 +294,7 @@ def test_under_torchrun_rank_0_alone_says_a_shared_error_and_a_process_out_of_me
     """Every process of a torchrun launch reads the same options and texts, so a user's error is every process's:
     one line, rank 0's, not one per process. Running out of memory is one process's own: its line names the rank.
     (The processes' group is not joined here: its joining is stubbed, the error comes first.)"""
-    from attnscope.analyses import heads
+    from attnscope.analyses import scoring
     from attnscope.pipeline import distributed
 
     torchrun = {"WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
@@ -311,7 +311,7 @@ def test_under_torchrun_rank_0_alone_says_a_shared_error_and_a_process_out_of_me
     def allocate(*args, **kwargs):
         raise MemoryError()
 
-    monkeypatch.setattr(heads, "run_windows", allocate)
+    monkeypatch.setattr(scoring, "run_windows", allocate)
     monkeypatch.setenv("RANK", "1")
     code, out, err = cli("heads", CAT, "-m", tiny_model_dir)
     assert code == 2 and out == ""
@@ -320,7 +320,7 @@ def test_under_torchrun_rank_0_alone_says_a_shared_error_and_a_process_out_of_me
 
 
 def test_running_out_of_memory_is_one_line_and_a_bug_is_not_hidden(cli, tiny_model_dir, monkeypatch):
-    from attnscope.analyses import heads
+    from attnscope.analyses import scoring
 
     def allocate(*args, **kwargs):
         raise RuntimeError(
@@ -328,7 +328,7 @@ def test_running_out_of_memory_is_one_line_and_a_bug_is_not_hidden(cli, tiny_mod
             "to allocate 204800000000 bytes. Error code 12 (Cannot allocate memory)"
         )
 
-    monkeypatch.setattr(heads, "run_windows", allocate)
+    monkeypatch.setattr(scoring, "run_windows", allocate)
     code, out, err = cli("heads", CAT, "-m", tiny_model_dir)
     assert code == 2 and out == ""
     (line,) = err.strip().splitlines()
@@ -337,7 +337,7 @@ def test_running_out_of_memory_is_one_line_and_a_bug_is_not_hidden(cli, tiny_mod
     def bug(*args, **kwargs):
         raise RuntimeError("shape mismatch")
 
-    monkeypatch.setattr(heads, "run_windows", bug)
+    monkeypatch.setattr(scoring, "run_windows", bug)
     with pytest.raises(RuntimeError, match="shape mismatch"):  # a bug keeps its traceback, for the bug report
         cli("heads", CAT, "-m", tiny_model_dir)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from attnscope import api
-from attnscope.analyses import heads as heads_module
+from attnscope.analyses import scoring as scoring_module
 from attnscope.analyses.heads import Heads
 from attnscope.errors import AttnscopeError
 from attnscope.scores.catalog import SCORE_NAMES
@@ -152,9 +152,9 @@ def test_a_sort_that_cannot_be_satisfied_is_refused_before_any_forward_pass(
     def no_forward_pass(*args, **kwargs):
         raise AssertionError("a forward pass ran before the sort was checked")
 
-    monkeypatch.setattr(heads_module, "run_windows", no_forward_pass)
-    monkeypatch.setattr(heads_module, "probe_scores", no_forward_pass)
-    monkeypatch.setattr(heads_module, "needle_scores", no_forward_pass)
+    monkeypatch.setattr(scoring_module, "run_windows", no_forward_pass)
+    monkeypatch.setattr(scoring_module, "probe_scores", no_forward_pass)
+    monkeypatch.setattr(scoring_module, "needle_scores", no_forward_pass)
     with pytest.raises(AttnscopeError, match=f"^sort by {name}: {reason}$"):  # Heads keeps the canonical name
         Heads(sort=sort, probe=probe).run(loaded_models[kind_], TEXTS[:1])
     with pytest.raises(AttnscopeError, match=f"^sort by {sort}: {reason}$"):  # and when selecting from a result
@@ -165,7 +165,7 @@ def test_a_layer_or_head_out_of_range_is_refused_before_any_forward_pass(model, 
     def no_forward_pass(*args, **kwargs):
         raise AssertionError("a forward pass ran before the settings were checked")
 
-    monkeypatch.setattr(heads_module, "run_windows", no_forward_pass)
+    monkeypatch.setattr(scoring_module, "run_windows", no_forward_pass)
     with pytest.raises(AttnscopeError, match=r"^layer 2 is out of range \(this model has layers 0-1\)$"):
         Heads(layer=2).run(model, TEXTS[:1])
     with pytest.raises(AttnscopeError, match=r"^head '1.4': head 4 is out of range \(this model has heads 0-3\)$"):
@@ -218,7 +218,7 @@ def test_bad_settings_are_refused_on_construction(settings, message):
 
 
 def test_a_probe_too_long_for_the_context_is_refused_before_the_texts_run(tiny, monkeypatch):
-    monkeypatch.setattr(heads_module, "run_windows", lambda *a, **k: pytest.fail("the texts ran"))
+    monkeypatch.setattr(scoring_module, "run_windows", lambda *a, **k: pytest.fail("the texts ran"))
     with pytest.raises(AttnscopeError, match="must fit the model's context of 128 tokens"):
         Heads(probe_len=64).run(tiny, TEXTS[:1])  # BOS + 2 × 64 = 129 tokens
     with pytest.raises(AttnscopeError, match=r"^haystack length 94: .*\(129 tokens\) must fit the model's context"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnscope.analyses.maps import Show, attention_maps
+from attnscope.analyses.show import Show, attention_maps
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import load_model
 from attnscope.pipeline.inputs import Text

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoTokenizer, GPT2TokenizerFast, PreTrainedTokenizerFast
 
 from attnscope.analyses.attend import Attend
-from attnscope.analyses.maps import Show
+from attnscope.analyses.show import Show
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import demo_model_dir, load_model
 from attnscope.pipeline.inputs import Text

@@ -15,7 +15,8 @@ import pytest
 
 from attnscope import api, cli, settings
 from attnscope.analyses.attend import AttendResult
-from attnscope.analyses.heads import HeadRecord, Heads, HeadsResult
+from attnscope.analyses.heads import Heads
+from attnscope.analyses.scoring import HeadRecord, HeadsResult
 from attnscope.cli.declare import OptionError
 from attnscope.errors import AttnscopeError
 from attnscope.output.destination import Drawing, Output

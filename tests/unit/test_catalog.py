@@ -219,7 +219,7 @@ def test_the_pictured_role_map_shows_the_catalogs_short_labels():
 
 
 def _head_record(layer, head, role, **scores):
-    from attnscope.analyses.heads import HeadRecord
+    from attnscope.analyses.scoring import HeadRecord
     from attnscope.scores.roles import Role
 
     values = {name: scores.get(name) for name in SCORE_NAMES}  # as the analysis builds them: the catalog's order

@@ -39,7 +39,7 @@ def _colour_bar_labels(figure) -> list[str]:
 
 
 def _head_record(layer, head, role, **scores):
-    from attnscope.analyses.heads import HeadRecord
+    from attnscope.analyses.scoring import HeadRecord
     from attnscope.scores.roles import Role
 
     values = {name: scores.get(name) for name in SCORE_NAMES}

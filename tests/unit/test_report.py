@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from attnscope.analyses.heads import HeadRecord
 from attnscope.analyses.report import characteristic_heads, top_heads_per_role
+from attnscope.analyses.scoring import HeadRecord
 from attnscope.scores.catalog import SCORE_NAMES
 from attnscope.scores.roles import Role
 from tests.support import DEPENDENCIES, circuit_stand_in, given_models

@@ -17,14 +17,15 @@ from attnscope.analyses.circuit import CircuitResult
 from attnscope.analyses.compare import CompareHead, CompareResult
 from attnscope.analyses.discover import DiscoverResult
 from attnscope.analyses.diversity import DiversityResult
-from attnscope.analyses.heads import HeadRecord, HeadsResult
 from attnscope.analyses.info import InfoResult
 from attnscope.analyses.kvplan import KvplanResult
-from attnscope.analyses.maps import AttentionMap, ShowResult
+from attnscope.analyses.maps import AttentionMap
 from attnscope.analyses.patch import PatchResult
 from attnscope.analyses.random_mha import RandomMhaResult
 from attnscope.analyses.report import ReportModel, ReportResult
 from attnscope.analyses.result import Result
+from attnscope.analyses.scoring import HeadRecord, HeadsResult
+from attnscope.analyses.show import ShowResult
 from attnscope.models.graph import Graph
 from attnscope.output.views import SUMMARY_WIDTH, View, fitted
 from attnscope.pipeline.labels import Labels

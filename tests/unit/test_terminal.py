@@ -28,7 +28,7 @@ def render(*items, width: int) -> str:
 def head(layer, number, **given):
     """A head with the catalog's scores (those not given: 0.1, lift 0, Hnorm 0.5, retrieval 0: each below its
     role's threshold, retrieval's being 0.1), its role classified."""
-    from attnscope.analyses.heads import HeadRecord
+    from attnscope.analyses.scoring import HeadRecord
 
     below = {"local_lift": 0.0, "entropy_normalized": 0.5, "retrieval": 0.0}
     scores = {name: 0.1 for name in catalog.SCORE_NAMES} | below | given
@@ -134,7 +134,7 @@ def test_the_key_gives_the_thresholds_the_table_was_decided_with():
 
 def grid_heads(n_layer, n_head, kind=DECODER):
     """Every role of the kind in turn over an n_layer × n_head grid."""
-    from attnscope.analyses.heads import HeadRecord
+    from attnscope.analyses.scoring import HeadRecord
     from attnscope.scores.roles import Role
 
     given = roles_for(kind)
