@@ -38,7 +38,7 @@ from attnscope import options, settings
 from attnscope.analyses.circuit_replay import Explained, removal_changes
 from attnscope.analyses.common import Progress
 from attnscope.analyses.result import Result
-from attnscope.analyses.scoring import score_heads, scoring
+from attnscope.analyses.scoring import HeadsResult, score_heads, scoring
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.output.circuit import CircuitView
@@ -180,11 +180,32 @@ class Circuit(settings.Circuit):
         self, loaded: LoadedModel, texts: Texts | Sequence[Text], progress: Progress | None = None
     ) -> CircuitResult:
         self.check_shape(loaded.shape)
-        L, H = loaded.n_layer, loaded.n_head
         heads = scoring(self)
         check_memory(loaded, texts, heads)  # before any forward
         with distributed.alone():  # under torchrun every process scores every head on every text, as one does
             base = score_heads(loaded, texts, heads, progress)  # every head's scores and role
+        explained, flat = self._explained(loaded, base)
+        with_values, changes = self._changes(loaded, texts, explained, heads, progress)
+        notes = list(base.notes) + self._method_notes(explained, flat)
+        weights = self._from_weights(loaded, texts, explained, notes)
+        return CircuitResult(
+            model=base.model,
+            inputs=base.inputs,
+            settings=self._shown_settings(base),
+            explained=explained,
+            with_values=with_values,
+            changes=changes,
+            heads=_head_records(base, explained, weights.copying, weights.effects),
+            composition=weights.composition,
+            baseline=weights.baseline,
+            notes=notes + weights.notes,
+        )
+
+    def _explained(self, loaded: LoadedModel, base: HeadsResult) -> tuple[list[Explained], list[str]]:
+        """The heads to explain, (layer, head, score) in layer.head order (the `head`s asked for, or every head past
+        layer 0), each by `score` or its deciding score; and, with the gradient, the labels of those left out
+        because that score has no gradient. Refused where a score was not measured, or where no head is left."""
+        L, H = loaded.n_layer, loaded.n_head
         chosen = [options.head_of(label) for label in self.head] or [(a, h) for a in range(1, L) for h in range(H)]
         chosen = list(dict.fromkeys(chosen))
         records = {(record.layer, record.head): record for record in base.heads}
@@ -203,14 +224,30 @@ class Circuit(settings.Circuit):
                 f"method gradient: every head asked for is decided by a score with no gradient ({NO_GRADIENT}); "
                 "use method removal"
             )
+        return explained, flat
+
+    def _changes(
+        self,
+        loaded: LoadedModel,
+        texts: Texts | Sequence[Text],
+        explained: list[Explained],
+        heads: settings.Heads,
+        progress: Progress | None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each explained score with every head kept (n,) and its change without each earlier head (n, L, H), by
+        the method asked for (`CHANGES`), float64."""
         function = CHANGES[self.method]
         # the removal pass reports its progress (the texts' pass again, the longest); the gradient takes its steps
         shown = {"progress": progress} if self.method == "removal" else {"steps": self.steps}
         ablation = {"ablation": self.ablation, "seed": self.resample_seed}
         with_values, changes = function(loaded, texts, explained, heads, **shown, **ablation)
-        with_values, changes = np.asarray(with_values, dtype=np.float64), np.asarray(changes, dtype=np.float64)
+        return np.asarray(with_values, dtype=np.float64), np.asarray(changes, dtype=np.float64)
+
+    def _method_notes(self, explained: list[Explained], flat: list[str]) -> list[str]:
+        """What the reader should know of how the changes were found: the ablation, the heads the gradient left
+        out, and that the gradient's changes are estimates."""
         probed = any(catalog.score_named(score).source in catalog.PROBES for _, _, score in explained)
-        notes = list(base.notes) + [describe(self.ablation, self.resample_seed, probed)]
+        notes = [describe(self.ablation, self.resample_seed, probed)]
         if flat:
             notes.append(
                 f"method gradient: {catalog.counted(len(flat), 'head')} not explained ({', '.join(flat)}): decided "
@@ -220,36 +257,27 @@ class Circuit(settings.Circuit):
             notes.append(
                 ESTIMATE_NOTE.format(how=f"integrated over {self.steps} points" if self.steps else "at every head kept")
             )
-        composition = baseline = copying = effects = None
-        if self.weights:
-            from attnscope.analyses.composition import weight_circuits
-            from attnscope.analyses.direct_effect import direct_effects
+        return notes
 
-            circuits = weight_circuits(loaded, readers=[(layer, head) for layer, head, _ in explained])
-            composition, baseline, copying = circuits.composition, circuits.baseline, circuits.copying
-            notes += circuits.notes
-            found = direct_effects(loaded, texts, self.bos, self.batch_size, self.max_tokens)
-            effects = found.heads
-            notes += [note for note in found.notes if note not in notes]
-        explained_scores = {(layer, head): score for layer, head, score in explained}
-        head_records = []
-        for record in base.heads:
-            key = (record.layer, record.head)
-            score = explained_scores.get(key, record.role.metric)
-            head_records.append(
-                {
-                    "label": record.label,
-                    "layer": record.layer,
-                    "head": record.head,
-                    "role": record.role.role,
-                    "explained": key in explained_scores,
-                    "score": score,
-                    "value": record.scores.get(score),
-                    "copying": None if copying is None else float(copying[key]),
-                    "direct_effect": None if effects is None else float(effects[key]),
-                }
-            )
-        settings = {
+    def _from_weights(
+        self, loaded: LoadedModel, texts: Texts | Sequence[Text], explained: list[Explained], notes: list[str]
+    ) -> FromWeights:
+        """With `weights`: the composition of the explained heads with earlier ones and its baseline, every head's
+        copying and direct effect, and their notes not already among `notes`; nothing without."""
+        if not self.weights:
+            return FromWeights()
+        from attnscope.analyses.composition import weight_circuits
+        from attnscope.analyses.direct_effect import direct_effects
+
+        circuits = weight_circuits(loaded, readers=[(layer, head) for layer, head, _ in explained])
+        found = direct_effects(loaded, texts, self.bos, self.batch_size, self.max_tokens)
+        added = list(circuits.notes)
+        added += [note for note in found.notes if note not in notes + added]
+        return FromWeights(circuits.composition, circuits.baseline, circuits.copying, found.heads, added)
+
+    def _shown_settings(self, base: HeadsResult) -> dict[str, Any]:
+        """The settings the result reports (the thresholds as the heads analysis reports them: its kind's roles)."""
+        return {
             "score": self.score,
             "head": list(self.head),
             "top": self.top,
@@ -267,18 +295,42 @@ class Circuit(settings.Circuit):
             "haystack_len": self.haystack_len,
             "probe_seed": self.probe_seed,
         }
-        return CircuitResult(
-            model=base.model,
-            inputs=base.inputs,
-            settings=settings,
-            explained=explained,
-            with_values=with_values,
-            changes=changes,
-            heads=head_records,
-            composition=composition,
-            baseline=baseline,
-            notes=notes,
+
+
+@dataclass
+class FromWeights:
+    """What `circuit --weights` adds from the model's weights: the explained heads' composition with earlier heads
+    and its random baseline, every head's copying and direct effect ((L, H) each); None without the weights."""
+
+    composition: Any = None
+    baseline: dict[str, Any] | None = None
+    copying: Any = None
+    effects: Any = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _head_records(base: HeadsResult, explained: list[Explained], copying: Any, effects: Any) -> list[dict[str, Any]]:
+    """One record per head of the model, in layer.head order: its role, the score it is explained by (or, not
+    explained, decided by) and its value, its copying and direct effect (None without the weights)."""
+    explained_scores = {(layer, head): score for layer, head, score in explained}
+    records = []
+    for record in base.heads:
+        key = (record.layer, record.head)
+        score = explained_scores.get(key, record.role.metric)
+        records.append(
+            {
+                "label": record.label,
+                "layer": record.layer,
+                "head": record.head,
+                "role": record.role.role,
+                "explained": key in explained_scores,
+                "score": score,
+                "value": record.scores.get(score),
+                "copying": None if copying is None else float(copying[key]),
+                "direct_effect": None if effects is None else float(effects[key]),
+            }
         )
+    return records
 
 
 def check_memory(loaded: LoadedModel, texts: Texts | Sequence[Text], heads: Any) -> None:

@@ -53,7 +53,7 @@ from typing import Any
 from attnscope import settings
 from attnscope.analyses.common import Progress, check_finite, check_weights
 from attnscope.analyses.result import Result
-from attnscope.analyses.scoring import score_heads, scoring
+from attnscope.analyses.scoring import HeadsResult, score_heads, scoring
 from attnscope.errors import AttnscopeError
 from attnscope.models.checks import Comparable, check_comparable
 from attnscope.models.loading import LoadedModel
@@ -368,39 +368,32 @@ class Compare(settings.Compare):
         notes += [note for note in windows_notes if note.startswith("masked-LM") and note not in notes]
         return loss
 
-    def _result(self, runs: list[Any], infos: list[dict], labels: list[str], divergences: Any) -> CompareResult:
-        first = runs[0]
-        kind = first.kind
-        measured = first.measured
+    def _result(self, runs: list[HeadsResult], infos: list[dict], labels: list[str], divergences: Any) -> CompareResult:
+        """The comparison of the models' heads analyses (`runs`, in order), the first's settings and input."""
+        first, measured = runs[0], runs[0].measured
+        score = self._shown_score(measured)
+        settings = self._shown_settings(first, score, divergences)
+        heads = compared_heads(runs, labels, divergences)
+        model = {**first.model, "name": infos[0]["name"], "compared": infos}
+        sink_rates = [run.sink_rate for run in runs]
+        notes = list(first.notes)  # then each other model's own, named by its label
+        for label, run in zip(labels[1:], runs[1:], strict=True):
+            notes += [f"{label}: {note}" for note in run.notes if note not in first.notes]
+        return CompareResult(
+            model, first.kind, labels, first.inputs, settings, heads, measured, score, notes, sink_rates=sink_rates
+        )
+
+    def _shown_score(self, measured: Sequence[str]) -> str:
+        """The score of the heads × models heatmap: `score`, or the first of DEFAULT_SCORES the run measured;
+        refused where it was not measured."""
         score = self.score or next((name for name in DEFAULT_SCORES if name in measured), measured[0])
         if score not in measured:  # local_lift where the window holds every text
             raise AttnscopeError(f"score {score} was not measured (see the notes of heads)")
-        role_names = [role.name for role in catalog.roles_for(kind.name) if role.name != "mixed"]
-        heads = []
-        for position, record in enumerate(first.heads):
-            records = [run.heads[position] for run in runs]
-            held = [record.role.role for record in records]
-            scores = {name: [r.scores[name] for r in records] for name in catalog.SCORE_NAMES if name in measured}
-            heads.append(
-                CompareHead(
-                    record.layer,
-                    record.head,
-                    scores,
-                    held,
-                    formation(held, labels, role_names),
-                    None if divergences is None else float(divergences[record.layer, record.head]),
-                    {
-                        role: transition(scores[catalog.ROLE[role].score], labels)
-                        if catalog.ROLE[role].score in scores
-                        else None
-                        for role in role_names
-                    },
-                    head_change(scores, held, labels),
-                )
-            )
-        notes = list(first.notes)
-        for label, run in zip(labels[1:], runs[1:], strict=True):
-            notes += [f"{label}: {note}" for note in run.notes if note not in first.notes]
+        return score
+
+    def _shown_settings(self, first: HeadsResult, score: str, divergences: Any) -> dict[str, Any]:
+        """The settings the result reports: the first model's heads analysis's (its layer and sort aside), the
+        probes' lengths it used, and compare's own."""
         settings = {
             **first.settings,
             "probe_len": first.inputs.get("probe", {}).get("period"),
@@ -414,11 +407,36 @@ class Compare(settings.Compare):
         }
         for key in ("layer", "sort"):
             settings.pop(key, None)
-        model = {**first.model, "name": infos[0]["name"], "compared": infos}
-        sink_rates = [run.sink_rate for run in runs]
-        return CompareResult(
-            model, kind, labels, first.inputs, settings, heads, measured, score, notes, sink_rates=sink_rates
+        return settings
+
+
+def compared_heads(runs: list[HeadsResult], labels: list[str], divergences: Any) -> list[CompareHead]:
+    """Every head across the models, in layer.head order: its measured scores and role in each model, where each
+    role formed, each role's transition, how the head changed, and its divergence (with two models)."""
+    first = runs[0]
+    role_names = [role.name for role in catalog.roles_for(first.kind.name) if role.name != "mixed"]
+    heads = []
+    for position, record in enumerate(first.heads):
+        records = [run.heads[position] for run in runs]
+        held = [record.role.role for record in records]
+        scores = {name: [r.scores[name] for r in records] for name in catalog.SCORE_NAMES if name in first.measured}
+        transitions = {
+            role: transition(scores[catalog.ROLE[role].score], labels) if catalog.ROLE[role].score in scores else None
+            for role in role_names
+        }
+        heads.append(
+            CompareHead(
+                record.layer,
+                record.head,
+                scores,
+                held,
+                formation(held, labels, role_names),
+                None if divergences is None else float(divergences[record.layer, record.head]),
+                transitions,
+                head_change(scores, held, labels),
+            )
         )
+    return heads
 
 
 def _part(progress: Progress | None, index: int, count: int) -> Progress | None:
