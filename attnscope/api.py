@@ -334,7 +334,6 @@ def _run(analysis_class: type[settings.Settings], given: dict[str, Any]) -> Any:
     its texts, its models' configs (what the settings ask of their shape, and that several models agree), then each
     model loaded and the analysis run. Each step fails with one AttnscopeError before the next, costlier one begins;
     what a reader should know of the environment and the models' names goes into the result's notes."""
-    from attnscope.models.checks import check_same_shapes
     from attnscope.pipeline.distributed import world
 
     model, texts = given.pop("model", None), given.pop("texts", None)
@@ -348,36 +347,11 @@ def _run(analysis_class: type[settings.Settings], given: dict[str, Any]) -> Any:
         analysis.check_processes(place.size)
     if analysis.models == settings.NONE:
         return _noted(analysis.run(), notes)
-    if analysis.models == settings.OWN:  # bench and info: a name they load or read themselves, or (info) a model
-        if isinstance(model, LoadedModel):
-            _check_untouched(_loading(analysis), model)
-        else:
-            _check_name(model)
-            model = os.fspath(model)
-            notes += name_notes(model)
-        return _noted(analysis.run(model, status=status), notes)
-    if not analysis.reads_texts:
-        gathered = analysis.read_inputs()
-    elif texts is None and analysis.file is None and analysis.default_texts is not None:
-        gathered = None  # the command's own texts (kvplan's long probe), which its run makes for the model
-    else:
-        gathered = read_texts(texts, analysis.file)
-    if model is None:  # only several models' commands leave it out: one model's default is the declared gpt2
-        if analysis.revisions is not None:
-            raise AttnscopeError(
-                "revisions (--revisions) are revisions of a model: name it with --model (e.g. --model "
-                "EleutherAI/pythia-160m --revisions step0,step512)"
-            )
-        model = settings.DEFAULT_MODEL
-    sources, note = model_sources(model, analysis, status)
-    analysis.check_models(len(sources))
-    analysis.check_processes(place.size, len(sources))
-    notes += [text for source in sources if source.owned for text in name_notes(source.name)][:1]
-    shapes = [(source.label, _shape(source)) for source in sources]
-    for _, shape in shapes:
-        if shape is not None:
-            analysis.check_shape(shape)
-    check_same_shapes(shapes)  # before any weight loads
+    if analysis.models == settings.OWN:
+        return _run_own(analysis, model, status, notes)
+    gathered = _read_inputs(analysis, texts)
+    sources, note = model_sources(_model_named(model, analysis), analysis, status)
+    notes += _checked_sources(analysis, sources, place.size)
     if len(sources) > 1:
         _join(analysis, place)
         return _noted(analysis.run_models(sources, gathered, progress), notes + ([note] if note else []))
@@ -387,6 +361,56 @@ def _run(analysis_class: type[settings.Settings], given: dict[str, Any]) -> Any:
     if planned:
         status(Planned(planned))
     return _noted(analysis.run(loaded, gathered, progress), notes)
+
+
+def _run_own(analysis: settings.Settings, model: Any, status: Any, notes: list[str]) -> Any:
+    """bench's and info's run: on a name they load or read themselves, or (info) on a model already loaded."""
+    if isinstance(model, LoadedModel):
+        _check_untouched(_loading(analysis), model)
+    else:
+        _check_name(model)
+        model = os.fspath(model)
+        notes = notes + name_notes(model)
+    return _noted(analysis.run(model, status=status), notes)
+
+
+def _read_inputs(analysis: settings.Settings, texts: Any) -> Any:
+    """What the command reads: its own inputs (`read_inputs`), None where its run makes its own texts for the model
+    (kvplan's long probe), or the texts given (the samples when none are)."""
+    if not analysis.reads_texts:
+        return analysis.read_inputs()
+    if texts is None and analysis.file is None and analysis.default_texts is not None:
+        return None
+    return read_texts(texts, analysis.file)
+
+
+def _model_named(model: Any, analysis: settings.Settings) -> Any:
+    """The model given, or the default where none is (only several models' commands leave it out: one model's
+    default is the declared gpt2); revisions need a model named."""
+    if model is not None:
+        return model
+    if analysis.revisions is not None:
+        raise AttnscopeError(
+            "revisions (--revisions) are revisions of a model: name it with --model (e.g. --model "
+            "EleutherAI/pythia-160m --revisions step0,step512)"
+        )
+    return settings.DEFAULT_MODEL
+
+
+def _checked_sources(analysis: settings.Settings, sources: list[ModelSource], processes: int) -> list[str]:
+    """Check, before any weight loads, how many models there are (and torchrun's processes for them) and each one's
+    config: what the settings ask of its shape, and that several agree. The first note on a model's name."""
+    from attnscope.models.checks import check_same_shapes
+
+    analysis.check_models(len(sources))
+    analysis.check_processes(processes, len(sources))
+    notes = [text for source in sources if source.owned for text in name_notes(source.name)][:1]
+    shapes = [(source.label, _shape(source)) for source in sources]
+    for _, shape in shapes:
+        if shape is not None:
+            analysis.check_shape(shape)
+    check_same_shapes(shapes)
+    return notes
 
 
 def _join(analysis: settings.Settings, place: Any) -> None:
