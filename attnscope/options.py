@@ -118,24 +118,38 @@ class Option:
     def problem(self, value: Any) -> str | None:
         """Why `value` is not in the domain (None: it is)."""
         if self.kind == "count":
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                return f"expected {self.domain()}, not {_type_name(value)}"
-            if not self.low <= value <= self.high or value in self.excluded:
-                return f"must be {self.domain()}"
-        elif self.kind == "number":
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                return f"expected {self.domain()}, not {_type_name(value)}"
-            if not (math.isfinite(value) and self.low <= value <= self.high):
-                return f"must be {self.domain()}"
-        elif self.kind == "flag":
+            return self._count_problem(value)
+        if self.kind == "number":
+            return self._number_problem(value)
+        if self.kind == "flag":
             if not (isinstance(value, bool) or type(value).__name__ == "bool_"):  # numpy's too
                 return f"expected {self.domain()}, not {_type_name(value)}"
-        elif self.kind == "choice":
-            if not isinstance(value, str) or value not in self.choices:
-                return f"use {self.domain()}"
-        elif not isinstance(value, str):
+            return None
+        if self.kind == "choice":
+            return None if isinstance(value, str) and value in self.choices else f"use {self.domain()}"
+        return self._text_problem(value)
+
+    def _count_problem(self, value: Any) -> str | None:
+        """Why `value` is not a whole number (of any integer type, a bool aside) in the range, not excluded."""
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            return f"expected {self.domain()}, not {_type_name(value)}"
+        if not self.low <= value <= self.high or value in self.excluded:
+            return f"must be {self.domain()}"
+        return None
+
+    def _number_problem(self, value: Any) -> str | None:
+        """Why `value` is not a finite real number (of any type, a bool aside) in the range."""
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            return f"expected {self.domain()}, not {_type_name(value)}"
+        if not (math.isfinite(value) and self.low <= value <= self.high):
+            return f"must be {self.domain()}"
+        return None
+
+    def _text_problem(self, value: Any) -> str | None:
+        """Why `value` is not a non-empty string without NUL bytes."""
+        if not isinstance(value, str):
             return f"expected a string, not {_type_name(value)}"
-        elif not value.strip() or "\0" in value:
+        if not value.strip() or "\0" in value:
             return f"expected {self.domain()}" + (" (without NUL bytes)" if value.strip() else "")
         return None
 
