@@ -147,28 +147,40 @@ def _checked_spelling(argv: list[str]) -> None:
             f"{first}: options go after the command's name: attnscope {argv[at]} {' '.join(argv[:at])} ..."
         )
     options = {name: param for param in commands[argv[at]].params for name in (*param.opts, *param.secondary_opts)}
-    counts: dict[Any, list[str]] = {}
-    tokens = iter(argv[at + 1 :])
+    _refuse_repeated(_options_given(argv[at + 1 :], options))
+
+
+def _options_given(arguments: list[str], options: dict[str, Any]) -> dict[Any, list[str]]:
+    """Each option of the command among its `arguments` (up to `--`), with the spellings it was given by, in order
+    (a value is skipped, though it may look like an option); a long option with one dash refused in one line."""
+    given: dict[Any, list[str]] = {}
+    tokens = iter(arguments)
     for token in tokens:
         if token == "--":
             break
         if not token.startswith("-") or token == "-":
             continue
         name, equals, _ = token.partition("=")
-        if not token.startswith("--") and len(name) > 2 and f"-{name}" in options:
+        long = token.startswith("--")
+        if not long and len(name) > 2 and f"-{name}" in options:
             raise AttnscopeError(f"{name}: an option's long name takes two dashes: -{name}")
-        param = options.get(name if token.startswith("--") else token[:2])
+        param = options.get(name if long else token[:2])
         if param is None:
             continue  # click says what is wrong with it
-        counts.setdefault(param, []).append(name if token.startswith("--") else token[:2])
-        if not param.is_flag and not equals and (token.startswith("--") or len(token) == 2):
+        given.setdefault(param, []).append(name if long else token[:2])
+        if not param.is_flag and not equals and (long or len(token) == 2):
             next(tokens, None)  # its value, which may look like an option
-    for param, given in counts.items():
-        if len(given) > 1 and not param.multiple:
+    return given
+
+
+def _refuse_repeated(given: dict[Any, list[str]]) -> None:
+    """An option that takes one value, given more than once, refused in one line: click would keep the last."""
+    for param, spellings in given.items():
+        if len(spellings) > 1 and not param.multiple:
             spelled = max(param.opts, key=len)
             raise AttnscopeError(
-                f"{spelled} is given {len(given)} times ({', '.join(given)}): it takes one value, and the last would "
-                "win without a word; give it once"
+                f"{spelled} is given {len(spellings)} times ({', '.join(spellings)}): it takes one value, and the "
+                "last would win without a word; give it once"
             )
 
 
