@@ -404,29 +404,9 @@ def load_model(
         _check_accelerate()
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
-    local_only = False
-    if name == DEMO:
-        path = demo_model_dir()
-        if not (path / "config.json").exists():
-            raise AttnscopeError(
-                f"the demo model is not bundled in this installation ({path} has no config.json); reinstall "
-                "attnscope, or use --model gpt2 or a directory saved with save_pretrained"
-            )
-        source = str(path)
-    elif _looks_like_path(name):
-        path = _expanded(name)
-        _check_local_directory(path)
-        source = str(path)
-    else:
-        source = name
-        # Without a route to the Hub, read the cache only: asked for a file it lacks, huggingface_hub would retry
-        # for minutes, then fail on a file the user never named.
-        local_only = not _hub_reachable()
-        if local_only and not _is_cached(name, revision):
-            raise AttnscopeError(_offline_message(name, revision))
-
+    source, local_only = _source(name, revision)
     _check_stored_config(name, source, revision)
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # a user of the CLI does not need transformers' load reports
@@ -440,17 +420,7 @@ def load_model(
     folder = _stored_folder(source, revision)
     if folder is not None:  # a config claiming more than the weights hold is refused before it is built
         check_stored_shapes(name, folder, config, family, lm_class if lm_head else AutoModel)
-    files = [] if folder is None else check_tokenizer_files(folder, name)
-    part = f"the tokenizer ({', '.join(files)}) of " if files else "the tokenizer of "
-    tokenizer = _from_pretrained(name, AutoTokenizer, source, local_only, part, **at_revision)
-    # Finding no tokenizer file, transformers builds an empty tokenizer (one special token at most) instead of failing.
-    if len(tokenizer) <= 1:
-        raise AttnscopeError(
-            _offline_message(name, revision)
-            if local_only
-            else f"model '{name}' has no usable tokenizer: transformers read no vocabulary from it "
-            f"({', '.join(TOKENIZER_FILES)})"
-        )
+    tokenizer = _tokenizer(name, source, local_only, folder, revision)
     loaded = _from_pretrained(
         name,
         lm_class if lm_head else AutoModel,
@@ -469,15 +439,60 @@ def load_model(
     checks.check_loaded_weights(name, loading_info, model, head)
     model.eval()
     family.prepare(model.base_model)
-    if device_map is None:
-        try:
-            model.to(torch_device)
-        except RuntimeError as error:  # e.g. CUDA out of memory
-            raise AttnscopeError(
-                f"cannot move model '{name}' to {torch_device}: {str(error).splitlines()[0]}"
-            ) from None
-    else:  # inputs go where the embeddings are
-        torch_device = model.get_input_embeddings().weight.device
+    torch_device = _placed(name, model, torch_device, device_map)
     if lm_head:
         return LoadedModel(name, model.base_model, tokenizer, torch_device, family, lm_model=model)
     return LoadedModel(name, model, tokenizer, torch_device, family)
+
+
+def _source(name: str, revision: str | None) -> tuple[str, bool]:
+    """Where `name`'s files are read from (the bundled demo's folder, a local folder, or a Hub id), and whether from
+    the local cache only: without a route to the Hub, asked for a file it lacks, huggingface_hub would retry for
+    minutes, then fail on a file the user never named."""
+    if name == DEMO:
+        path = demo_model_dir()
+        if not (path / "config.json").exists():
+            raise AttnscopeError(
+                f"the demo model is not bundled in this installation ({path} has no config.json); reinstall "
+                "attnscope, or use --model gpt2 or a directory saved with save_pretrained"
+            )
+        return str(path), False
+    if _looks_like_path(name):
+        path = _expanded(name)
+        _check_local_directory(path)
+        return str(path), False
+    local_only = not _hub_reachable()
+    if local_only and not _is_cached(name, revision):
+        raise AttnscopeError(_offline_message(name, revision))
+    return name, local_only
+
+
+def _tokenizer(name: str, source: str, local_only: bool, folder: Path | None, revision: str | None) -> Any:
+    """The model's tokenizer, its stored files checked first; refused where transformers read no vocabulary: finding
+    no tokenizer file, it builds an empty tokenizer (one special token at most) instead of failing."""
+    from transformers import AutoTokenizer
+
+    files = [] if folder is None else check_tokenizer_files(folder, name)
+    part = f"the tokenizer ({', '.join(files)}) of " if files else "the tokenizer of "
+    at_revision = {} if revision is None else {"revision": revision}
+    tokenizer = _from_pretrained(name, AutoTokenizer, source, local_only, part, **at_revision)
+    if len(tokenizer) <= 1:
+        raise AttnscopeError(
+            _offline_message(name, revision)
+            if local_only
+            else f"model '{name}' has no usable tokenizer: transformers read no vocabulary from it "
+            f"({', '.join(TOKENIZER_FILES)})"
+        )
+    return tokenizer
+
+
+def _placed(name: str, model: Any, device: Any, device_map: str | None) -> Any:
+    """The device the model's inputs go to: `device`, the model moved there (one line where it does not fit), or,
+    spread by a device map, where its embeddings are."""
+    if device_map is not None:
+        return model.get_input_embeddings().weight.device
+    try:
+        model.to(device)
+    except RuntimeError as error:  # e.g. CUDA out of memory
+        raise AttnscopeError(f"cannot move model '{name}' to {device}: {str(error).splitlines()[0]}") from None
+    return device
