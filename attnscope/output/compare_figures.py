@@ -205,7 +205,6 @@ def heads_by_models(result: Any, name: str) -> Any:
     """One score of every head (rows, in layer.head order, a line between layers) in every model (columns), with
     a colour bar in the score's unit; a star marks where the head's role of this score formed."""
     import numpy as np
-    from matplotlib.colors import Normalize
 
     from attnscope.output import figures
 
@@ -219,20 +218,44 @@ def heads_by_models(result: Any, name: str) -> Any:
     size = (max(3.0, column * len(labels)) + margins[0] + margins[1], row * len(heads) + margins[2] + margins[3])
     figure = figures.new_figure(size)
     axes = figures.place_axes(figure, margins)
-    if score.unit == SIGNED:
-        limit = max(1e-12, float(np.nanmax(np.abs(matrix))) if np.isfinite(matrix).any() else 1.0)
-        norm, scale = Normalize(-max(limit, 1.0), max(limit, 1.0)), figures.DIVERGING_SCALE
-    elif score.unit == FRACTION:
-        norm, scale = Normalize(0.0, 1.0), figures.SEQUENTIAL_SCALE
-    else:
-        high = float(np.nanmax(matrix)) if np.isfinite(matrix).any() else 1.0
-        norm, scale = Normalize(0.0, high if high > 0 else 1.0), figures.SEQUENTIAL_SCALE
+    norm, scale = _score_norm(score, matrix)
     cmap = figures.colour_map(scale).with_extremes(bad=figures.MISSING_COLOUR)
     image = axes.imshow(np.ma.masked_invalid(matrix), cmap=cmap, norm=norm, aspect="auto", interpolation="none")
     figures.add_colour_bar(figure, axes, image, figures.score_colour_label(score))
     n_head = result.model["n_head"]
     for layer in range(1, result.model["n_layer"]):
         axes.axhline(layer * n_head - 0.5, color="white", linewidth=0.8)
+    _head_and_model_ticks(axes, heads, labels, n_head, row)
+    role = next((role.name for role in ROLES if role.score == name), None)
+    marked = 0 if role is None else _mark_formed(axes, heads, labels, role, 5 if row < 0.12 else 7)
+    star = f"; ★ where {role} formed" if marked else ""
+    subtitle = f"{described(result)}{star}"
+    figures.add_titles(figure, f"{figures.capital(score.label)} per head in each model", subtitle)
+    return figure
+
+
+def _score_norm(score: Any, matrix: Any) -> tuple[Any, str]:
+    """The colours of one score's heads × models (NaN where not measured): a signed score diverging around 0 to its
+    largest magnitude (1 at least), a fraction from 0 to 1, any other from 0 to its largest value."""
+    import numpy as np
+    from matplotlib.colors import Normalize
+
+    from attnscope.output import figures
+
+    if score.unit == SIGNED:
+        limit = max(1e-12, float(np.nanmax(np.abs(matrix))) if np.isfinite(matrix).any() else 1.0)
+        return Normalize(-max(limit, 1.0), max(limit, 1.0)), figures.DIVERGING_SCALE
+    if score.unit == FRACTION:
+        return Normalize(0.0, 1.0), figures.SEQUENTIAL_SCALE
+    high = float(np.nanmax(matrix)) if np.isfinite(matrix).any() else 1.0
+    return Normalize(0.0, high if high > 0 else 1.0), figures.SEQUENTIAL_SCALE
+
+
+def _head_and_model_ticks(axes: Any, heads: list, labels: list[str], n_head: int, row: float) -> None:
+    """Every head's label where they fit (else each layer's first head, thinned), every model's label along x
+    (slanted past three), and the axes' titles."""
+    from attnscope.output import figures
+
     fits = figures.labels_that_fit(row * len(heads), 6.5)
     if len(heads) <= fits:
         ticks = list(range(len(heads)))
@@ -247,27 +270,26 @@ def heads_by_models(result: Any, name: str) -> Any:
     )
     axes.set_ylabel("head (layer.head)", fontsize=figures.LABEL_SIZE)
     axes.set_xlabel("model", fontsize=figures.LABEL_SIZE)
-    role = next((role.name for role in ROLES if role.score == name), None)
+
+
+def _mark_formed(axes: Any, heads: list, labels: list[str], role: str, size: float) -> int:
+    """A star at the model where each head's `role` formed (none where it held it from the first model); how many."""
     marked = 0
-    if role is not None:
-        for k, head in enumerate(heads):
-            formed = head.formed.get(role)
-            if formed is not None and formed != labels[0]:
-                axes.plot(
-                    [labels.index(formed)],
-                    [k],
-                    marker="*",
-                    markersize=5 if row < 0.12 else 7,
-                    color="white",
-                    markeredgecolor="black",
-                    markeredgewidth=0.4,
-                    linestyle="none",
-                )
-                marked += 1
-    star = f"; ★ where {role} formed" if marked else ""
-    subtitle = f"{described(result)}{star}"
-    figures.add_titles(figure, f"{figures.capital(score.label)} per head in each model", subtitle)
-    return figure
+    for k, head in enumerate(heads):
+        formed = head.formed.get(role)
+        if formed is not None and formed != labels[0]:
+            axes.plot(
+                [labels.index(formed)],
+                [k],
+                marker="*",
+                markersize=size,
+                color="white",
+                markeredgecolor="black",
+                markeredgewidth=0.4,
+                linestyle="none",
+            )
+            marked += 1
+    return marked
 
 
 def divergence_grid(result: Any) -> Any:

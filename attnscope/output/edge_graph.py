@@ -8,6 +8,7 @@ head-to-head dependencies): its nodes are components of several kinds and its ed
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -58,10 +59,7 @@ def edge_graph(
     labelled, the others faint), every edge an arrow from its source to its target (a key or value edge of a
     grouped-query model to its key/value head), its colour the input's kind, its width its |score| over the
     largest, dashed where the score is negative; the strongest drawn last. `note` under the graph."""
-    from matplotlib.patches import FancyArrowPatch
-
     places = positions(n_layer, n_head, n_kv_head)
-    grouped = n_kv_head != n_head
     columns, rows = 2 * n_layer + 2, max(n_head, 2)
     size = with_margins((max(0.75 * columns, 4.0), max(0.32 * rows, 2.4)), GRAPH_MARGINS)
     figure = new_figure(size)
@@ -69,29 +67,8 @@ def edge_graph(
     axes.set_xlim(-0.6, columns - 0.4)
     axes.set_ylim(rows - 0.5, -1.3)  # room above the heads for the layers' names
     axes.axis("off")
-    largest = max((abs(score) for *_, score in edges), default=1.0) or 1.0
-    touched = set()
-    for source, target, kind, score in sorted(edges, key=lambda edge: abs(edge[3])):
-        touched.update((source, target))  # a grouped model's key and value edges end at their key/value head
-        colour = INPUT_COLOURS[kind or ("logits" if target == "logits" else "mlp")]
-        (xa, ya), (xb, yb) = places[source], places[target]
-        arrow = FancyArrowPatch(
-            (xa, ya), (xb, yb), connectionstyle=f"arc3,rad={0.12 if yb >= ya else -0.12}", arrowstyle="-|>",
-            mutation_scale=5 + 5 * abs(score) / largest, linewidth=0.3 + 3.2 * abs(score) / largest, color=colour,
-            linestyle="--" if score < 0 else "-", alpha=0.85, shrinkA=5, shrinkB=5, zorder=1,
-        )  # fmt: skip
-        axes.add_patch(arrow)
-    fontsize = 6.0 if n_head <= 16 else 4.5
-    for name, (x, y) in places.items():
-        if ".kv" in name and not grouped:
-            continue
-        on = name in touched
-        marker = "D" if ".kv" in name else ("s" if name in ("embed", "logits") or name.startswith("mlp") else "o")
-        area = (260 if marker == "s" else 150) if on else 25
-        axes.scatter([x], [y], s=area, marker=marker, color=NODE_COLOUR if on else FADED_COLOUR, zorder=2)
-        if on:
-            label = name.replace("mlp ", "m").replace("embed", "emb").replace("logits", "out")
-            axes.text(x, y, label, ha="center", va="center", fontsize=fontsize, color="white", zorder=3)
+    touched = _draw_edges(axes, edges, places)
+    _draw_nodes(axes, places, touched, grouped=n_kv_head != n_head, fontsize=6.0 if n_head <= 16 else 4.5)
     for layer in range(n_layer):
         axes.text(1.0 + 2 * layer + 0.5, -0.8, f"layer {layer}", ha="center", va="bottom", fontsize=LABEL_SIZE - 1,
                   color=SUBTITLE_COLOUR)  # fmt: skip
@@ -105,3 +82,43 @@ def edge_graph(
                     fontsize=7.5, color=SUBTITLE_COLOUR)  # fmt: skip
     add_titles(figure, title, subtitle)
     return figure
+
+
+def _draw_edges(
+    axes: Any, edges: Sequence[tuple[str, str, str | None, float]], places: dict[str, tuple[float, float]]
+) -> set[str]:
+    """Every edge an arrow, the weakest first (so that the strongest lie on top): coloured by the input it enters,
+    as wide as its share of the largest |score|, dashed where its score is negative; the nodes they touch (a
+    grouped model's key and value edges end at their key/value head)."""
+    from matplotlib.patches import FancyArrowPatch
+
+    largest = max((abs(score) for *_, score in edges), default=1.0) or 1.0
+    touched = set()
+    for source, target, kind, score in sorted(edges, key=lambda edge: abs(edge[3])):
+        touched.update((source, target))
+        colour = INPUT_COLOURS[kind or ("logits" if target == "logits" else "mlp")]
+        (xa, ya), (xb, yb) = places[source], places[target]
+        arrow = FancyArrowPatch(
+            (xa, ya), (xb, yb), connectionstyle=f"arc3,rad={0.12 if yb >= ya else -0.12}", arrowstyle="-|>",
+            mutation_scale=5 + 5 * abs(score) / largest, linewidth=0.3 + 3.2 * abs(score) / largest, color=colour,
+            linestyle="--" if score < 0 else "-", alpha=0.85, shrinkA=5, shrinkB=5, zorder=1,
+        )  # fmt: skip
+        axes.add_patch(arrow)
+    return touched
+
+
+def _draw_nodes(
+    axes: Any, places: dict[str, tuple[float, float]], touched: set[str], grouped: bool, fontsize: float
+) -> None:
+    """Every component a node (key/value heads only for a `grouped` model): the `touched` ones dark and labelled,
+    the others faint; squares for the embeddings, the logits and the MLPs, diamonds for key/value heads."""
+    for name, (x, y) in places.items():
+        if ".kv" in name and not grouped:
+            continue
+        on = name in touched
+        marker = "D" if ".kv" in name else ("s" if name in ("embed", "logits") or name.startswith("mlp") else "o")
+        area = (260 if marker == "s" else 150) if on else 25
+        axes.scatter([x], [y], s=area, marker=marker, color=NODE_COLOUR if on else FADED_COLOUR, zorder=2)
+        if on:
+            label = name.replace("mlp ", "m").replace("embed", "emb").replace("logits", "out")
+            axes.text(x, y, label, ha="center", va="center", fontsize=fontsize, color="white", zorder=3)

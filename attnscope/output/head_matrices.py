@@ -168,11 +168,24 @@ def pair_matrix(
         colour_bar.ax.axhline(centre, color="black", linewidth=0.8)
     if band is not None:
         colour_bar.ax.axhspan(*band, facecolor="none", edgecolor="#333333", hatch="////", linewidth=0.5)
+    _head_ticks(figure, axes, rows, columns)
+    _layer_lines(axes, rows, columns)
+    axes.set_xlabel(column_title, fontsize=LABEL_SIZE)
+    axes.set_ylabel(row_title, fontsize=LABEL_SIZE)
+    if n_rows <= 16 and n_columns <= 16:
+        _write_values(axes, matrix, cmap, norm, digits)
+    add_titles(figure, title, subtitle)
+    return figure
+
+
+def _head_ticks(figure: Figure, axes, rows: Sequence[str], columns: Sequence[str]) -> None:
+    """The heads' labels on both axes (the columns' upright), as large as the axis's length allows (8 pt at most,
+    TICK_MIN at least) and thinned to what fits."""
     box = axes.get_position()
     inches = figure.get_size_inches()
     for count, labels, set_ticks, set_labels, length in (
-        (n_columns, columns, axes.set_xticks, axes.set_xticklabels, box.width * inches[0]),
-        (n_rows, rows, axes.set_yticks, axes.set_yticklabels, box.height * inches[1]),
+        (len(columns), columns, axes.set_xticks, axes.set_xticklabels, box.width * inches[0]),
+        (len(rows), rows, axes.set_yticks, axes.set_yticklabels, box.height * inches[1]),
     ):
         fontsize = max(TICK_MIN, min(8.0, 0.75 * length * 72 / max(count, 1)))
         ticks = thinned_ticks(count, labels_that_fit(length, fontsize))
@@ -180,28 +193,32 @@ def pair_matrix(
         set_labels([labels[k] for k in ticks], fontsize=fontsize)
     for label in axes.get_xticklabels():
         label.set_rotation(90)
-    for k in range(1, n_columns):
+
+
+def _layer_lines(axes, rows: Sequence[str], columns: Sequence[str]) -> None:
+    """A thin line between two columns, or two rows, of heads of different layers."""
+    for k in range(1, len(columns)):
         if _layer_of(columns[k]) != _layer_of(columns[k - 1]):
             axes.axvline(k - 0.5, color="#777777", linewidth=0.6)
-    for k in range(1, n_rows):
+    for k in range(1, len(rows)):
         if _layer_of(rows[k]) != _layer_of(rows[k - 1]):
             axes.axhline(k - 0.5, color="#777777", linewidth=0.6)
-    axes.set_xlabel(column_title, fontsize=LABEL_SIZE)
-    axes.set_ylabel(row_title, fontsize=LABEL_SIZE)
-    if n_rows <= 16 and n_columns <= 16:
-        for i in range(n_rows):
-            for j in range(n_columns):
-                value = matrix[i, j]
-                if np.isfinite(value):
-                    colour = ink(cmap(norm(value)))
-                    axes.text(
-                        j,
-                        i,
-                        f"{value:.{digits}f}".replace("-0.00", "0.00"),
-                        ha="center",
-                        va="center",
-                        fontsize=6.5 if digits <= 2 else 6.0,
-                        color=colour,
-                    )
-    add_titles(figure, title, subtitle)
-    return figure
+
+
+def _write_values(axes, matrix: np.ndarray, cmap, norm: Normalize, digits: int) -> None:
+    """Each finite value written in its cell with `digits` decimals (no `-0.00`), in the ink that reads on its
+    colour."""
+    n_rows, n_columns = matrix.shape
+    for i in range(n_rows):
+        for j in range(n_columns):
+            value = matrix[i, j]
+            if np.isfinite(value):
+                axes.text(
+                    j,
+                    i,
+                    f"{value:.{digits}f}".replace("-0.00", "0.00"),
+                    ha="center",
+                    va="center",
+                    fontsize=6.5 if digits <= 2 else 6.0,
+                    color=ink(cmap(norm(value))),
+                )

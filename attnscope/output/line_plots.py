@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -65,43 +66,17 @@ def line_plot(
     for index, (name, values) in enumerate(series.items()):
         dodge = (index - (len(series) - 1) / 2) * 0.025 if spreads else 0.0  # a share of a unit of log2(x), or of x
         shifted = [a * 2**dodge if log_x else a + dodge for a in x]
-        points = [(a, b) for a, b in zip(shifted, values, strict=True) if b is not None]
         style = {
             "color": SERIES_COLOURS[index % len(SERIES_COLOURS)],
             "marker": SERIES_MARKERS[index % len(SERIES_MARKERS)],
             **(styles or {}).get(name, {}),
         }
-        if points:
-            axes.plot([p[0] for p in points], [p[1] for p in points], label=name, **style)
-            lowest = min(lowest, *(p[1] for p in points))
-            highest = max(highest, *(p[1] for p in points))
+        drawn = _draw_line(axes, name, shifted, values, style)
+        lowest, highest = min([lowest, *drawn]), max([highest, *drawn])
         if spreads and name in spreads:
-            low, high = spreads[name]
-            bars = [
-                (a, b, c, d) for a, b, c, d in zip(shifted, values, low, high, strict=True) if None not in (b, c, d)
-            ]
-            if bars:
-                xs, ys, lows, highs = (np.array(column, dtype=float) for column in zip(*bars, strict=True))
-                drawn = axes.errorbar(
-                    xs, ys, yerr=[ys - lows, highs - ys], fmt="none", ecolor=style["color"], elinewidth=1.0, capsize=3
-                )
-                drawn.lines[2][0].set_gid(f"spread:{name}")
-                highest = max(highest, *highs)
-    if log_x:
-        axes.set_xscale("log", base=2)
-    axes.set_xticks(list(x))
-    axes.set_xticklabels([f"{v:,}" if isinstance(v, int) else str(v) for v in x])
-    axes.minorticks_off()
-    if lowest < 0:
-        axes.axhline(0.0, color="#888888", linewidth=0.8)
-        axes.set_ylim(bottom=lowest * 1.1)
-    else:
-        axes.set_ylim(bottom=0.0)
-    if y_top is None:  # some room above the highest point, or above 0 when every value is below it
-        y_top = highest * 1.08 if highest > 0 else (-0.1 * lowest if lowest < 0 else 1.0)
-    axes.set_ylim(top=y_top)
-    if highest >= 10_000:
-        axes.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+            highest = max([highest, *_draw_spread(axes, name, shifted, values, spreads[name], style["color"])])
+    _x_axis(axes, x, log_x)
+    _y_axis(axes, lowest, highest, y_top)
     axes.set_xlabel(xlabel, fontsize=LABEL_SIZE)
     axes.set_ylabel(ylabel, fontsize=LABEL_SIZE)
     axes.tick_params(labelsize=8)
@@ -110,3 +85,55 @@ def line_plot(
         axes.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=LEGEND_FONT, frameon=False, handlelength=3.5)
     add_titles(figure, title, subtitle)
     return figure
+
+
+def _draw_line(axes: Any, name: str, x: Sequence[float], values: Sequence[float | None], style: dict) -> list[float]:
+    """One series' line through its points (None values left out); the values drawn."""
+    points = [(a, b) for a, b in zip(x, values, strict=True) if b is not None]
+    if points:
+        axes.plot([p[0] for p in points], [p[1] for p in points], label=name, **style)
+    return [p[1] for p in points]
+
+
+def _draw_spread(
+    axes: Any,
+    name: str,
+    x: Sequence[float],
+    values: Sequence[float | None],
+    spread: tuple[Sequence[float | None], Sequence[float | None]],
+    colour: str,
+) -> list[float]:
+    """One series' spread, a (low, high) range at each point where it and the value are known, as error bars in
+    the line's colour (the bars' lines named `spread:<name>` in an SVG); the highs drawn."""
+    low, high = spread
+    bars = [(a, b, c, d) for a, b, c, d in zip(x, values, low, high, strict=True) if None not in (b, c, d)]
+    if not bars:
+        return []
+    xs, ys, lows, highs = (np.array(column, dtype=float) for column in zip(*bars, strict=True))
+    drawn = axes.errorbar(xs, ys, yerr=[ys - lows, highs - ys], fmt="none", ecolor=colour, elinewidth=1.0, capsize=3)
+    drawn.lines[2][0].set_gid(f"spread:{name}")
+    return list(highs)
+
+
+def _x_axis(axes: Any, x: Sequence[float], log_x: bool) -> None:
+    """A tick at each x (on a log2 scale with `log_x`), labelled as given (thousands separated)."""
+    if log_x:
+        axes.set_xscale("log", base=2)
+    axes.set_xticks(list(x))
+    axes.set_xticklabels([f"{v:,}" if isinstance(v, int) else str(v) for v in x])
+    axes.minorticks_off()
+
+
+def _y_axis(axes: Any, lowest: float, highest: float, y_top: float | None) -> None:
+    """The y axis from 0 (from below it, with a line at 0, when a value is negative) to `y_top`, or to some room
+    above the highest point (above 0 when every value is below it); thousands separated from 10,000."""
+    if lowest < 0:
+        axes.axhline(0.0, color="#888888", linewidth=0.8)
+        axes.set_ylim(bottom=lowest * 1.1)
+    else:
+        axes.set_ylim(bottom=0.0)
+    if y_top is None:
+        y_top = highest * 1.08 if highest > 0 else (-0.1 * lowest if lowest < 0 else 1.0)
+    axes.set_ylim(top=y_top)
+    if highest >= 10_000:
+        axes.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
