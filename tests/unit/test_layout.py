@@ -149,6 +149,35 @@ def _import_cycles(root: Path = ROOT) -> list[list[str]]:
     return sorted(cycles)
 
 
+# Radon's cyclomatic complexity of a function (1, and 1 more for each branch it can take) at most 20, the top of
+# radon's rank C: past it, a function is a list of cases that reads better as named steps
+MOST_COMPLEX = 20
+# being changed on another branch (issue 38); the lead removes this entry
+COMPLEX_FOR_NOW = {"attnscope/analyses/ablate.py:Ablate.run"}
+
+
+def _complexities(root: Path = ROOT) -> dict[str, int]:
+    """Every function's, method's and nested function's cyclomatic complexity (radon's: a nested function's
+    branches are its own, not its holder's), as `path:Class.function.nested` -> complexity."""
+    from radon.visitors import Class, ComplexityVisitor
+
+    found = {}
+
+    def visit(blocks: list, within: str) -> None:
+        for block in blocks:
+            name = f"{within}{block.name}"
+            if isinstance(block, Class):
+                visit(block.methods + block.inner_classes, f"{name}.")
+            else:
+                found[name] = block.complexity
+                visit(block.closures, f"{name}.")
+
+    for path, _ in _package_modules(root):
+        module = ComplexityVisitor.from_code(path.read_text(encoding="utf-8"))
+        visit(module.functions + module.classes, f"{path.relative_to(root)}:")
+    return found
+
+
 def test_every_module_belongs_to_a_stage():
     modules = _package_modules()
     assert len(modules) > 30
@@ -223,6 +252,37 @@ def test_the_import_check_finds_an_upward_import_at_any_depth(tmp_path):
         "attnscope/scores/fake.py:6 (scores) imports attnscope.output.views",
         "attnscope/scores/fake.py:7 (scores) imports attnscope.output.views",
     ]
+
+
+def test_no_function_is_past_radon_rank_c():
+    """Every function and method of the package takes at most MOST_COMPLEX branches (radon's cyclomatic complexity;
+    `radon cc -s -n D attnscope` lists those past it): a longer flow is a sequence of named steps."""
+    found = _complexities()
+    assert len(found) > 500
+    assert {name: value for name, value in found.items() if value > MOST_COMPLEX and name not in COMPLEX_FOR_NOW} == {}
+
+
+def test_the_complexity_check_finds_a_complex_function_and_method(tmp_path):
+    """The check above must not pass for want of looking: a function, a method and a nested function of 21
+    branches each."""
+    branches = "".join(f"if x == {k}:\n    return {k}\n" for k in range(20))
+
+    def body(indent: int) -> str:
+        return "".join(" " * indent + line + "\n" for line in branches.splitlines())
+
+    source = (
+        f"def flat(x):\n{body(4)}\n"
+        f"class A:\n    def run(self, x):\n{body(8)}\n"
+        f"def outer(x):\n    def inner(x):\n{body(8)}    return inner(x)\n"
+    )
+    (tmp_path / "attnscope").mkdir()
+    (tmp_path / "attnscope" / "wide.py").write_text(source)
+    assert _complexities(tmp_path) == {
+        "attnscope/wide.py:flat": 21,
+        "attnscope/wide.py:A.run": 21,
+        "attnscope/wide.py:outer": 1,
+        "attnscope/wide.py:outer.inner": 21,
+    }
 
 
 def test_every_command_has_one_room_and_every_result_its_view():
