@@ -11,13 +11,13 @@ from attnscope.analyses.circuit import CircuitResult
 from attnscope.analyses.compare import CompareResult
 from attnscope.analyses.discover import DiscoverResult
 from attnscope.analyses.diversity import DiversityResult
-from attnscope.analyses.heads import HeadsResult
 from attnscope.analyses.info import InfoResult
 from attnscope.analyses.kvplan import KvplanResult
-from attnscope.analyses.maps import ShowResult
 from attnscope.analyses.patch import PatchResult
 from attnscope.analyses.random_mha import RandomMhaResult
 from attnscope.analyses.report import ReportResult
+from attnscope.analyses.scoring import HeadsResult
+from attnscope.analyses.show import ShowResult
 from attnscope.models.loading import LoadedModel
 from attnscope.models.sources import ModelSource
 from attnscope.pipeline.inputs import Text, Texts
