@@ -125,8 +125,8 @@ def score_heads(
     windows = WindowStream(model, texts, heads.bos)
     probe, needle, probe_notes = _probes(model, heads)  # before the texts run
     statistics, captured = _captured(model, windows, heads, sorted({layer for layer, _ in plotted}), progress, also)
-    notes = windows.notes() + probe_notes + captured.notes
     means, window_notes = _means(model, windows, statistics, heads.window)
+    notes = windows.notes() + probe_notes + captured.notes + window_notes
     summary = input_summary(windows, int(statistics.row_count))
     _add_probe_scores(model, probe, needle, means, summary)
     per_layer = torch.cat([value.reshape(model.n_layer, -1) for value in means.values()], dim=1)  # (L, ·)
@@ -138,7 +138,7 @@ def score_heads(
         settings=_shown_settings(heads, model.kind),
         heads=head_records(means, model.n_layer, model.n_head, heads.thresholds),
         measured=tuple(name for name in catalog.SCORE_NAMES if name in means),
-        notes=notes + window_notes,
+        notes=notes,
         attention=_plotted_maps(model, captured, heads.words),
         plotted=plotted,
         selection={"layer": heads.layer, "sort": heads.sort, "top": heads.top},
