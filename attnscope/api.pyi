@@ -309,6 +309,7 @@ def ablate(
     top: int | None = None,
     remove: str | Sequence[str] = (),
     save: str | os.PathLike[str] | None = None,
+    score: bool | None = None,
     file: str | os.PathLike[str] | None = None,
     bos: bool | None = None,
     batch_size: int = 8,
@@ -334,7 +335,10 @@ def ablate(
                 heads (10 on the terminal) (--top)
     remove      heads 'L.H' removed first (a list, or '0.2,1.0'): the analysis is of the model without them (--remove)
     save        Write the model without the heads of --remove to this new folder (save_pretrained: weights, config,
-                tokenizer; zero or mean ablation) (--save)
+                tokenizer; zero or mean ablation); the heads are then not scored unless --score, --prune or --method
+                gradient asks (--save)
+    score       measure every head's importance (None: yes, except with save alone, which saves the model and measures
+                only its loss) (--score)
     file        Texts separated by blank lines, or .jsonl with a 'text' field; '-' reads standard input (--file)
     bos         Prepend the BOS token, or wrap in [CLS] … [SEP] for an encoder (default: on when the model has them)
                 (--bos)
@@ -655,6 +659,7 @@ def info(
 def patch(
     model: LoadedModel | str | os.PathLike[str] = "gpt2",
     *,
+    batch_size: int | None = None,
     top: int | None = None,
     clean: str | None = None,
     corrupt: str | None = None,
@@ -662,7 +667,6 @@ def patch(
     wrong: str | None = None,
     file: str | os.PathLike[str] | None = None,
     bos: bool | None = None,
-    batch_size: int = 8,
     max_tokens: int | None = 16384,
     device: str = "auto",
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto",
@@ -676,6 +680,8 @@ def patch(
     head (`load`'s default); one given by name is loaded so.
 
     model       a model `load` returned, or a name to load for this call: 'demo', a Hub id, a folder (--model)
+    batch_size  pairs per batch, of one length (None: as many as let the copies of the batch that patch one layer's
+                heads fill a forward pass of 8,192 tokens) (--batch-size)
     top         Rows of each ranked list: the first K, on the terminal, in --json and in --csv (default: every row in
                 --json and --csv, and on the terminal as many as the command usually shows). Here: the heads that
                 restore the most (10 on the terminal) (--top)
@@ -688,7 +694,6 @@ def patch(
                 a ratio of sums); '-' reads standard input (--file)
     bos         Prepend the BOS token, or wrap in [CLS] … [SEP] for an encoder (default: on when the model has them)
                 (--bos)
-    batch_size  Windows per forward pass (padded, length-bucketed) (--batch-size)
     max_tokens  padded tokens per batch at most; a long window still runs alone (None: no cap) (--max-tokens)
     device      Where the model runs: auto (CUDA when available), cpu, cuda or cuda:N (--device)
     dtype       The weights' dtype; auto: the checkpoint's own (float32 for GPT-2) (--dtype)

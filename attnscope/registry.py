@@ -156,7 +156,8 @@ COMMANDS: tuple[Command, ...] = (
 
         A removed head's output is replaced by its mean over the texts' positions (--ablation mean, the default), by 0,
         or by its output on another text (resample). --top K lists the K most important heads (and --csv's rows); the
-        grid and the files of --out show every head. --remove L.H,... removes heads first; --save DIR writes that model.
+        grid and the files of --out show every head. --remove L.H,... removes heads first; --save DIR writes that model
+        and measures its loss, scoring no head unless --score asks.
 
         Example: attnscope ablate "The cat sat on the mat because it was tired." --prune 20;
         attnscope ablate --model demo --remove 0.2 --save demo-no-0.2

@@ -15,7 +15,14 @@ their removal).
 `remove`: those heads are removed first, in every configuration (their gates 0); the analysis is of the model
 without them (their own importance is 0), which `save` writes (`models.removal`): what `ablate` then measures on the
 saved model, it measures here. With mean ablation the means of the other heads are those of the model without them,
-as they would be measured on the saved model; the removed heads' own are the whole model's.
+as they would be measured on the saved model; the removed heads' own are the whole model's. Saving needs no scoring:
+with `save` alone (`scoring`: unless `score`, `prune` or method gradient asks) the model's loss with and without
+the heads is measured, one configuration each, and no head is scored.
+
+Under torchrun the work is shared and the result is one process's, bit for bit: every process prepares the ablation
+(the means: one pass over the texts), then the passes of configurations (a batch and the configurations run on it
+as copies) go round the processes, pass i on process i mod N, their sums added in order on every process
+(`distributed.in_rounds`); for the gradient, the batches; process 0 alone writes the saved model.
 
 Decoders: L is the mean next-token cross-entropy (nats) over every predicted token of every window (a window's first
 token is not predicted; with BOS prepended, the text's first token is predicted from BOS).
@@ -48,7 +55,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.models import removal
 from attnscope.models.loading import LoadedModel, fastest_attention
 from attnscope.output.ablate import AblateView
-from attnscope.pipeline import interventions
+from attnscope.pipeline import distributed, interventions
 from attnscope.pipeline.ablation import Ablation
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.loss_windows import IGNORED, LossWindows, batch_labels, loss_windows
@@ -82,7 +89,8 @@ def _token_losses(loaded: LoadedModel, input_ids, attention_mask, labels=None):
 class AblationResult(Result):
     """Importance of every head, (n_layer, n_head) numpy float64; with the loss method also the loss with the head
     removed; `prune` lists the loss as the least important heads are removed one after another. With `remove`, the
-    baseline is the loss without those heads and `intact_loss` the whole model's."""
+    baseline is the loss without those heads and `intact_loss` the whole model's. Without scoring (`save` alone, or
+    `score` False) `importance` and `ablated_loss` are None and no head is ranked: the baseline is the result."""
 
     view_class = AblateView  # how it is shown (--json, --csv, --out, the terminal, a notebook)
 
@@ -90,7 +98,7 @@ class AblationResult(Result):
     inputs: dict[str, Any]
     settings: dict[str, Any]
     baseline_loss: float
-    importance: np.ndarray
+    importance: np.ndarray | None
     ablated_loss: np.ndarray | None
     prune: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -106,7 +114,9 @@ class AblationResult(Result):
         return self.settings.get("ablation", "zero")
 
     def ranked(self) -> list[tuple[int, int]]:
-        """Heads from the most to the least important, ties in layer.head order."""
+        """Heads from the most to the least important, ties in layer.head order (none where none was scored)."""
+        if self.importance is None:
+            return []
         n_layer, n_head = self.importance.shape
         return sorted(
             ((layer, head) for layer in range(n_layer) for head in range(n_head)),
@@ -128,34 +138,51 @@ def losses_under(
 ) -> np.ndarray:
     """Mean loss over all windows under each head configuration: configurations (K, L, H) of gates, a removed
     head's output replaced as `ablation` says (None: zero); returns (K,) float64. Each batch of windows is repeated
-    once per configuration in as few forward passes as fit the budget."""
+    once per configuration in as few forward passes as fit the budget.
+
+    Under torchrun the passes are shared (`distributed.in_rounds`): pass i (a batch and the configurations it runs,
+    as one process makes them) goes to process i mod N, and the sums are added in the passes' order on every
+    process, as one process adds them: one process's losses, bit for bit."""
     import torch
 
     configurations = torch.as_tensor(configurations, dtype=torch.float32, device=loaded.device)  # (K, L, H)
     K = configurations.shape[0]
-    total = torch.zeros(K, dtype=torch.float64)
+    total = np.zeros(K)  # (K,) float64
     count = 0
     gates = interventions.HeadGates()
-    with interventions.hooks(loaded, gates), torch.inference_mode():
+    held: list[Any] = [None]  # the batch whose replacements the gates hold
+
+    def passes() -> Any:
         for batch in _batches(loaded, windows, batch_size, max_tokens):
-            gates.values = None  # the donors of resample run through the intact model
-            gates.replacements = None if ablation is None else ablation.for_batch(batch)
             B, n = batch.input_ids.shape
-            labels = batch_labels(windows, batch)  # (B, n) or None
             per_pass = max(1, interventions.MAX_COPY_TOKENS // (B * n))  # configurations per forward pass
             for first in range(0, K, per_pass):
-                chunk = configurations[first : first + per_pass]  # (k, L, H)
-                k = chunk.shape[0]
-                gates.values = chunk.repeat_interleave(B, dim=0)  # (k·B, L, H): configuration-major
-                losses, valid = _token_losses(
-                    loaded,
-                    batch.input_ids.repeat(k, 1),
-                    batch.attention_mask.repeat(k, 1),
-                    None if labels is None else labels.repeat(k, 1),
-                )  # (k·B, n-1) or (k·B, n)
-                total[first : first + k] += losses.view(k, B, -1).sum(dim=(1, 2)).double().cpu()
-            count += int(valid[:B].sum())
-    return (total / count).numpy()
+                yield batch, first, min(first + per_pass, K)
+
+    def one_pass(item: tuple[Any, int, int]) -> tuple[int, np.ndarray, int]:
+        batch, first, last = item
+        if held[0] is not batch:
+            gates.values = None  # the donors of resample run through the intact model
+            gates.replacements = None if ablation is None else ablation.for_batch(batch)
+            held[0] = batch
+        B = batch.input_ids.shape[0]
+        labels = batch_labels(windows, batch)  # (B, n) or None
+        k = last - first
+        gates.values = configurations[first:last].repeat_interleave(B, dim=0)  # (k·B, L, H): configuration-major
+        losses, valid = _token_losses(
+            loaded,
+            batch.input_ids.repeat(k, 1),
+            batch.attention_mask.repeat(k, 1),
+            None if labels is None else labels.repeat(k, 1),
+        )  # (k·B, n-1) or (k·B, n)
+        sums = losses.view(k, B, -1).sum(dim=(1, 2)).double().cpu().numpy()  # (k,)
+        return first, sums, int(valid[:B].sum()) if first == 0 else 0  # a batch's tokens counted once
+
+    with interventions.hooks(loaded, gates), torch.inference_mode():
+        for first, sums, predicted in distributed.in_rounds(passes(), one_pass):
+            total[first : first + len(sums)] += sums
+            count += predicted
+    return total / count
 
 
 def _batches(loaded: LoadedModel, windows: LossWindows, batch_size: int, max_tokens: int | None) -> Any:
@@ -172,29 +199,34 @@ def _gradient_importance(
 ) -> tuple[float, np.ndarray]:
     """Baseline loss and mean over windows of |∂L_w/∂ξ| at ξ = 1 (the heads `keep` (L, H) marks 0 removed for
     good): gates per window, so one backward gives each window's own gradient (∂ of Σ_w L_w with respect to window
-    w's gates is ∂L_w/∂ξ)."""
+    w's gates is ∂L_w/∂ξ). Under torchrun the batches go round the processes (`distributed.in_rounds`), their sums
+    added in the batches' order: one process's result, bit for bit."""
     import torch
 
     L, H = loaded.n_layer, loaded.n_head
     keep = torch.ones(L, H) if keep is None else keep
-    total_abs = torch.zeros(L, H, dtype=torch.float64)
+    total_abs = np.zeros((L, H))  # (L, H) float64
     loss_sum, token_count = 0.0, 0
     head_gates = interventions.HeadGates()
+
+    def of_batch(batch: Any) -> tuple[np.ndarray, float, int]:
+        B = batch.input_ids.shape[0]
+        head_gates.values = None  # the donors of resample run through the intact model
+        head_gates.replacements = None if ablation is None else ablation.for_batch(batch)
+        gates = torch.ones(B, L, H, device=loaded.device, requires_grad=True)  # (B, L, H)
+        head_gates.values = gates * keep.to(loaded.device)  # (B, L, H)
+        labels = batch_labels(windows, batch)
+        losses, valid = _token_losses(loaded, batch.input_ids, batch.attention_mask, labels)  # (B, n-1) or (B, n)
+        per_window = losses.sum(-1) / valid.sum(-1)  # (B,) mean loss of each window
+        (gradient,) = torch.autograd.grad(per_window.sum(), gates)  # (B, L, H)
+        return gradient.abs().sum(0).double().cpu().numpy(), float(losses.detach().sum()), int(valid.sum())
+
     with interventions.hooks(loaded, head_gates):
-        for batch in _batches(loaded, windows, batch_size, max_tokens):
-            B = batch.input_ids.shape[0]
-            head_gates.values = None  # the donors of resample run through the intact model
-            head_gates.replacements = None if ablation is None else ablation.for_batch(batch)
-            gates = torch.ones(B, L, H, device=loaded.device, requires_grad=True)  # (B, L, H)
-            head_gates.values = gates * keep.to(loaded.device)  # (B, L, H)
-            labels = batch_labels(windows, batch)
-            losses, valid = _token_losses(loaded, batch.input_ids, batch.attention_mask, labels)  # (B, n-1) or (B, n)
-            per_window = losses.sum(-1) / valid.sum(-1)  # (B,) mean loss of each window
-            (gradient,) = torch.autograd.grad(per_window.sum(), gates)  # (B, L, H)
-            total_abs += gradient.abs().sum(0).double().cpu()
-            loss_sum += float(losses.detach().sum())
-            token_count += int(valid.sum())
-    return loss_sum / token_count, (total_abs / len(windows.windows)).numpy()
+        for summed, loss, tokens in distributed.in_rounds(_batches(loaded, windows, batch_size, max_tokens), of_batch):
+            total_abs += summed
+            loss_sum += loss
+            token_count += tokens
+    return loss_sum / token_count, total_abs / len(windows.windows)
 
 
 class Ablate(settings.Ablate):
@@ -234,6 +266,7 @@ class Ablate(settings.Ablate):
             "resample_seed": self.resample_seed if self.ablation == "resample" else None,
             "remove": list(self.remove),
             "save": None if self.save is None else os.fspath(self.save),
+            "score": self.scoring,
             "prune": self.prune,
             "batch_size": self.batch_size,
             "max_tokens": self.max_tokens,
@@ -246,21 +279,8 @@ class Ablate(settings.Ablate):
             intact = None
             if removed:
                 intact = float(losses_under(loaded, windows, torch.ones(1, L, H), *self.batching)[0])
-            if self.method == "loss":
-                free = [(layer, head) for layer in range(L) for head in range(H) if keep[layer, head]]
-                one_off = keep.repeat(len(free), 1, 1)  # (F, L, H) configuration k removes free head k as well
-                for k, (layer, head) in enumerate(free):
-                    one_off[k, layer, head] = 0
-                losses = losses_under(loaded, windows, torch.cat([keep[None], one_off]), *self.batching, ablation)
-                baseline = float(losses[0])
-                ablated = np.full((L, H), baseline)  # a head removed first: nothing more to remove
-                for k, (layer, head) in enumerate(free):
-                    ablated[layer, head] = losses[1 + k]
-                importance = ablated - baseline
-            else:
-                baseline, importance = _gradient_importance(loaded, windows, *self.batching, ablation, keep)
-                ablated = None
-            check_finite(loaded, "loss", [baseline, *np.asarray(importance).ravel()])
+            baseline, importance, ablated = self._scores(loaded, windows, keep, ablation)
+            check_finite(loaded, "loss", [baseline, *([] if importance is None else np.asarray(importance).ravel())])
             if removed:
                 notes.append(
                     f"{counted(len(removed), 'head')} removed first ({', '.join(self.remove)}, {self.ablation} "
@@ -280,13 +300,50 @@ class Ablate(settings.Ablate):
                     for k, (layer, head) in enumerate(order)
                 ]
         if self.save is not None:
-            with removal.removed(loaded, removed, whole_means):
-                saved = removal.save(loaded, self.save)
-            notes.append(
-                f"the model without {', '.join(self.remove)} ({self.ablation} ablation) is saved in {saved}: "
-                "attnscope.load or transformers' from_pretrained read it"
-            )
+            notes += self._saved(loaded, removed, whole_means)
         return result
+
+    def _scores(self, loaded: LoadedModel, windows: LossWindows, keep: Any, ablation: Ablation) -> tuple:
+        """(baseline loss, importance (L, H), loss without each head (L, H) or None) of the model without the heads
+        `keep` marks 0; without scoring (`scoring`), the baseline alone: one configuration, (baseline, None, None)."""
+        import torch
+
+        L, H = loaded.n_layer, loaded.n_head
+        if not self.scoring:
+            return float(losses_under(loaded, windows, keep[None], *self.batching, ablation)[0]), None, None
+        if self.method == "gradient":
+            baseline, importance = _gradient_importance(loaded, windows, *self.batching, ablation, keep)
+            return baseline, importance, None
+        free = [(layer, head) for layer in range(L) for head in range(H) if keep[layer, head]]
+        one_off = keep.repeat(len(free), 1, 1)  # (F, L, H) configuration k removes free head k as well
+        for k, (layer, head) in enumerate(free):
+            one_off[k, layer, head] = 0
+        losses = losses_under(loaded, windows, torch.cat([keep[None], one_off]), *self.batching, ablation)
+        baseline = float(losses[0])
+        ablated = np.full((L, H), baseline)  # a head removed first: nothing more to remove
+        for k, (layer, head) in enumerate(free):
+            ablated[layer, head] = losses[1 + k]
+        return baseline, ablated - baseline, ablated
+
+    def _saved(self, loaded: LoadedModel, removed: list[tuple[int, int]], whole_means: Any) -> list[str]:
+        """Write the model without `removed` to `save` (under torchrun, process 0 alone writes; an error is every
+        process's), and say so."""
+
+        def write(folder: Any) -> tuple[str, str | None]:
+            with removal.removed(loaded, removed, whole_means) as held:
+                return os.fspath(removal.save(loaded, folder)), held
+
+        (saved, held), *_ = distributed.run_shared([self.save], write)
+        notes = [
+            f"the model without {', '.join(self.remove)} ({self.ablation} ablation) is saved in {saved}: "
+            "attnscope.load or transformers' from_pretrained read it"
+        ]
+        if not self.scoring:
+            notes.append(
+                "no head was scored: --save writes the model and measures its loss (--score measures every head "
+                f"as well; so does attnscope ablate on the saved model, {saved})"
+            )
+        return notes + ([held] if held else [])
 
     def _ablation(self, loaded: LoadedModel, windows: LossWindows, keep: Any) -> tuple[Ablation, Any]:
         """What a removed head's output becomes on these windows, and the whole model's means (mean ablation; None

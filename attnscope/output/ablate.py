@@ -2,7 +2,8 @@
 pictures, the terminal's and notebook's grid and tables.
 
 Reads an AblationResult (analyses.ablate) by duck typing: `model`, `inputs`, `settings` (`ablation`, `remove`),
-`notes`, `method`, `baseline_loss`, `intact_loss`, `importance` (L, H), `ablated_loss`, `prune`, `ranked()`.
+`notes`, `method`, `baseline_loss`, `intact_loss`, `importance` (L, H), `ablated_loss`, `prune`, `ranked()`. Where no
+head was scored (`--save` alone: `importance` None) the views show the losses and the notes, no head and no picture.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def _how(result: Any) -> str:
 def ablate_records(result: Any, ranked: bool = False) -> list[dict]:
     """One flat record per head, layer.head order (`ranked`: the most important first, the first --top): importance,
     rank (1 = most important) and, with the loss method, the loss with the head removed."""
+    if result.importance is None:  # no head scored
+        return []
     rank = {lh: k for k, lh in enumerate(result.ranked(), start=1)}
     n_layer, n_head = result.importance.shape
     records = []
@@ -51,6 +54,7 @@ def ablate_records(result: Any, ranked: bool = False) -> list[dict]:
 
 class AblateView(View):
     command = "ablate"
+    columns = ("layer", "head", "label", "importance", "rank")  # the CSV's header where no head was scored
 
     def document(self, every: bool = False) -> dict:
         """The baseline loss (with `remove`, of the model without those heads; `intact_loss` the whole model's, else
@@ -83,7 +87,10 @@ class AblateView(View):
         return ablate_records(self.result)
 
     def figures(self) -> dict[str, Any]:
-        """importance (layer × head) and, with pruning, prune (the loss against the heads removed)."""
+        """importance (layer × head) and, with pruning, prune (the loss against the heads removed); none where no
+        head was scored."""
+        if self.result.importance is None:
+            return {}
         drawn = {"importance": ablate_importance(self.result)}
         if self.result.prune:
             drawn["prune"] = prune_curve(self.result)
@@ -99,25 +106,30 @@ class AblateView(View):
         shown = [
             f"baseline loss {result.baseline_loss:.4f} nats/token over {result.inputs['predicted_tokens']} predicted "
             "tokens" + (f"; {result.settings['ablation']} ablation" if result.settings.get("ablation") else ""),
-            terminal.layer_head_grid(result.importance, f"Head importance, {unit}", unit_range=False),
-            terminal.records_table(ranked, f"Most important heads ({_how(result)})"),
         ]
+        if result.importance is not None:
+            shown.append(terminal.layer_head_grid(result.importance, f"Head importance, {unit}", unit_range=False))
+            shown.append(terminal.records_table(ranked, f"Most important heads ({_how(result)})"))
         if result.prune:
             shown.append(terminal.records_table(result.prune, "Loss as the least important heads are removed"))
         return shown
 
     def notebook(self) -> str:
         result = self.result
-        unit = "loss increase (nats)" if result.method == "loss" else "|dL/d gate|"
-        scale = max(float(abs(result.importance).max()), 1e-300)
-        by_label = {record["label"]: record for record in ablate_records(result)}
-        ranked = [by_label[f"{layer}.{head}"] for layer, head in result.ranked()[: shown_rows(result, SHOWN)]]
         parts = [
             notebook.note_lines(self.notes),
             notebook.paragraph(
                 f"baseline loss {result.baseline_loss:.4f} nats/token over {result.inputs['predicted_tokens']} "
                 "predicted tokens"
             ),
+        ]
+        if result.importance is None:  # no head scored
+            return notebook.fragment(*parts)
+        unit = "loss increase (nats)" if result.method == "loss" else "|dL/d gate|"
+        scale = max(float(abs(result.importance).max()), 1e-300)
+        by_label = {record["label"]: record for record in ablate_records(result)}
+        ranked = [by_label[f"{layer}.{head}"] for layer, head in result.ranked()[: shown_rows(result, SHOWN)]]
+        parts += [
             notebook.layer_head_grid(
                 result.importance.tolist(),
                 f"Head importance, {unit}",
@@ -139,6 +151,10 @@ class AblateView(View):
         read += f" ({counted(inputs['predicted_tokens'], 'predicted token')})" if "predicted_tokens" in inputs else ""
         ablation = f", {result.settings['ablation']} ablation" if result.settings.get("ablation") else ""
         headline = f"{model_shape(result.model)}; {result.method} method{ablation}{read}"
+        if result.importance is None:  # no head scored: the losses
+            intact = "" if result.intact_loss is None else f" ({result.intact_loss:.4f} with every head)"
+            headline = f"{model_shape(result.model)}; no head scored{ablation}{read}"
+            return summary(self, headline, [f"baseline loss {result.baseline_loss:.4f} nats/token{intact}"], [])
         if result.method == "loss":
             important = [f"{layer}.{head} {result.importance[layer, head]:+.3f}" for layer, head in result.ranked()]
             ranked = fitted("most important (loss change, nats): ", important)

@@ -7,10 +7,11 @@ Two ways of sharing the work, each where it fits:
               report. The result equals one process's to float rounding (the sums are added in another order).
     items:    each rank takes every N-th item of a list of independent pieces of work (`share`) and does each
               whole, exactly as one process would; the results are gathered, in the list's order, on every rank
-              (`run_shared`, `gather`): circuit's removals, compare's models, the models of a report of several.
-              The result is one process's, bit for bit. A stream of items too long to hold (circuit's gradient,
-              batch by batch) goes round by round (`in_rounds`): N items at a time, one to each rank, their
-              results handed back in order, so that sums over them are added as one process adds them.
+              (`run_shared`, `gather`): circuit's removals, compare's models, the models of a report of several,
+              patch's runs. The result is one process's, bit for bit. A stream of items too long to hold
+              (circuit's gradient and discover, batch by batch; ablate, pass by pass) goes round by round
+              (`in_rounds`): N items at a time, one to each rank, their results handed back in order, so that sums
+              over them are added as one process adds them.
 
 Inside `alone()` a process works as if it were the only one (no window split, no sums added, nothing shared): a
 piece of work (a model of compare) runs its passes over the texts whole. Only rank 0 prints and writes files.

@@ -201,15 +201,22 @@ def tokenized(loaded: LoadedModel, pair: PromptPair, prefix: tuple[int, ...]) ->
     return TokenizedPair(clean, corrupt, answer, wrong)
 
 
-def length_groups(lengths: Sequence[int], batch_size: int, max_tokens: int | None) -> list[list[int]]:
+def length_groups(
+    lengths: Sequence[int], batch_size: int | None, max_tokens: int | None, copies: int = 1
+) -> list[list[int]]:
     """Pair indices in batches of one length (no padding: the last position is every row's last token), at most
-    `batch_size` pairs and `max_tokens` tokens each (a pair longer than that runs alone); longest first."""
+    `batch_size` pairs and `max_tokens` tokens each (a pair longer than that runs alone); longest first.
+    `batch_size` None: as many pairs as let `copies` copies of the batch fill one forward pass of
+    `interventions.MAX_COPY_TOKENS` tokens (patch: the heads of a layer patched as copies of the batch, in one pass)."""
+    from attnscope.pipeline.interventions import MAX_COPY_TOKENS
+
     by_length: dict[int, list[int]] = {}
     for index, length in enumerate(lengths):
         by_length.setdefault(length, []).append(index)
     groups = []
     for length, indices in sorted(by_length.items(), reverse=True):
-        size = max(1, min(batch_size, (max_tokens or length * batch_size) // length))
+        most = MAX_COPY_TOKENS // (copies * length) if batch_size is None else batch_size
+        size = max(1, min(most, (max_tokens or length * most) // length))
         groups += [indices[first : first + size] for first in range(0, len(indices), size)]
     return groups
 

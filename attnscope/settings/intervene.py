@@ -41,6 +41,8 @@ class Ablate(Reading, Batching, Removal, Place, Revision, DeviceMap, Settings):
     """`attnscope ablate`: the language-model loss with each head removed; with `remove`, of the model without
     those heads, which `save` writes."""
 
+    torchrun: ClassVar[bool] = True  # every N-th pass of configurations (every N-th batch for the gradient)
+
     method: str = setting(
         options.ABLATION_METHOD, "loss", "loss: remove each head and measure the loss; gradient: |dL/d gate| (fast)."
     )
@@ -58,8 +60,17 @@ class Ablate(Reading, Batching, Removal, Place, Revision, DeviceMap, Settings):
         options.MODEL_FOLDER.or_none(),
         None,
         "Write the model without the heads of --remove to this new folder (save_pretrained: weights, config, "
-        "tokenizer; zero or mean ablation).",
+        "tokenizer; zero or mean ablation); the heads are then not scored unless --score, --prune or --method "
+        "gradient asks.",
         metavar="DIR",
+    )
+    score: bool | None = setting(
+        options.FLAG.or_none(),
+        None,
+        "Measure every head's importance (default: yes, except with --save alone, which saves the model and "
+        "measures only its loss).",
+        python_help="measure every head's importance (None: yes, except with save alone, which saves the model and "
+        "measures only its loss)",
     )
 
     def __post_init__(self) -> None:
@@ -73,6 +84,21 @@ class Ablate(Reading, Batching, Removal, Place, Revision, DeviceMap, Settings):
             if not self.remove:
                 raise AttnscopeError("save (--save DIR) writes the model without the heads of remove: give remove too")
             check_destination(self.save)
+        if self.score is False and (self.prune or self.method == "gradient"):
+            asked = (
+                f"prune (--prune {self.prune}) removes the least important heads"
+                if self.prune
+                else "method gradient (--method gradient) is a way of scoring every head"
+            )
+            raise AttnscopeError(f"{asked}, and score off (--no-score) scores none: give one or the other")
+
+    @property
+    def scoring(self) -> bool:
+        """Whether every head's importance is measured: `score` where given; else yes, except with `save` alone
+        (saving needs no scoring: the model's loss is measured, and `prune` or method gradient ask for the scores)."""
+        if self.score is not None:
+            return self.score
+        return self.save is None or bool(self.prune) or self.method == "gradient"
 
     @property
     def needs_lm_head(self) -> bool:
@@ -232,6 +258,17 @@ class PromptPairs(Reading):
 class Patch(PromptPairs, Batching, Place, Revision, DeviceMap, Settings):
     """`attnscope patch`: activation patching per head, for clean and corrupted prompts."""
 
+    torchrun: ClassVar[bool] = True  # every N-th batch's baselines, then every N-th patched run
+
+    batch_size: int | None = setting(  # Batching's --batch-size, here pairs of one length
+        options.BATCH_SIZE.or_none(),
+        None,
+        "Pairs per batch (of one length); default: as many as let the copies of the batch that patch one layer's "
+        "heads fill a forward pass of 8,192 tokens.",
+        metavar="N",
+        python_help="pairs per batch, of one length (None: as many as let the copies of the batch that patch one "
+        "layer's heads fill a forward pass of 8,192 tokens)",
+    )
     top: int | None = top_setting("the heads that restore the most (10 on the terminal)")
 
 

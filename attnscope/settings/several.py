@@ -63,12 +63,10 @@ class Report(Scoring, Loading, Settings):
     def needs_lm_head(self) -> bool:
         return self.ablate
 
-    # Under torchrun, one model's heads and diversity are shared by window, its circuit by removal; several models
-    # are shared by model, each whole on one process (the last, with its diversity and ablation, on the first).
+    # Under torchrun, one model's heads and diversity are shared by window, its circuit by removal, its ablation by
+    # pass; several models are shared by model, each whole on one process (the last, with its diversity and
+    # ablation, on the first).
     torchrun: ClassVar[bool] = True
-
-    def unshared(self, count: int) -> list[str]:
-        return ["ablate"] if self.ablate and count == 1 else []
 
     def check_models(self, count: int) -> None:
         if count > 1 and self.circuit:

@@ -116,15 +116,15 @@ def test_ablation_and_removed_heads_are_recorded(cli, tmp_path):
 
 @pytest.mark.slow
 def test_save_then_compare_the_model_without_a_head(cli, tmp_path, monkeypatch, fresh_loads):
-    """The README's offline compare: `ablate --remove 0.2 --save demo-no-0.2`, then `compare --model demo --model
-    demo-no-0.2`; the folder holds a model and its tokenizer, labelled by its name (fresh loads: compare frees the
-    models it loads, and the same name means another folder in another test)."""
+    """The README's offline compare: `ablate --remove 0.2 --save demo-no-0.2` as written (no head scored: the
+    terminal shows the loss without 0.2, no table of heads), then `compare --model demo --model demo-no-0.2`; the
+    folder holds a model and its tokenizer, labelled by its name (fresh loads: compare frees the models it loads,
+    and the same name means another folder in another test)."""
     monkeypatch.chdir(tmp_path)
-    code, out, err = cli(
-        "ablate", "--model", "demo", "--remove", "0.2", "--save", "demo-no-0.2", "--method", "gradient"
-    )
+    code, out, err = cli("ablate", "--model", "demo", "--remove", "0.2", "--save", "demo-no-0.2")
     assert code == 0, err
-    assert "is saved in demo-no-0.2" in err
+    assert "is saved in demo-no-0.2" in err and "no head was scored" in err
+    assert out.startswith("baseline loss ") and "Most important heads" not in out
     names = {path.name for path in (tmp_path / "demo-no-0.2").iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
     code, out, err = cli("compare", "--model", "demo", "--model", "demo-no-0.2", "--json")

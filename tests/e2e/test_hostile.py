@@ -831,8 +831,7 @@ def no_process_group(monkeypatch):
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["ablate", CAT, "-m", "TINY"], "ablate does not share its work among torchrun's processes"),
-        (["report", CAT, "-m", "TINY", "--ablate", "--json"], "ablate (--ablate) is not shared among torchrun"),
+        (["kvplan", "-m", "TINY"], "kvplan does not share its work among torchrun's processes"),
         (["random-mha", "--trials", "1"], "random-mha does not share its work among torchrun's processes"),
     ],
 )
@@ -840,9 +839,9 @@ def test_what_torchrun_would_get_wrong_or_repeat_is_refused_before_any_model(
     cli, tiny_model_dir, monkeypatch, no_process_group, args, expected
 ):
     """compare's divergence under torchrun was one process's share of the texts (0.1267 against 0.1184, exit 0);
-    circuit, ablate, report --ablate and random-mha ran whole in every process. compare and circuit's removals are
-    shared now, the gradient's batches too (tests/e2e/test_processes.py); ablate, one model's --ablate and
-    random-mha are not."""
+    circuit, ablate, report --ablate and random-mha ran whole in every process. compare, circuit's removals, ablate's
+    passes (one model's report --ablate's too) and patch's runs are shared now (tests/e2e/test_processes.py);
+    kvplan and random-mha are not."""
     from attnscope.models import loading
 
     for name, value in TORCHRUN_ENV.items():
@@ -861,8 +860,9 @@ def test_what_torchrun_shares_among_its_processes_is_not_refused():
     settings.Circuit().check_processes(2)  # the removals are shared
     settings.Report(ablate=True).check_processes(2, 2)  # several models: the last one's ablation on one process
     settings.Report(circuit=True).check_processes(2, 1)  # one model's circuit: its removals shared
-    with pytest.raises(AttnscopeError, match=r"^ablate \(--ablate\) is not shared among torchrun's 2 processes"):
-        settings.Report(ablate=True).check_processes(2, 1)
+    settings.Report(ablate=True).check_processes(2, 1)  # one model's ablation: its passes shared
+    settings.Ablate().check_processes(2)  # its passes of configurations (the gradient's batches) go round
+    settings.Patch(file="pairs.jsonl").check_processes(2)  # its batches' baselines and patched runs are shared
     settings.Circuit(method="gradient").check_processes(2)  # the batches go round the processes
 
 

@@ -156,6 +156,62 @@ def test_work_shared_under_torchrun_gives_one_process_json(cli, tiny_model_dir, 
         torch.set_num_threads(threads)
 
 
+DEMO_PAIRS = Path(__file__).resolve().parents[2] / "attnscope" / "sample_texts" / "demo-pairs.jsonl"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="torchrun test uses localhost TCP and fork")
+def test_ablate_and_patch_under_torchrun_give_one_process_json(cli, tmp_path):
+    """Two gloo processes under one torchrun launch, on the demo model, each command's JSON one process's byte for
+    byte (this one's, with one thread, as each of the two): ablate's passes of configurations, shared round by round
+    (mean, resample with pruning, and the gradient's batches: batches of 2 of the six sample texts make three
+    rounds' worth), the model saved without a head by rank 0 alone (the same weights, byte for byte; no head scored),
+    patch's batches' baselines and patched runs (the demo's pairs, batches of one length), and one model's report
+    --ablate, whose ablation is shared as ablate's is (its heads, shared by window, equal one process's to rounding:
+    test_work_shared_under_torchrun_gives_one_process_json)."""
+    common = ["-m", "demo", "--device", "cpu", "--json"]
+    commands = [
+        ["ablate", *common, "--batch-size", "2"],
+        ["ablate", *common, "--batch-size", "2", "--ablation", "resample", "--prune", "3"],
+        ["ablate", *common, "--batch-size", "2", "--method", "gradient", "--ablation", "zero"],
+        ["ablate", *common, "--batch-size", "2", "--remove", "0.2,1.1", "--save", "SAVED"],
+        ["patch", *common, "--file", DEMO_PAIRS],
+        ["patch", *common, "--file", DEMO_PAIRS, "--batch-size", "1"],
+        ["report", *common, "--ablate", "--no-diversity", "--no-probe", "--batch-size", "2"],
+    ]
+    script = tmp_path / "chain.py"
+    script.write_text(CHAIN)
+    root = str(Path(__file__).resolve().parents[2])
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+    }
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    chained = [
+        "|".join(str(tmp_path / "two") if arg == "SAVED" else str(arg) for arg in command) for command in commands
+    ]
+    ran = subprocess.run([*launcher, script, tmp_path, *chained], capture_output=True, text=True, env=env, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for k, command in enumerate(commands):
+            code, out, err = cli(*[tmp_path / "one" if arg == "SAVED" else arg for arg in command])
+            assert code == 0, err
+            two = (tmp_path / f"{k}.json").read_text()
+            if "SAVED" in command:  # the same document but for the folder's name, and the same weights
+                assert two == out.replace(str(tmp_path / "one"), str(tmp_path / "two"))
+                assert json.loads(out)["heads"] == [] and json.loads(out)["settings"]["score"] is False
+                for name in ("model.safetensors", "config.json", "tokenizer.json"):
+                    assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
+            elif command[0] == "report":
+                assert json.loads(two)["ablation"] == json.loads(out)["ablation"]
+            else:
+                assert two == out, command[:8]
+    finally:
+        torch.set_num_threads(threads)
+
+
 FORKED = """
 import os, sys, torch
 from attnscope.pipeline import tiles

@@ -15,8 +15,8 @@ from attnscope.errors import AttnscopeError
 from attnscope.models import removal
 from attnscope.models.loading import load_model
 from attnscope.pipeline.ablation import donors
+from tests.support import FAMILY_TEXTS, without_head
 from tests.support import TEXTS as DEMO_TEXTS
-from tests.support import without_head
 
 
 def test_donors_are_other_windows_at_least_as_long():
@@ -57,7 +57,7 @@ def test_the_saved_model_is_the_removal_the_analyses_make(demo, tmp_path, mode):
     before = _weights(demo.lm_model)
     whole = Ablate(ablation=mode).run(demo, DEMO_TEXTS)
     folder = tmp_path / "demo-no-0.2"
-    removed = Ablate(ablation=mode, remove=["0.2"], save=folder).run(demo, DEMO_TEXTS)
+    removed = Ablate(ablation=mode, remove=["0.2"], save=folder, score=True).run(demo, DEMO_TEXTS)
     assert all(torch.equal(value, demo.lm_model.state_dict()[name]) for name, value in before.items())
     saved = load_model(str(folder), "cpu", lm_head=True)
     again = Ablate(ablation=mode).run(saved, DEMO_TEXTS)
@@ -90,15 +90,76 @@ def test_the_saved_model_is_the_removal_the_analyses_make(demo, tmp_path, mode):
     assert torch.equal(c_proj.bias, original.bias) == (mode == "zero")
 
 
+@pytest.mark.slow
+def test_save_alone_scores_no_head_and_saves_the_same_model(demo, tmp_path, monkeypatch):
+    """`ablate --remove 0.2 --save DIR` once scored every head first (270 ablations on a 30-layer model) to save one
+    model: saving alone runs two configurations (every head, and without 0.2), never more at once, and reports the
+    loss without the head; the folder holds the bytes that saving with scoring writes."""
+    from attnscope.analyses import ablate
+
+    asked = []
+    run_losses = ablate.losses_under
+
+    def counted(loaded, windows, configurations, *args, **kwargs):
+        asked.append(len(configurations))
+        return run_losses(loaded, windows, configurations, *args, **kwargs)
+
+    monkeypatch.setattr(ablate, "losses_under", counted)
+    alone = Ablate(remove=["0.2"], save=tmp_path / "alone").run(demo, DEMO_TEXTS)
+    assert asked == [1, 1]  # the whole model's loss, and the loss without 0.2
+    scored = Ablate(remove=["0.2"], save=tmp_path / "scored", score=True).run(demo, DEMO_TEXTS)
+    assert asked[2:] == [1, 8]  # the whole model's, and the baseline with each of the 7 other heads removed too
+    assert alone.importance is None and alone.ablated_loss is None and alone.ranked() == []
+    assert alone.settings["score"] is False and scored.settings["score"] is True
+    assert alone.baseline_loss == pytest.approx(scored.baseline_loss, abs=1e-6)
+    assert alone.intact_loss == scored.intact_loss
+    assert any(note.startswith("no head was scored: --save writes the model") for note in alone.notes)
+    for name in ("model.safetensors", "config.json"):
+        assert (tmp_path / "alone" / name).read_bytes() == (tmp_path / "scored" / name).read_bytes()
+    assert alone.to_records() == [] and alone.to_document()["heads"] == [] and alone.plot() == {}
+    assert "no head scored" in repr(alone) and "baseline loss" in alone._repr_html_()
+    files = alone.save(tmp_path / "out")
+    assert sorted(path.name for path in files) == ["ablate.csv", "ablate.json"]
+    assert (tmp_path / "out" / "ablate.csv").read_text().strip() == "layer,head,label,importance,rank"
+
+
+@pytest.mark.slow
+def test_mean_ablation_saves_a_grouped_query_llama_in_the_bias_its_config_adds(family_dir, tmp_path):
+    """Llama's o_proj has no bias, and mean ablation, the default, once refused to save ("save with ablation
+    zero"): its config's attention_bias gives q, k, v and o_proj biases, and the saved model (o_proj's bias holding
+    the means, the others 0) gives the loss the removal gives in memory (a grouped-query Llama: 4 heads, 2 KV
+    heads); the model in memory is left as it was, its config too."""
+    llama = load_model(str(family_dir("llama")), "cpu", lm_head=True)
+    before = _weights(llama.lm_model)
+    removed = Ablate(remove=["0.1", "1.3"], save=tmp_path / "saved").run(llama, FAMILY_TEXTS)
+    assert _weights(llama.lm_model).keys() == before.keys() and llama.config.attention_bias is False
+    assert all(torch.equal(value, llama.lm_model.state_dict()[name]) for name, value in before.items())
+    assert any("the saved config sets attention_bias" in note for note in removed.notes)
+    saved = load_model(str(tmp_path / "saved"), "cpu", lm_head=True)
+    again = Ablate(score=False).run(saved, FAMILY_TEXTS)
+    assert again.baseline_loss == pytest.approx(removed.baseline_loss, abs=1e-5)
+    assert abs(removed.baseline_loss - removed.intact_loss) > 1e-3  # the removal changed the loss
+
+    from transformers import AutoModelForCausalLM
+
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    assert theirs.config.attention_bias is True and theirs.config.num_key_value_heads == 2
+    attention, d_head = theirs.model.layers[0].self_attn, llama.d_head
+    assert not any(getattr(attention, name).bias.any() for name in ("q_proj", "k_proj", "v_proj"))
+    assert attention.o_proj.bias.abs().max() > 0 and not attention.o_proj.weight[:, d_head : 2 * d_head].any()
+
+
 def test_save_refuses_what_weights_cannot_hold_and_writes_nothing_on_error(demo, family_dir, tmp_path, monkeypatch):
     with pytest.raises(AttnscopeError, match="no weight can hold: save with ablation mean or zero"):
         removal.check_removable(demo, "resample")
-    llama = load_model(str(family_dir("llama")), "cpu")
+    mistral = load_model(str(family_dir("mistral")), "cpu")  # no setting of its config gives o_proj a bias
     with pytest.raises(
-        AttnscopeError, match=r"this Llama model's \(self_attn.o_proj\) has none: save with ablation zero"
+        AttnscopeError,
+        match=r"this Mistral model's \(self_attn.o_proj\) has none, nor a setting of its config that adds one: save "
+        r"with ablation zero \(--ablation zero\), which every family can hold$",
     ):
-        removal.check_removable(llama, "mean")
-    removal.check_removable(llama, "zero")
+        removal.check_removable(mistral, "mean")
+    removal.check_removable(mistral, "zero")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
     with pytest.raises(AttnscopeError, match="the folder exists and is not empty"):

@@ -137,4 +137,5 @@ def test_report_opens_every_model_once_and_the_last_on_the_first_process(process
 
 def test_the_settings_say_what_is_shared():
     assert settings.Circuit.torchrun and settings.Compare.torchrun and settings.Report.torchrun
-    assert not settings.Ablate.torchrun
+    assert settings.Ablate.torchrun and settings.Patch.torchrun  # their passes, their patched runs
+    assert not settings.Kvplan.torchrun and not settings.Bench.torchrun

@@ -82,3 +82,17 @@ def test_one_pair_or_a_file_of_them(given, message):
     with pytest.raises(AttnscopeError, match=message):
         settings.Patch(**given)
     assert settings.Patch(file="pairs.jsonl").file == "pairs.jsonl" and settings.Patch(**PAIR).needs_lm_head
+
+
+def test_pairs_of_one_length_fill_a_pass_of_copies_unless_a_batch_size_is_given():
+    """patch ran 8 pairs per batch (the windows' default) whatever their length: 1,000 IOI pairs of 15 tokens made
+    125 batches, each 2 × layers passes of 9 copies × 8 pairs × 15 tokens (1,080 of a pass's 8,192). By default a
+    batch now holds as many pairs of one length as let `copies` copies of it fill MAX_COPY_TOKENS (8,192 // (9 × 15)
+    = 60 of them), within max_tokens; a batch size given still caps it."""
+    lengths = [15] * 130 + [16, 15, 200]
+    groups = prompt_pairs.length_groups(lengths, None, 16384, copies=9)
+    assert groups[0] == [132] and groups[1] == [130]  # longest first; 9 copies of one 200-token pair pass 8,192
+    assert [len(group) for group in groups[2:]] == [60, 60, 11]
+    assert groups[2][:3] == [0, 1, 2] and groups[-1][-1] == 131  # in the file's order within a length
+    assert [len(group) for group in prompt_pairs.length_groups(lengths, 8, 16384, copies=9)[2:5]] == [8, 8, 8]
+    assert [len(group) for group in prompt_pairs.length_groups(lengths, None, 300, copies=9)[2:4]] == [20, 20]

@@ -357,9 +357,19 @@ def test_a_note_or_a_name_with_line_breaks_stays_on_its_line():
 
 def test_a_summary_that_fails_says_so_rather_than_raising():
     broken = ablation_result()
-    broken.importance = None  # no ranking: the summary cannot be written
+    broken.importance = np.zeros(3)  # not a grid of heads: the summary cannot be written
     text = repr(broken)
     assert text.startswith("<AblationResult (no summary: ") and text.endswith(">") and "\n" not in text
+
+
+def test_an_ablation_that_scored_no_head_shows_its_losses():
+    """`ablate --remove --save` alone scores no head (importance None): the losses, no ranking."""
+    result = ablation_result()
+    result.importance, result.ablated_loss, result.prune, result.intact_loss = None, None, [], 1.5
+    text = repr(result)
+    _check_brief(text, "AblationResult")
+    assert "no head scored" in text and "baseline loss 2.0000 nats/token (1.5000 with every head)" in text
+    assert result.to_records() == [] and result.ranked_labels() == []
 
 
 def test_fitted_keeps_whole_items_and_counts_the_rest():

@@ -198,3 +198,16 @@ def test_a_folder_that_is_not_a_path_is_named_for_what_it_is():
     """ablate(save=5) once said 'an empty folder name'."""
     with pytest.raises(AttnscopeError, match="^save 5: expected a folder's path, not an int"):
         settings.Ablate(remove=["0.1"], save=5)
+
+
+def test_saving_alone_scores_no_head_unless_scores_are_asked_for(tmp_path):
+    """`ablate --remove H --save DIR` scored every head first (270 ablations on a 30-layer model) to save one model:
+    alone, --save scores none; --score, --prune (which ranks the heads) and method gradient ask for the scores."""
+    save = {"remove": "0.1", "save": tmp_path / "model"}
+    assert settings.Ablate().scoring and not settings.Ablate(**save).scoring
+    assert settings.Ablate(**save, score=True).scoring and settings.Ablate(**save, prune=2).scoring
+    assert settings.Ablate(**save, method="gradient").scoring and not settings.Ablate(score=False).scoring
+    with pytest.raises(AttnscopeError, match=r"^prune \(--prune 2\) removes the least important heads, and score "):
+        settings.Ablate(score=False, prune=2)
+    with pytest.raises(AttnscopeError, match=r"^method gradient \(--method gradient\) is a way of scoring every head"):
+        settings.Ablate(**save, score=False, method="gradient")
