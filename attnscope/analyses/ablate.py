@@ -47,8 +47,10 @@ from attnscope import options, settings
 from attnscope.analyses.common import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_TOKENS,
+    approximate_tokens,
     check_finite,
     check_weights,
+    planned_work,
 )
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
@@ -237,6 +239,24 @@ class Ablate(settings.Ablate):
     @property
     def batching(self) -> tuple[int, int | None]:
         return self.batch_size, self.max_tokens
+
+    def planned_work(self, loaded: LoadedModel, texts: Any) -> str | None:
+        """The removals, when large: a pass over the texts with every head, and one with each head removed in turn
+        (the loss method's scores), `prune` more; the gradient's few passes are never large."""
+        tokens = approximate_tokens(texts)
+        if not self.scoring or self.method == "gradient" or tokens is None:
+            return None
+        heads = loaded.n_layer * loaded.n_head - len(self.remove)
+        passes = 1 + heads + self.prune
+        return planned_work(
+            loaded.model,
+            passes,
+            passes * tokens,
+            f"ablate runs the texts (about {tokens:,} tokens) with every head, then without each of the "
+            f"{counted(heads, 'head')} in turn" + (f", then {self.prune} pruning steps" if self.prune else ""),
+            "--method gradient (one backward pass for every head), fewer or shorter texts, or --save without --score "
+            "(no head scored) make it smaller",
+        )
 
     def run(self, loaded: LoadedModel, texts: Texts | Sequence[Text], progress: Any = None) -> AblationResult:
         import torch

@@ -42,6 +42,16 @@ def planned_work(network: Any, forwards: int, tokens: int, what: str, smaller: s
     )
 
 
+def approximate_tokens(texts: Any) -> int | None:
+    """About how many tokens the texts are, before any is read: 4 characters a token (English with a BPE
+    tokenizer), from the texts in memory or the size of a file; None where it cannot be told (standard input)."""
+    items = getattr(texts, "items", None)
+    if items is not None:
+        return sum(len(item.text) for item in items) // 4
+    size = getattr(texts, "size", None)
+    return size // 4 if isinstance(size, int) and size > 0 else None
+
+
 def check_index(index: int, texts: Texts | Sequence[Text]) -> Texts:
     """The text at `index` (0-based) of the texts given, alone, as a stream."""
     if index < 0:

@@ -403,3 +403,23 @@ def test_a_large_check_says_before_it_starts_how_large_it_is(monkeypatch):
     said.clear()
     attnscope.kvplan("demo", sink=8, recent=32, check=True, check_lengths=(128,), trials=1, status=said.append)
     assert not any(isinstance(line, Planned) for line in said)  # small work: nothing said
+
+
+@pytest.mark.slow
+def test_a_large_ablation_says_before_it_starts_how_large_it_is(monkeypatch):
+    """The loss method runs the texts once with every head and once without each (the demo: 2 layers × 4 heads, so
+    9 passes); the gradient method and --save without --score are small whatever the model."""
+    import attnscope
+    from attnscope.analyses import common
+    from attnscope.api import Planned
+
+    monkeypatch.setattr(common, "LARGE_WORK_FLOP", 0)
+    said = []
+    attnscope.ablate("demo", [CAT] * 2, status=said.append)
+    (planned,) = [line for line in said if isinstance(line, Planned)]
+    tokens = 2 * len(CAT) // 4
+    assert planned.startswith(f"ablate runs the texts (about {tokens} tokens) with every head, then without each of")
+    assert f": 9 forward passes, {9 * tokens:,} tokens in all" in planned and "--method gradient" in planned
+    said.clear()
+    attnscope.ablate("demo", [CAT] * 2, method="gradient", status=said.append)
+    assert not any(isinstance(line, Planned) for line in said)
