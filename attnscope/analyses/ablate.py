@@ -353,7 +353,7 @@ class Ablate(settings.Ablate):
             with removal.removed(loaded, removed, whole_means) as held:
                 return os.fspath(removal.save(loaded, folder)), held
 
-        (saved, held), *_ = distributed.run_shared([self.save], write)
+        [(saved, held)] = distributed.run_shared([self.save], write)
         notes = [
             f"the model without {', '.join(self.remove)} ({self.ablation} ablation) is saved in {saved}: "
             "attnscope.load or transformers' from_pretrained read it"
