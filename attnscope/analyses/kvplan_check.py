@@ -21,6 +21,7 @@ plan stays within one prompt of full attention's accuracy (1 / the number of pro
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,6 +36,24 @@ DEPTHS = (0.25, 0.5, 0.75)
 RANDOM_PLANS = 3
 FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 AUTO_FRACTIONS = tuple(k / 8 for k in range(9))
+
+
+WILSON_Z = 1.959963984540054  # the standard normal's 97.5th percentile: a two-sided 95 % interval
+
+
+def wilson(successes: int, trials: int, z: float = WILSON_Z) -> tuple[float, float]:
+    """The Wilson score interval of a share retrieved (Wilson 1927; Brown, Cai & DasGupta 2001 recommend it for small
+    counts, where the normal approximation's p ± z·sqrt(p(1 − p)/n) collapses to a point at 0 and 1): with
+    p = successes / trials,
+
+        centre = (p + z²/2n) / (1 + z²/n),   half-width = z·sqrt(p(1 − p)/n + z²/4n²) / (1 + z²/n)
+
+    so 12 of 12 prompts is [0.758, 1], not [1, 1]."""
+    p = successes / trials
+    scale = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / scale
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / scale
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def fractions(streaming: float | str) -> list[float]:
@@ -183,11 +202,14 @@ def summary(
         "random_plans": RANDOM_PLANS,
         "seed": seed,
         "full": rate(full),
+        "full_interval": list(wilson(sum(full), len(full))),
+        "interval": "Wilson's 95 % interval of each share retrieved, over the prompts",
         "shares": [
             {
                 "streaming": share["streaming"],
                 "kv_heads": share["kv_heads"],
                 "plan": rate(share["plan"]),
+                "plan_interval": list(wilson(sum(share["plan"]), len(share["plan"]))),
                 "random": [rate(outcome) for outcome in share["random"]],
                 "random_mean": (
                     float(np.mean([rate(outcome) for outcome in share["random"]])) if share["random"] else None

@@ -315,6 +315,11 @@ def plan_grid(result: Any) -> Any:
     return figure
 
 
+def _interval(bounds: Any) -> str:
+    low, high = bounds
+    return f"[{low * 100:.0f}-{high:.0%}]"
+
+
 def check_table(check: dict) -> Any:
     """--check: per streaming share, the KV heads that stream and the passkey accuracy of the plan and of the random
     plans of the same budget (their mean and range); full attention's above; the plan's share marked."""
@@ -333,14 +338,18 @@ def check_table(check: dict) -> Any:
         table.add_row(
             f"{share['streaming']:g}{' *' if marked else ''}",
             str(share["kv_heads"]),
-            Text(f"{share['plan']:.0%}", style="bold" if marked else ""),
+            Text(f"{share['plan']:.0%} {_interval(share['plan_interval'])}", style="bold" if marked else ""),
             spread,
         )
     heading = (
         f"Passkey check: {counted(check['prompts'], 'prompt')} ({', '.join(f'{n:,}' for n in check['lengths'])} "
-        f"tokens; depths {', '.join(f'{d:.0%}' for d in check['depths'])}), full attention {check['full']:.0%}"
+        f"tokens; depths {', '.join(f'{d:.0%}' for d in check['depths'])}), full attention {check['full']:.0%} "
+        f"{_interval(check['full_interval'])}"
     )
-    key = f"*: this plan's share; random plans: the mean of {check['random_plans']} (their range)"
+    key = (
+        f"*: this plan's share; [a-b]: Wilson's 95 % interval over the {check['prompts']} prompts; random plans: the "
+        f"mean of {check['random_plans']} (their range)"
+    )
     return Group(Text(heading, style="bold"), table, Text(key, style="dim"))
 
 

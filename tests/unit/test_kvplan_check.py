@@ -182,3 +182,19 @@ def test_a_check_where_every_plan_retrieves_alike_says_it_cannot_tell_plans_apar
     )  # fmt: skip
     every = check_plans(LOADED, _planner(), [0.0, 0.5, 1.0], 4, 8, [512], 1, seed=0)
     assert not all(every["shares"][2]["plan"]) and not tells_apart(every)
+
+
+def test_each_accuracy_has_wilsons_interval_as_scipy_computes_it(planted):
+    """Issue 40, item 2: a share retrieved over n prompts is reported with its 95 % Wilson interval; scipy's
+    binomtest(...).proportion_ci(method="wilson") is the independent reference. 12 of 12 is [0.758, 1], not a
+    point."""
+    from scipy.stats import binomtest
+
+    for successes, trials in [(12, 12), (0, 12), (4, 12), (1, 3), (50, 100)]:
+        expected = binomtest(successes, trials).proportion_ci(confidence_level=0.95, method="wilson")
+        assert np.allclose(kvplan_check.wilson(successes, trials), (expected.low, expected.high), atol=1e-12)
+    checked = check_plans(LOADED, _planner(), [0.0, 0.5, 1.0], 4, 8, [512], 4, seed=0)
+    document = summary(checked, 0.5, [512], 4, 0)
+    assert document["prompts"] == 12 and document["full"] == 1.0
+    assert np.allclose(document["full_interval"], [0.757506, 1.0], atol=1e-6)
+    assert np.allclose(document["shares"][2]["plan_interval"], [0.0, 0.242494], atol=1e-6)  # every head streams
