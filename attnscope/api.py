@@ -376,7 +376,7 @@ def _run_own(analysis: settings.Settings, model: Any, status: Any, notes: list[s
 
 def _read_inputs(analysis: settings.Settings, texts: Any) -> Any:
     """What the command reads: its own inputs (`read_inputs`), None where its run makes its own texts for the model
-    (kvplan's long probe), or the texts given (the samples when none are)."""
+    (kvplan's passkey probe), or the texts given (the samples when none are)."""
     if not analysis.reads_texts:
         return analysis.read_inputs()
     if texts is None and analysis.file is None and analysis.default_texts is not None:

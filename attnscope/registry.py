@@ -357,7 +357,7 @@ COMMANDS: tuple[Command, ...] = (
         A streaming head keeps the first --sink and the last --recent tokens alone (DuoAttention; kvpress's
         DuoAttentionPress). Each head's score is its attention on the keys that would drop, over the rows that have
         such keys; a KV head's is the largest of its query heads'. The --streaming share of KV heads with the lowest
-        scores stream. Without TEXT or --file, a long probe made of the bundled samples is read. --out writes
+        scores stream. Without TEXT or --file, a passkey probe is read (DuoAttention's kind of data). --out writes
         full_attention_heads.tsv and config.json (DuoAttention's files), kvplan.json, kvplan.csv and the picture.
         --check proves the plan on passkey retrieval against full attention and random plans of the same budget
         (kvplan_check.png); --streaming auto lets the check choose the share.

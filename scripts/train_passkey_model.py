@@ -24,9 +24,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=PASSKEY_MODEL, help="folder to save the model in")
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shape", default="2,4,2", help="layers,query heads,KV heads (d_head 16)")
+    parser.add_argument(
+        "--retrieval", default="1.0", help="the KV heads never streamed in training, as layer.head, comma-separated"
+    )
     arguments = parser.parse_args()
     start = time.perf_counter()
-    train_passkey_model(arguments.out, arguments.steps, arguments.seed, report=100)
+    shape = tuple(int(part) for part in arguments.shape.split(","))
+    retrieval = tuple(tuple(int(part) for part in head.split(".")) for head in arguments.retrieval.split(","))
+    train_passkey_model(arguments.out, arguments.steps, arguments.seed, report=100, shape=shape, retrieval=retrieval)
     print(f"saved {arguments.out} in {time.perf_counter() - start:.0f} s")
 
 

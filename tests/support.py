@@ -1078,7 +1078,14 @@ def _noisy_passkey_filler(ids: torch.Tensor, prompt, sizes: tuple[int, ...], wor
         ids[start:end] = segment.repeat(end - start)[: end - start]
 
 
-def train_passkey_model(folder: Path, steps: int = 800, seed: int = 0, report: int = 0) -> Path:
+def train_passkey_model(
+    folder: Path,
+    steps: int = 800,
+    seed: int = 0,
+    report: int = 0,
+    shape: tuple[int, int, int] = (2, 4, 2),
+    retrieval: tuple[tuple[int, int], ...] = PASSKEY_RETRIEVAL,
+) -> Path:
     """Train a 2-layer Llama (d_model 64, 4 query heads, 2 KV heads of d_head 16, MLP 128, untied embeddings,
     context 256; 80,832 parameters) on passkey prompts and save it with its tokenizer (save_pretrained) in `folder`.
 
@@ -1089,7 +1096,9 @@ def train_passkey_model(folder: Path, steps: int = 800, seed: int = 0, report: i
     cross-entropy over every token, plus that of the answer's tokens again; AdamW, lr 3e-3. One thread, seeded
     (torch and numpy): the same weights on every run of the same torch. 800 steps: 3-7 minutes on one core of the
     shared 2-core VM the tests were written on; the passkey is retrieved from step 400 on. `report` > 0 prints the
-    loss every `report` steps."""
+    loss every `report` steps. `shape` (layers, query heads, KV heads; d_head 16) and `retrieval` (the KV heads never
+    streamed) make other models the same way (scripts/train_passkey_model.py --shape, docs/kvplan.md's measurement
+    of the probe); the defaults make tests/data/passkey-model."""
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     from attnscope.pipeline.passkey import FILLER, INTRODUCTION, NEEDLE, QUESTION, passkey_prompts
@@ -1103,11 +1112,15 @@ def train_passkey_model(folder: Path, steps: int = 800, seed: int = 0, report: i
 
     sizes = (1 + count(INTRODUCTION), count(NEEDLE.format(key=10000)), count(QUESTION), count(FILLER))
     words = torch.tensor(sorted(set(tokenizer(FILLER, add_special_tokens=False)["input_ids"])))
-    streamable = [(layer, head) for layer in range(2) for head in range(2) if (layer, head) not in PASSKEY_RETRIEVAL]
+    n_layer, n_head, n_kv_head = shape
+    streamable = [
+        (layer, head) for layer in range(n_layer) for head in range(n_kv_head) if (layer, head) not in retrieval
+    ]
     with seeded_on_one_thread(seed) as generator:
         config = LlamaConfig(
-            vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max(PASSKEY_TRAIN_LENGTHS),
+            vocab_size=vocab_size, hidden_size=16 * n_head, intermediate_size=32 * n_head, num_hidden_layers=n_layer,
+            num_attention_heads=n_head, num_key_value_heads=n_kv_head,
+            max_position_embeddings=max(PASSKEY_TRAIN_LENGTHS),
             bos_token_id=0, eos_token_id=0, pad_token_id=0, tie_word_embeddings=False,
         )  # fmt: skip
         model = LlamaForCausalLM(config)

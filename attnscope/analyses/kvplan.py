@@ -49,12 +49,17 @@ from attnscope.models.loading import LoadedModel
 from attnscope.output.documents import DECIMALS
 from attnscope.output.kvplan import KvplanView
 from attnscope.pipeline import capture
-from attnscope.pipeline.inputs import Text, Texts, sample_texts
+from attnscope.pipeline.inputs import Text, Texts
+from attnscope.pipeline.passkey import PasskeyPrompt, passkey_prompts
 from attnscope.pipeline.reducers import DistantAttention
 from attnscope.pipeline.tokens import Window, WindowStream, batches, default_bos, pad_id
 from attnscope.scores.catalog import counted
 
-PROBE_SOURCE = "probe: the bundled samples joined"
+PROBE_SOURCE = "probe: passkey prompts"
+# The probe kvplan reads when it is given no text (docs/kvplan.md, "The probe", measured the choice): DuoAttention's
+# kind of data, synthetic passkey retrieval, scored where retrieval happens, at the rows that predict the passkey.
+PROBE_PROMPTS = 8
+PROBE_SEED = 1  # the probe's passkeys: not those of --check's default seed (0)
 
 
 @dataclass(repr=False)  # the repr is Result's: a summary
@@ -139,20 +144,27 @@ def cache_bytes(
 
 
 def probe_tokens(n_ctx: int, sink: int, recent: int) -> int:
-    """The long probe's length: PROBE_TOKENS, or twice sink + recent when that is more (so that at least half its
-    rows are scored), at most the model's context."""
+    """The probe's prompt length: PROBE_TOKENS, or twice sink + recent when that is more (so that the needle can lie
+    well outside both), at most the model's context."""
     return min(n_ctx, max(settings.PROBE_TOKENS, 2 * (sink + recent)))
 
 
-def probe_window(loaded: LoadedModel, bos: bool, length: int) -> tuple[Window, int]:
-    """The long probe: the bundled sample texts joined by blank lines, again and again, cut to `length` tokens
-    (special tokens included) and tokenized as any text is (`WindowStream`: its checks of the tokenizer too); and
-    its period, the tokens of one round of the samples."""
-    joined = "\n\n".join(text.text for text in sample_texts())
-    period = len(loaded.tokenizer(joined + "\n\n", add_special_tokens=False)["input_ids"])
-    text = "\n\n".join([joined] * (length // max(1, period) + 2))
-    window = next(iter(WindowStream(loaded, [Text(text, PROBE_SOURCE)], bos)))
-    return Window(0, window.ids[:length], 0), period
+def probe_prompts(tokenizer: Any, length: int) -> list[PasskeyPrompt]:
+    """The probe: PROBE_PROMPTS passkey prompts of `length` tokens (`pipeline.passkey`), the needle at 1/9, 2/9, …
+    8/9 of the filler, passkeys drawn with PROBE_SEED."""
+    depths = [k / (PROBE_PROMPTS + 1) for k in range(1, PROBE_PROMPTS + 1)]
+    return passkey_prompts(tokenizer, [length], depths, 1, PROBE_SEED)
+
+
+def probe_windows(prompts: Sequence[PasskeyPrompt], bos: bool, bos_id: int | None) -> list[tuple[Window, range]]:
+    """Each prompt as a window, up to the answer's last token but one (the last predicts nothing that is scored),
+    without its BOS where `bos` is off; and the rows that predict the answer's tokens."""
+    drop = int(not bos and bos_id is not None and prompts[0].ids[0] == bos_id)
+    return [
+        (Window(index, prompt.ids[drop : prompt.answer[1] - 1], 0),
+         range(prompt.answer[0] - 1 - drop, prompt.answer[1] - 1 - drop))
+        for index, prompt in enumerate(prompts)
+    ]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------- the analysis
@@ -173,7 +185,7 @@ class Kvplan(settings.Kvplan):
     def run(
         self, loaded: LoadedModel, texts: Texts | Sequence[Text] | None = None, progress: Progress | None = None
     ) -> KvplanResult:
-        """The scores over `texts` (None: the long probe), the plan and its memory."""
+        """The scores over `texts` (None: the passkey probe), the plan and its memory."""
         self.check_shape(loaded.shape)
         if self.check:  # prompts that test nothing are refused before the scores are measured
             from attnscope.analyses import kvplan_check
@@ -289,33 +301,47 @@ class Kvplan(settings.Kvplan):
         return fraction, kvplan_check.summary(checked, fraction, lengths, self.trials, self.check_seed, auto)
 
     def _probe(self, loaded: LoadedModel, bos: bool, sums: DistantAttention, progress: Progress | None) -> _Measured:
-        """The long probe through the capture, in one window."""
-        window, period = probe_window(loaded, bos, probe_tokens(loaded.n_ctx, self.sink, self.recent))
-        batch = batches([window], 1, loaded.device, pad_id(loaded.tokenizer))
-        captured = capture.run(loaded.model, batch, sums, kernel=loaded.kernel)
-        if progress is not None:
-            progress(1, len(window.ids), 1.0)
+        """The passkey probe through the capture, a batch at a time, each prompt scored at its answer's rows."""
+        import torch
+
+        length = probe_tokens(loaded.n_ctx, self.sink, self.recent)
+        prompts = probe_prompts(loaded.tokenizer, length)
+        windows = probe_windows(prompts, bos, loaded.tokenizer.bos_token_id)
+        notes: list[str] = []
+        tokens = done = 0
+        for batch in batches([window for window, _ in windows], self.batch_size, loaded.device,
+                             pad_id(loaded.tokenizer), self.max_tokens):  # fmt: skip
+            spans = [(windows[index][1].start, windows[index][1].stop) for index in batch.indices]
+            sums.spans = torch.tensor(spans, device=loaded.device)  # (B, 2)
+            captured = capture.run(loaded.model, [batch], sums, kernel=loaded.kernel)
+            notes += [note for note in captured.notes if note not in notes]
+            done += len(batch.indices)
+            tokens += sum(len(windows[index][0].ids) for index in batch.indices)
+            if progress is not None:
+                progress(done, tokens, done / len(windows))
+        sums.spans = None
         inputs = {
-            "n_texts": 1,
-            "n_windows": 1,
-            "n_tokens": len(window.ids),
+            "n_texts": len(windows),
+            "n_windows": len(windows),
+            "n_tokens": tokens,
             "bos": bos,
             "sources": [PROBE_SOURCE],
-            "probe_period": period,
+            "probe": {
+                "task": "passkey retrieval (pipeline.passkey), scored at the rows that predict the passkey",
+                "prompts": len(prompts),
+                "length": length,
+                "depths": [prompt.depth for prompt in prompts],
+                "seed": PROBE_SEED,
+            },
             "scored_rows": int(sums.row_count),
         }
-        repeats = (
-            f"; they repeat every {period:,} tokens, so a head that looks back for an earlier copy finds one "
-            f"{period:,} tokens back"
-            if period < len(window.ids)
-            else ""
-        )
         note = (
-            f"no text was given: the scores are from the long probe, the bundled sample texts joined again and again "
-            f"({len(window.ids):,} tokens{repeats}); for a plan to serve with, measure on long texts of the kind it "
-            "will serve (TEXT or --file)"
+            f"no text was given: the scores are from the passkey probe, {counted(len(prompts), 'prompt')} of "
+            f"{length:,} tokens, each head's attention beyond the sink and the recent window at the rows that "
+            "predict the passkey (DuoAttention's kind of data); for a plan to serve with, measure on long texts of "
+            "the kind it will serve (TEXT or --file)"
         )
-        return _Measured([note, *captured.notes], inputs, len(window.ids))
+        return _Measured([note, *notes], inputs, max(len(window.ids) for window, _ in windows))
 
     def _texts(
         self, loaded: LoadedModel, texts: Texts | Sequence[Text], bos: bool, sums: DistantAttention, progress: Any

@@ -137,8 +137,9 @@ class DistantAttention(Reducer):
     For a causal row i those are the keys S <= j <= i - R (S = sink, R = recent); rows with i >= S + R, the first
     that have any, are scored (every real row from there, each weighing the same), the others left out: a row that
     sees no more than S + R keys loses nothing in a streaming cache, and counting it would dilute the score with
-    zeros that say nothing about the head. A key the model's own mask hides (a sliding window, padding) carries no
-    attention, so it adds nothing here either; `sliding_windows` keeps each layer's window as the model gave it.
+    zeros that say nothing about the head; `spans`, when set, narrows each window's scored rows further. A key the
+    model's own mask hides (a sliding window, padding) carries no attention, so it adds nothing here either;
+    `sliding_windows` keeps each layer's window as the model gave it.
 
         sums[l, h] = Σ_rows Σ_{S <= j <= i - R} A_ij     (float64)     row_count = scored rows (each layer's alike)
 
@@ -152,12 +153,18 @@ class DistantAttention(Reducer):
         self.sums = torch.zeros(n_layer, n_head, dtype=torch.float64, device=device)
         self.row_count = torch.zeros((), dtype=torch.long, device=device)
         self.sliding_windows: dict[int, int | None] = {}  # layer -> its window (None: it sees every earlier key)
+        # (B, 2) long: the rows [first, end) scored in each window of the batch being run, in the batch's order
+        # (kvplan's passkey probe scores the rows that predict the passkey alone); None: every row from S + R on
+        self.spans: torch.Tensor | None = None
 
     def add_layer(self, layer: int, rows: LayerRows) -> None:
         self.sliding_windows[layer] = rows.sliding_window
         lengths = rows.lengths  # (B,)
         positions = torch.arange(rows.summed.shape[-1], device=lengths.device)  # (n,)
         scored = (positions[None, :] >= self.sink + self.recent) & (positions[None, :] < lengths[:, None])  # (B, n)
+        if self.spans is not None:  # only the rows each window's span names
+            spans = self.spans.to(lengths.device)  # (B, 2)
+            scored &= (positions[None, :] >= spans[:, :1]) & (positions[None, :] < spans[:, 1:])  # (B, n)
         mass = torch.where(scored[:, None, :], rows.summed, 0.0)  # (B, H, n)
         self.sums[layer] += mass.sum(dim=(0, 2), dtype=torch.float64).to(self.sums.device)  # (H,)
         if layer == 0:

@@ -349,7 +349,7 @@ class Settings(Declared):
     default_out: ClassVar[str | None] = None  # a command whose output is its files: where they go without --out
     revisions: ClassVar[tuple[str, ...] | None] = None  # several models: revisions of one repository (a field there)
     # What no TEXT and no --file means: None, the bundled sample texts; else the command's own texts, in words (its
-    # TEXT's help says so), which its `run` makes itself when it receives None for the texts (kvplan's long probe).
+    # TEXT's help says so), which its `run` makes itself when it receives None for the texts (kvplan's passkey probe).
     default_texts: ClassVar[str | None] = None
     # Under torchrun: True where the command's passes over the texts are shared among the processes and their sums
     # added (heads, diversity), where its pieces of work are (circuit's removals, compare's models: see

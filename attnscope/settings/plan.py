@@ -14,9 +14,9 @@ from attnscope.settings.groups import Batching, DeviceMap, Place, Reading, Revis
 
 __all__ = ["PROBE_TOKENS", "Kvplan"]
 
-# The long probe kvplan reads when it is given no text: the bundled samples joined, again and again, to this many
-# tokens (or the model's context, when shorter). Long enough that most of its rows lie past DuoAttention's sink and
-# recent window (128 + 256 tokens); short enough to run on a CPU.
+# The length of the passkey prompts kvplan's probe reads when it is given no text (or the model's context, when
+# shorter; twice sink + recent when that is longer): the needle at 1/9 … 8/9 of the filler lies well past
+# DuoAttention's sink and recent window (128 + 256 tokens); eight such prompts run in minutes on a CPU.
 PROBE_TOKENS = 4096
 LONGEST_CHECK = 4096  # --check's default longest prompt: a CPU runs it in seconds a prompt on a 1B model
 
@@ -27,8 +27,8 @@ class Kvplan(Reading, Batching, Place, Revision, DeviceMap, Settings):
     `sink` and the last `recent` tokens alone (a streaming cache), as DuoAttention's plan files say it."""
 
     default_texts: ClassVar[str] = (
-        f"a long probe, the bundled sample texts joined again and again to {PROBE_TOKENS:,} tokens (twice --sink + "
-        "--recent where that is more; at most the model's context)"
+        f"a passkey probe, 8 passkey prompts of {PROBE_TOKENS:,} tokens (twice --sink + --recent where that is more; "
+        "at most the model's context), scored at the rows that predict the passkey"
     )
 
     streaming: float | str = setting(

@@ -1,7 +1,7 @@
 """`kvplan` on tiny models: every head's score against the same sum computed here from transformers' eager
 `output_attentions` maps, on GPT-2 (padding, several windows), and on a family with grouped-query attention and a
 sliding window (Gemma 2: 4 query heads over 2 KV heads, layer 0 sliding over 4 tokens); the KV heads' scores and
-the plan from them; the long probe; texts too short to measure."""
+the plan from them; the passkey probe; texts too short to measure."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from attnscope import api
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import load_model
 from attnscope.pipeline.inputs import Text
+from attnscope.pipeline.passkey import passkey_prompts
 from attnscope.pipeline.tokens import batches, pad_id, tokenize
 from tests.support import CAT, DOCTOR, FAMILY_TEXTS, WINDOW, tiles_everywhere
 
@@ -97,12 +98,26 @@ def test_grouped_query_attention_and_a_sliding_window_against_the_eager_maps(gem
     assert any("1 layer already slides with the model's own window" in note for note in result.notes)
 
 
-def test_the_long_probe_fills_the_context(tiny):
-    result = api.kvplan(tiny, sink=4, recent=8)
-    assert result.inputs["sources"] == ["probe: the bundled samples joined"]
-    assert result.inputs["n_tokens"] == tiny.n_ctx == 128 and result.inputs["scored_rows"] == 128 - 12
-    assert result.notes[0].startswith("no text was given: the scores are from the long probe")
-    assert np.isfinite(result.scores).all() and (result.scores > 0).any()
+def test_the_probe_scores_the_rows_that_predict_the_passkey(tiny):
+    """The probe without a text: eight passkey prompts as long as the context allows, the needle at k/9 of the
+    filler, each scored at the rows whose next token is the passkey's, against the same sum from the eager maps."""
+    sink, recent = 4, 8
+    result = api.kvplan(tiny, sink=sink, recent=recent, batch_size=3)  # batches of 3, 3 and 2 prompts
+    prompts = passkey_prompts(tiny.tokenizer, [tiny.n_ctx], [k / 9 for k in range(1, 9)], 1, seed=1)
+    sums, rows = np.zeros((tiny.n_layer, tiny.n_head)), 0
+    for prompt in prompts:
+        start, end = prompt.answer
+        with torch.no_grad():
+            maps = tiny.model(input_ids=torch.tensor([prompt.ids[: end - 1]]), output_attentions=True).attentions
+        for i in range(start - 1, end - 1):  # the rows that predict the answer's tokens
+            rows += 1
+            for layer, weights in enumerate(maps):
+                sums[layer] += weights[0, :, i, sink : i - recent + 1].double().sum(dim=-1).numpy()
+    assert result.inputs["sources"] == ["probe: passkey prompts"] and result.inputs["n_windows"] == 8
+    assert result.inputs["scored_rows"] == rows == sum(prompt.answer[1] - prompt.answer[0] for prompt in prompts)
+    assert result.inputs["probe"]["length"] == tiny.n_ctx == 128 and result.inputs["probe"]["seed"] == 1
+    assert np.allclose(result.scores, sums / rows, atol=1e-6)
+    assert result.notes[0].startswith("no text was given: the scores are from the passkey probe, 8 prompts of 128")
 
 
 def test_texts_too_short_to_measure_are_one_line(tiny):
