@@ -790,7 +790,8 @@ def kvplan(
     """A KV-cache plan in DuoAttention's format (`attnscope kvplan`): each head's attention on the keys a streaming
     cache drops (those after the first `sink` and before the last `recent` of each row), the largest of a KV head's
     query heads, and the `streaming` share of KV heads with the lowest scores given a streaming cache.
-    `save(folder)` writes full_attention_heads.tsv and config.json as DuoAttention and kvpress read them.
+    `save(folder)` writes full_attention_heads.tsv and config.json as DuoAttention and kvpress read them, and
+    head_score.json as Retrieval Head reads its scores.
 
     model       a model `load` returned, or a name to load for this call: 'demo', a Hub id, a folder (--model)
     texts       a string, a list of strings (or Text), or None: a long probe, the bundled sample texts joined again and

@@ -349,7 +349,8 @@ COMMANDS: tuple[Command, ...] = (
         A KV-cache plan in DuoAttention's format (`attnscope kvplan`): each head's attention on the keys a streaming
         cache drops (those after the first `sink` and before the last `recent` of each row), the largest of a KV head's
         query heads, and the `streaming` share of KV heads with the lowest scores given a streaming cache.
-        `save(folder)` writes full_attention_heads.tsv and config.json as DuoAttention and kvpress read them.
+        `save(folder)` writes full_attention_heads.tsv and config.json as DuoAttention and kvpress read them, and
+        head_score.json as Retrieval Head reads its scores.
         """,
         help="""
         A KV-cache plan in DuoAttention's format: which key/value heads keep the whole past, which stream.
@@ -358,7 +359,8 @@ COMMANDS: tuple[Command, ...] = (
         DuoAttentionPress). Each head's score is its attention on the keys that would drop, over the rows that have
         such keys; a KV head's is the largest of its query heads'. The --streaming share of KV heads with the lowest
         scores stream. Without TEXT or --file, a passkey probe is read (DuoAttention's kind of data). --out writes
-        full_attention_heads.tsv and config.json (DuoAttention's files), kvplan.json, kvplan.csv and the picture.
+        full_attention_heads.tsv and config.json (DuoAttention's files), head_score.json (each query head's score in
+        Retrieval Head's form), kvplan.json, kvplan.csv and the picture.
         --check proves the plan on passkey retrieval against full attention and random plans of the same budget
         (kvplan_check.png); --streaming auto lets the check choose the share.
 

@@ -9,6 +9,11 @@ per layer, one tab-separated value per KV head, no header (written as `numpy.sav
 head that keeps the full cache and 0 for a streaming one; `config.json` gives `sink_size` and `recent_size`, the
 two keys both loaders read.
 
+Retrieval Head's scores file (Wu et al. 2024, nightdessert/Retrieval_Head, `head_score/<model>.json`): one JSON
+object on one line, `{"layer-head": [score, ...]}` for every query head (0-based, layer by layer), which its README
+and `needle_in_haystack_with_mask.py` read with `json.loads(file.readline())` and rank by `numpy.mean` of the list,
+highest first. head_score.json holds each query head's kvplan score in that form, one value to a list.
+
 Reads a KvplanResult (analyses.kvplan) by duck typing: `model`, `inputs`, `settings`, `notes`, `scores` (L, H),
 `kv_scores` (L, H_kv), `full` (L, H_kv), `sliding_windows`, `memory`, `streaming_count`, `ranked()`.
 """
@@ -21,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.output import notebook
-from attnscope.output.documents import document, to_csv, to_json
+from attnscope.output.documents import clean, document, to_csv, to_json
 from attnscope.output.views import View, fitted, model_shape, summary
 from attnscope.scores.catalog import counted
 
 PLAN_FILE = "full_attention_heads.tsv"  # DuoAttention's names, which its loader and kvpress's open
 CONFIG_FILE = "config.json"
+HEAD_SCORE_FILE = "head_score.json"  # Retrieval Head's format; its folder is head_score/, a file per model
 SCALE = "score"  # viridis from 0 to the largest score
 SCORE = (
     "mean attention on the keys a streaming head drops: for a causal row i, keys sink <= j <= i - recent; over the "
@@ -138,6 +144,18 @@ def plan_config(result: Any) -> dict:
     }
 
 
+def head_score_json(scores: Any) -> str:
+    """head_score.json: every query head's score (L, H) as Retrieval Head writes its scores, `{"0-0": [0.409432],
+    "0-1": [...], ...}`, keys `f"{layer}-{head}"` layer by layer (the order its `retrieval_head_accumulate` fills
+    them), all on one line (its readers take `file.readline()`). Its lists hold one score per detection run and are
+    ranked by their mean; here each holds one value, the score itself (6 decimals, as kvplan.json's query_heads), so
+    that mean is the score and their ranking is kvplan's: the scores are one mean over every scored row of every
+    text, with no runs to list apart."""
+    n_layer, n_head = scores.shape
+    heads = {f"{layer}-{head}": [float(scores[layer, head])] for layer in range(n_layer) for head in range(n_head)}
+    return json.dumps(clean(heads)) + "\n"
+
+
 class KvplanView(View):
     command = "kvplan"
 
@@ -173,12 +191,13 @@ class KvplanView(View):
         return kv_head_records(self.result)
 
     def data_files(self, stage: Path) -> list[Path]:
-        """kvplan.json and kvplan.csv, and DuoAttention's two files of the plan."""
+        """kvplan.json and kvplan.csv, DuoAttention's two files of the plan, Retrieval Head's file of the scores."""
         return [
             self.write(stage, "kvplan.json", to_json(self.document())),
             self.write(stage, "kvplan.csv", to_csv(self.records())),
             self.write(stage, PLAN_FILE, plan_tsv(self.result.full)),
             self.write(stage, CONFIG_FILE, json.dumps(plan_config(self.result), indent=2) + "\n"),
+            self.write(stage, HEAD_SCORE_FILE, head_score_json(self.result.scores)),
         ]
 
     def figures(self) -> dict[str, Any]:

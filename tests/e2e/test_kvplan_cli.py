@@ -22,12 +22,15 @@ def test_out_writes_duoattentions_files_the_json_and_the_picture(cli, tmp_path):
     assert code == 0, err
     folder = tmp_path / "plan"
     names = sorted(path.name for path in folder.iterdir())
-    assert names == ["config.json", "full_attention_heads.tsv", "kvplan.csv", "kvplan.json", "kvplan.png"]
+    assert names == "config.json full_attention_heads.tsv head_score.json kvplan.csv kvplan.json kvplan.png".split()
     document = json.loads((folder / "kvplan.json").read_text())
     pattern = np.clip(np.loadtxt(folder / "full_attention_heads.tsv", dtype=float, delimiter="\t"), 0, 1)
     assert pattern.shape == (2, 4)  # the demo's layers × KV heads
     assert pattern.tolist() == [[float(head["full"]) for head in document["heads"][4 * k : 4 * k + 4]] for k in (0, 1)]
     assert pattern.sum() == 8 - 2  # floor(0.25 × 8) stream
+    head_score = json.loads((folder / "head_score.json").read_text())  # Retrieval Head's {"layer-head": [score]}
+    assert head_score == {f"{q['layer']}-{q['head']}": [q["score"]] for q in document["query_heads"]}
+    assert list(head_score)[:5] == ["0-0", "0-1", "0-2", "0-3", "1-0"]
     config = json.loads((folder / "config.json").read_text())
     assert (config["sink_size"], config["recent_size"], config["sparsity"]) == (16, 64, 0.25)
     streamed = sorted(head["score"] for head in document["heads"] if not head["full"])
@@ -40,7 +43,7 @@ def test_out_writes_duoattentions_files_the_json_and_the_picture(cli, tmp_path):
     png_size(folder / "kvplan.png")
     assert "KV cache plan: 2 of 8 KV heads streaming (the first 16 + last 64 tokens), 6 full" in out
     assert "KV cache at 32,768 tokens (float32): 64.0 MiB full, 48.0 MiB with this plan (75 %)" in out
-    assert "wrote 5 files" in err
+    assert "wrote 6 files" in err
 
 
 def test_json_is_the_apis_and_the_same_twice_and_csv_lists_the_kv_heads(cli):

@@ -1,8 +1,10 @@
 """kvpress (NVIDIA/kvpress) reads attnscope's plan as it reads DuoAttention's published ones, and generates with it:
 `attnscope kvplan` writes the plan for a tiny Llama-style model with grouped-query heads (2 layers, 2 KV heads each),
 the recipe of docs/kvplan.md (the block marked `<!-- test: kvpress -->`, run as it is written) loads it into a
-`DuoAttentionPress` and answers through kvpress's `kv-press-text-generation` pipeline, and `model.generate` runs
-with the press as a context manager, as kvpress's README shows both.
+`DuoAttentionPress` (attnscope.interop.kvpress's `plan_press`: a subclass whose `load_attention_pattern` reads the
+plan folder) and answers through kvpress's `kv-press-text-generation` pipeline, and `model.generate` runs with the
+press as a context manager, as kvpress's README shows both. At another share than the plan's, the press streams
+kvplan's lowest scores; a plan of another shape than the model's is refused in one line.
 
 What the press does (kvpress 0.5.5, `DuoAttentionPress.compress` and `attention_patch`): the context is prefilled with
 full attention; after it, every token read or generated sees, in a streaming KV head, the context's first S and last
@@ -97,13 +99,11 @@ def read_plan(folder: Path) -> tuple[dict, np.ndarray]:
     return config, full.astype(bool)
 
 
-def planned_press(folder: Path):
-    """A DuoAttentionPress that reads the plan in `folder`, as the recipe builds it."""
-    config, _ = read_plan(folder)
-    press = kvpress.DuoAttentionPress(head_compression_ratio=config["sparsity"])
-    pattern = np.loadtxt(folder / "full_attention_heads.tsv", delimiter="\t", ndmin=2)
-    press.load_attention_pattern = lambda model: (config["sink_size"], config["recent_size"], pattern)
-    return press
+def planned_press(folder: Path, **options):
+    """attnscope's press for the plan in `folder` (attnscope.interop.kvpress), as the recipe builds it."""
+    from attnscope.interop.kvpress import plan_press
+
+    return plan_press(folder, **options)
 
 
 # ------------------------------------------------------------------------------------------------- the reference
@@ -178,10 +178,44 @@ def test_kvpress_streams_exactly_the_plans_kv_heads(model_folder, plans):
 
     config, full = read_plan(plans[0.5])
     press = planned_press(plans[0.5])
-    press.post_init_from_model(AutoModelForCausalLM.from_pretrained(model_folder))
+    assert isinstance(press, kvpress.DuoAttentionPress) and type(press).__name__ == "PlanPress"
+    assert press.head_compression_ratio == config["sparsity"] == 0.5
+    press.post_init_from_model(AutoModelForCausalLM.from_pretrained(model_folder))  # a path: no plan to download
     assert (press.sink_size, press.recent_size) == (config["sink_size"], config["recent_size"]) == (SINK, RECENT)
     assert press.streaming_mask.cpu().numpy().tolist() == (~full).tolist()
     assert 0 < int(press.streaming_mask.sum()) < full.size
+
+
+@pytest.mark.parametrize("ratio", [0.25, 0.75])
+def test_at_another_share_the_press_streams_kvplans_lowest_scores(model_folder, plans, ratio):
+    """Below the plan's share, the lowest-scored of its streaming heads; above it, all of them and the lowest-scored
+    of its full ones: kvplan's order (score, layer, KV head) from kvplan.json, never numpy's choice among ties."""
+    from transformers import AutoModelForCausalLM
+
+    _, full = read_plan(plans[0.5])
+    heads = json.loads((plans[0.5] / "kvplan.json").read_text())["heads"]
+    # the plan's 0s first, then its 1s, each part in kvplan's order
+    ranked = sorted(heads, key=lambda head: (head["full"], head["score"], head["layer"], head["kv_head"]))
+    assert [head["full"] for head in heads] == full.ravel().tolist()
+    expected = np.zeros(full.shape, dtype=bool)
+    for head in ranked[: round(ratio * full.size)]:
+        expected[head["layer"], head["kv_head"]] = True
+    press = planned_press(plans[0.5], head_compression_ratio=ratio)
+    press.post_init_from_model(AutoModelForCausalLM.from_pretrained(model_folder))
+    assert press.streaming_mask.cpu().numpy().tolist() == expected.tolist()
+    assert (expected <= ~full).all() if ratio < 0.5 else (expected >= ~full).all()
+
+
+def test_a_plan_of_another_model_is_refused_in_one_line(model_folder, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from attnscope.errors import AttnscopeError
+
+    (tmp_path / "full_attention_heads.tsv").write_text("1\t0\n0\t1\n1\t1\n")  # 3 layers; the model has 2
+    (tmp_path / "config.json").write_text(json.dumps({"sink_size": SINK, "recent_size": RECENT, "sparsity": 1 / 3}))
+    press = planned_press(tmp_path)
+    with pytest.raises(AttnscopeError, match=r"is for 3 layers × 2 KV heads, the model has 2 × 2: a plan of an"):
+        press.post_init_from_model(AutoModelForCausalLM.from_pretrained(model_folder))
 
 
 @generates
@@ -259,3 +293,20 @@ def test_a_plan_that_keeps_every_head_full_generates_as_without_a_press(model_fo
     exec(compile(recipe(), str(RECIPE_PAGE), "exec"), namespace)
     assert masked_keys(namespace["pipe"].model) == [set(), set()]
     assert namespace["answer"] == namespace["pipe"](CONTEXT, question=QUESTION)["answer"]
+
+
+def test_a_duoattention_folder_streams_its_lowest_gates_at_the_share_asked_for(model_folder, tmp_path):
+    """DuoAttention's own plans: trained gates in [0, 1], config.json's `"sparsity": null`, no kvplan.json."""
+    from transformers import AutoModelForCausalLM
+
+    from attnscope.errors import AttnscopeError
+
+    (tmp_path / "full_attention_heads.tsv").write_text("0.9\t0.2\n0.05\t0.7\n")
+    (tmp_path / "config.json").write_text(json.dumps({"sink_size": SINK, "recent_size": RECENT, "sparsity": None}))
+    with pytest.raises(AttnscopeError, match=r"config.json gives no sparsity: pass head_compression_ratio=$"):
+        planned_press(tmp_path)
+    with pytest.raises(AttnscopeError, match=r"^head_compression_ratio 1.5 is not a share between 0 and 1$"):
+        planned_press(tmp_path, head_compression_ratio=1.5)
+    press = planned_press(tmp_path, head_compression_ratio=0.5)
+    press.post_init_from_model(AutoModelForCausalLM.from_pretrained(model_folder))
+    assert press.streaming_mask.cpu().numpy().tolist() == [[False, True], [True, False]]

@@ -174,7 +174,7 @@ def test_duoattentions_files_read_back_as_its_loader_reads_them(tmp_path):
     assert result.full.tolist() == [[True, False], [False, True]]
     written = result.save(tmp_path)
     names = sorted(path.name for path in written)
-    assert names == ["config.json", "full_attention_heads.tsv", "kvplan.csv", "kvplan.json", "kvplan.png"]
+    assert names == "config.json full_attention_heads.tsv head_score.json kvplan.csv kvplan.json kvplan.png".split()
     # duo_attn.utils.load_attn_pattern and kvpress's DuoAttentionPress.load_attention_pattern, as they read them
     pattern = np.clip(np.loadtxt(tmp_path / PLAN_FILE, dtype=float, delimiter="\t"), 0, 1)
     assert pattern.shape == (2, 2) and pattern.tolist() == [[1.0, 0.0], [0.0, 1.0]]

@@ -16,8 +16,9 @@ PACKAGE = ROOT / "attnscope"
 TESTS = ROOT / "tests"
 # A module of a stage imports only modules of its own stage or of lower ones. Rendering (output) sits below the
 # analyses: a result hands itself to its view (`result.to_json()`, `_repr_html_`), and views read results by duck
-# typing, never importing a result class (see analyses/result.py).
-STAGES = ["base", "scores", "models", "settings", "pipeline", "output", "analyses", "registry", "api", "cli"]
+# typing, never importing a result class (see analyses/result.py). Interop adapts the files of --out to other tools
+# (kvpress), reading them with output's names of them.
+STAGES = ["base", "scores", "models", "settings", "pipeline", "output", "interop", "analyses", "registry", "api", "cli"]
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -184,8 +185,8 @@ def test_every_module_belongs_to_a_stage():
 
 
 def test_imports_point_down_the_stages():
-    """errors/__init__ < scores < models < settings < pipeline < output < analyses < api < cli: a lower stage never
-    imports a higher one, not even inside a function."""
+    """errors/__init__ < scores < models < settings < pipeline < output < interop < analyses < api < cli: a lower
+    stage never imports a higher one, not even inside a function."""
     assert _upward_imports() == []
 
 
