@@ -794,8 +794,9 @@ def kvplan(
     head_score.json as Retrieval Head reads its scores.
 
     model       a model `load` returned, or a name to load for this call: 'demo', a Hub id, a folder (--model)
-    texts       a string, a list of strings (or Text), or None: a long probe, the bundled sample texts joined again and
-                again to 4,096 tokens (twice --sink + --recent where that is more; at most the model's context) (TEXT)
+    texts       a string, a list of strings (or Text), or None: a passkey probe, 8 passkey prompts of 4,096 tokens
+                (twice --sink + --recent where that is more; at most the model's context), scored at the rows that
+                predict the passkey (TEXT)
     streaming   Share of the key/value heads given a streaming cache: those with the least attention outside the sink
                 and the recent window (floor(F × KV heads) of them); auto: the largest share in eighths whose passkey
                 accuracy stays within one prompt of full attention's (runs --check) (--streaming)

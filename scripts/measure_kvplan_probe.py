@@ -5,12 +5,14 @@ by kvplan's own check (`analyses.kvplan_check.check_plans`: every task, every sh
 
 Sources:
 - probe: kvplan's default, the passkey probe (no TEXT);
-- old probe: what kvplan read before, the bundled sample texts joined again and again to the context;
-- filler: a long text with no needle, the passkey prompts' filler alone (text that asks no head to retrieve);
+- old probe: what kvplan read before, the bundled sample texts joined again and again, one window of the context;
+- filler: a text with no needle, the passkey prompts' introduction and filler again and again, one window of the
+  context (text that asks no head to retrieve);
 - passkey texts: `sample_texts/passkey-texts.jsonl`, given as --file.
 
-    python scripts/train_passkey_model.py --out /tmp/pk-wide --shape 4,8,2 --retrieval 2.1,3.0
-    python scripts/measure_kvplan_probe.py tests/data/passkey-model /tmp/pk-wide
+    python scripts/train_passkey_model.py --out /tmp/pk-wide --shape 3,8,2 --retrieval 1.1,2.0
+    python scripts/measure_kvplan_probe.py tests/data/passkey-model /tmp/pk-wide \
+        --retrieval tests/data/passkey-model=1.0 --retrieval /tmp/pk-wide=1.1,2.0
 """
 
 from __future__ import annotations
@@ -26,25 +28,38 @@ sys.path.insert(0, str(ROOT))
 
 import attnscope  # noqa: E402
 from attnscope.analyses import kvplan_check  # noqa: E402
-from attnscope.analyses.kvplan import plan  # noqa: E402
+from attnscope.analyses.kvplan import plan, ranked  # noqa: E402
+from attnscope.pipeline import capture  # noqa: E402
 from attnscope.pipeline.inputs import sample_texts  # noqa: E402
 from attnscope.pipeline.passkey import FILLER, INTRODUCTION  # noqa: E402
+from attnscope.pipeline.reducers import DistantAttention  # noqa: E402
+from attnscope.pipeline.tokens import Window, batches  # noqa: E402
+
+
+def window_scores(loaded, ids: list[int], sink: int, recent: int) -> np.ndarray:
+    """(L, H) the scores of one window of token ids, every row from sink + recent on (kvplan's reducer)."""
+    sums = DistantAttention(loaded.n_layer, loaded.n_head, loaded.device, sink, recent)
+    capture.run(loaded.model, list(batches([Window(0, tuple(ids), 0)], 1, loaded.device)), sums)
+    return sums.means().numpy()
 
 
 def sources(loaded, sink: int, recent: int) -> dict[str, np.ndarray]:
     """Every source's query-head scores (L, H)."""
-    joined = "\n\n".join(text.text for text in sample_texts())
-    old = "\n\n".join([joined] * (4 * loaded.n_ctx // max(1, len(joined.split())) + 2))
-    filler = INTRODUCTION + FILLER * (loaded.n_ctx // 16)
-    given = {"probe": None, "old probe": old, "filler": filler, "passkey texts": None}
-    scores = {}
-    for name, text in given.items():
-        keywords = {"file": str(ROOT / "sample_texts" / "passkey-texts.jsonl")} if name == "passkey texts" else {}
-        if text is not None:
-            keywords["texts"] = text
-        result = attnscope.kvplan(model=loaded, sink=sink, recent=recent, max_tokens=None, **keywords)
-        scores[name] = result.scores
-    return scores
+    tokenizer = loaded.tokenizer
+    bos = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]
+
+    def repeated(text: str) -> list[int]:  # BOS, then the text's tokens again and again, to the model's context
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        return (bos + ids * (loaded.n_ctx // len(ids) + 1))[: loaded.n_ctx]
+
+    joined = "\n\n".join(text.text for text in sample_texts()) + "\n\n"
+    passkey_texts = str(ROOT / "sample_texts" / "passkey-texts.jsonl")
+    return {
+        "probe": attnscope.kvplan(model=loaded, sink=sink, recent=recent).scores,
+        "old probe": window_scores(loaded, repeated(joined), sink, recent),
+        "filler": window_scores(loaded, repeated(INTRODUCTION + FILLER), sink, recent),
+        "passkey texts": attnscope.kvplan(model=loaded, file=passkey_texts, sink=sink, recent=recent).scores,
+    }
 
 
 def main() -> None:
@@ -54,8 +69,10 @@ def main() -> None:
     parser.add_argument("--recent", type=int, default=16)
     parser.add_argument("--lengths", default="192,256")
     parser.add_argument("--trials", type=int, default=4)
+    parser.add_argument("--retrieval", action="append", default=[], help="MODEL=L.K,L.K: its known retrieval heads")
     arguments = parser.parse_args()
     lengths = [int(length) for length in arguments.lengths.split(",")]
+    known = {model: heads.split(",") for model, heads in (given.split("=") for given in arguments.retrieval)}
     for name in arguments.models:
         loaded = attnscope.load(name)
         print(f"## {name}: {loaded.n_layer} layers × {loaded.n_kv_head} KV heads ({loaded.n_head} query heads)")
@@ -74,7 +91,10 @@ def main() -> None:
                         continue  # a share that rounds down to no KV head: full attention itself
                     randoms = np.mean([sum(outcome) for outcome in share["random"]])
                     cells.append(f"{share['streaming']:.3g}: {sum(share['plan'])}/{count} (random {randoms:.1f})")
+                order = [f"{layer}.{head}" for layer, head in ranked(kv_scores)[::-1]]  # the highest score first
+                ranks = ", ".join(f"{head} #{order.index(head) + 1}" for head in known.get(name, []))
                 print(f"{source:13s} {how:4s} full {sum(checked['full'])}/{count} | " + " | ".join(cells))
+                print(f"{'':18s} ranks (of {len(order)}, highest score first): {ranks or ' '.join(order)}")
 
 
 if __name__ == "__main__":
