@@ -59,7 +59,7 @@ import numpy as np
 
 from attnscope import settings
 from attnscope.analyses.common import check_finite, check_weights
-from attnscope.analyses.result import Result
+from attnscope.analyses.result import Result, heads_by_value
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel, fastest_attention
 from attnscope.output.patch import PatchView
@@ -105,11 +105,7 @@ class PatchResult(Result):
 
     def ranked(self) -> list[tuple[int, int]]:
         """Heads from the largest restored share to the smallest, ties in layer.head order."""
-        n_layer, n_head = self.restored.shape
-        return sorted(
-            ((layer, head) for layer in range(n_layer) for head in range(n_head)),
-            key=lambda lh: (-self.restored[lh], lh),
-        )
+        return heads_by_value(self.restored)
 
     def ranked_labels(self) -> list[str]:
         return [f"{layer}.{head}" for layer, head in self.ranked()]

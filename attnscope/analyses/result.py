@@ -33,6 +33,14 @@ from attnscope.output import documents, files, notebook
 from attnscope.output.views import view_of
 
 
+def heads_by_value(values: Any) -> list[tuple[int, int]]:
+    """Every (layer, head) of the (L, H) array `values`, the largest value first, ties in layer.head order."""
+    n_layer, n_head = values.shape
+    return sorted(
+        ((layer, head) for layer in range(n_layer) for head in range(n_head)), key=lambda lh: (-values[lh], lh)
+    )
+
+
 class Result:
     """The base of every analysis result (a dataclass): adds the faces above, no fields."""
 
