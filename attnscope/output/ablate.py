@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.output import notebook
-from attnscope.output.documents import document
+from attnscope.output.documents import result_document
 from attnscope.output.views import View, fitted, model_shape, shown_rows, summary
 from attnscope.scores.catalog import counted
 
@@ -62,12 +62,9 @@ class AblateView(View):
         pruning curve."""
         result = self.result
         top = None if every else result.settings["top"]
-        return document(
+        return result_document(
             "ablate",
-            result.model,
-            result.inputs,
-            result.settings,
-            result.notes,
+            result,
             baseline_loss=result.baseline_loss,
             intact_loss=getattr(result, "intact_loss", None),
             heads=ablate_records(result),

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.output import notebook
-from attnscope.output.documents import document
+from attnscope.output.documents import result_document
 from attnscope.output.views import View, fitted, inputs_read, model_shape, shown_rows, summary
 from attnscope.scores.catalog import FRACTION, NATS, SCORE, SIGNED, counted
 
@@ -34,12 +34,9 @@ class CircuitView(View):
         """The explained heads' dependencies (each head's --top largest by |change|, or all; by change, most
         negative first), the composition of every earlier head into them, and one record per head."""
         result = self.result
-        return document(
+        return result_document(
             "circuit",
-            result.model,
-            result.inputs,
-            result.settings,
-            result.notes,
+            result,
             estimate=result.estimate,
             dependencies=result.dependencies(None if every else result.top),
             composition=result.composition_records(),

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.output import notebook
-from attnscope.output.documents import document
+from attnscope.output.documents import result_document
 from attnscope.output.views import View, fitted, model_shape, shown_rows, summary
 from attnscope.scores.catalog import counted
 
@@ -125,12 +125,9 @@ class DiscoverView(View):
         result = self.result
         graph = result.graph
         top = None if every else result.settings["top"]
-        return document(
+        return result_document(
             "discover",
-            result.model,
-            result.inputs,
-            result.settings,
-            result.notes,
+            result,
             metric=METRIC,
             score=SCORE,
             method=result.settings["method"],

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.output import notebook
-from attnscope.output.documents import document
+from attnscope.output.documents import result_document
 from attnscope.output.views import View, fitted, model_shape, shown_rows, summary
 from attnscope.scores.catalog import counted
 
@@ -71,12 +71,9 @@ class PatchView(View):
         """The metric, the baseline logit differences (means over pairs), every pair, and the heads (the first
         --top, or all), the largest restored share first."""
         result = self.result
-        return document(
+        return result_document(
             "patch",
-            result.model,
-            result.inputs,
-            result.settings,
-            result.notes,
+            result,
             metric=METRIC,
             combined=COMBINED,
             clean_logit_diff=result.clean_logit_diff,
