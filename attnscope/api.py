@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope import options, registry, settings
 from attnscope.errors import AttnscopeError, NoLanguageModelHead
-from attnscope.models.loading import DEMO, LoadedModel, local_kind  # light: no torch until a model loads
+from attnscope.models.loading import DEMO, LoadedModel  # light: no torch until a model loads
+from attnscope.models.locating import local_kind
 from attnscope.models.sources import ModelSource, check_once, is_folder, labels, name_notes
 
 Planned = settings.Planned  # a status line announcing a large piece of work (the command line keeps it as a note)
