@@ -165,7 +165,7 @@ def test_a_bench_shape_that_cannot_fit_is_refused_before_any_weights(cli, tiny_m
 def test_the_memory_estimate_is_below_what_a_forward_takes_and_grows_with_the_shape():
     from transformers import GPT2Config
 
-    from attnscope.analyses.bench import estimated_bytes
+    from attnscope.analyses.bench_limits import estimated_bytes
 
     config = GPT2Config()
     weights = 4 * (config.vocab_size * 768 + 12 * 12 * 768 * 768)
