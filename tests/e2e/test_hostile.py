@@ -151,9 +151,9 @@ def test_out_of_memory_advice_names_the_options_of_the_command_that_ran():
 
 
 def test_a_bench_shape_that_cannot_fit_is_refused_before_any_weights(cli, tiny_model_dir, monkeypatch):
-    from attnscope.analyses import bench
+    from attnscope.analyses import bench, bench_limits
 
-    monkeypatch.setattr(bench, "available_bytes", lambda device: 2**30)  # 1 GiB free
+    monkeypatch.setattr(bench_limits, "available_bytes", lambda device: 2**30)  # 1 GiB free
     monkeypatch.setattr(bench, "load_model", lambda *a, **k: pytest.fail("weights loaded before the check"))
     monkeypatch.setattr(bench, "random_model", lambda *a, **k: pytest.fail("weights built before the check"))
     args = ["bench", "-m", tiny_model_dir, "--device", "cpu", "--seq-lens", "128", "--no-micro"]
