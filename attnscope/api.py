@@ -27,13 +27,14 @@ import functools
 import importlib
 import inspect
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from attnscope import options, registry, settings
 from attnscope.errors import AttnscopeError, NoLanguageModelHead
-from attnscope.models.loading import DEMO, LoadedModel, local_kind  # light: no torch until a model loads
-from attnscope.models.sources import ModelSource, check_once, is_folder, labels, name_notes
+from attnscope.models.loading import DEMO, LoadedModel  # light: no torch until a model loads
+from attnscope.models.locating import local_kind
+from attnscope.models.sources import ModelSource, check_name, check_once, is_folder, labels, name_notes
 
 Planned = settings.Planned  # a status line announcing a large piece of work (the command line keeps it as a note)
 
@@ -143,7 +144,7 @@ def load(
     from attnscope.models import loading
     from attnscope.pipeline import distributed, kernels
 
-    _check_name(name)
+    check_name(name)
     chosen = settings.Loading(device=device, dtype=dtype, revision=revision, device_map=device_map, kernel=kernel)
     if lm_head is not None:
         options.FLAG.check(lm_head, "lm_head")
@@ -173,51 +174,13 @@ load.__doc__ = load.__doc__.replace(  # indented as the docstring's own lines, s
 )
 
 
-def _check_name(name: Any) -> None:
-    """A model's name: a non-empty string or path (a message never repeats an object's repr: a model's runs to
-    thousands of characters)."""
-    expected = "expected a model from attnscope.load or a name ('demo', a Hub id, a folder)"
-    if isinstance(name, bytes) or not isinstance(name, (str, os.PathLike)):
-        article = "an" if type(name).__name__[0] in "aeiou" else "a"
-        raise AttnscopeError(f"model: {expected}, not {article} {type(name).__name__}")
-    if not os.fspath(name).strip():
-        raise AttnscopeError(f"model {os.fspath(name)!r}: {expected}")
-
-
 def read_texts(texts: Any, file: str | None) -> Texts:
     """The texts as the analyses read them, checked (see `pipeline.inputs.Texts.check`): a string, a list of
     strings or Text, a Texts stream, a file ('-': standard input), or the bundled samples. A string's source is
     "argument", as the CLI's TEXT; a list's k-th, "argument#k"."""
-    from attnscope.pipeline.inputs import Text, TextList, Texts, read_file, read_stdin, sample_texts, valid_text
+    from attnscope.pipeline.reading import texts_given
 
-    def one(item: Any, where: str, source: str) -> Text:
-        if isinstance(item, Text) and isinstance(item.text, str):
-            return Text(valid_text(item.text, where), item.source)
-        if not isinstance(item, str):
-            what = type(item.text if isinstance(item, Text) else item).__name__
-            article = "an" if what[0] in "aeiou" else "a"
-            raise AttnscopeError(f"{where}: expected a string or a Text of a string, not {article} {what}")
-        return Text(valid_text(item, where), source)
-
-    if texts is not None and file is not None:
-        raise AttnscopeError("texts and file (TEXT, --file): give one or the other")
-    if file == "-":
-        gathered: Texts = read_stdin()
-    elif file is not None:
-        gathered = read_file(file)
-    elif texts is None:
-        gathered = TextList(sample_texts(), "the bundled samples")
-    elif isinstance(texts, Texts):
-        gathered = texts
-    elif isinstance(texts, (str, Text)):
-        gathered = TextList([one(texts, "the text given (TEXT)", "argument")], "the text given (TEXT)")
-    elif isinstance(texts, Iterable) and not isinstance(texts, (bytes, Mapping)):
-        items = [one(item, f"text {k} of the list", f"argument#{k}") for k, item in enumerate(texts)]
-        gathered = TextList(items, "the texts given")
-    else:
-        raise AttnscopeError(f"texts: expected a string or a list of strings, not a {type(texts).__name__}")
-    gathered.check()
-    return gathered
+    return texts_given(texts, file)
 
 
 def _loading(analysis: settings.Settings) -> dict[str, Any]:
@@ -238,7 +201,7 @@ def model_sources(
         raise AttnscopeError("model []: give at least one model")
     for item in items:
         if not isinstance(item, LoadedModel):
-            _check_name(item)
+            check_name(item)
     loading = _loading(analysis)
     for item in items:
         if isinstance(item, LoadedModel):
@@ -368,7 +331,7 @@ def _run_own(analysis: settings.Settings, model: Any, status: Any, notes: list[s
     if isinstance(model, LoadedModel):
         _check_untouched(_loading(analysis), model)
     else:
-        _check_name(model)
+        check_name(model)
         model = os.fspath(model)
         notes = notes + name_notes(model)
     return _noted(analysis.run(model, status=status), notes)

@@ -52,7 +52,7 @@ from attnscope.analyses.common import (
     check_weights,
     planned_work,
 )
-from attnscope.analyses.result import Result
+from attnscope.analyses.result import Result, heads_by_value
 from attnscope.errors import AttnscopeError
 from attnscope.models import removal
 from attnscope.models.loading import LoadedModel, fastest_attention
@@ -119,11 +119,7 @@ class AblationResult(Result):
         """Heads from the most to the least important, ties in layer.head order (none where none was scored)."""
         if self.importance is None:
             return []
-        n_layer, n_head = self.importance.shape
-        return sorted(
-            ((layer, head) for layer in range(n_layer) for head in range(n_head)),
-            key=lambda lh: (-self.importance[lh], lh),
-        )
+        return heads_by_value(self.importance)
 
     def ranked_labels(self) -> list[str]:
         """`ranked()` as `L.H` labels: the heads from the most to the least important."""

@@ -20,7 +20,7 @@ import numpy as np
 
 from attnscope import settings
 from attnscope.analyses.common import check_finite, check_index
-from attnscope.analyses.result import Result
+from attnscope.analyses.result import Result, heads_by_value
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.output.attend import AttendView
@@ -172,12 +172,7 @@ class AttendResult(Result):
         """The `k` (default: the run's `top`) heads with the largest `strength`, as (layer, head); ties in layer.head
         order."""
         k = self.settings["top"] if k is None else k
-        n_layer, n_head = self.rows.shape[:2]
-        weight = self.strength()
-        heads = sorted(
-            ((layer, head) for layer in range(n_layer) for head in range(n_head)), key=lambda lh: (-weight[lh], lh)
-        )
-        return heads[:k]
+        return heads_by_value(self.strength())[:k]
 
     def strongest_labels(self, k: int | None = None) -> list[str]:
         """`strongest(k)` as `L.H` labels."""

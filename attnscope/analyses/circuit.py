@@ -336,10 +336,10 @@ def _head_records(base: HeadsResult, explained: list[Explained], copying: Any, e
 def check_memory(loaded: LoadedModel, texts: Texts | Sequence[Text], heads: Any) -> None:
     """Refuse, before any forward, batches whose replays would not fit: for each batch the removals keep every
     layer's inputs and its heads' outputs (and, on a GPU, run copies of the batch: `interventions.MAX_COPY_TOKENS`
-    tokens at most), on top of a forward's own activations (bench's estimate, `analyses.bench.estimated_bytes`, a
+    tokens at most), on top of a forward's own activations (bench's estimate, `analyses.bench_limits.estimated_bytes`, a
     lower bound). The largest batch is that of the longest window (its padded tokens bounded by max_tokens)."""
     from attnscope.analyses import harness
-    from attnscope.analyses.bench import estimated_bytes
+    from attnscope.analyses.bench_limits import estimated_bytes
     from attnscope.pipeline.interventions import MAX_COPY_TOKENS
     from attnscope.pipeline.tokens import WindowStream
 

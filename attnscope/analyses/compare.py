@@ -52,7 +52,7 @@ from typing import Any
 
 from attnscope import settings
 from attnscope.analyses.common import Progress, check_finite, check_weights
-from attnscope.analyses.result import Result
+from attnscope.analyses.result import HeadAt, Result
 from attnscope.analyses.scoring import HeadsResult, score_heads, scoring
 from attnscope.errors import AttnscopeError
 from attnscope.models.checks import Comparable, check_comparable
@@ -80,25 +80,19 @@ class Step:
 
 
 @dataclass(frozen=True)
-class CompareHead:
+class CompareHead(HeadAt):
     """One head across the models: `scores[name][k]` is its score in model k (None where not measured),
     `roles[k]` its role there, `formed[role]` the label of the first model from which it holds `role` to the last
     (None: it does not hold it in the last), `divergence` its mean JSD in bits between two models (None otherwise),
     `transition[role]` the label of the model that ends the largest rise of the role's deciding score, `change` its
     largest step of the deciding score of its last role (see the module docstring; None: mixed in every model)."""
 
-    layer: int
-    head: int
     scores: dict[str, list[float | None]]
     roles: list[str]
     formed: dict[str, str | None]
     divergence: float | None = None
     transition: dict[str, str | None] = field(default_factory=dict)
     change: Step | None = None
-
-    @property
-    def label(self) -> str:
-        return f"{self.layer}.{self.head}"
 
 
 @dataclass(repr=False)  # the repr is Result's: a summary

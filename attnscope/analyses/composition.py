@@ -25,7 +25,8 @@ import numpy as np
 
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
-from attnscope.models.weights import embedding, head_weights, unembedding, weight_notes
+from attnscope.models.readout import embedding, unembedding
+from attnscope.models.weights import head_weights, weight_notes
 from attnscope.scores.composition import Composition, composition_scores, copying_scores, random_baseline
 
 

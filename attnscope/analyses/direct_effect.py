@@ -54,7 +54,8 @@ from attnscope.analyses.common import DEFAULT_BATCH_SIZE, DEFAULT_MAX_TOKENS, Pr
 from attnscope.errors import AttnscopeError
 from attnscope.models.families import MASKED_LM
 from attnscope.models.loading import LoadedModel, fastest_attention
-from attnscope.models.weights import DirectPath, Norm, direct_path
+from attnscope.models.norms import Norm
+from attnscope.models.readout import DirectPath, direct_path
 from attnscope.pipeline import distributed, interventions
 from attnscope.pipeline.inputs import Text, Texts
 from attnscope.pipeline.loss_windows import IGNORED, batch_labels, loss_windows

@@ -47,22 +47,10 @@ from attnscope.errors import AttnscopeError
 from attnscope.models.graph import Graph
 from attnscope.models.loading import LoadedModel, fastest_attention
 from attnscope.output.discover import DiscoverView
-from attnscope.pipeline import distributed, interventions
+from attnscope.pipeline import distributed, interventions, prompt_pairs
 from attnscope.pipeline.edges import Layout, NodeRecord
 from attnscope.pipeline.pair_batch import PairBatch
-from attnscope.pipeline.prompt_pairs import (
-    PromptPair,
-    TokenizedPair,
-    check_gap,
-    given_pair,
-    length_groups,
-    pair_notes,
-    pair_records,
-    read_pairs,
-    tokenized,
-    written_specials,
-)
-from attnscope.pipeline.tokens import default_bos, special_tokens
+from attnscope.pipeline.tokens import default_bos
 from attnscope.scores import faithfulness
 from attnscope.scores.catalog import counted
 from attnscope.settings.intervene import EXACT_MAX_EDGES
@@ -121,14 +109,12 @@ class Discover(settings.Discover):
     """Every edge's score and the faithfulness of the circuits of the top edges (see the module docstring). Needs
     the model loaded with its language-model head."""
 
-    def read_inputs(self) -> list[PromptPair]:
+    def read_inputs(self) -> list[prompt_pairs.PromptPair]:
         """The pairs: the one of clean, corrupt, answer and wrong, or those of the file."""
-        if self.file is not None:
-            return read_pairs(self.file)
-        return given_pair(self.clean, self.corrupt, self.answer, self.wrong)
+        return prompt_pairs.pairs_given(self.file, self.clean, self.corrupt, self.answer, self.wrong)
 
     def run(
-        self, loaded: LoadedModel, pairs: Sequence[PromptPair] | None = None, progress: Any = None
+        self, loaded: LoadedModel, pairs: Sequence[prompt_pairs.PromptPair] | None = None, progress: Any = None
     ) -> DiscoverResult:
         if loaded.lm_model is None:
             raise AttnscopeError("discover needs the model's language-model head, and this model was loaded without it")
@@ -138,9 +124,8 @@ class Discover(settings.Discover):
         graph = layout.graph
         check_weights(loaded)  # SDPA turns a NaN head's output into zeros
         bos = default_bos(loaded.tokenizer, loaded.kind) if self.bos is None else self.bos
-        prefix, _ = special_tokens(loaded.tokenizer, loaded.kind, bos)
-        tokens = [tokenized(loaded, pair, prefix) for pair in pairs]
-        groups = length_groups([len(pair.clean) for pair in tokens], self.batch_size, self.max_tokens)
+        prefix, tokens = prompt_pairs.tokenized_pairs(loaded, pairs, bos)
+        groups = prompt_pairs.length_groups([len(pair.clean) for pair in tokens], self.batch_size, self.max_tokens)
         self._check_exact(graph, len(groups))
 
         def batches() -> Any:
@@ -156,7 +141,7 @@ class Discover(settings.Discover):
             curves = self._faithfulness(graph, scores, batches(), means, float(np.sum(clean_ld)), len(pairs))
         result = self._result(loaded, pairs, tokens, bos, graph, scores, clean_ld, corrupt_ld, curves)
         result.notes += _notes(self, pairs, clean_ld, corrupt_ld, curves, layout)
-        result.notes += written_specials(loaded, pairs, tokens, len(prefix))
+        result.notes += prompt_pairs.written_specials(loaded, pairs, tokens, len(prefix))
         return result
 
     def _check_exact(self, graph: Graph, n_batches: int) -> None:
@@ -195,7 +180,7 @@ class Discover(settings.Discover):
             if summed is not None:
                 sums, positions = summed if sums is None else sums + summed, positions + count
         check_finite(loaded, "logit difference", np.concatenate([clean_ld, corrupt_ld]))
-        check_gap(clean_ld, corrupt_ld, "an edge to carry")
+        prompt_pairs.check_gap(clean_ld, corrupt_ld, "an edge to carry")
         wide = torch.promote_types(loaded.dtype, torch.float32)  # float32, or a float64 model's own
         means = None if sums is None else _to_device(sums.mean(positions, wide), loaded.device)
         return clean_ld, corrupt_ld, means
@@ -272,8 +257,8 @@ class Discover(settings.Discover):
     def _result(
         self,
         loaded: LoadedModel,
-        pairs: Sequence[PromptPair],
-        tokens: Sequence[TokenizedPair],
+        pairs: Sequence[prompt_pairs.PromptPair],
+        tokens: Sequence[prompt_pairs.TokenizedPair],
         bos: bool,
         graph: Graph,
         scores: np.ndarray,
@@ -295,7 +280,7 @@ class Discover(settings.Discover):
                 "batch_size": self.batch_size,
                 "max_tokens": self.max_tokens,
             },
-            pair_records(loaded, pairs, tokens, clean_ld, corrupt_ld),
+            prompt_pairs.pair_records(loaded, pairs, tokens, clean_ld, corrupt_ld),
             graph,
             scores,
             float(np.mean(clean_ld)),
@@ -328,7 +313,7 @@ FAR_ABOVE, FAR_BELOW = 1.05, -0.05  # faithfulness past these is named in the no
 
 def _notes(
     analysis: Discover,
-    pairs: Sequence[PromptPair],
+    pairs: Sequence[prompt_pairs.PromptPair],
     clean_ld: np.ndarray,
     corrupt_ld: np.ndarray,
     curves: _Curves,
@@ -337,7 +322,7 @@ def _notes(
     """What to know: a difference with the sign the user did not expect, pairs that pull the other way, circuits
     past the model or below the empty circuit, a circuit that is the whole graph, how normalised heads are read."""
     curve, signed, circuit = curves.curve, curves.signed, curves.circuit
-    notes = pair_notes(pairs, clean_ld, corrupt_ld, "the scores and the faithfulness")
+    notes = prompt_pairs.pair_notes(pairs, clean_ld, corrupt_ld, "the scores and the faithfulness")
     for name, rows in (("by |score|", curve), ("by signed score", signed)):
         above = [row for row in rows if row["f"] > FAR_ABOVE]
         below = [row for row in rows if row["f"] < FAR_BELOW]

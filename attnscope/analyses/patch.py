@@ -59,7 +59,7 @@ import numpy as np
 
 from attnscope import settings
 from attnscope.analyses.common import check_finite, check_weights
-from attnscope.analyses.result import Result
+from attnscope.analyses.result import Result, heads_by_value
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel, fastest_attention
 from attnscope.output.patch import PatchView
@@ -70,15 +70,14 @@ from attnscope.pipeline.prompt_pairs import (
     TokenizedPair,
     batch,
     check_gap,
-    given_pair,
     length_groups,
     pair_notes,
     pair_records,
-    read_pairs,
-    tokenized,
+    pairs_given,
+    tokenized_pairs,
     written_specials,
 )
-from attnscope.pipeline.tokens import default_bos, special_tokens
+from attnscope.pipeline.tokens import default_bos
 from attnscope.scores.catalog import counted
 
 OVERSHOOT, BACKWARDS = 1.05, -0.1  # shares above the one or below the other are counted in the notes
@@ -106,11 +105,7 @@ class PatchResult(Result):
 
     def ranked(self) -> list[tuple[int, int]]:
         """Heads from the largest restored share to the smallest, ties in layer.head order."""
-        n_layer, n_head = self.restored.shape
-        return sorted(
-            ((layer, head) for layer in range(n_layer) for head in range(n_head)),
-            key=lambda lh: (-self.restored[lh], lh),
-        )
+        return heads_by_value(self.restored)
 
     def ranked_labels(self) -> list[str]:
         return [f"{layer}.{head}" for layer, head in self.ranked()]
@@ -202,9 +197,7 @@ class Patch(settings.Patch):
 
     def read_inputs(self) -> list[PromptPair]:
         """The pairs: the one of clean, corrupt, answer and wrong, or those of the file."""
-        if self.file is not None:
-            return read_pairs(self.file)
-        return given_pair(self.clean, self.corrupt, self.answer, self.wrong)
+        return pairs_given(self.file, self.clean, self.corrupt, self.answer, self.wrong)
 
     def run(self, loaded: LoadedModel, pairs: Sequence[PromptPair] | None = None, progress: Any = None) -> PatchResult:
         import torch
@@ -216,8 +209,7 @@ class Patch(settings.Patch):
         # SDPA turns a NaN head's output into zeros: a damaged model would pass for a sound one
         check_weights(loaded)
         bos = default_bos(loaded.tokenizer, loaded.kind) if self.bos is None else self.bos
-        prefix, _ = special_tokens(loaded.tokenizer, loaded.kind, bos)
-        tokens = [tokenized(loaded, pair, prefix) for pair in pairs]
+        prefix, tokens = tokenized_pairs(loaded, pairs, bos)
         L, H, P = loaded.n_layer, loaded.n_head, len(pairs)
         clean_ld, corrupt_ld = np.zeros(P), np.zeros(P)
         denoised, noised = np.zeros((P, L, H)), np.zeros((P, L, H))

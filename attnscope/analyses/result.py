@@ -24,6 +24,7 @@ one way and there is no cycle, while `result.to_json()` still works on any resul
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,26 @@ from attnscope import options
 from attnscope.errors import AttnscopeError
 from attnscope.output import documents, files, notebook
 from attnscope.output.views import view_of
+
+
+@dataclass(frozen=True)
+class HeadAt:
+    """A head of the model, 0-based, with its `L.H` label: the base of the records a result holds per head."""
+
+    layer: int
+    head: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.layer}.{self.head}"
+
+
+def heads_by_value(values: Any) -> list[tuple[int, int]]:
+    """Every (layer, head) of the (L, H) array `values`, the largest value first, ties in layer.head order."""
+    n_layer, n_head = values.shape
+    return sorted(
+        ((layer, head) for layer in range(n_layer) for head in range(n_head)), key=lambda lh: (-values[lh], lh)
+    )
 
 
 class Result:

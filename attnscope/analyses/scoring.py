@@ -28,7 +28,7 @@ from attnscope.analyses.common import (
     too_short,
 )
 from attnscope.analyses.maps import AttentionMap, with_words
-from attnscope.analyses.result import Result
+from attnscope.analyses.result import HeadAt, Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
 from attnscope.output.heads import HeadsView
@@ -46,15 +46,9 @@ from attnscope.scores.kinds import Kind
 
 
 @dataclass(frozen=True)
-class HeadRecord:
-    layer: int
-    head: int
+class HeadRecord(HeadAt):
     scores: dict[str, float | None]  # every score of the catalog; None where not measured
     role: roles.Role
-
-    @property
-    def label(self) -> str:
-        return f"{self.layer}.{self.head}"
 
 
 @dataclass(repr=False)  # the repr is Result's: a summary

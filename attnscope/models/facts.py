@@ -16,20 +16,17 @@ from attnscope.models import checks
 from attnscope.models.families import Family, family_of
 
 # where a model is found and how a missing one is said: the loader's own rules (package-private helpers)
-from attnscope.models.loading import (
+from attnscope.models.loading import DTYPES, LoadedModel, demo_model_dir, resolve_device
+from attnscope.models.locating import (
     DEMO,
-    DTYPES,
-    LoadedModel,
-    _check_config_directory,
-    _check_revision,
-    _expanded,
-    _hub_reachable,
-    _is_not_found,
-    _looks_like_path,
-    _offline_message,
-    _unknown_model_message,
-    demo_model_dir,
-    resolve_device,
+    check_config_directory,
+    check_revision,
+    expanded_name,
+    hub_reachable,
+    is_not_found,
+    looks_like_path,
+    offline_message,
+    unknown_model_message,
 )
 
 SAFETENSORS_DTYPES = {  # the floating-point dtypes of the safetensors format, by torch's names
@@ -100,35 +97,35 @@ def config_shape(name: str, revision: str | None = None) -> checks.Shape:
 def _config_folder(name: str, revision: str | None) -> Path:
     """The folder that holds `name`'s config.json: the demo's, a local directory, or the Hugging Face cache's
     snapshot (config.json fetched alone when the Hub is reachable and it is not cached)."""
-    _check_revision(name, revision)
+    check_revision(name, revision)
     if name == DEMO:
         path = demo_model_dir()
         if not (path / "config.json").exists():
             raise AttnscopeError(f"the demo model is not bundled in this installation ({path} has no config.json)")
         return path
-    if _looks_like_path(name):
-        path = _expanded(name)
-        _check_config_directory(path)
+    if looks_like_path(name):
+        path = expanded_name(name)
+        check_config_directory(path)
         return path
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
     try:
         cached = try_to_load_from_cache(name, "config.json", revision=revision)
     except ValueError:  # not a valid repository name
-        raise AttnscopeError(_unknown_model_message(name, revision)) from None
+        raise AttnscopeError(unknown_model_message(name, revision)) from None
     if isinstance(cached, str):
         return Path(cached).parent
-    if not _hub_reachable():
-        raise AttnscopeError(_offline_message(name, revision))
+    if not hub_reachable():
+        raise AttnscopeError(offline_message(name, revision))
     try:
         return Path(hf_hub_download(name, "config.json", revision=revision)).parent
     except Exception as error:  # huggingface_hub's errors for a missing repository, revision or file, or the network
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        if _is_not_found(error, first_line):
-            raise AttnscopeError(_unknown_model_message(name, revision)) from error
+        if is_not_found(error, first_line):
+            raise AttnscopeError(unknown_model_message(name, revision)) from error
         if type(error).__name__ == "EntryNotFoundError":
             raise AttnscopeError(f"model '{name}' has no config.json on the Hub") from error
-        raise AttnscopeError(_offline_message(name, revision)) from error
+        raise AttnscopeError(offline_message(name, revision)) from error
 
 
 def gpt2_parameter_count(raw: dict[str, Any]) -> tuple[int, int]:

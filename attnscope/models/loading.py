@@ -10,31 +10,36 @@ info`): no weights, no tokenizer, and for GPT-2 (the demo model) not even torch.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 from attnscope import options
 from attnscope.errors import AttnscopeError
 from attnscope.models import checks
 from attnscope.models.families import CAUSAL_LM, Family, family_of
+from attnscope.models.locating import (
+    DEMO,
+    TOKENIZER_FILES,
+    check_local_directory,
+    check_revision,
+    check_stored_config,
+    expanded_name,
+    hub_reachable,
+    is_cached,
+    is_not_found,
+    looks_like_path,
+    offline_message,
+    stored_folder,
+    unknown_model_message,
+)
 from attnscope.models.stored import check_stored_shapes, check_tokenizer_files
 
 if TYPE_CHECKING:
     from attnscope.scores.kinds import Kind
 
-DEMO = "demo"  # --model demo: the small GPT-2 trained by scripts/train_demo_model.py, shipped in the package
-# Said by every error that means "this model cannot be had": the one model that is always there.
-# said from the command line and from Python alike: the model's name, then how the command line spells it
-DEMO_HINT = "the model 'demo' (--model demo) is the small GPT-2 bundled with attnscope, with no download"
 DTYPES = options.DTYPES
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "vocab.txt")  # the vocabulary: any fast tokenizer, GPT-2, BERT
 
 
 @dataclass
@@ -169,70 +174,6 @@ def resolve_dtype(spec: str) -> Any:
     return "auto" if spec == "auto" else getattr(torch, spec)
 
 
-def _looks_like_path(name: str) -> bool:
-    # No Hub id ends with a slash: `nope-dir/` is a directory that is missing, not a repository to download.
-    return (
-        name.startswith(("/", "./", "../", "~", ".\\"))
-        or name.endswith(("/", "\\"))
-        or name in (".", "..")
-        or os.path.exists(name)
-    )
-
-
-def _check_revision(name: str, revision: str | None) -> None:
-    """A revision is a Hub model's: transformers would ignore it for a folder, silently analysing what is there."""
-    if revision is not None and (name == DEMO or _looks_like_path(name)):
-        raise AttnscopeError(
-            f"revision (--revision) {revision}: model '{name}' is {local_kind(name)}, which has no revisions; a "
-            "revision picks a branch, tag or commit of a model on the Hugging Face Hub"
-        )
-
-
-def local_kind(name: str) -> str:
-    """What a model on this machine is, in words: the bundled demo, or a folder."""
-    return "the demo model bundled with attnscope" if name == DEMO else "a folder on this machine"
-
-
-def _expanded(name: str) -> Path:
-    return options.expanded_path(name, "--model")
-
-
-def _check_config_directory(path: Path) -> list[str]:
-    """The names of the files in `path`, a directory with a config.json; else one line saying what is wrong."""
-    if not path.exists():  # Path("./x") prints as x
-        raise AttnscopeError(
-            f"no such model directory: {path.absolute()}; --model takes 'demo', a Hugging Face id or a directory "
-            f"saved with save_pretrained ({DEMO_HINT})"
-        )
-    if not path.is_dir():
-        raise AttnscopeError(
-            f"{path} is a file; --model takes 'demo', a Hugging Face id or a directory saved with save_pretrained"
-        )
-    files = [entry.name for entry in path.iterdir()]
-    if "config.json" not in files:
-        raise AttnscopeError(f"{path} holds no config.json; save the model there with save_pretrained")
-    return files
-
-
-def _check_local_directory(path: Path) -> None:
-    """Refuse, in one line, a directory that `from_pretrained` would fail on with a long traceback."""
-    files = _check_config_directory(path)
-    if not any(name.endswith(".safetensors") or name.endswith(".safetensors.index.json") for name in files):
-        pickles = [name for name in files if name.endswith(PICKLE_SUFFIXES)]
-        if pickles:
-            raise AttnscopeError(
-                f"{path} holds only a pickle checkpoint ({pickles[0]}); attnscope loads safetensors only, "
-                "since unpickling can run arbitrary code: re-save it with save_pretrained(..., safe_serialization=True)"
-            )
-        raise AttnscopeError(f"{path} holds no model weights (no .safetensors file)")
-    # Without these transformers builds an empty tokenizer, and every text would later have "no tokens".
-    if not any(name in files for name in TOKENIZER_FILES):
-        raise AttnscopeError(
-            f"{path} holds no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); "
-            "save the tokenizer there too with tokenizer.save_pretrained"
-        )
-
-
 def demo_model_dir() -> Path:
     """The bundled demo model's folder (inside the installed package)."""
     from importlib import resources
@@ -240,52 +181,16 @@ def demo_model_dir() -> Path:
     return Path(str(resources.files("attnscope") / "demo_model"))
 
 
-def _hub_reachable(timeout: float = 2.0) -> bool:
-    """One quick TCP connection to the Hub, so an offline machine gets an answer now rather than after retries."""
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        return False
-    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (443 if endpoint.scheme == "https" else 80)
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def _is_cached(name: str, revision: str | None = None) -> bool:
-    """Whether the Hugging Face cache holds what loading `name` offline needs: config.json and the safetensors
-    weights (one file, or the index and every shard it lists). A cached config alone (left by `AutoConfig` or an
-    interrupted download) is not enough. Tokenizer files are checked once loaded, by the tokenizer's length."""
-    from huggingface_hub import try_to_load_from_cache
-
-    def cached(filename: str) -> bool:
-        return isinstance(try_to_load_from_cache(name, filename, revision=revision), str)
-
-    try:
-        if not cached("config.json"):
-            return False
-        if cached("model.safetensors"):
-            return True
-        index = try_to_load_from_cache(name, "model.safetensors.index.json", revision=revision)
-        if not isinstance(index, str):
-            return False
-        shards = set(json.loads(Path(index).read_text(encoding="utf-8"))["weight_map"].values())
-        return all(cached(shard) for shard in shards)
-    except (ValueError, OSError, KeyError, AttributeError):  # an invalid repo name, an unreadable index: unusable
-        return False
-
-
 def load_config(name: str, revision: str | None = None) -> Any | None:
     """The model's config without its weights, or None when it cannot be had (offline and not cached)."""
     from transformers import AutoConfig
 
     shown = name
-    _check_revision(name, revision)
+    check_revision(name, revision)
     if name == DEMO:
         name = str(demo_model_dir())
-    _check_stored_config(shown, str(_expanded(name)) if _looks_like_path(name) else name, revision)
-    local_only = not _looks_like_path(name) and not _hub_reachable()  # offline: the cache answers at once
+    check_stored_config(shown, str(expanded_name(name)) if looks_like_path(name) else name, revision)
+    local_only = not looks_like_path(name) and not hub_reachable()  # offline: the cache answers at once
     try:
         config = AutoConfig.from_pretrained(
             name, trust_remote_code=False, local_files_only=local_only, revision=revision
@@ -303,48 +208,6 @@ def _check_accelerate() -> None:
         raise AttnscopeError("a device map needs accelerate: pip install 'attnscope[big]' (or pip install accelerate)")
 
 
-def _no_folder(name: str) -> str:
-    """What a name of the form `a/b` (a Hub id, or a folder relative to here: `runs/step-0000`) adds when neither
-    exists: that there is no such folder here either, so a user who meant a folder sees where it was looked for."""
-    if "/" not in name.strip("/") or os.path.exists(name):
-        return ""
-    return f" (nor is there a folder {Path(name).absolute()})"
-
-
-def _demo_meant(name: str) -> str:
-    """`did you mean 'demo'? ` where the name is one letter from it (`demoo`, `Demo`, `dmeo`)."""
-    import difflib
-
-    return f"did you mean '{DEMO}'? " if difflib.get_close_matches(name.lower(), [DEMO], cutoff=0.7) else ""
-
-
-def _offline_message(name: str, revision: str | None = None) -> str:
-    at = "" if revision is None else f" at revision '{revision}'"
-    return (
-        f"model '{name}'{at} is not in the local Hugging Face cache and the Hub cannot be reached{_no_folder(name)}; "
-        f"{_demo_meant(name)}{DEMO_HINT}; or pass a directory saved with save_pretrained (--model PATH), or point "
-        "HF_HOME at a cache that has it (with HF_HUB_OFFLINE=1 to skip the network)"
-    )
-
-
-def _unknown_model_message(name: str, revision: str | None = None) -> str:
-    at = "" if revision is None else f" at revision '{revision}'"
-    return (
-        f"model '{name}'{at} is neither a local directory nor a model on the Hugging Face Hub{_no_folder(name)} "
-        f"(check the spelling, or log in with `hf auth login` for a private or gated one); {_demo_meant(name)}"
-        f"{DEMO_HINT}"
-    )
-
-
-def _is_not_found(error: BaseException, first_line: str) -> bool:
-    """Whether loading failed because the Hub has no such repository (or revision): huggingface_hub's errors, or
-    the OSError transformers makes of them ("... is not a local folder and is not a valid model identifier")."""
-    names = {type(cause).__name__ for cause in (error, error.__cause__, error.__context__) if cause is not None}
-    return bool(names & {"RepositoryNotFoundError", "RevisionNotFoundError"}) or (
-        "not a valid model identifier" in first_line or "is not a valid git identifier" in first_line
-    )
-
-
 def _from_pretrained(name: str, loader: Any, source: str, local_only: bool, part: str = "", **options: Any) -> Any:
     """`loader.from_pretrained(source)`, with every failure turned into one line naming the model, the `part` of it
     being loaded (`the tokenizer (tokenizer.json) of `) and the cause."""
@@ -353,35 +216,12 @@ def _from_pretrained(name: str, loader: Any, source: str, local_only: bool, part
     except Exception as error:  # only transformers runs here, and a damaged file makes it raise almost anything
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         if "couldn't connect" in first_line.lower() or "offline" in first_line.lower():
-            raise AttnscopeError(_offline_message(name, options.get("revision"))) from error
-        if _is_not_found(error, first_line):
-            raise AttnscopeError(_unknown_model_message(name, options.get("revision"))) from error
+            raise AttnscopeError(offline_message(name, options.get("revision"))) from error
+        if is_not_found(error, first_line):
+            raise AttnscopeError(unknown_model_message(name, options.get("revision"))) from error
         # transformers' OSErrors are sentences; anything else (SafetensorError, ...) is known by its type
         cause = first_line if isinstance(error, OSError) else f"{type(error).__name__}: {first_line}"
         raise AttnscopeError(f"cannot load {part}model '{name}': {cause}") from error
-
-
-def _stored_folder(source: str, revision: str | None) -> Path | None:
-    """The folder on this machine that holds `source`'s files: the folder itself, or a Hub id's snapshot in the
-    cache (None: not cached yet)."""
-    folder = Path(source)
-    if folder.is_dir():
-        return folder
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        cached = try_to_load_from_cache(source, "config.json", revision=revision)
-    except ValueError:  # not a repository name: from_pretrained says so
-        return None
-    return Path(cached).parent if isinstance(cached, str) else None
-
-
-def _check_stored_config(name: str, source: str, revision: str | None) -> None:
-    """Check the config.json that `source` (a folder, or a Hub id whose config is in the cache) holds, before
-    transformers builds anything from it (see models.checks); a Hub id not cached yet is checked once loaded."""
-    folder = _stored_folder(source, revision)
-    if folder is not None:
-        checks.check_config(checks.read_raw_config(folder, name), name)
 
 
 def load_model(
@@ -399,13 +239,13 @@ def load_model(
 
     Raises AttnscopeError, with one line saying what to do, for every failure a user can cause.
     """
-    _check_revision(name, revision)
+    check_revision(name, revision)
     if device_map is not None:
         _check_accelerate()
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
     source, local_only = _source(name, revision)
-    _check_stored_config(name, source, revision)
+    check_stored_config(name, source, revision)
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
     from transformers.utils import logging as hf_logging
 
@@ -417,7 +257,7 @@ def load_model(
     family = family_of(config)
     # an encoder's language-model head predicts masked tokens, a decoder's the next token
     lm_class = AutoModelForCausalLM if family.lm_head == CAUSAL_LM else AutoModelForMaskedLM
-    folder = _stored_folder(source, revision)
+    folder = stored_folder(source, revision)
     if folder is not None:  # a config claiming more than the weights hold is refused before it is built
         check_stored_shapes(name, folder, config, family, lm_class if lm_head else AutoModel)
     tokenizer = _tokenizer(name, source, local_only, folder, revision)
@@ -457,13 +297,13 @@ def _source(name: str, revision: str | None) -> tuple[str, bool]:
                 "attnscope, or use --model gpt2 or a directory saved with save_pretrained"
             )
         return str(path), False
-    if _looks_like_path(name):
-        path = _expanded(name)
-        _check_local_directory(path)
+    if looks_like_path(name):
+        path = expanded_name(name)
+        check_local_directory(path)
         return str(path), False
-    local_only = not _hub_reachable()
-    if local_only and not _is_cached(name, revision):
-        raise AttnscopeError(_offline_message(name, revision))
+    local_only = not hub_reachable()
+    if local_only and not is_cached(name, revision):
+        raise AttnscopeError(offline_message(name, revision))
     return name, local_only
 
 
@@ -478,7 +318,7 @@ def _tokenizer(name: str, source: str, local_only: bool, folder: Path | None, re
     tokenizer = _from_pretrained(name, AutoTokenizer, source, local_only, part, **at_revision)
     if len(tokenizer) <= 1:
         raise AttnscopeError(
-            _offline_message(name, revision)
+            offline_message(name, revision)
             if local_only
             else f"model '{name}' has no usable tokenizer: transformers read no vocabulary from it "
             f"({', '.join(TOKENIZER_FILES)})"

@@ -150,3 +150,14 @@ def check_once(given: Sequence[Any], revisions: Sequence[str | None]) -> None:
             also = "" if seen[key] == shown else f" (as {seen[key]!r} and {shown!r})"
             raise AttnscopeError(f"model {shown!r} is given twice{also}: give each model once")
         seen[key] = shown
+
+
+def check_name(name: Any) -> None:
+    """A model's name: a non-empty string or path (a message never repeats an object's repr: a model's runs to
+    thousands of characters)."""
+    expected = "expected a model from attnscope.load or a name ('demo', a Hub id, a folder)"
+    if isinstance(name, bytes) or not isinstance(name, (str, os.PathLike)):
+        article = "an" if type(name).__name__[0] in "aeiou" else "a"
+        raise AttnscopeError(f"model: {expected}, not {article} {type(name).__name__}")
+    if not os.fspath(name).strip():
+        raise AttnscopeError(f"model {os.fspath(name)!r}: {expected}")

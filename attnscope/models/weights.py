@@ -15,15 +15,13 @@ Interface (stable; `attnscope circuit` calls these):
         W_O_written    (L, H, d_head, d_model)  W_O · diag(write_scale): the head's write into the stream
         read_norms     list of L strings: which norm each layer reads ("ln_1 (LayerNorm)", "none")
         (grouped-query heads: W_K, W_V, b_K, b_V are their key/value head's, repeated for each query head)
-    embedding(loaded, dtype) -> W_E (V, d_model): the token embedding as it enters the residual stream
-    unembedding(loaded, dtype) -> W_U (d_model, V): the final norm's γ times the language-model head
-        (needs the model loaded with lm_head=True unless its head is tied to the embeddings)
     weight_notes(loaded) -> list[str]: what weight-based scores of this model leave out (rotary, QK-norm, biases, …)
-    reading_norms(loaded) -> [Norm | None] per layer: the norm each attention reads (Norm: .module, .gamma, .beta,
-        .centred, .eps, .scale(x) its per-token σ, .normalise(x), .centre(v))
-    output_norms(loaded), final_norm(loaded), masked_head(loaded): the other norms and the masked-LM head
-    direct_path(loaded) -> DirectPath: the norms, scales and head that lie between a head's output and the logits
-        (for `analyses.direct_effect`)
+    reading_norms(loaded) -> [Norm | None] per layer: the norm each attention reads (Norm, `models.norms`: .module,
+        .gamma, .beta, .centred, .eps, .scale(x) its per-token σ, .normalise(x), .centre(v))
+    output_norms(loaded): the norm each attention's output passes first
+
+The embedding and the unembedding (W_E, W_U, the final norm, the masked-LM head, the direct path from a head's output
+to the logits) are `models.readout`'s.
 
 Conventions. A head reads x (B, n, d_model) and computes q = x @ W_Q + b_Q (likewise k, v); its output o (B, n,
 d_head) enters the output projection as its slice, and o @ W_O is what the projection adds for it. Where a norm
@@ -37,15 +35,6 @@ Which norm feeds layer l, per family (the table is `models.families.WeightPaths`
   LayerNorm of its MLP's residual sum); layer 0 reads the embeddings' output, whose LayerNorm is part of W_E;
 - OLMo 2 and EXAONE 4 normalise the attention's output, not its input: their layers read the stream itself;
 - ModernBERT's layer 0 has no norm of its own (nn.Identity): it reads the embeddings' output (LayerNorm in W_E).
-
-W_E is the token embedding times the family's embedding scale (Gemma's √d_model, Granite's multiplier), times the
-γ of the embeddings' own norm (encoders), through the projection into the residual width where there is one (OPT's
-project_in, ELECTRA's embeddings_project). W_U is diag(γ_final) times what follows the final norm (OPT's
-project_out, then the LM head; Cohere's logit scale, Granite's 1 / logits_scaling); the post-norm families have no
-norm after their last layer's, which is their final one. Encoders: the masked-LM head's transform (dense, an
-activation, a LayerNorm) comes between, and its activation is not linear: W_U takes the activation as the identity
-and the transform's LayerNorm as its γ (diag(γ_final) W_dense diag(γ_transform) W_decoder), for the copying score;
-direct logit attribution freezes the activation's gate at its forward value instead (see `analyses.direct_effect`).
 """
 
 from __future__ import annotations
@@ -54,106 +43,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import AttnscopeError
-from attnscope.models.families import MASKED_LM, WeightPaths, module_at
+from attnscope.models.families import WeightPaths, module_at
+from attnscope.models.norms import Norm, read_norm
 
 if TYPE_CHECKING:
     import torch
 
     from attnscope.models.loading import LoadedModel
-
-
-def at_least_float32(x: torch.Tensor) -> torch.Tensor:
-    """x in float32, or as it is when wider (float64: a model a test runs in double precision keeps it)."""
-    return x if x.dtype.itemsize >= 4 and x.dtype.is_floating_point else x.float()
-
-
-@dataclass(frozen=True)
-class Norm:
-    """A norm read from its module: y = γ ⊙ (x − mean x) / √(var x + eps) + β (centred: LayerNorm), or
-    y = γ ⊙ x / √(mean x² + eps) + β (RMSNorm, β = 0). γ includes Gemma's 1 +."""
-
-    name: str  # its path, for notes
-    module: Any
-    centred: bool
-    gamma: Any  # (d,) float32
-    beta: Any  # (d,) float32
-    eps: float
-
-    @property
-    def kind(self) -> str:
-        return "LayerNorm" if self.centred else "RMSNorm"
-
-    def scale(self, x: torch.Tensor) -> torch.Tensor:
-        """(…,) the per-token denominator σ the norm divides x (…, d) by, in float32 (or x's float64)."""
-        x = at_least_float32(x)
-        if self.centred:
-            return (x.var(dim=-1, unbiased=False) + self.eps).sqrt()
-        return (x.pow(2).mean(dim=-1) + self.eps).sqrt()
-
-    def normalise(self, x: torch.Tensor) -> torch.Tensor:
-        """n(x) (…, d): the norm without its γ and β."""
-        x = at_least_float32(x)
-        if self.centred:
-            x = x - x.mean(dim=-1, keepdim=True)
-        return x / self.scale(x)[..., None]
-
-    def centre(self, v: torch.Tensor) -> torch.Tensor:
-        """C v: the centring (I − 11ᵀ/d) a LayerNorm applies (symmetric, so the same on a reading direction); an
-        RMSNorm's is the identity."""
-        return v - v.mean(dim=-1, keepdim=True) if self.centred else v
-
-    def jvp(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """J(x) t (…, d), float32: how the norm's output at x moves along t (x broadcastable to t). With n = n(x)
-        and σ its denominator, J t = γ ⊙ (C t − n (n · C t) / d) / σ (the same form for both norms)."""
-        x, t = at_least_float32(x), self.centre(at_least_float32(t))
-        n, sigma = self.normalise(x), self.scale(x)[..., None]
-        d = x.shape[-1]
-        return self.gamma.to(t.device) * (t - n * (n * t).sum(-1, keepdim=True) / d) / sigma
-
-    def statistics(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(n(x) (…, d), σ (…, 1)): what `vjp` needs of x, to compute once for several gradients at the same x."""
-        x = at_least_float32(x)
-        return self.normalise(x), self.scale(x)[..., None]
-
-    def vjp(self, x: torch.Tensor, g: torch.Tensor, statistics: tuple | None = None) -> torch.Tensor:
-        """J(x)ᵀ g (…, d), float32: the gradient at the norm's input from the gradient g at its output (x
-        broadcastable to g): C (u − n (n · u) / d) / σ with u = γ ⊙ g; `statistics`: x's, already computed."""
-        import torch
-
-        u = self.gamma.to(g.device) * at_least_float32(g)  # a new tensor: the steps below work in place
-        n, sigma = self.statistics(x) if statistics is None else statistics
-        u.addcmul_(n, torch.linalg.vecdot(n, u)[..., None], value=-1.0 / n.shape[-1])
-        if self.centred:
-            u.sub_(u.mean(dim=-1, keepdim=True))
-        return u.div_(sigma)
-
-
-def read_norm(module: Any, name: str, offset: float = 0.0) -> Norm | None:
-    """The norm of `module` (None for nn.Identity): RMSNorm when its class says so, else LayerNorm (torch's, OLMo's
-    without parameters, Cohere's without bias). `offset` is added to γ (Gemma's 1 + γ)."""
-    import torch
-
-    class_name = type(module).__name__
-    if class_name == "Identity":
-        return None
-    rms = class_name.endswith("RMSNorm")
-    if not rms and not class_name.endswith("LayerNorm"):
-        raise AttnscopeError(f"cannot read the norm {name} ({class_name}): neither a LayerNorm nor an RMSNorm")
-    weight = getattr(module, "weight", None)
-    bias = getattr(module, "bias", None)
-    size = _norm_size(module, weight)
-    gamma = torch.ones(size) if weight is None else weight.detach().float().cpu() + (offset if rms else 0.0)
-    beta = torch.zeros(size) if bias is None else bias.detach().float().cpu()
-    # OLMo's LayerNorm has no parameters and calls F.layer_norm with eps 1e-5 fixed
-    eps = getattr(module, "eps", None) or getattr(module, "variance_epsilon", None) or 1e-5
-    return Norm(name, module, not rms, gamma, beta, float(eps))
-
-
-def _norm_size(module: Any, weight: Any) -> int:
-    if weight is not None:
-        return weight.numel()
-    shape = module.normalized_shape
-    return int(shape[-1] if isinstance(shape, tuple | list) else shape)
 
 
 @dataclass
@@ -188,7 +84,7 @@ def weight_paths(loaded: LoadedModel) -> WeightPaths:
     return loaded.family.weights.for_config(loaded.config)
 
 
-def _optional(root: Any, path: str | None) -> Any:
+def optional_module(root: Any, path: str | None) -> Any:
     """The module at `path`, or None where the family has none there (a missing path, or an attribute set to None:
     OPT's project_in when the widths agree)."""
     if path is None:
@@ -199,7 +95,7 @@ def _optional(root: Any, path: str | None) -> Any:
         return None
 
 
-def _xw(module: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+def xw_weight(module: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The module's weight in the "x @ W" convention (d_in, d_out), and its bias: nn.Linear stores (d_out, d_in),
     GPT-2's Conv1D (d_in, d_out)."""
     weight = module.weight.detach()
@@ -221,8 +117,8 @@ def _per_head(weight: torch.Tensor, bias: torch.Tensor | None, heads: int) -> tu
 def _projections(module: Any, paths: WeightPaths, H: int, H_kv: int, d_head: int) -> list[tuple[Any, Any]]:
     """[(W, b)] for Q, K and V of one layer (`module`): W (d, heads·d_head) with heads = H for Q, H_kv for K and V."""
     if len(paths.qkv) == 3:
-        return [_xw(module_at(module, path)) for path in paths.qkv]
-    weight, bias = _xw(module_at(module, paths.qkv[0]))  # (d, (H + 2 H_kv)·d_head)
+        return [xw_weight(module_at(module, path)) for path in paths.qkv]
+    weight, bias = xw_weight(module_at(module, paths.qkv[0]))  # (d, (H + 2 H_kv)·d_head)
     d = weight.shape[0]
     if paths.fused == "concat":  # q of every head, then k, then v (GPT-2, Phi-3, ModernBERT)
         sizes = [H * d_head, H_kv * d_head, H_kv * d_head]
@@ -259,7 +155,7 @@ def projection_groups(module: Any, paths: WeightPaths, H: int, H_kv: int) -> lis
 
 def out_in(module: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A projection's weight as (d_out, d_in), the form nn.Linear stores (GPT-2's Conv1D transposed), and its bias."""
-    weight, bias = _xw(module)
+    weight, bias = xw_weight(module)
     return weight.T, bias
 
 
@@ -331,7 +227,7 @@ def head_weights(loaded: LoadedModel, dtype: Any = None) -> HeadWeights:
                 w, b = w.repeat_interleave(H // heads, dim=0), b.repeat_interleave(H // heads, dim=0)
             parts[f"W_{letter}"].append(w)
             parts[f"b_{letter}"].append(b)
-        weight, bias = _xw(projections[layer])  # (H·k, d)
+        weight, bias = xw_weight(projections[layer])  # (H·k, d)
         d = weight.shape[1]
         W_O.append(weight.to(device, dtype).reshape(H, k, d))
         b_O.append(torch.zeros(d, device=device, dtype=dtype) if bias is None else bias.to(device, dtype))
@@ -349,195 +245,6 @@ def head_weights(loaded: LoadedModel, dtype: Any = None) -> HeadWeights:
         write_scale=torch.stack(write_scale),
         read_norms=names,
     )
-
-
-# --------------------------------------------------------------------------------- embedding and unembedding
-
-
-def embedding_scale(loaded: LoadedModel) -> float:
-    """The factor the token embeddings are multiplied by before the first layer: Gemma's √d_model (its embedding
-    module's `embed_scale`), Granite's `embedding_multiplier`; 1 elsewhere."""
-    module = loaded.model.get_input_embeddings()
-    scale = getattr(module, "scalar_embed_scale", None)
-    if scale is None:
-        buffer = getattr(module, "embed_scale", None)
-        scale = float(buffer) if buffer is not None else 1.0
-    name = weight_paths(loaded).embedding_multiplier
-    return float(scale) * (float(getattr(loaded.config, name)) if name is not None else 1.0)
-
-
-def embedding(loaded: LoadedModel, dtype: Any = None) -> torch.Tensor:
-    """W_E (V, d_model): each token's embedding as it enters the residual stream, biases and denominators aside
-    (see the module docstring)."""
-    import torch
-
-    dtype = dtype or torch.float32
-    paths = weight_paths(loaded)
-    W_E = loaded.model.get_input_embeddings().weight.detach().to(loaded.device, dtype) * embedding_scale(loaded)
-    norm = _optional(loaded.model, paths.embedding_norm)
-    if norm is not None:
-        W_E = W_E * read_norm(norm, paths.embedding_norm).gamma.to(loaded.device, dtype)
-    projection = _optional(loaded.model, paths.embedding_projection)
-    if projection is not None:
-        W_E = W_E @ _xw(projection)[0].to(loaded.device, dtype)  # (V, d_embedding) @ (d_embedding, d_model)
-    return W_E
-
-
-def final_norm(loaded: LoadedModel) -> Norm | None:
-    """The norm of the last hidden state before the unembedding: the family's final norm, or a post-norm family's
-    last layer's last norm; None where there is none."""
-    paths = weight_paths(loaded)
-    if paths.post_norms:
-        path = paths.post_norms[-1]
-        return read_norm(module_at(loaded.family.layers(loaded.model)[-1], path), f"{loaded.n_layer - 1}.{path}")
-    module = _optional(loaded.model, paths.final_norm)
-    return None if module is None else read_norm(module, paths.final_norm, paths.rms_offset)
-
-
-def logit_scale(loaded: LoadedModel) -> float:
-    """What the logits are multiplied by after the LM head (Cohere's logit_scale, Granite's 1 / logits_scaling)."""
-    paths = weight_paths(loaded)
-    scale = 1.0
-    if paths.logit_multiplier is not None:
-        scale *= float(getattr(loaded.config, paths.logit_multiplier))
-    if paths.logit_divisor is not None:
-        scale /= float(getattr(loaded.config, paths.logit_divisor))
-    return scale
-
-
-@dataclass
-class MaskedHead:
-    """An encoder's masked-LM head: logits = LayerNorm(act(h W_dense + b_dense)) W_decoder + b_decoder."""
-
-    dense: Any  # the modules, for hooks
-    norm: Norm
-    W_dense: torch.Tensor  # (d, d)
-    W_decoder: torch.Tensor  # (d, V)
-    b_decoder: torch.Tensor  # (V,)
-
-
-@dataclass
-class DirectPath:
-    """What lies between each head's output and the logits (see `analyses.direct_effect`): per layer the norm the
-    attention's output passes alone or first (`output_norms`), for post-norm layers every later norm of the residual
-    stream (`stream_norms[l]`, in order), the final norm, then the unembedding W (d, V) with its bias, or an
-    encoder's masked-LM head."""
-
-    W_O: torch.Tensor  # (L, H, d_head, d)
-    residual_multiplier: float
-    output_norms: list[Norm | None]
-    stream_norms: list[list[Norm]]
-    final: Norm | None
-    W_unembed: torch.Tensor | None  # (d, V): what follows the final norm, logit scale included (decoders)
-    b_unembed: torch.Tensor | None  # (V,)
-    masked_head: MaskedHead | None
-
-
-def _lm_head(loaded: LoadedModel) -> Any:
-    """The model's output embedding module (LM head or masked-LM decoder); tied heads need no LM-head model."""
-    if loaded.lm_model is not None:
-        return loaded.lm_model.get_output_embeddings()
-    if getattr(loaded.config, "tie_word_embeddings", False) and loaded.family.lm_head != MASKED_LM:
-        return loaded.model.get_input_embeddings()
-    raise AttnscopeError(
-        "the unembedding needs the model's language-model head (it is not tied to the embeddings): load the model "
-        "with lm_head=True"
-    )
-
-
-def _unembed_matrix(loaded: LoadedModel, dtype: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """What follows the final norm of a decoder as (d, V) and its bias (V,): OPT's project_out, the LM head, the logit
-    scale."""
-    import torch
-
-    paths = weight_paths(loaded)
-    head = _lm_head(loaded)
-    W = head.weight.detach().to(loaded.device, dtype).T  # (d_head_in, V)
-    bias = getattr(head, "bias", None)  # Phi's LM head has one; a tied nn.Embedding has none
-    b = torch.zeros(W.shape[1], device=loaded.device, dtype=dtype) if bias is None else bias.detach().to(W)
-    projection = _optional(loaded.model, paths.unembedding_projection)
-    if projection is not None:
-        W = _xw(projection)[0].to(loaded.device, dtype) @ W  # (d, d_proj) @ (d_proj, V)
-    scale = logit_scale(loaded)
-    return W * scale, b * scale
-
-
-def masked_head(loaded: LoadedModel, dtype: Any = None) -> MaskedHead:
-    """An encoder's masked-LM head: its transform's dense layer and LayerNorm, and its decoder (needs lm_head=True)."""
-    import torch
-
-    dtype = dtype or torch.float32
-    paths = weight_paths(loaded)
-    if loaded.lm_model is None:
-        raise AttnscopeError("the masked-LM head is needed: load the model with lm_head=True")
-    dense_path, norm_path = paths.masked_head
-    dense = module_at(loaded.lm_model, dense_path)
-    decoder = loaded.lm_model.get_output_embeddings()
-    W_decoder = decoder.weight.detach().to(loaded.device, dtype).T  # (d, V)
-    bias = decoder.bias
-    b = (
-        torch.zeros(W_decoder.shape[1], device=loaded.device, dtype=dtype)
-        if bias is None
-        else bias.detach().to(W_decoder)
-    )
-    return MaskedHead(
-        dense,
-        read_norm(module_at(loaded.lm_model, norm_path), norm_path),
-        _xw(dense)[0].to(loaded.device, dtype),
-        W_decoder,
-        b,
-    )
-
-
-def unembedding(loaded: LoadedModel, dtype: Any = None) -> torch.Tensor:
-    """W_U (d_model, V): diag(γ_final) times the unembedding; encoders' masked-LM head with its activation taken as
-    the identity and its LayerNorm as its γ (see the module docstring)."""
-    import torch
-
-    dtype = dtype or torch.float32
-    norm = final_norm(loaded)
-    if loaded.family.lm_head == MASKED_LM:
-        head = masked_head(loaded, dtype)
-        W = head.W_dense @ (head.norm.gamma.to(head.W_decoder)[:, None] * head.W_decoder)  # (d, V)
-    else:
-        W = _unembed_matrix(loaded, dtype)[0]
-    return W if norm is None else norm.gamma.to(W)[:, None] * W
-
-
-def direct_path(loaded: LoadedModel, dtype: Any = None) -> DirectPath:
-    """The direct path from every head's output to the logits (see DirectPath)."""
-    import torch
-
-    dtype = dtype or torch.float32
-    paths = weight_paths(loaded)
-    layers = loaded.family.layers(loaded.model)
-    stream: list[list[Norm]] = [[] for _ in layers]
-    if paths.post_norms:  # after layer l's attention: its own post norms, then those of every later layer
-        every = [
-            read_norm(module_at(module, path), f"{layer}.{path}")
-            for layer, module in enumerate(layers)
-            for path in paths.post_norms
-        ]
-        per_layer = len(paths.post_norms)
-        # the first post norm is the attention output's (output_norms); the chain goes on from the next one
-        stream = [every[layer * per_layer + 1 :] for layer in range(len(layers))]
-    projections = loaded.family.output_projections(loaded.model)
-    H, k = loaded.n_head, loaded.d_head
-    W_O = torch.stack([_xw(module)[0].to(loaded.device, dtype).reshape(H, k, -1) for module in projections])
-    final = None if paths.post_norms else final_norm(loaded)  # a post-norm family's final norm ends `stream`
-    if loaded.family.lm_head == MASKED_LM:
-        return DirectPath(
-            W_O,
-            residual_multiplier(loaded),
-            output_norms(loaded),
-            stream,
-            final,
-            None,
-            None,
-            masked_head(loaded, dtype),
-        )
-    W, b = _unembed_matrix(loaded, dtype)
-    return DirectPath(W_O, residual_multiplier(loaded), output_norms(loaded), stream, final, W, b, None)
 
 
 # ----------------------------------------------------------------------------------------------------- notes
@@ -576,7 +283,8 @@ def weight_notes(loaded: LoadedModel) -> list[str]:
             "rotary position embeddings rotate queries and keys by their positions: W_QK ignores them (it is the "
             "logit between two tokens at the same position)"
         )
-    qk_norms = [name for name in ("q_norm", "query_layernorm", "q_layernorm") if _optional(attention, name) is not None]
+    qk_names = ("q_norm", "query_layernorm", "q_layernorm")
+    qk_norms = [name for name in qk_names if optional_module(attention, name) is not None]
     if qk_norms:
         notes.append(f"QK-norm ({qk_norms[0]}) normalises queries and keys, a nonlinearity W_QK leaves out")
     if any(name.endswith("bias") and "norm" not in name for name, _ in attention.named_parameters(recurse=True)):

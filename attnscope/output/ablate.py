@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.output import notebook
-from attnscope.output.documents import document
-from attnscope.output.views import View, fitted, model_shape, shown_rows, summary
+from attnscope.output.documents import result_document
+from attnscope.output.views import TopView, fitted, model_shape, shown_rows, summary
 from attnscope.scores.catalog import counted
 
 SHOWN = 10  # the most important heads the terminal and a notebook list without --top
@@ -52,7 +52,7 @@ def ablate_records(result: Any, ranked: bool = False) -> list[dict]:
     return records
 
 
-class AblateView(View):
+class AblateView(TopView):
     command = "ablate"
     columns = ("layer", "head", "label", "importance", "rank")  # the CSV's header where no head was scored
 
@@ -62,12 +62,9 @@ class AblateView(View):
         pruning curve."""
         result = self.result
         top = None if every else result.settings["top"]
-        return document(
+        return result_document(
             "ablate",
-            result.model,
-            result.inputs,
-            result.settings,
-            result.notes,
+            result,
             baseline_loss=result.baseline_loss,
             intact_loss=getattr(result, "intact_loss", None),
             heads=ablate_records(result),
@@ -75,16 +72,10 @@ class AblateView(View):
             prune=result.prune,
         )
 
-    def records(self) -> list[dict]:
-        """--csv's rows: the heads, the most important first (the first --top)."""
-        return ablate_records(self.result, ranked=True)
-
-    def full_document(self) -> dict:
-        return self.document(every=True)
-
-    def full_records(self) -> list[dict]:
-        """ablate.csv: every head, layer.head order."""
-        return ablate_records(self.result)
+    def rows(self, every: bool) -> list[dict]:
+        """--csv's rows: the heads, the most important first (the first --top); `every` (ablate.csv): every head,
+        layer.head order."""
+        return ablate_records(self.result, ranked=not every)
 
     def figures(self) -> dict[str, Any]:
         """importance (layer × head) and, with pruning, prune (the loss against the heads removed); none where no

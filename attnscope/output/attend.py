@@ -15,7 +15,7 @@ from typing import Any
 
 from attnscope.output import notebook
 from attnscope.output.documents import document
-from attnscope.output.views import View, fitted, shown_rows, summary, words_field
+from attnscope.output.views import TopView, fitted, shown_rows, summary, words_field
 from attnscope.scores.catalog import counted
 from attnscope.scores.words import CONTINUED_LEGEND, WORDS
 
@@ -48,7 +48,7 @@ def _attend_record(result: Any, layer: int, head: int) -> dict[str, Any]:
     return record
 
 
-class AttendView(View):
+class AttendView(TopView):
     command = "attend"
 
     def document(self, every: bool = False) -> dict:
@@ -94,16 +94,10 @@ class AttendView(View):
             **words,
         )
 
-    def records(self) -> list[dict]:
-        """--csv's rows: the heads, the strongest first (the first --top)."""
-        return attend_records(self.result, ranked=True)
-
-    def full_document(self) -> dict:
-        return self.document(every=True)
-
-    def full_records(self) -> list[dict]:
-        """attend.csv: every head, layer.head order."""
-        return attend_records(self.result)
+    def rows(self, every: bool) -> list[dict]:
+        """--csv's rows: the heads, the strongest first (the first --top); `every` (attend.csv): every head,
+        layer.head order."""
+        return attend_records(self.result, ranked=not every)
 
     def figures(self) -> dict[str, Any]:
         """attend: a layer × head heatmap of the weight on the target, or, without one, of each head's largest

@@ -14,19 +14,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from attnscope.output.figures import (
-    LABEL_SIZE,
-    TITLE_SPACE,
-    add_colour_bar,
-    add_titles,
-    describe_input,
-    labels_that_fit,
-    masked,
-    new_figure,
-    place_axes,
-    thinned_ticks,
-    with_margins,
-)
+from attnscope.output import figures
 from attnscope.scores.words import CONTINUED_LEGEND, WORDS
 
 ATTENTION_CMAP = "Blues"
@@ -51,7 +39,7 @@ def _token_ticks(
     with its position (`40 river`), the first and last kept. Returns whether they were thinned, and how many inches
     the longest label takes."""
     n = len(tokens)
-    ticks = thinned_ticks(n, labels_that_fit(side, fontsize))
+    ticks = figures.thinned_ticks(n, figures.labels_that_fit(side, fontsize))
     thinned = len(ticks) < n
     labels = [f"{i} {_token_label(tokens[i])}" if thinned else _token_label(tokens[i]) for i in ticks]
     axes.set_xticks(ticks)
@@ -86,7 +74,7 @@ def hidden_keys(maps: np.ndarray, causal: bool) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------------------- attention maps
 
-ATTENTION_MARGINS = (1.5, 1.4, TITLE_SPACE, 1.7)  # token labels left and bottom, colour bar right, note below
+ATTENTION_MARGINS = (1.5, 1.4, figures.TITLE_SPACE, 1.7)  # token labels left and bottom, colour bar right, note below
 ATTENTION_FONT = 8.0  # points, token labels of one head's map
 ATTENTION_MAX = 9.0  # inches: a longer text thins its labels rather than the picture growing further
 
@@ -99,7 +87,7 @@ def attention_side(n_tokens: int) -> float:
 def attention_size(n_tokens: int) -> tuple[float, float]:
     """Inches of one head's attention figure."""
     side = attention_side(n_tokens)
-    return with_margins((side, side), ATTENTION_MARGINS)
+    return figures.with_margins((side, side), ATTENTION_MARGINS)
 
 
 def attention_heatmap(
@@ -113,18 +101,18 @@ def attention_heatmap(
     """One head's attention map (n, n): rows = queries, columns = keys, labelled with the tokens (thinned on a long
     text), or with the words of a word map (`unit` "word"); `hidden` (n, n) bool marks the keys a query cannot
     see, drawn grey."""
-    figure = new_figure(attention_size(len(tokens)))
-    axes = place_axes(figure, ATTENTION_MARGINS)
+    figure = figures.new_figure(attention_size(len(tokens)))
+    axes = figures.place_axes(figure, ATTENTION_MARGINS)
     cmap = matplotlib.colormaps[ATTENTION_CMAP].with_extremes(bad=HIDDEN_COLOUR)
-    image = axes.imshow(masked(attention, hidden), cmap=cmap, vmin=0.0, vmax=1.0, interpolation="none")
+    image = axes.imshow(figures.masked(attention, hidden), cmap=cmap, vmin=0.0, vmax=1.0, interpolation="none")
     thinned, _ = _token_ticks(axes, tokens, attention_side(len(tokens)), ATTENTION_FONT)
-    add_colour_bar(figure, axes, image, ATTENTION_LABEL)
+    figures.add_colour_bar(figure, axes, image, ATTENTION_LABEL)
     where = f"position and {unit}" if thinned else unit
-    axes.set_xlabel(f"key: attended to ({where})", fontsize=LABEL_SIZE)
-    axes.set_ylabel(f"query: attending ({where})", fontsize=LABEL_SIZE)
+    axes.set_xlabel(f"key: attended to ({where})", fontsize=figures.LABEL_SIZE)
+    axes.set_ylabel(f"query: attending ({where})", fontsize=figures.LABEL_SIZE)
     if hidden is not None and hidden.any():
         _hidden_legend(figure)
-    add_titles(figure, title, subtitle)
+    figures.add_titles(figure, title, subtitle)
     return figure
 
 
@@ -149,7 +137,7 @@ def layer_grid_size(n_head: int, n_tokens: int) -> tuple[float, float]:
     rows, columns = layer_grid_shape(n_head)
     panel = layer_grid_panel(n_tokens)
     width = GRID_LABEL_SPACE + columns * panel + (columns - 1) * GRID_GAP[0] + GRID_RIGHT
-    height = TITLE_SPACE + GRID_GAP[1] + rows * panel + (rows - 1) * GRID_GAP[1] + GRID_BOTTOM
+    height = figures.TITLE_SPACE + GRID_GAP[1] + rows * panel + (rows - 1) * GRID_GAP[1] + GRID_BOTTOM
     return (width, height)
 
 
@@ -168,16 +156,16 @@ def layer_grid(
     n_head, n = maps.shape[0], len(tokens)
     rows, columns = layer_grid_shape(n_head)
     panel = layer_grid_panel(n)
-    figure = new_figure(layer_grid_size(n_head, n))
+    figure = figures.new_figure(layer_grid_size(n_head, n))
     width, height = figure.get_size_inches()
     cmap = matplotlib.colormaps[ATTENTION_CMAP].with_extremes(bad=HIDDEN_COLOUR)
     image, thinned, label_inches, panels = None, False, 0.0, []
     for index in range(n_head):
         row, column = divmod(index, columns)
         left = GRID_LABEL_SPACE + column * (panel + GRID_GAP[0])
-        bottom = height - TITLE_SPACE - GRID_GAP[1] - (row + 1) * panel - row * GRID_GAP[1]
+        bottom = height - figures.TITLE_SPACE - GRID_GAP[1] - (row + 1) * panel - row * GRID_GAP[1]
         axes = figure.add_axes((left / width, bottom / height, panel / width, panel / height))
-        image = axes.imshow(masked(maps[index], hidden), cmap=cmap, vmin=0.0, vmax=1.0, interpolation="none")
+        image = axes.imshow(figures.masked(maps[index], hidden), cmap=cmap, vmin=0.0, vmax=1.0, interpolation="none")
         lowest = index + columns >= n_head  # nothing below it in its column
         thinned, label_inches = _token_ticks(axes, tokens, panel, GRID_FONT, x=lowest, y=column == 0)
         axes.set_title(panel_titles[index] if panel_titles else f"head {index}", fontsize=9, pad=3)
@@ -186,7 +174,7 @@ def layer_grid(
     top, low = panels[0].get_position(), panels[-1].get_position()
     bar = figure.add_axes((right_column.get_position().x1 + 0.15 / width, low.y0, 0.18 / width, top.y1 - low.y0))
     colour_bar = figure.colorbar(image, cax=bar)
-    colour_bar.set_label(ATTENTION_LABEL, fontsize=LABEL_SIZE)
+    colour_bar.set_label(ATTENTION_LABEL, fontsize=figures.LABEL_SIZE)
     colour_bar.ax.tick_params(labelsize=8)
     where = f"position and {unit}" if thinned else unit
     away = label_inches + 0.12  # inches from the panels to the axis titles: past the token labels
@@ -196,7 +184,7 @@ def layer_grid(
         f"key: attended to ({where})",
         ha="center",
         va="top",
-        fontsize=LABEL_SIZE,
+        fontsize=figures.LABEL_SIZE,
     )
     figure.text(
         max(0.05, GRID_LABEL_SPACE - away) / width,
@@ -205,11 +193,11 @@ def layer_grid(
         ha="right",
         va="center",
         rotation=90,
-        fontsize=LABEL_SIZE,
+        fontsize=figures.LABEL_SIZE,
     )
     if hidden is not None and hidden.any():
         _hidden_legend(figure)
-    add_titles(figure, title, subtitle)
+    figures.add_titles(figure, title, subtitle)
     return figure
 
 
@@ -224,7 +212,7 @@ def map_view(model: dict, attention: Any) -> tuple[np.ndarray, list[str], np.nda
     maps, labels = attention.shown()  # (H, K, K)
     maps = np.asarray(maps, dtype=np.float32)
     hidden = hidden_keys(maps, model.get("kind") == "decoder")
-    subtitle = describe_input(model, text_index=attention.text_index, n_tokens=len(attention.tokens))
+    subtitle = figures.describe_input(model, text_index=attention.text_index, n_tokens=len(attention.tokens))
     if attention.view == WORDS:
         subtitle += f", by word ({len(labels)}): to a word, the sum over its tokens; from a word, their mean"
     elif attention.labels.continued:

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from attnscope.output import notebook
-from attnscope.output.documents import document
-from attnscope.output.views import View, fitted, inputs_read, model_shape, shown_rows, summary
+from attnscope.output.documents import result_document
+from attnscope.output.views import TopView, fitted, inputs_read, model_shape, shown_rows, summary
 from attnscope.scores.catalog import FRACTION, NATS, SCORE, SIGNED, counted
 
 EDGE_MIN = 0.05  # |change| of a score (its own units: most are fractions of attention) for an edge of the graph
@@ -26,7 +26,7 @@ TERMINAL_HEADS = 24  # explained heads given a table in the terminal; the rest a
 SHOWN = 10  # dependencies per explained head the terminal and a notebook list without --top
 
 
-class CircuitView(View):
+class CircuitView(TopView):
     command = "circuit"
     columns = ("label", "on", "score", "with", "without", "change")
 
@@ -34,12 +34,9 @@ class CircuitView(View):
         """The explained heads' dependencies (each head's --top largest by |change|, or all; by change, most
         negative first), the composition of every earlier head into them, and one record per head."""
         result = self.result
-        return document(
+        return result_document(
             "circuit",
-            result.model,
-            result.inputs,
-            result.settings,
-            result.notes,
+            result,
             estimate=result.estimate,
             dependencies=result.dependencies(None if every else result.top),
             composition=result.composition_records(),
@@ -47,16 +44,10 @@ class CircuitView(View):
             heads=result.heads,
         )
 
-    def records(self) -> list[dict]:
-        """--csv's rows: each explained head's dependencies (B, A earlier), by change (its --top largest, or all)."""
-        return self.result.dependencies(self.result.top)
-
-    def full_document(self) -> dict:
-        return self.document(every=True)
-
-    def full_records(self) -> list[dict]:
-        """circuit.csv: every dependency."""
-        return self.result.dependencies()
+    def rows(self, every: bool) -> list[dict]:
+        """--csv's rows: each explained head's dependencies (B, A earlier), by change (its --top largest, or all);
+        `every` (circuit.csv): every dependency."""
+        return self.result.dependencies(None if every else self.result.top)
 
     # ---------------------------------------------------------------------------------------------- figures
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from attnscope.output import notebook
 from attnscope.output.compare_figures import divergence_matrix, divergence_text
-from attnscope.output.documents import document
+from attnscope.output.documents import result_document
 from attnscope.output.views import View, fitted, inputs_read, model_shape, shown_rows, summary
 from attnscope.scores.catalog import ROLES, SCORE, SINK_EPSILON, counted
 
@@ -116,12 +116,9 @@ class CompareView(View):
 
     def document(self) -> dict:
         result = self.result
-        return document(
+        return result_document(
             "compare",
-            result.model,
-            result.inputs,
-            result.settings,
-            result.notes,
+            result,
             models=list(result.labels),
             loss=list(result.losses) if result.losses else None,
             sink_rate=sink_rates_record(result),

@@ -13,7 +13,7 @@ from typing import ClassVar
 from attnscope import options
 from attnscope.errors import AttnscopeError
 from attnscope.output.files import Pictures
-from attnscope.settings import Declared, setting
+from attnscope.settings import Declared, optional_setting, setting
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,9 +26,8 @@ class Output(Declared):
         options.FLAG, False, "Print JSON (schema_version 1) to stdout instead of tables.", negatable=False
     )
     csv: bool = setting(options.FLAG, False, "Print the rows as CSV to stdout instead of tables.", negatable=False)
-    out: Path | None = setting(
-        options.FOLDER.or_none(),
-        None,
+    out: Path | None = optional_setting(
+        options.FOLDER,
         "Write the command's files (JSON, CSV, pictures) here.",
         flags=("--out", "-o"),
         metavar="DIR",

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from attnscope.output import notebook
-from attnscope.output.documents import document
-from attnscope.output.views import View, fitted, model_shape, shown_rows, summary
+from attnscope.output.documents import result_document
+from attnscope.output.views import TopView, fitted, model_shape, shown_rows, summary
 from attnscope.scores.catalog import counted
 
 SHOWN = 20  # edges the terminal and a notebook list without --top
@@ -115,7 +115,7 @@ def nodes_line(result: Any) -> str:
     return "nodes: " + ", ".join(nodes[:NODES_SHOWN]) + more
 
 
-class DiscoverView(View):
+class DiscoverView(TopView):
     command = "discover"
     columns = ("rank", "from", "to", "input", "score", "in_circuit")
 
@@ -125,12 +125,9 @@ class DiscoverView(View):
         result = self.result
         graph = result.graph
         top = None if every else result.settings["top"]
-        return document(
+        return result_document(
             "discover",
-            result.model,
-            result.inputs,
-            result.settings,
-            result.notes,
+            result,
             metric=METRIC,
             score=SCORE,
             method=result.settings["method"],
@@ -160,7 +157,7 @@ class DiscoverView(View):
             },
         )
 
-    def records(self, every: bool = False) -> list[dict]:
+    def rows(self, every: bool) -> list[dict]:
         """--csv's rows: the edges by rank (the first --top, or all), each with whether the circuit holds it."""
         result = self.result
         inside = {int(index) for index in result.circuit["edges"]}
@@ -173,12 +170,6 @@ class DiscoverView(View):
             for index, row in zip(result.ranked().tolist(), edge_records(result), strict=True)
         ]
         return rows if every else rows[: result.settings["top"]]
-
-    def full_document(self) -> dict:
-        return self.document(every=True)
-
-    def full_records(self) -> list[dict]:
-        return self.records(every=True)
 
     def figures(self) -> dict[str, Any]:
         """circuit (the graph of the circuit's edges) and faithfulness (f against the budget, both rankings)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.output import notebook
-from attnscope.output.documents import document, to_csv, to_json
+from attnscope.output.documents import result_document, to_csv, to_json
 from attnscope.output.views import View, fitted, inputs_read, shown_rows, summary
 
 SHOWN = 5  # the most redundant and the most distinct pairs the terminal and a notebook list without --top
@@ -24,12 +24,9 @@ def diversity_document(result: Any, every: bool = False) -> dict:
     """The `diversity` JSON: layer scores, ranked pairs (the first --top of each list, or `every` pair), groups,
     clusters and the full matrices."""
     k = len(result.labels) ** 2 if every else None
-    return document(
+    return result_document(
         "diversity",
-        result.model,
-        result.inputs,
-        result.settings,
-        result.notes,
+        result,
         layer_scores={str(layer): score for layer, score in result.layer_scores.items()},
         most_redundant=result.ranked_pairs(most_similar=True, k=k),
         most_distinct=result.ranked_pairs(most_similar=False, k=k),

@@ -49,6 +49,11 @@ def document(command: str, model: dict, inputs: dict, settings: dict, notes: Seq
     )
 
 
+def result_document(command: str, result: Any, **body: Any) -> dict:
+    """`document` of a result that holds its `model`, `inputs`, `settings` and `notes` (most commands' do)."""
+    return document(command, result.model, result.inputs, result.settings, result.notes, **body)
+
+
 def to_json(doc: dict) -> str:
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 

@@ -13,28 +13,10 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from attnscope.output.figures import (
-    DIVERGING_SCALE,
-    LABEL_SIZE,
-    MISSING_COLOUR,
-    ROLE_COLOURS,
-    SEQUENTIAL_SCALE,
-    TITLE_SPACE,
-    add_colour_bar,
-    add_titles,
-    colour_map,
-    colour_norm,
-    ink,
-    labels_that_fit,
-    masked,
-    new_figure,
-    place_axes,
-    thinned_ticks,
-    with_margins,
-)
+from attnscope.output import figures
 from attnscope.scores.catalog import ROLE, ROLE_NAMES
 
-GRID_MARGINS = (0.9, 2.2, TITLE_SPACE, 0.7)  # the right margin holds the role legend or the colour bar
+GRID_MARGINS = (0.9, 2.2, figures.TITLE_SPACE, 0.7)  # the right margin holds the role legend or the colour bar
 GRID_MAX = (12.0, 12.0)  # inches of a layer × head grid at most: a large model's cells shrink instead
 
 
@@ -47,20 +29,20 @@ def grid_cell(n_layer: int, n_head: int) -> tuple[float, float]:
 def grid_size(n_layer: int, n_head: int) -> tuple[float, float]:
     """Inches of a layer × head figure (role map, score heatmaps)."""
     width, height = grid_cell(n_layer, n_head)
-    return with_margins((width * n_head, height * n_layer + 0.3), GRID_MARGINS)
+    return figures.with_margins((width * n_head, height * n_layer + 0.3), GRID_MARGINS)
 
 
 def _grid_axes(figure: Figure, axes, n_layer: int, n_head: int) -> None:
     """Ticks and titles of a layer × head grid: every layer and head labelled while they fit, else every k-th."""
     width, height = axes.get_position().width, axes.get_position().height
     inches = figure.get_size_inches()
-    heads = thinned_ticks(n_head, labels_that_fit(width * inches[0], 7))
-    layers = thinned_ticks(n_layer, labels_that_fit(height * inches[1], 7))
+    heads = figures.thinned_ticks(n_head, figures.labels_that_fit(width * inches[0], 7))
+    layers = figures.thinned_ticks(n_layer, figures.labels_that_fit(height * inches[1], 7))
     axes.set_xticks(heads)
     axes.set_yticks(layers)
     axes.tick_params(labelsize=7)
-    axes.set_xlabel("head", fontsize=LABEL_SIZE)
-    axes.set_ylabel("layer", fontsize=LABEL_SIZE)
+    axes.set_xlabel("head", fontsize=figures.LABEL_SIZE)
+    axes.set_ylabel("layer", fontsize=figures.LABEL_SIZE)
 
 
 def role_map(roles: Sequence[Sequence[str]], scores: Sequence[Sequence[str]], title: str, subtitle: str = "") -> Figure:
@@ -68,9 +50,9 @@ def role_map(roles: Sequence[Sequence[str]], scores: Sequence[Sequence[str]], ti
     score, as text); the legend lists the roles drawn, in the catalog's order."""
     n_layer, n_head = len(roles), len(roles[0])
     codes = np.array([[ROLE_NAMES.index(role) for role in row] for row in roles])  # (L, H)
-    figure = new_figure(grid_size(n_layer, n_head))
-    axes = place_axes(figure, GRID_MARGINS)
-    colours = ListedColormap([ROLE_COLOURS[role] for role in ROLE_NAMES])
+    figure = figures.new_figure(grid_size(n_layer, n_head))
+    axes = figures.place_axes(figure, GRID_MARGINS)
+    colours = ListedColormap([figures.ROLE_COLOURS[role] for role in ROLE_NAMES])
     axes.imshow(codes, cmap=colours, vmin=-0.5, vmax=len(ROLE_NAMES) - 0.5, aspect="auto", interpolation="none")
     fontsize = 6.5 if n_head <= 12 else 5  # `Hnorm 0.72` fits a 0.6 in cell
     if n_head <= 24 and n_layer <= 26:  # beyond, a cell is too small for its three lines
@@ -80,9 +62,9 @@ def role_map(roles: Sequence[Sequence[str]], scores: Sequence[Sequence[str]], ti
                 text = f"{layer}.{head}\n{ROLE[role].short}\n{scores[layer][head]}"
                 axes.text(head, layer, text, ha="center", va="center", fontsize=fontsize, color=ROLE[role].ink)
     _grid_axes(figure, axes, n_layer, n_head)
-    add_titles(figure, title, subtitle)
+    figures.add_titles(figure, title, subtitle)
     present = {role for row in roles for role in row}
-    handles = [Patch(color=ROLE_COLOURS[role], label=role) for role in ROLE_NAMES if role in present]
+    handles = [Patch(color=figures.ROLE_COLOURS[role], label=role) for role in ROLE_NAMES if role in present]
     axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
     return figure
 
@@ -104,12 +86,13 @@ def score_heatmap(
     `vmax`); colours from the scale `scale` of output.scales (default: the sequential or the diverging one). Cells
     without a value (NaN) are light grey."""
     n_layer, n_head = matrix.shape
-    figure = new_figure(grid_size(n_layer, n_head))
-    axes = place_axes(figure, GRID_MARGINS)
-    norm = colour_norm(matrix, vmin, vmax, signed)
-    cmap = colour_map(scale or (DIVERGING_SCALE if signed else SEQUENTIAL_SCALE)).with_extremes(bad=MISSING_COLOUR)
-    image = axes.imshow(masked(matrix, None), cmap=cmap, norm=norm, aspect="auto", interpolation="none")
-    add_colour_bar(figure, axes, image, colour_label)
+    figure = figures.new_figure(grid_size(n_layer, n_head))
+    axes = figures.place_axes(figure, GRID_MARGINS)
+    norm = figures.colour_norm(matrix, vmin, vmax, signed)
+    scale = scale or (figures.DIVERGING_SCALE if signed else figures.SEQUENTIAL_SCALE)
+    cmap = figures.colour_map(scale).with_extremes(bad=figures.MISSING_COLOUR)
+    image = axes.imshow(figures.masked(matrix, None), cmap=cmap, norm=norm, aspect="auto", interpolation="none")
+    figures.add_colour_bar(figure, axes, image, colour_label)
     if n_layer <= 16 and n_head <= 16:
         for layer in range(n_layer):
             for head in range(n_head):
@@ -117,8 +100,8 @@ def score_heatmap(
                 missing = not np.isfinite(value)
                 shown = "n/a" if missing else f"{value:.2f}".replace("-0.00", "0.00")  # no -0.00 for a tiny loss
                 text = shown if cell_text is None else cell_text[layer][head]
-                colour = "black" if missing else ink(cmap(norm(value)))
+                colour = "black" if missing else figures.ink(cmap(norm(value)))
                 axes.text(head, layer, text, ha="center", va="center", fontsize=7, color=colour)
     _grid_axes(figure, axes, n_layer, n_head)
-    add_titles(figure, title, subtitle)
+    figures.add_titles(figure, title, subtitle)
     return figure

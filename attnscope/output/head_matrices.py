@@ -12,26 +12,9 @@ import numpy as np
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
-from attnscope.output.figures import (
-    LABEL_SIZE,
-    MISSING_COLOUR,
-    SEQUENTIAL_SCALE,
-    TICK_MIN,
-    TITLE_SPACE,
-    add_colour_bar,
-    add_titles,
-    colour_map,
-    colour_norm,
-    ink,
-    labels_that_fit,
-    masked,
-    new_figure,
-    place_axes,
-    thinned_ticks,
-    with_margins,
-)
+from attnscope.output import figures
 
-MATRIX_MARGINS = (1.0, 1.5, TITLE_SPACE, 1.0)  # the right margin holds the colour bar and its label
+MATRIX_MARGINS = (1.0, 1.5, figures.TITLE_SPACE, 1.0)  # the right margin holds the colour bar and its label
 DENDROGRAM_HEIGHT = 1.0  # inches above the matrix, when it is drawn in clustered order
 DENDROGRAM_GAP = 0.16  # inches between the dendrogram and the matrix
 LABEL_PITCH = 0.13  # inches per head that give each head its own label of TICK_MIN (7 pt)
@@ -57,7 +40,7 @@ def head_matrix(
     subtitle: str = "",
     vmin: float = 0.0,
     vmax: float = 1.0,
-    scale: str = SEQUENTIAL_SCALE,
+    scale: str = figures.SEQUENTIAL_SCALE,
     linkage: np.ndarray | None = None,
     cut: float | None = None,
     linkage_label: str = "",
@@ -69,29 +52,29 @@ def head_matrix(
     n, side = len(labels), matrix_side(len(labels))
     clustered = linkage is not None and len(linkage) > 0
     margins = matrix_margins(clustered)
-    figure = new_figure(with_margins((side, side), margins))
-    axes = place_axes(figure, margins)  # a square the size of the matrix: imshow fills it exactly
-    colours = colour_map(scale)
+    figure = figures.new_figure(figures.with_margins((side, side), margins))
+    axes = figures.place_axes(figure, margins)  # a square the size of the matrix: imshow fills it exactly
+    colours = figures.colour_map(scale)
     image = axes.imshow(matrix, cmap=colours, vmin=vmin, vmax=vmax, interpolation="none")
-    add_colour_bar(figure, axes, image, colour_label)
+    figures.add_colour_bar(figure, axes, image, colour_label)
     fitting = 0.75 * side * 72 / n  # points: the largest font whose labels do not overlap
-    fontsize = max(TICK_MIN, min(8.0, fitting))
+    fontsize = max(figures.TICK_MIN, min(8.0, fitting))
     step = int(np.ceil(fontsize / fitting))  # 1 up to MATRIX_MAX / LABEL_PITCH heads
     axes.set_xticks(range(0, n, step))
     axes.set_yticks(range(0, n, step))
     axes.set_xticklabels(labels[::step], rotation=90, fontsize=fontsize)
     axes.set_yticklabels(labels[::step], fontsize=fontsize)
-    axes.set_xlabel("head (layer.head)", fontsize=LABEL_SIZE)
-    axes.set_ylabel("head (layer.head)", fontsize=LABEL_SIZE)
+    axes.set_xlabel("head (layer.head)", fontsize=figures.LABEL_SIZE)
+    axes.set_ylabel("head (layer.head)", fontsize=figures.LABEL_SIZE)
     if n <= 16:
         norm = Normalize(vmin, vmax)
         for i in range(n):
             for j in range(n):
-                colour = ink(colours(norm(matrix[i, j])))
+                colour = figures.ink(colours(norm(matrix[i, j])))
                 axes.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=6, color=colour)
     if clustered:
         _dendrogram(figure, axes, linkage, n, cut, linkage_label)
-    add_titles(figure, title, subtitle)
+    figures.add_titles(figure, title, subtitle)
     return figure
 
 
@@ -118,7 +101,7 @@ def _dendrogram(figure: Figure, matrix_axes, linkage: np.ndarray, n: int, cut: f
 
 # -------------------------------------------------------------------------------------------------- heads against heads
 
-PAIR_MARGINS = (1.0, 1.4, TITLE_SPACE, 1.0)  # labels left and below, the colour bar right
+PAIR_MARGINS = (1.0, 1.4, figures.TITLE_SPACE, 1.0)  # labels left and below, the colour bar right
 PAIR_MAX = 9.0  # inches of a side at most: a large model's cells shrink and its labels thin
 
 
@@ -133,7 +116,7 @@ def pair_matrix(
     title: str,
     colour_label: str,
     subtitle: str = "",
-    scale: str = SEQUENTIAL_SCALE,
+    scale: str = figures.SEQUENTIAL_SCALE,
     signed: bool = False,
     vmin: float | None = 0.0,
     vmax: float | None = None,
@@ -153,28 +136,30 @@ def pair_matrix(
     a readable pitch on a large one."""
     n_rows, n_columns = matrix.shape
     cell = min(0.45, PAIR_MAX / max(n_rows, n_columns, 1))
-    figure = new_figure(with_margins((max(cell * n_columns, 2.6), max(cell * n_rows, 1.2)), PAIR_MARGINS))
-    axes = place_axes(figure, PAIR_MARGINS)
+    figure = figures.new_figure(
+        figures.with_margins((max(cell * n_columns, 2.6), max(cell * n_rows, 1.2)), PAIR_MARGINS)
+    )
+    axes = figures.place_axes(figure, PAIR_MARGINS)
     if centre is not None:
         half = half_width or float(np.nanmax(np.abs(matrix - centre))) or 1.0
         norm = Normalize(centre - half, centre + half)
     else:
-        norm = colour_norm(matrix, vmin, vmax, signed)
+        norm = figures.colour_norm(matrix, vmin, vmax, signed)
     digits = digits if digits is not None else 3 if centre is not None else 2
-    cmap = colour_map(scale).with_extremes(bad=MISSING_COLOUR)
-    image = axes.imshow(masked(matrix, None), cmap=cmap, norm=norm, aspect="auto", interpolation="none")
-    colour_bar = add_colour_bar(figure, axes, image, colour_label)
+    cmap = figures.colour_map(scale).with_extremes(bad=figures.MISSING_COLOUR)
+    image = axes.imshow(figures.masked(matrix, None), cmap=cmap, norm=norm, aspect="auto", interpolation="none")
+    colour_bar = figures.add_colour_bar(figure, axes, image, colour_label)
     if centre is not None:
         colour_bar.ax.axhline(centre, color="black", linewidth=0.8)
     if band is not None:
         colour_bar.ax.axhspan(*band, facecolor="none", edgecolor="#333333", hatch="////", linewidth=0.5)
     _head_ticks(figure, axes, rows, columns)
     _layer_lines(axes, rows, columns)
-    axes.set_xlabel(column_title, fontsize=LABEL_SIZE)
-    axes.set_ylabel(row_title, fontsize=LABEL_SIZE)
+    axes.set_xlabel(column_title, fontsize=figures.LABEL_SIZE)
+    axes.set_ylabel(row_title, fontsize=figures.LABEL_SIZE)
     if n_rows <= 16 and n_columns <= 16:
         _write_values(axes, matrix, cmap, norm, digits)
-    add_titles(figure, title, subtitle)
+    figures.add_titles(figure, title, subtitle)
     return figure
 
 
@@ -187,8 +172,8 @@ def _head_ticks(figure: Figure, axes, rows: Sequence[str], columns: Sequence[str
         (len(columns), columns, axes.set_xticks, axes.set_xticklabels, box.width * inches[0]),
         (len(rows), rows, axes.set_yticks, axes.set_yticklabels, box.height * inches[1]),
     ):
-        fontsize = max(TICK_MIN, min(8.0, 0.75 * length * 72 / max(count, 1)))
-        ticks = thinned_ticks(count, labels_that_fit(length, fontsize))
+        fontsize = max(figures.TICK_MIN, min(8.0, 0.75 * length * 72 / max(count, 1)))
+        ticks = figures.thinned_ticks(count, figures.labels_that_fit(length, fontsize))
         set_ticks(ticks)
         set_labels([labels[k] for k in ticks], fontsize=fontsize)
     for label in axes.get_xticklabels():
@@ -220,5 +205,5 @@ def _write_values(axes, matrix: np.ndarray, cmap, norm: Normalize, digits: int) 
                     ha="center",
                     va="center",
                     fontsize=6.5 if digits <= 2 else 6.0,
-                    color=ink(cmap(norm(value))),
+                    color=figures.ink(cmap(norm(value))),
                 )

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.output import notebook
-from attnscope.output.documents import document
-from attnscope.output.views import View, fitted, model_shape, shown_rows, summary
+from attnscope.output.documents import result_document
+from attnscope.output.views import TopView, fitted, model_shape, shown_rows, summary
 from attnscope.scores.catalog import counted
 
 SHOWN = 10  # the heads that restore the most, listed on the terminal and in a notebook without --top
@@ -64,19 +64,16 @@ def baselines(result: Any, brief: bool = False) -> str:
     )
 
 
-class PatchView(View):
+class PatchView(TopView):
     command = "patch"
 
     def document(self, every: bool = False) -> dict:
         """The metric, the baseline logit differences (means over pairs), every pair, and the heads (the first
         --top, or all), the largest restored share first."""
         result = self.result
-        return document(
+        return result_document(
             "patch",
-            result.model,
-            result.inputs,
-            result.settings,
-            result.notes,
+            result,
             metric=METRIC,
             combined=COMBINED,
             clean_logit_diff=result.clean_logit_diff,
@@ -85,15 +82,9 @@ class PatchView(View):
             heads=patch_records(result, every),
         )
 
-    def records(self) -> list[dict]:
-        """--csv's rows: the heads, the largest restored share first (the first --top)."""
-        return patch_records(self.result)
-
-    def full_document(self) -> dict:
-        return self.document(every=True)
-
-    def full_records(self) -> list[dict]:
-        return patch_records(self.result, every=True)
+    def rows(self, every: bool) -> list[dict]:
+        """--csv's rows: the heads, the largest restored share first (the first --top, or all)."""
+        return patch_records(self.result, every=every)
 
     def figures(self) -> dict[str, Any]:
         """restored and removed: layer × head grids of the shares."""

@@ -46,6 +46,13 @@
     return node;
   }
   function clear(node) { while (node.firstChild) { node.removeChild(node.firstChild); } return node; }
+  // A view's labels of the query `row` and of the key `column` marked hot, and the two kept on its node (null: none).
+  function markHot(node, rowLabels, columnLabels, row, column) {
+    rowLabels.forEach(function (span, i) { span.classList.toggle("hot", i === row); });
+    columnLabels.forEach(function (span, j) { span.classList.toggle("hot", j === column); });
+    node.dataset.row = row === null || row === undefined ? "" : String(row);
+    node.dataset.column = column === null || column === undefined ? "" : String(column);
+  }
   function fixed(value, digits) { return value === null || value === undefined || isNaN(value) ? "-" : value.toFixed(digits); }
   function bytesOf(text) {
     var raw = atob(text), bytes = new Uint8Array(raw.length);
@@ -218,10 +225,7 @@
         draw.strokeStyle = "#d00";
         draw.strokeRect(column * cell + 0.5, row * cell + 0.5, Math.max(cell - 1, 1), Math.max(cell - 1, 1));
       }
-      rows.forEach(function (span, i) { span.classList.toggle("hot", i === row); });
-      cols.forEach(function (span, j) { span.classList.toggle("hot", j === column); });
-      node.dataset.row = row === null || row === undefined ? "" : String(row);
-      node.dataset.column = column === null || column === undefined ? "" : String(column);
+      markHot(node, rows, cols, row, column);
     }
     highlight(null, null);
     return { node: node, highlight: highlight, canvas: canvas };
@@ -297,10 +301,7 @@
         }
       });
       draw.globalAlpha = 1;
-      lefts.forEach(function (span, i) { span.classList.toggle("hot", i === row); });
-      rights.forEach(function (span, j) { span.classList.toggle("hot", j === column); });
-      node.dataset.row = row === null || row === undefined ? "" : String(row);
-      node.dataset.column = column === null || column === undefined ? "" : String(column);
+      markHot(node, lefts, rights, row, column);
     }
     highlight(null, null);
     return { node: node, highlight: highlight, canvas: canvas };

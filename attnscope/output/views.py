@@ -128,6 +128,27 @@ SUMMARY_WIDTH = 100  # columns of a summary's line at most
 INDENT = "  "  # before each line of a summary after the first
 
 
+class TopView(View):
+    """A view whose ranked lists --top cuts (`shown_rows`): --json and --csv hold their first --top rows, the files
+    of --out every row. `document(every)` and `rows(every)` give both; a room that --top cuts defines those two."""
+
+    def document(self, every: bool = False) -> dict:
+        raise NotImplementedError
+
+    def rows(self, every: bool) -> list[dict]:
+        """The CSV's rows: as --top cuts them, or (`every`) all of them."""
+        raise NotImplementedError
+
+    def records(self) -> list[dict]:
+        return self.rows(every=False)
+
+    def full_document(self) -> dict:
+        return self.document(every=True)
+
+    def full_records(self) -> list[dict]:
+        return self.rows(every=True)
+
+
 def clipped(line: str, width: int = SUMMARY_WIDTH) -> str:
     """`line` cut to `width` columns, ending in `…` where cut."""
     return line if len(line) <= width else line[: width - 1].rstrip() + "…"

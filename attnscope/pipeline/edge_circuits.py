@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from attnscope.models.weights import at_least_float32
+from attnscope.models.norms import at_least_float32
 from attnscope.pipeline.edges import LayerHooks, Layout, NodeRecord, Projection
 from attnscope.pipeline.interventions import RestoredForward
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from attnscope.models.weights import at_least_float32
+from attnscope.models.norms import at_least_float32
 from attnscope.pipeline.edges import Differences, LayerHooks, Layout, Projection
 
 if TYPE_CHECKING:

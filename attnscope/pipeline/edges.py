@@ -55,13 +55,11 @@ from typing import TYPE_CHECKING, Any
 from attnscope.errors import AttnscopeError
 from attnscope.models.families import module_at
 from attnscope.models.graph import Graph
+from attnscope.models.norms import Norm, at_least_float32, read_norm
 from attnscope.models.weights import (
-    Norm,
-    at_least_float32,
     out_in,
     output_norms,
     projection_groups,
-    read_norm,
     reading_norms,
     residual_multiplier,
     weight_paths,

@@ -31,7 +31,7 @@ from typing import Any
 
 from attnscope.errors import AttnscopeError
 from attnscope.pipeline.inputs import sample_texts
-from attnscope.pipeline.probe import ordinary_token_ids
+from attnscope.pipeline.probe import check_probe, ordinary_token_ids
 from attnscope.pipeline.tokens import Batch, Window, batches
 
 NEEDLE_LEN = 16  # needle tokens: 3 depths × 16 = 48 scored rows, so no score equals the threshold 0.1 (4.8 rows)
@@ -103,17 +103,9 @@ def needle_windows(tokenizer: Any, haystack_len: int, n_ctx: int, seed: int = 0)
     import numpy as np
 
     prefix = (tokenizer.bos_token_id,) if tokenizer.bos_token_id is not None else ()
-    if haystack_len < MIN_HAYSTACK_LEN:
-        raise AttnscopeError(f"haystack length {haystack_len}: must be at least {MIN_HAYSTACK_LEN}")
     length = window_length(haystack_len, bool(prefix))
-    if length > n_ctx:
-        bos = "BOS + " if prefix else ""
-        raise AttnscopeError(
-            f"haystack length {haystack_len}: {bos}the haystack + twice a cue and a needle of {NEEDLE_LEN} tokens "
-            f"({length} tokens) must fit the model's context of {n_ctx} tokens"
-        )
-    if seed < 0:
-        raise AttnscopeError(f"probe seed {seed}: must be 0 or more")
+    what = f"the haystack + twice a cue and a needle of {NEEDLE_LEN} tokens"
+    check_probe("haystack length", haystack_len, MIN_HAYSTACK_LEN, what, length, bool(prefix), n_ctx, seed)
     haystack = haystack_ids(tokenizer, haystack_len)
     present = set(haystack) | set(prefix)
     candidates = [token for token in ordinary_token_ids(tokenizer) if token not in present]

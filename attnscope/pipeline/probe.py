@@ -25,6 +25,21 @@ def ordinary_token_ids(tokenizer: Any) -> list[int]:
     return [token_id for token_id, token in enumerate(vocabulary) if token and ORDINARY_TOKEN.match(token)]
 
 
+def check_probe(name: str, size: int, minimum: int, what: str, length: int, bos: bool, n_ctx: int, seed: int) -> None:
+    """A probe's settings, checked in this order: its `size` (`name`: "probe period", "haystack length") at least
+    `minimum`, its window of `length` tokens (BOS, when `bos`, and `what`) within the model's context of `n_ctx`,
+    and its seed 0 or more."""
+    if size < minimum:
+        raise AttnscopeError(f"{name} {size}: must be at least {minimum}")
+    if length > n_ctx:
+        raise AttnscopeError(
+            f"{name} {size}: {'BOS + ' if bos else ''}{what} ({length} tokens) must fit the model's context of "
+            f"{n_ctx} tokens"
+        )
+    if seed < 0:
+        raise AttnscopeError(f"probe seed {seed}: must be 0 or more")
+
+
 def probe_windows(tokenizer: Any, period: int, n_ctx: int, seed: int = 0, count: int = PROBE_SEQUENCES) -> list[Window]:
     """`count` windows of BOS (when the model has one), T = `period` distinct random ordinary tokens, the same T again.
 
@@ -33,16 +48,8 @@ def probe_windows(tokenizer: Any, period: int, n_ctx: int, seed: int = 0, count:
     import numpy as np
 
     prefix = (tokenizer.bos_token_id,) if tokenizer.bos_token_id is not None else ()
-    if period < MIN_PROBE_LEN:
-        raise AttnscopeError(f"probe period {period}: must be at least {MIN_PROBE_LEN}")
-    if len(prefix) + 2 * period > n_ctx:
-        bos = "BOS + " if prefix else ""
-        raise AttnscopeError(
-            f"probe period {period}: {bos}twice the period ({len(prefix) + 2 * period} tokens) must fit the model's "
-            f"context of {n_ctx} tokens"
-        )
-    if seed < 0:
-        raise AttnscopeError(f"probe seed {seed}: must be 0 or more")
+    length = len(prefix) + 2 * period
+    check_probe("probe period", period, MIN_PROBE_LEN, "twice the period", length, bool(prefix), n_ctx, seed)
     candidates = ordinary_token_ids(tokenizer)
     if len(candidates) < period:
         raise AttnscopeError(f"probe period {period}: the vocabulary has only {len(candidates)} ordinary word tokens")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from attnscope import options
 from attnscope.errors import AttnscopeError
 from attnscope.pipeline.inputs import json_line, valid_text
-from attnscope.pipeline.tokens import written_special_ids
+from attnscope.pipeline.tokens import special_tokens, written_special_ids
 from attnscope.scores.catalog import counted
 
 if TYPE_CHECKING:
@@ -49,6 +49,13 @@ def given_pair(clean: str, corrupt: str, answer: str, wrong: str) -> list[Prompt
     where = "the pair given"
     values = (clean, corrupt, answer, wrong)
     return [PromptPair(*(valid_text(value, name) for name, value in zip(FIELDS, values, strict=True)), where)]
+
+
+def pairs_given(file: str | None, clean: str, corrupt: str, answer: str, wrong: str) -> list[PromptPair]:
+    """A command's pairs: those of `file`, or else the one of clean, corrupt, answer and wrong."""
+    if file is not None:
+        return read_pairs(file)
+    return given_pair(clean, corrupt, answer, wrong)
 
 
 def read_pairs(file: str) -> list[PromptPair]:
@@ -199,6 +206,14 @@ def tokenized(loaded: LoadedModel, pair: PromptPair, prefix: tuple[int, ...]) ->
             "0 whatever the prompt"
         )
     return TokenizedPair(clean, corrupt, answer, wrong)
+
+
+def tokenized_pairs(
+    loaded: LoadedModel, pairs: Sequence[PromptPair], bos: bool
+) -> tuple[tuple[int, ...], list[TokenizedPair]]:
+    """(prefix, tokens): every pair tokenized (`tokenized`) after the special tokens `bos` asks for."""
+    prefix, _ = special_tokens(loaded.tokenizer, loaded.kind, bos)
+    return prefix, [tokenized(loaded, pair, prefix) for pair in pairs]
 
 
 def length_groups(

@@ -50,6 +50,7 @@ __all__ = [
     "check_layer",
     "check_measured",
     "declared",
+    "optional_setting",
     "setting",
 ]
 
@@ -120,6 +121,12 @@ def setting(domain: Option | None, default: Any = REQUIRED, help: str = "", **sp
     if default is REQUIRED:
         return dataclasses.field(metadata={"setting": declared})
     return dataclasses.field(default=default, metadata={"setting": declared})
+
+
+def optional_setting(domain: Option, help: str = "", **spelling: Any) -> Any:
+    """A setting left out by default: None, or a value of `domain` (`layer: int | None = optional_setting(LAYER,
+    "...")`)."""
+    return setting(domain.or_none(), None, help, **spelling)
 
 
 def declared(cls: type) -> list[Setting]:

@@ -15,6 +15,7 @@ from attnscope.settings.declare import (
     Settings,
     check_layer,
     check_measured,
+    optional_setting,
     setting,
 )  # fmt: skip
 from attnscope.settings.groups import (
@@ -33,15 +34,14 @@ class Heads(Scoring, Loading, Settings):
     """`attnscope heads`: every head's scores and role."""
 
     torchrun: ClassVar[bool] = True  # each process scores its share of the windows; the sums are added
-    sort: str | None = setting(
-        SCORE.or_none(),
-        None,
+    sort: str | None = optional_setting(
+        SCORE,
         "Sort the table by this score, descending (a score name or a column header).",
         metavar="SCORE",
     )
     top: int | None = top_setting("the heads table")
-    layer: int | None = setting(
-        options.LAYER.or_none(), None, "Show only the heads of this layer.", flags=("--layer", "-l"), metavar="L"
+    layer: int | None = optional_setting(
+        options.LAYER, "Show only the heads of this layer.", flags=("--layer", "-l"), metavar="L"
     )
     plot: Sequence[str] = setting(
         options.HEADS,
@@ -81,16 +81,13 @@ class Show(Reading, Loading, Settings):
     default_out: ClassVar[str | None] = "."
     torchrun: ClassVar[bool] = True  # one window, the same in every process
 
-    layer: int | None = setting(
-        options.LAYER.or_none(),
-        None,
+    layer: int | None = optional_setting(
+        options.LAYER,
         "Layer to draw (0-based); with --head, that head's layer.",
         flags=("--layer", "-l"),
         metavar="L",
     )
-    head: str | None = setting(
-        options.HEAD.or_none(), None, "Draw only this head, larger: L.H (e.g. 5.1).", metavar="L.H"
-    )
+    head: str | None = optional_setting(options.HEAD, "Draw only this head, larger: L.H (e.g. 5.1).", metavar="L.H")
     index: int = setting(options.INDEX, 0, INDEX_HELP, metavar="I")
     words: bool = setting(options.FLAG, False, WORDS_HELP)
 
@@ -149,19 +146,17 @@ class Attend(Reading, Loading, Settings):
         flags=("--from",),
         metavar="WORD[@K]",
     )
-    to_token: str | None = setting(
-        options.TEXT.or_none(),
-        None,
+    to_token: str | None = optional_setting(
+        options.TEXT,
         "The word looked at (the sum over its tokens); WORD@K its K-th occurrence; omitted: each head's top keys.",
         flags=("--to",),
         metavar="WORD[@K]",
     )
-    from_index: int | None = setting(
-        options.INDEX.or_none(), None, "Which occurrence of --from (0-based), as WORD@K.", metavar="K"
+    from_index: int | None = optional_setting(
+        options.INDEX, "Which occurrence of --from (0-based), as WORD@K.", metavar="K"
     )
-    to_index: int | None = setting(
-        options.INDEX.or_none(),
-        None,
+    to_index: int | None = optional_setting(
+        options.INDEX,
         "Which occurrence of --to (0-based), as WORD@K; default: all the query sees, summed.",
         metavar="K",
     )

@@ -13,7 +13,7 @@ from typing import Any
 from attnscope import options
 from attnscope.errors import AttnscopeError
 from attnscope.scores import catalog
-from attnscope.settings.declare import FILE, THRESHOLDS, TOP_HELP, Declared, setting
+from attnscope.settings.declare import FILE, THRESHOLDS, TOP_HELP, Declared, optional_setting, setting
 
 __all__ = [
     "SCORING",
@@ -60,9 +60,8 @@ class Place(Declared):
 
 @dataclass(frozen=True, kw_only=True)
 class Revision(Declared):
-    revision: str | None = setting(
-        options.TEXT.or_none(),
-        None,
+    revision: str | None = optional_setting(
+        options.TEXT,
         "A Hub branch, tag or commit of the model (e.g. Pythia's training checkpoints: step1000).",
         metavar="REV",
     )
@@ -134,15 +133,13 @@ class Scoring(Reading, Batching):
         "Run the probes (decoders): repeated random tokens (induction, duplicate-token) and a needle in a haystack "
         "(retrieval).",
     )
-    probe_len: int | None = setting(
-        options.PROBE_LEN.or_none(),
-        None,
+    probe_len: int | None = optional_setting(
+        options.PROBE_LEN,
         "Period T of the repeated-token probe: T random tokens, then again (default: 50, or what the context holds).",
         metavar="T",
     )
-    haystack_len: int | None = setting(
-        options.HAYSTACK_LEN.or_none(),
-        None,
+    haystack_len: int | None = optional_setting(
+        options.HAYSTACK_LEN,
         "Tokens of text in the needle probe's haystack, the needle and its copy not counted (default: 90, or what "
         "the context holds).",
         metavar="N",
@@ -180,4 +177,4 @@ SCORING = tuple(declaration.name for declaration in Scoring.declarations())
 
 def top_setting(what: str) -> Any:
     """--top: the first K rows of each ranked list (one meaning everywhere); `what` names the command's lists."""
-    return setting(options.TOP.or_none(), None, f"{TOP_HELP} Here: {what}.", metavar="K")
+    return optional_setting(options.TOP, f"{TOP_HELP} Here: {what}.", metavar="K")

@@ -19,6 +19,7 @@ from attnscope.settings.declare import (
     HEAD_SCORE,
     Settings,
     check_measured,
+    optional_setting,
     setting,
 )  # fmt: skip
 from attnscope.settings.groups import (
@@ -56,17 +57,15 @@ class Ablate(Reading, Batching, Removal, Place, Revision, DeviceMap, Settings):
         many=True,
         python_help="heads 'L.H' removed first (a list, or '0.2,1.0'): the analysis is of the model without them",
     )
-    save: str | os.PathLike | None = setting(
-        options.MODEL_FOLDER.or_none(),
-        None,
+    save: str | os.PathLike | None = optional_setting(
+        options.MODEL_FOLDER,
         "Write the model without the heads of --remove to this new folder (save_pretrained: weights, config, "
         "tokenizer; zero or mean ablation); the heads are then not scored unless --score, --prune or --method "
         "gradient asks.",
         metavar="DIR",
     )
-    score: bool | None = setting(
-        options.FLAG.or_none(),
-        None,
+    score: bool | None = optional_setting(
+        options.FLAG,
         "Measure every head's importance (default: yes, except with --save alone, which saves the model and "
         "measures only its loss).",
         python_help="measure every head's importance (None: yes, except with save alone, which saves the model and "
@@ -128,9 +127,8 @@ class Circuit(Scoring, Removal, Loading, Settings):
         many=True,
         python_help="the heads explained, 'L.H' labels (None: every head of layer 1 and above)",
     )
-    score: str | None = setting(
-        HEAD_SCORE.or_none(),
-        None,
+    score: str | None = optional_setting(
+        HEAD_SCORE,
         "Explain this score of every head; default: each head's deciding score (the one that gave it its role).",
         metavar="SCORE",
     )
@@ -192,23 +190,21 @@ class PromptPairs(Reading):
 
     reads_texts: ClassVar[bool] = False
 
-    clean: str | None = setting(
-        options.TEXT.or_none(), None, "The clean prompt: the model should continue it with --answer.", metavar="TEXT"
+    clean: str | None = optional_setting(
+        options.TEXT, "The clean prompt: the model should continue it with --answer.", metavar="TEXT"
     )
-    corrupt: str | None = setting(
-        options.TEXT.or_none(),
-        None,
+    corrupt: str | None = optional_setting(
+        options.TEXT,
         "The corrupted prompt: the clean one with a few tokens changed, as many tokens long.",
         metavar="TEXT",
     )
-    answer: str | None = setting(
-        options.TEXT.or_none(),
-        None,
+    answer: str | None = optional_setting(
+        options.TEXT,
         "The token the clean prompt predicts, as the next word: Mary means ' Mary' (punctuation as written).",
         metavar="TOKEN",
     )
-    wrong: str | None = setting(
-        options.TEXT.or_none(), None, "The token it is measured against (written as --answer is).", metavar="TOKEN"
+    wrong: str | None = optional_setting(
+        options.TEXT, "The token it is measured against (written as --answer is).", metavar="TOKEN"
     )
     file: str | os.PathLike | None = setting(  # Reading's --file, here a file of pairs
         FILE,
@@ -289,9 +285,8 @@ class Discover(PromptPairs, Batching, Place, Revision, DeviceMap, Settings):
         "clean run (Syed et al. 2023); exact: each edge patched alone, corrupted into the clean run (one run per "
         f"edge: up to {EXACT_MAX_EDGES:,} edges).",
     )
-    steps: int | None = setting(
-        options.IG_STEPS.or_none(),
-        None,
+    steps: int | None = optional_setting(
+        options.IG_STEPS,
         "With --method eap-ig: the points of the integral, each a forward and a backward pass (default 5).",
         metavar="N",
         python_help="with method eap-ig: the points of the integral, each a forward and a backward pass (None: 5)",

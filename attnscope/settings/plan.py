@@ -9,7 +9,7 @@ from typing import ClassVar
 from attnscope import options
 from attnscope.errors import AttnscopeError
 from attnscope.models.checks import Shape
-from attnscope.settings.declare import Settings, setting
+from attnscope.settings.declare import Settings, optional_setting, setting
 from attnscope.settings.groups import Batching, DeviceMap, Place, Reading, Revision
 
 __all__ = ["PROBE_TOKENS", "Kvplan"]
@@ -67,9 +67,8 @@ class Kvplan(Reading, Batching, Place, Revision, DeviceMap, Settings):
         "window, and with random plans of the same budget, at streaming shares from 0 to 1 (needs the "
         "language-model head).",
     )
-    check_lengths: tuple[int, ...] | None = setting(
-        options.CHECK_LENGTHS.or_none(),
-        None,
+    check_lengths: tuple[int, ...] | None = optional_setting(
+        options.CHECK_LENGTHS,
         "--check's prompt lengths in tokens (default: the model's context up to 4,096, and half of it).",
         metavar="N,N,...",
     )

@@ -15,6 +15,7 @@ from attnscope.settings.declare import (
     SEVERAL,
     Settings,
     check_measured,
+    optional_setting,
     setting,
 )  # fmt: skip
 from attnscope.settings.groups import (
@@ -84,9 +85,8 @@ class Compare(Scoring, Place, DeviceMap, Kernel, Settings):
     models: ClassVar[str] = SEVERAL
 
     revisions: Sequence[str] | str | None = setting(REVISIONS, None, REVISIONS_HELP, metavar="REV,REV,...")
-    divergence: bool | None = setting(
-        options.FLAG.or_none(),
-        None,
+    divergence: bool | None = optional_setting(
+        options.FLAG,
         "Measure how much each head's attention moved: the mean JS divergence (bits) "
         "between the two models' rows on the same tokens (default: on for two models; needs exactly two).",
     )
@@ -96,9 +96,8 @@ class Compare(Scoring, Place, DeviceMap, Kernel, Settings):
         "Also each model's language-model loss on the texts (nats per predicted token, as `ablate` measures it; "
         "loads each model's language-model head, where it has one).",
     )
-    score: str | None = setting(
-        HEAD_SCORE.or_none(),
-        None,
+    score: str | None = optional_setting(
+        HEAD_SCORE,
         "The score drawn as heads × models (default: induction when the probe ran, else previous_token).",
         metavar="SCORE",
     )

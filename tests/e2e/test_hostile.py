@@ -151,9 +151,9 @@ def test_out_of_memory_advice_names_the_options_of_the_command_that_ran():
 
 
 def test_a_bench_shape_that_cannot_fit_is_refused_before_any_weights(cli, tiny_model_dir, monkeypatch):
-    from attnscope.analyses import bench
+    from attnscope.analyses import bench, bench_limits
 
-    monkeypatch.setattr(bench, "available_bytes", lambda device: 2**30)  # 1 GiB free
+    monkeypatch.setattr(bench_limits, "available_bytes", lambda device: 2**30)  # 1 GiB free
     monkeypatch.setattr(bench, "load_model", lambda *a, **k: pytest.fail("weights loaded before the check"))
     monkeypatch.setattr(bench, "random_model", lambda *a, **k: pytest.fail("weights built before the check"))
     args = ["bench", "-m", tiny_model_dir, "--device", "cpu", "--seq-lens", "128", "--no-micro"]
@@ -165,7 +165,7 @@ def test_a_bench_shape_that_cannot_fit_is_refused_before_any_weights(cli, tiny_m
 def test_the_memory_estimate_is_below_what_a_forward_takes_and_grows_with_the_shape():
     from transformers import GPT2Config
 
-    from attnscope.analyses.bench import estimated_bytes
+    from attnscope.analyses.bench_limits import estimated_bytes
 
     config = GPT2Config()
     weights = 4 * (config.vocab_size * 768 + 12 * 12 * 768 * 768)
@@ -554,23 +554,23 @@ def test_sigterm_and_sighup_while_writing_end_like_ctrl_c_and_leave_nothing(tmp_
 
 def test_stdin_and_fifos_are_checked_while_copied():
     """`< /dev/zero` is refused at its first block, not after copying gigabytes; a stream past the cap stops."""
-    from attnscope.pipeline import inputs
+    from attnscope.pipeline import reading
 
     with open("/dev/zero", "rb") as zeros:
         with pytest.raises(AttnscopeError, match=r"^standard input looks like a binary file \(a NUL byte at byte 0\)"):
-            inputs._spool(zeros, "standard input")
-        assert zeros.tell() <= inputs.BLOCK_BYTES
+            reading._spool(zeros, "standard input")
+        assert zeros.tell() <= reading.BLOCK_BYTES
 
 
 def test_a_stream_past_the_cap_is_refused(monkeypatch):
     import io
 
-    from attnscope.pipeline import inputs
+    from attnscope.pipeline import reading
 
-    monkeypatch.setattr(inputs, "SPOOL_MAX_BYTES", 3 * inputs.BLOCK_BYTES)
-    endless = io.BytesIO(b"word " * (inputs.BLOCK_BYTES))  # 5 blocks
+    monkeypatch.setattr(reading, "SPOOL_MAX_BYTES", 3 * reading.BLOCK_BYTES)
+    endless = io.BytesIO(b"word " * (reading.BLOCK_BYTES))  # 5 blocks
     with pytest.raises(AttnscopeError, match=r"^standard input holds more than .* GiB, the most attnscope copies"):
-        inputs._spool(endless, "standard input")
+        reading._spool(endless, "standard input")
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
@@ -615,11 +615,11 @@ def test_every_count_is_bounded(cli, tmp_path, args, expected):
 
 def test_a_file_that_grows_while_read_is_read_as_it_was_checked(tmp_path):
     """A log another program keeps writing would otherwise be read for ever."""
-    from attnscope.pipeline import inputs
+    from attnscope.pipeline import reading
 
     log = tmp_path / "growing.txt"
     log.write_text("The cat sat.\n\nThe dog ran.\n")
-    texts = inputs.read_file(str(log))
+    texts = reading.read_file(str(log))
     texts.check()
     with open(log, "a") as more:
         more.write("\nWritten later.\n" * 1000)
@@ -637,13 +637,13 @@ def test_a_jsonl_line_with_a_5000_digit_integer_is_one_line(cli, tmp_path):
 
 
 def test_a_jsonl_line_without_end_is_held_to_a_bound(tmp_path, monkeypatch):
-    from attnscope.pipeline import inputs
+    from attnscope.pipeline import reading
 
-    monkeypatch.setattr(inputs, "LONGEST_JSON_LINE", 1000)
+    monkeypatch.setattr(reading, "LONGEST_JSON_LINE", 1000)
     corpus = tmp_path / "long.jsonl"
     corpus.write_text('{"text": "ok"}\n{"text": "' + "a" * 5000)
     with pytest.raises(AttnscopeError, match=r"long.jsonl:2: a line longer than 1,000 characters"):
-        inputs.read_file(str(corpus)).check()
+        reading.read_file(str(corpus)).check()
 
 
 @pytest.mark.parametrize("option", ["--out", "--model"])

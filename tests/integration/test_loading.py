@@ -18,7 +18,8 @@ import torch
 from attnscope.errors import AttnscopeError
 from attnscope.models import loading
 from attnscope.models.families import family_of
-from attnscope.models.loading import _is_cached, load_model, resolve_device, resolve_dtype
+from attnscope.models.loading import load_model, resolve_device, resolve_dtype
+from attnscope.models.locating import is_cached
 from attnscope.scores.kinds import DECODER, ENCODER
 
 REVISION = "0" * 40  # the commit a fake cache's refs/main points at
@@ -286,9 +287,9 @@ def test_sharded_weights_are_cached_only_with_every_shard(offline_cache):
         json.dumps({"weight_map": dict(zip("ab", shards, strict=True))})
     )
     (folder / shards[0]).write_bytes(b"")
-    assert not _is_cached("sharded")
+    assert not is_cached("sharded")
     (folder / shards[1]).write_bytes(b"")
-    assert _is_cached("sharded")
+    assert is_cached("sharded")
 
 
 @pytest.mark.slow

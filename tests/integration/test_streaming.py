@@ -11,7 +11,7 @@ from attnscope.analyses.attend import Attend
 from attnscope.analyses.heads import Heads
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import load_model
-from attnscope.pipeline import capture, inputs, tokens
+from attnscope.pipeline import capture, reading, tokens
 from attnscope.pipeline.inputs import Text
 from attnscope.pipeline.reducers import HeadStatistics
 from attnscope.pipeline.tokens import Window, WindowStream, batches, pad_id, special_tokens
@@ -33,7 +33,7 @@ def small_pieces(monkeypatch):
     """Pieces of 50 characters, blocks of 64 bytes, a read-ahead of 40 tokens: everything streams in small steps."""
     monkeypatch.setattr(tokens, "CHUNK_CHARS", 50)
     monkeypatch.setattr(tokens, "BUFFER_TOKENS", 40)
-    monkeypatch.setattr(inputs, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(reading, "BLOCK_BYTES", 64)
 
 
 def test_a_text_tokenized_in_pieces_gives_the_windows_of_the_whole_text(model, small_pieces):

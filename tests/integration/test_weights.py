@@ -13,7 +13,8 @@ import torch
 
 from attnscope.analyses.composition import weight_circuits
 from attnscope.models.loading import load_model
-from attnscope.models.weights import embedding, unembedding, weight_notes
+from attnscope.models.readout import embedding, unembedding
+from attnscope.models.weights import weight_notes
 from tests.support import FAMILY_MODELS, check_attention, randomise_norms
 
 # in the everyday loop: grouped-query heads, Gemma's 1 + γ, its output norm and soft-capping (the tiny GPT-2 and

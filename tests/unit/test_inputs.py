@@ -13,7 +13,7 @@ import pytest
 
 from attnscope import api
 from attnscope.errors import AttnscopeError
-from attnscope.pipeline import inputs
+from attnscope.pipeline import inputs, reading
 
 
 def test_blank_lines_separate_texts(tmp_path):
@@ -119,7 +119,7 @@ def _split_whole(content: str) -> list[str]:
 def _split_in_blocks(content: str, size: int) -> list[str]:
     pieces: dict[int, list[str]] = {}
     blocks = (content[i : i + size] for i in range(0, len(content), size))
-    for index, piece in inputs._split_blank_lines(blocks):
+    for index, piece in reading._split_blank_lines(blocks):
         pieces.setdefault(index, []).append(piece)
     assert list(pieces) == list(range(len(pieces)))  # texts numbered in order, pieces of a text together
     return ["".join(parts) for parts in pieces.values()]
@@ -137,7 +137,7 @@ def test_splitting_a_stream_of_blocks_agrees_with_the_whole_string_wherever_the_
 
 def test_a_long_white_space_line_is_not_held_back(monkeypatch):
     """Only a line that may still be blank is held; past LONGEST_BLANK_LINE characters it is text."""
-    monkeypatch.setattr(inputs, "LONGEST_BLANK_LINE", 10)
+    monkeypatch.setattr(reading, "LONGEST_BLANK_LINE", 10)
     assert _split_in_blocks("a\n" + " " * 30 + "\n\nb", 4) == ["a\n" + " " * 30, "b"]
     assert _split_in_blocks("a\n" + " " * 5 + "\n\nb", 4) == ["a", "b"]  # short: still a blank line
 
@@ -147,13 +147,13 @@ def test_a_file_streams_in_blocks_with_the_same_texts(tmp_path, monkeypatch):
     file = tmp_path / "corpus.txt"
     file.write_bytes(("\ufeff" + content).encode())  # a byte-order mark, Windows line ends, a 3-byte character
     whole = [t.text for t in api.read_texts(None, str(file))]
-    monkeypatch.setattr(inputs, "BLOCK_BYTES", 3)  # blocks end inside characters and inside line ends
+    monkeypatch.setattr(reading, "BLOCK_BYTES", 3)  # blocks end inside characters and inside line ends
     assert [t.text for t in api.read_texts(None, str(file))] == whole
     assert whole == ["first text\nstill first", "second ☕ text\n" + "third " * 50]
 
 
 def test_pieces_of_a_long_line_are_bounded_by_the_block(tmp_path, monkeypatch):
-    monkeypatch.setattr(inputs, "BLOCK_BYTES", 100)
+    monkeypatch.setattr(reading, "BLOCK_BYTES", 100)
     file = tmp_path / "line.txt"
     file.write_text("word " * 1000, encoding="utf-8")
     texts = api.read_texts(None, str(file))
@@ -164,7 +164,7 @@ def test_pieces_of_a_long_line_are_bounded_by_the_block(tmp_path, monkeypatch):
 
 
 def test_the_share_read_grows_to_one(tmp_path, monkeypatch):
-    monkeypatch.setattr(inputs, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(reading, "BLOCK_BYTES", 64)
     file = tmp_path / "corpus.txt"
     file.write_text("\n\n".join(f"text number {k}" for k in range(10_000)), encoding="utf-8")  # 170 KB
     texts = api.read_texts(None, str(file))
@@ -176,7 +176,7 @@ def test_a_bad_byte_is_named_by_its_offset_in_the_file(tmp_path, monkeypatch):
     file = tmp_path / "late.txt"
     data = "\ufeffgood text ☕\n\n".encode() + b"x" * 300 + b"\xff rest"
     file.write_bytes(data)
-    monkeypatch.setattr(inputs, "BLOCK_BYTES", 7)  # the bad byte, and the 3-byte character, in a later block
+    monkeypatch.setattr(reading, "BLOCK_BYTES", 7)  # the bad byte, and the 3-byte character, in a later block
     bad = data.index(b"\xff")
     with pytest.raises(AttnscopeError, match=f"byte {bad} cannot be decoded"):
         api.read_texts(None, str(file))
