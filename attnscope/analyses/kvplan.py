@@ -50,6 +50,7 @@ from attnscope.output.documents import DECIMALS
 from attnscope.output.kvplan import KvplanView
 from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text, Texts, sample_texts
+from attnscope.pipeline.passkey import TASKS
 from attnscope.pipeline.reducers import DistantAttention
 from attnscope.pipeline.tokens import Window, WindowStream, batches, default_bos, pad_id
 from attnscope.scores.catalog import counted
@@ -238,8 +239,8 @@ class Kvplan(settings.Kvplan):
         )
 
     def planned_work(self, loaded: LoadedModel, texts: Any) -> str | None:
-        """--check's passes, when large: each passkey prompt through full attention, then, at every share that streams
-        some KV head, through the plan and its random plans."""
+        """--check's passes, when large: each prompt of each task through full attention, then, at every share that
+        streams some KV head, through the plan and its random plans."""
         if not self.check:
             return None
         from attnscope.analyses import kvplan_check
@@ -248,15 +249,16 @@ class Kvplan(settings.Kvplan):
         fractions = kvplan_check.fractions(self.streaming)
         streaming = sum(math.floor(fraction * total + 1e-9) > 0 for fraction in fractions)
         runs = 1 + streaming * (1 + kvplan_check.RANDOM_PLANS)
-        depths, trials = len(kvplan_check.DEPTHS), self.trials
-        prompts = len(lengths) * depths * trials
+        depths, trials, tasks = len(kvplan_check.DEPTHS), self.trials, len(TASKS)
+        prompts = len(lengths) * depths * trials * tasks
         auto = " instead of auto" if self.streaming == "auto" else ""
         return planned_work(
             loaded.model,
             runs * prompts,
-            runs * depths * trials * sum(lengths),
-            f"--check runs {counted(prompts, 'passkey prompt')} ({counted(len(lengths), 'length')} × "
-            f"{counted(depths, 'depth')} × {counted(trials, 'trial')}) {runs} times (full attention, then "
+            runs * depths * trials * tasks * sum(lengths),
+            f"--check runs {counted(prompts, 'prompt')} ({counted(len(lengths), 'length')} × "
+            f"{counted(depths, 'depth')} × {counted(trials, 'trial')} × {counted(tasks, 'task')}: "
+            f"{', '.join(TASKS)}) {runs} times (full attention, then "
             f"{counted(streaming, 'share')} × (the plan + {kvplan_check.RANDOM_PLANS} random plans))",
             f"shorter --check-lengths (now {','.join(map(str, lengths))}), fewer --trials, or one --streaming "
             f"share{auto} make it smaller",
@@ -348,9 +350,14 @@ def _check_notes(check: dict[str, Any] | None) -> list[str]:
     share = next(share for share in check["shares"] if share["streaming"] == check["streaming"])
     random = "" if share["random_mean"] is None else f", random plans of the same budget {share['random_mean']:.0%}"
     picked = " (auto: the largest share within one prompt of full attention)" if check.get("auto") else ""
+    position = check["shares"].index(share)
+    by_task = "; ".join(
+        f"{task} {part['full']:.0%}, {part['shares'][position]['plan']:.0%}" for task, part in check["tasks"].items()
+    )
     note = (
-        f"passkey check on {counted(check['prompts'], 'prompt')}: full attention retrieves {check['full']:.0%}, this "
-        f"plan ({share['streaming']:g} streaming{picked}) {share['plan']:.0%}{random}"
+        f"check on {counted(check['prompts'], 'prompt')} ({' and '.join(check['tasks'])}): full attention retrieves "
+        f"{check['full']:.0%}, this plan ({share['streaming']:g} streaming{picked}) {share['plan']:.0%}{random} "
+        f"(full attention, this plan, by task: {by_task})"
     )
     if check["full"] == 0:
         note += "; full attention retrieves none, so the check cannot tell plans apart on this model"
@@ -364,7 +371,7 @@ def _check_notes(check: dict[str, Any] | None) -> list[str]:
     if check["prompts_hidden"] < check["prompts"]:
         missed = check["prompts"] - check["prompts_hidden"]
         notes.append(
-            f"{counted(missed, 'passkey prompt')} of {check['prompts']} {'holds its' if missed == 1 else 'hold their'} "
+            f"{counted(missed, 'prompt')} of {check['prompts']} {'holds its' if missed == 1 else 'hold their'} "
             "needle within the sink or the recent window, where a streaming head sees it: "
             f"{'it tests' if missed == 1 else 'they test'} no plan (longer --check-lengths hide every needle)"
         )

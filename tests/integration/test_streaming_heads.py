@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnscope.models.loading import load_model
-from attnscope.pipeline.interventions import AttentionWeightsRecorder, StreamingHeads, attention, hooks
+from attnscope.pipeline.interventions import AttentionWeightsRecorder, attention, hooks
 from attnscope.pipeline.passkey import NEEDLE, passkey_prompts, passkey_results
 
 SINK, RECENT = 2, 3
