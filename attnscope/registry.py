@@ -359,8 +359,8 @@ COMMANDS: tuple[Command, ...] = (
         such keys; a KV head's is the largest of its query heads'. The --streaming share of KV heads with the lowest
         scores stream. Without TEXT or --file, a long probe made of the bundled samples is read. --out writes
         full_attention_heads.tsv and config.json (DuoAttention's files), kvplan.json, kvplan.csv and the picture.
-        --check proves the plan on passkey retrieval against full attention and random plans of the same budget
-        (kvplan_check.png); --streaming auto lets the check choose the share.
+        --check proves the plan on passkey retrieval and RULER's multi-key needle against full attention and random
+        plans of the same budget (kvplan_check.png); --streaming auto lets the check choose the share.
 
         Example: attnscope kvplan --model demo --sink 16 --recent 64 --out plan/
         """,

@@ -50,7 +50,6 @@ from attnscope.output.documents import DECIMALS
 from attnscope.output.kvplan import KvplanView
 from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text, Texts, sample_texts
-from attnscope.pipeline.passkey import TASKS
 from attnscope.pipeline.reducers import DistantAttention
 from attnscope.pipeline.tokens import Window, WindowStream, batches, default_bos, pad_id
 from attnscope.scores.catalog import counted
@@ -249,16 +248,18 @@ class Kvplan(settings.Kvplan):
         fractions = kvplan_check.fractions(self.streaming)
         streaming = sum(math.floor(fraction * total + 1e-9) > 0 for fraction in fractions)
         runs = 1 + streaming * (1 + kvplan_check.RANDOM_PLANS)
-        depths, trials, tasks = len(kvplan_check.DEPTHS), self.trials, len(TASKS)
-        prompts = len(lengths) * depths * trials * tasks
+        made = kvplan_check.testing_prompts(
+            loaded.tokenizer, lengths, self.trials, self.check_seed, self.sink, self.recent
+        )  # what the check will run: the multi-key needle's only at the lengths that hold it
+        per_task = ", ".join(f"{sum(p.task == task for p in made)} {task}" for task in kvplan_check.TASKS)
         auto = " instead of auto" if self.streaming == "auto" else ""
         return planned_work(
             loaded.model,
-            runs * prompts,
-            runs * depths * trials * tasks * sum(lengths),
-            f"--check runs {counted(prompts, 'prompt')} ({counted(len(lengths), 'length')} × "
-            f"{counted(depths, 'depth')} × {counted(trials, 'trial')} × {counted(tasks, 'task')}: "
-            f"{', '.join(TASKS)}) {runs} times (full attention, then "
+            runs * len(made),
+            runs * sum(prompt.length for prompt in made),
+            f"--check runs {counted(len(made), 'prompt')} ({counted(len(lengths), 'length')} × "
+            f"{counted(len(kvplan_check.DEPTHS), 'depth')} × {counted(self.trials, 'trial')} per task: {per_task}) "
+            f"{runs} times (full attention, then "
             f"{counted(streaming, 'share')} × (the plan + {kvplan_check.RANDOM_PLANS} random plans))",
             f"shorter --check-lengths (now {','.join(map(str, lengths))}), fewer --trials, or one --streaming "
             f"share{auto} make it smaller",
@@ -352,7 +353,9 @@ def _check_notes(check: dict[str, Any] | None) -> list[str]:
     picked = " (auto: the largest share within one prompt of full attention)" if check.get("auto") else ""
     position = check["shares"].index(share)
     by_task = "; ".join(
-        f"{task} {part['full']:.0%}, {part['shares'][position]['plan']:.0%}" for task, part in check["tasks"].items()
+        f"{task} {part['full']:.0%}, {part['shares'][position]['plan']:.0%}"
+        for task, part in check["tasks"].items()
+        if part["prompts"]
     )
     note = (
         f"check on {counted(check['prompts'], 'prompt')} ({' and '.join(check['tasks'])}): full attention retrieves "
@@ -368,6 +371,16 @@ def _check_notes(check: dict[str, Any] | None) -> list[str]:
             "--recent"
         )
     notes = [note]
+    for task, part in check["tasks"].items():
+        left_out = [length for length in check["lengths"] if length not in part["lengths"]]
+        if left_out:
+            notes.append(
+                f"the {task} task's prompts do not fit in {', '.join(f'{n:,}' for n in left_out)} tokens (its fixed "
+                f"parts and one filler take more): it is measured at {', '.join(f'{n:,}' for n in part['lengths'])} "
+                "tokens only"
+                if part["lengths"]
+                else f"the {task} task's prompts fit in no length of --check-lengths"
+            )
     if check["prompts_hidden"] < check["prompts"]:
         missed = check["prompts"] - check["prompts_hidden"]
         notes.append(

@@ -91,7 +91,7 @@ def testing_prompts(
     prompts = task_prompts(tokenizer, lengths, DEPTHS, trials, seed)
     for task in TASKS:
         mine = [prompt for prompt in prompts if prompt.task == task]
-        if not any(prompt.hidden_from(sink, recent) for prompt in mine):
+        if mine and not any(prompt.hidden_from(sink, recent) for prompt in mine):
             raise AttnscopeError(
                 f"none of --check's {len(mine)} {task} prompts ({','.join(map(str, lengths))} tokens) hides its "
                 f"{'passkey' if task == 'passkey' else 'needle'} from a streaming head: each needle lies within the "
@@ -237,6 +237,8 @@ def task_summary(checked: dict[str, Any], task: str) -> dict[str, Any]:
     """One task's part of the check: its prompts (and those that hide their needle), full attention's accuracy on
     them and each share's (the plan's, each random plan's, their mean), with Wilson's intervals."""
     picked = [k for k, prompt in enumerate(checked["prompts"]) if prompt.task == task]
+    if not picked:  # no length of the check holds the task's prompts
+        return {"description": TASKS[task], "lengths": [], "prompts": 0}
 
     def outcome(outcomes: Sequence[bool]) -> list[bool]:
         return [outcomes[k] for k in picked]
@@ -247,6 +249,7 @@ def task_summary(checked: dict[str, Any], task: str) -> dict[str, Any]:
     full = outcome(checked["full"])
     return {
         "description": TASKS[task],
+        "lengths": sorted({checked["prompts"][k].length for k in picked}),
         "prompts": len(picked),
         "prompts_hidden": sum(checked["prompts"][k].hidden_from(checked["sink"], checked["recent"]) for k in picked),
         "full": rate(checked["full"]),

@@ -330,7 +330,7 @@ def check_table(check: dict) -> Any:
     from rich.text import Text
 
     table = Table(header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
-    tasks = check.get("tasks", {})
+    tasks = {task: part for task, part in check.get("tasks", {}).items() if part["prompts"]}
     for name in ("streaming", "KV heads", "this plan", *(f"plan: {task}" for task in tasks), "random plans"):
         table.add_column(name, justify="right")
     for position, share in enumerate(check["shares"]):

@@ -13,10 +13,10 @@ SDPA's mask function, as the capture's is: a boolean mask, or none for a causal 
 - the full heads, with no soft cap and no sinks: SDPA over those heads (is_causal when the layer has no mask: the
   CPU's flash kernel, O(n) memory);
 - the streaming heads: queries in blocks of BLOCK rows. The rows [q0, q1) see at most the keys [0, S) and
-  [q0 − R + 1, q1): each block gathers those (≤ S + R + BLOCK keys), and computes the softmax over them explicitly
-  with the block's small mask (band, causal, the layer's mask at those keys), Gemma's soft cap (logits ← c·tanh(
-  logits / c), before the mask) and gpt-oss's sink logit (one extra column per head, dropped after the softmax),
-  as the families' eager functions do;
+  [q0 − R + 1, q1): each block gathers those (≤ S + R + BLOCK keys) and attends over them with the block's small
+  mask (band, causal, the layer's mask at those keys): by SDPA, or, with Gemma's soft cap (logits ← c·tanh(logits
+  / c), before the mask) or gpt-oss's sink logit (one extra column per head, dropped after the softmax), by an
+  explicit softmax, as the families' eager functions compute them;
 - the full heads of a layer with a soft cap or sinks: the same blocks over the keys [0, q1) (SDPA has neither): a
   block's logits are BLOCK × n, never n × n.
 
@@ -208,14 +208,21 @@ def _blocks(
     for q0 in range(0, n, BLOCK):
         q1 = min(n, q0 + BLOCK)
         index = block_keys(q0, q1, band).to(query.device)  # (K,)
-        logits = query[:, :, q0:q1] @ key[:, :, index].transpose(-1, -2) * call.scaling  # (B, h, T, K)
+        visible = _block_mask(q0, q1, index, band, seen)  # (B or 1, 1, T, K)
+        rows, keys, values = query[:, :, q0:q1], key[:, :, index], value[:, :, index]  # (B, h, T or K, d)
+        if call.softcap is None and sinks is None:  # SDPA's fused kernel: one pass over the block's logits
+            output[:, :, q0:q1] = torch.nn.functional.scaled_dot_product_attention(
+                rows, keys, values, attn_mask=visible, scale=call.scaling
+            )  # (B, h, T, d)
+            continue
+        logits = rows @ keys.transpose(-1, -2) * call.scaling  # (B, h, T, K)
         if call.softcap is not None:  # Gemma 2/3: before the mask
             logits = torch.tanh(logits / call.softcap) * call.softcap
-        logits = logits.masked_fill(~_block_mask(q0, q1, index, band, seen), lowest)  # (B, h, T, K)
+        logits = logits.masked_fill(~visible, lowest)  # (B, h, T, K)
         if sinks is None:
             weights = logits.softmax(-1)  # (B, h, T, K)
         else:  # gpt-oss: a sink logit per head as one more key, its weight dropped
             extra = sinks.expand(B, h, q1 - q0, 1)  # (B, h, T, 1)
             weights = torch.cat([logits, extra], -1).softmax(-1)[..., :-1]  # (B, h, T, K)
-        output[:, :, q0:q1] = weights.to(value.dtype) @ value[:, :, index]  # (B, h, T, d)
+        output[:, :, q0:q1] = weights.to(value.dtype) @ values  # (B, h, T, d)
     return output

@@ -86,7 +86,7 @@ def _rate(outcome) -> float:
 def test_the_retrieval_head_is_known_without_attnscope_and_the_checks_forward_agrees(independent, prompts, loaded):
     """Streaming the retrieval head alone loses every passkey; streaming any other head alone, or all three
     together, loses none (full attention retrieves them all: chance is 1 in 90,000). attnscope's own passkey
-    forward (SDPA, StreamingHeads) gives the same outcome prompt by prompt."""
+    forward (pipeline.streaming, tile by tile) gives the same outcome prompt by prompt."""
     rates = {streamed: _rate(outcome) for streamed, outcome in independent.items()}
     print("passkey accuracy by streamed KV heads (independent):", rates)
     full = rates[()]
