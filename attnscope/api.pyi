@@ -798,20 +798,20 @@ def kvplan(
                 (twice --sink + --recent where that is more; at most the model's context), scored at the rows that
                 predict the passkey (TEXT)
     streaming   Share of the key/value heads given a streaming cache: those with the least attention outside the sink
-                and the recent window (floor(F × KV heads) of them); auto: the largest share in eighths whose passkey
+                and the recent window (floor(F × KV heads) of them); auto: the largest share in eighths whose --check
                 accuracy stays within one prompt of full attention's (runs --check) (--streaming)
     sink        First tokens a streaming head keeps (DuoAttention's sink_size; 128 in its published plans) (--sink)
     recent      Last tokens a streaming head keeps, its own among them (DuoAttention's recent_size; 256 in its published
                 plans) (--recent)
     context     Tokens the KV cache is sized for in the memory it reports (full and with the plan) (--context)
     check       Prove the plan before anyone serves with it: passkey retrieval (a number hidden in filler text, at
-                depths 25, 50 and 75 %) with full attention, with this plan's streaming heads narrowed to the sink and
-                the recent window, and with random plans of the same budget, at streaming shares from 0 to 1 (needs the
-                language-model head) (--check)
+                depths 25, 50 and 75 %) and RULER's multi-key needle (4 word-number pairs, one asked for) with full
+                attention, with this plan's streaming heads narrowed to the sink and the recent window, and with random
+                plans of the same budget, at streaming shares from 0 to 1 (needs the language-model head) (--check)
     check_lengths  --check's prompt lengths in tokens (default: the model's context up to 4,096, and half of it)
                 (--check-lengths)
-    trials      --check's passkeys per length and depth, each its own prompt (--trials)
-    check_seed  Seed of --check's passkeys and random plans (--check-seed)
+    trials      --check's prompts per task, length and depth (--trials)
+    check_seed  Seed of --check's passkeys, keys and random plans (--check-seed)
     file        Texts separated by blank lines, or .jsonl with a 'text' field; '-' reads standard input (--file)
     bos         Prepend the BOS token, or wrap in [CLS] … [SEP] for an encoder (default: on when the model has them)
                 (--bos)

@@ -360,9 +360,9 @@ COMMANDS: tuple[Command, ...] = (
         such keys; a KV head's is the largest of its query heads'. The --streaming share of KV heads with the lowest
         scores stream. Without TEXT or --file, a passkey probe is read (DuoAttention's kind of data). --out writes
         full_attention_heads.tsv and config.json (DuoAttention's files), head_score.json (each query head's score in
-        Retrieval Head's form), kvplan.json, kvplan.csv and the picture.
-        --check proves the plan on passkey retrieval against full attention and random plans of the same budget
-        (kvplan_check.png); --streaming auto lets the check choose the share.
+        Retrieval Head's form), kvplan.json, kvplan.csv and the picture. --check proves the plan on passkey retrieval
+        and RULER's multi-key needle against full attention and random plans of the same budget (kvplan_check.png);
+        --streaming auto lets the check choose the share.
 
         Example: attnscope kvplan --model demo --sink 16 --recent 64 --out plan/
         """,

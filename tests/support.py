@@ -5,11 +5,13 @@ from here, never from each other."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import string
 import struct
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -1156,3 +1158,66 @@ def train_passkey_model(
         model.set_attn_implementation("sdpa")  # saved as any model is
         model.save_pretrained(folder)
     return folder
+
+
+# ------------------------------------------------------------------------------------------------- streaming heads
+
+
+class StreamingHeads:
+    """The reference of `pipeline.streaming` (attnscope's own implementation until issue 40, kept here to test the
+    tiled one against): forward pre-hooks on every attention module that narrow the mask of the heads in `streaming`
+    (layer -> query heads) to the first `sink` keys and the last `recent` keys before each query (key j is seen by the
+    query at position p iff j <= p and (j < sink or j > p - recent)); every other head keeps the mask it had. The
+    layer's own mask (padding, a sliding window) still applies. Queries are the last n of the n_k keys.
+
+    The narrowed mask is (B, H, n, n_k), in the form the layer was given (boolean for SDPA, additive for eager): the
+    attention implementation must take a mask per head (SDPA and eager do). O(n²) memory per head."""
+
+    def __init__(self, streaming: dict[int, Sequence[int]], sink: int, recent: int):
+        self.streaming = {layer: tuple(heads) for layer, heads in streaming.items() if heads}
+        self.sink, self.recent = sink, recent
+
+    def install(self, loaded):
+        for layer, module in enumerate(loaded.family.attention_modules(loaded.model)):
+            if layer in self.streaming:
+                hook = self._hook(self.streaming[layer], loaded.n_head, inspect.signature(module.forward))
+                yield module.register_forward_pre_hook(hook, with_kwargs=True)
+
+    def _hook(self, heads: tuple[int, ...], n_head: int, signature: inspect.Signature):
+        def narrow(module, args, kwargs):
+            import torch
+
+            bound = signature.bind_partial(*args, **kwargs)
+            hidden = bound.arguments.get("hidden_states", args[0] if args else None)
+            mask = bound.arguments.get("attention_mask")
+            B, n = hidden.shape[0], hidden.shape[1]
+            n_keys = n if mask is None else mask.shape[-1]
+            queries = torch.arange(n_keys - n, n_keys, device=hidden.device)[:, None]  # (n, 1) positions
+            keys = torch.arange(n_keys, device=hidden.device)[None, :]  # (1, n_k)
+            causal = keys <= queries  # (n, n_k)
+            seen = causal if mask is None else _allowed_keys(mask)[..., -n:, :n_keys] & causal  # (B or 1, 1, n, n_k)
+            band = causal & ((keys < self.sink) | (keys > queries - self.recent))  # (n, n_k)
+            narrowed = seen.expand(B, n_head, n, n_keys).clone()  # (B, H, n, n_k)
+            narrowed[:, list(heads)] &= band
+            if mask is not None and mask.dtype != torch.bool:  # eager attention adds its mask: 0 or the lowest value
+                narrowed = torch.zeros(narrowed.shape, dtype=mask.dtype, device=mask.device).masked_fill_(
+                    ~narrowed, torch.finfo(mask.dtype).min
+                )
+            if "attention_mask" in kwargs or len(args) <= _position(signature, "attention_mask"):
+                kwargs["attention_mask"] = narrowed
+            else:
+                args = (*args[: _position(signature, "attention_mask")], narrowed,
+                        *args[_position(signature, "attention_mask") + 1 :])  # fmt: skip
+            return args, kwargs
+
+        return narrow
+
+
+def _position(signature: inspect.Signature, name: str) -> int:
+    """The index of parameter `name` among the positional arguments (self not counted: a bound method's)."""
+    return list(signature.parameters).index(name)
+
+
+def _allowed_keys(mask):
+    """A mask as booleans (True: the key is seen), from an additive one or a boolean one."""
+    return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2

@@ -250,8 +250,8 @@ class Kvplan(settings.Kvplan):
         )
 
     def planned_work(self, loaded: LoadedModel, texts: Any) -> str | None:
-        """--check's passes, when large: each passkey prompt through full attention, then, at every share that streams
-        some KV head, through the plan and its random plans."""
+        """--check's passes, when large: each prompt of each task through full attention, then, at every share that
+        streams some KV head, through the plan and its random plans."""
         if not self.check:
             return None
         from attnscope.analyses import kvplan_check
@@ -260,15 +260,18 @@ class Kvplan(settings.Kvplan):
         fractions = kvplan_check.fractions(self.streaming)
         streaming = sum(math.floor(fraction * total + 1e-9) > 0 for fraction in fractions)
         runs = 1 + streaming * (1 + kvplan_check.RANDOM_PLANS)
-        depths, trials = len(kvplan_check.DEPTHS), self.trials
-        prompts = len(lengths) * depths * trials
+        made = kvplan_check.testing_prompts(
+            loaded.tokenizer, lengths, self.trials, self.check_seed, self.sink, self.recent
+        )  # what the check will run: the multi-key needle's only at the lengths that hold it
+        per_task = ", ".join(f"{sum(p.task == task for p in made)} {task}" for task in kvplan_check.TASKS)
         auto = " instead of auto" if self.streaming == "auto" else ""
         return planned_work(
             loaded.model,
-            runs * prompts,
-            runs * depths * trials * sum(lengths),
-            f"--check runs {counted(prompts, 'passkey prompt')} ({counted(len(lengths), 'length')} × "
-            f"{counted(depths, 'depth')} × {counted(trials, 'trial')}) {runs} times (full attention, then "
+            runs * len(made),
+            runs * sum(prompt.length for prompt in made),
+            f"--check runs {counted(len(made), 'prompt')} ({counted(len(lengths), 'length')} × "
+            f"{counted(len(kvplan_check.DEPTHS), 'depth')} × {counted(self.trials, 'trial')} per task: {per_task}) "
+            f"{runs} times (full attention, then "
             f"{counted(streaming, 'share')} × (the plan + {kvplan_check.RANDOM_PLANS} random plans))",
             f"shorter --check-lengths (now {','.join(map(str, lengths))}), fewer --trials, or one --streaming "
             f"share{auto} make it smaller",
@@ -374,9 +377,16 @@ def _check_notes(check: dict[str, Any] | None) -> list[str]:
     share = next(share for share in check["shares"] if share["streaming"] == check["streaming"])
     random = "" if share["random_mean"] is None else f", random plans of the same budget {share['random_mean']:.0%}"
     picked = " (auto: the largest share within one prompt of full attention)" if check.get("auto") else ""
+    position = check["shares"].index(share)
+    by_task = "; ".join(
+        f"{task} {part['full']:.0%}, {part['shares'][position]['plan']:.0%}"
+        for task, part in check["tasks"].items()
+        if part["prompts"]
+    )
     note = (
-        f"passkey check on {counted(check['prompts'], 'prompt')}: full attention retrieves {check['full']:.0%}, this "
-        f"plan ({share['streaming']:g} streaming{picked}) {share['plan']:.0%}{random}"
+        f"check on {counted(check['prompts'], 'prompt')} ({' and '.join(check['tasks'])}): full attention retrieves "
+        f"{check['full']:.0%}, this plan ({share['streaming']:g} streaming{picked}) {share['plan']:.0%}{random} "
+        f"(full attention, this plan, by task: {by_task})"
     )
     if check["full"] == 0:
         note += "; full attention retrieves none, so the check cannot tell plans apart on this model"
@@ -387,10 +397,20 @@ def _check_notes(check: dict[str, Any] | None) -> list[str]:
             "--recent"
         )
     notes = [note]
+    for task, part in check["tasks"].items():
+        left_out = [length for length in check["lengths"] if length not in part["lengths"]]
+        if left_out:
+            notes.append(
+                f"the {task} task's prompts do not fit in {', '.join(f'{n:,}' for n in left_out)} tokens (its fixed "
+                f"parts and one filler take more): it is measured at {', '.join(f'{n:,}' for n in part['lengths'])} "
+                "tokens only"
+                if part["lengths"]
+                else f"the {task} task's prompts fit in no length of --check-lengths"
+            )
     if check["prompts_hidden"] < check["prompts"]:
         missed = check["prompts"] - check["prompts_hidden"]
         notes.append(
-            f"{counted(missed, 'passkey prompt')} of {check['prompts']} {'holds its' if missed == 1 else 'hold their'} "
+            f"{counted(missed, 'prompt')} of {check['prompts']} {'holds its' if missed == 1 else 'hold their'} "
             "needle within the sink or the recent window, where a streaming head sees it: "
             f"{'it tests' if missed == 1 else 'they test'} no plan (longer --check-lengths hide every needle)"
         )

@@ -1,14 +1,17 @@
-"""`kvplan --check`: a plan proven on passkey retrieval before anyone serves with it.
+"""`kvplan --check`: a plan proven on passkey retrieval and RULER's multi-key needle before anyone serves with it.
 
-Passkey prompts (`pipeline.passkey`: a five-digit number hidden in repeated filler, Mohtashami & Jaggi 2023, the
-test DuoAttention's plans are checked on) at every length of `lengths`, the needle at DEPTHS of the filler, `trials`
-passkeys each. A prompt is retrieved when greedy decoding gives its passkey (one forward: the next-token argmax at
-every answer token). Accuracy, the share retrieved, is measured
+Two tasks (`pipeline.passkey.TASKS`), each at every length of `lengths`, the needle asked for at DEPTHS of the
+filler, `trials` prompts each: passkey prompts (a five-digit number hidden in repeated filler, Mohtashami & Jaggi
+2023, the test DuoAttention's plans are checked on) and multi-key needle prompts (RULER, Hsieh et al. 2024: four
+word-number pairs in the same filler, one asked for, so that a plan cannot pass by keeping one head that copies any
+number it finds). A prompt is retrieved when greedy decoding gives its answer (one forward: the next-token argmax at
+every answer token). Accuracy, the share retrieved, is measured over both tasks' prompts together, and for each task
+apart (`summary`'s `tasks`),
 
 - with full attention;
 - at each streaming share F of `fractions`, with the plan's floor(F × N) lowest-scored KV heads streaming: every query
-  head that reads them sees only the first `sink` keys and the last `recent` (`interventions.StreamingHeads`, the
-  cache DuoAttention's streaming heads keep);
+  head that reads them sees only the first `sink` keys and the last `recent` (`pipeline.streaming`, the cache
+  DuoAttention's streaming heads keep, block by block: no (n × n) map of a head at 16k tokens);
 - with RANDOM_PLANS plans of the same budget, their streaming KV heads drawn at random (numpy, seeded `seed`).
 
 A plan that knows which heads retrieve keeps its accuracy where random plans of the same budget lose theirs.
@@ -30,7 +33,7 @@ import numpy as np
 from attnscope.analyses.common import Progress
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
-from attnscope.pipeline.passkey import PasskeyPrompt, passkey_prompts, passkey_results
+from attnscope.pipeline.passkey import TASKS, PasskeyPrompt, passkey_results, task_prompts
 
 DEPTHS = (0.25, 0.5, 0.75)
 RANDOM_PLANS = 3
@@ -82,16 +85,19 @@ def random_plan(shape: tuple[int, int], streaming: int, generator: np.random.Gen
 def testing_prompts(
     tokenizer: Any, lengths: Sequence[int], trials: int, seed: int, sink: int, recent: int
 ) -> list[PasskeyPrompt]:
-    """The check's passkey prompts (at DEPTHS), refused when none hides its needle from a streaming head: every plan
-    would then retrieve as full attention does, and the check would pass any plan."""
-    prompts = passkey_prompts(tokenizer, lengths, DEPTHS, trials, seed)
-    if not any(prompt.hidden_from(sink, recent) for prompt in prompts):
-        raise AttnscopeError(
-            f"none of --check's {len(prompts)} passkey prompts ({','.join(map(str, lengths))} tokens) hides its "
-            f"passkey from a streaming head: each needle lies within the first {sink} or the last {recent} tokens "
-            "before the question (--sink, --recent), so every plan would retrieve as full attention does; give "
-            "longer --check-lengths or a smaller --sink or --recent"
-        )
+    """The check's prompts of every task (at DEPTHS), refused when none of a task's hides its needle (the one asked
+    for) from a streaming head: every plan would then retrieve as full attention does, and the check would pass any
+    plan."""
+    prompts = task_prompts(tokenizer, lengths, DEPTHS, trials, seed)
+    for task in TASKS:
+        mine = [prompt for prompt in prompts if prompt.task == task]
+        if mine and not any(prompt.hidden_from(sink, recent) for prompt in mine):
+            raise AttnscopeError(
+                f"none of --check's {len(mine)} {task} prompts ({','.join(map(str, lengths))} tokens) hides its "
+                f"{'passkey' if task == 'passkey' else 'needle'} from a streaming head: each needle lies within the "
+                f"first {sink} or the last {recent} tokens before the question (--sink, --recent), so every plan "
+                "would retrieve as full attention does; give longer --check-lengths or a smaller --sink or --recent"
+            )
     return prompts
 
 
@@ -138,7 +144,10 @@ def check_plans(
         shares.append({"streaming": fraction, "kv_heads": count, "plan": planned, "random": randoms})
     total = next(iter(plans.values())).size if plans else 0
     hidden = sum(prompt.hidden_from(sink, recent) for prompt in prompts)
-    return {"prompts": prompts, "hidden": hidden, "kv_heads": total, "full": full_attention, "shares": shares}
+    return {
+        "prompts": prompts, "hidden": hidden, "kv_heads": total, "full": full_attention, "shares": shares,
+        "sink": sink, "recent": recent,
+    }  # fmt: skip
 
 
 def tells_apart(checked: dict[str, Any]) -> bool:
@@ -192,7 +201,7 @@ def summary(
                 }
             )
     return {
-        "task": "passkey retrieval (Mohtashami & Jaggi 2023), greedy decoding, one forward a prompt",
+        "task": f"{' and '.join(TASKS.values())}; greedy decoding, one forward a prompt",
         "lengths": list(lengths),
         "depths": list(DEPTHS),
         "trials": trials,
@@ -220,4 +229,41 @@ def summary(
         "streaming": fraction,
         "auto": auto,
         "by_prompt": by_prompt,
+        "tasks": {task: task_summary(checked, task) for task in TASKS},
+    }
+
+
+def task_summary(checked: dict[str, Any], task: str) -> dict[str, Any]:
+    """One task's part of the check: its prompts (and those that hide their needle), full attention's accuracy on
+    them and each share's (the plan's, each random plan's, their mean), with Wilson's intervals."""
+    picked = [k for k, prompt in enumerate(checked["prompts"]) if prompt.task == task]
+    if not picked:  # no length of the check holds the task's prompts
+        return {"description": TASKS[task], "lengths": [], "prompts": 0}
+
+    def outcome(outcomes: Sequence[bool]) -> list[bool]:
+        return [outcomes[k] for k in picked]
+
+    def rate(outcomes: Sequence[bool]) -> float:
+        return sum(outcome(outcomes)) / len(picked)
+
+    full = outcome(checked["full"])
+    return {
+        "description": TASKS[task],
+        "lengths": sorted({checked["prompts"][k].length for k in picked}),
+        "prompts": len(picked),
+        "prompts_hidden": sum(checked["prompts"][k].hidden_from(checked["sink"], checked["recent"]) for k in picked),
+        "full": rate(checked["full"]),
+        "full_interval": list(wilson(sum(full), len(full))),
+        "shares": [
+            {
+                "streaming": share["streaming"],
+                "plan": rate(share["plan"]),
+                "plan_interval": list(wilson(sum(outcome(share["plan"])), len(picked))),
+                "random": [rate(random) for random in share["random"]],
+                "random_mean": (
+                    float(np.mean([rate(random) for random in share["random"]])) if share["random"] else None
+                ),
+            }
+            for share in checked["shares"]
+        ],
     }

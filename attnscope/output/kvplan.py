@@ -340,17 +340,19 @@ def _interval(bounds: Any) -> str:
 
 
 def check_table(check: dict) -> Any:
-    """--check: per streaming share, the KV heads that stream and the passkey accuracy of the plan and of the random
-    plans of the same budget (their mean and range); full attention's above; the plan's share marked."""
+    """--check: per streaming share, the KV heads that stream and the accuracy of the plan (both tasks, and each) and
+    of the random plans of the same budget (their mean and range); full attention's above; the plan's share
+    marked."""
     from rich import box
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
     table = Table(header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
-    for name in ("streaming", "KV heads", "this plan", "random plans"):
+    tasks = {task: part for task, part in check.get("tasks", {}).items() if part["prompts"]}
+    for name in ("streaming", "KV heads", "this plan", *(f"plan: {task}" for task in tasks), "random plans"):
         table.add_column(name, justify="right")
-    for share in check["shares"]:
+    for position, share in enumerate(check["shares"]):
         randoms = share["random"]
         spread = f"{share['random_mean']:.0%} ({min(randoms):.0%}-{max(randoms):.0%})" if randoms else "-"
         marked = share["streaming"] == check["streaming"]
@@ -358,12 +360,15 @@ def check_table(check: dict) -> Any:
             f"{share['streaming']:g}{' *' if marked else ''}",
             str(share["kv_heads"]),
             Text(f"{share['plan']:.0%} {_interval(share['plan_interval'])}", style="bold" if marked else ""),
+            *(f"{part['shares'][position]['plan']:.0%}" for part in tasks.values()),
             spread,
         )
+    by_task = ", ".join(f"{task} {part['full']:.0%}" for task, part in tasks.items())
     heading = (
-        f"Passkey check: {counted(check['prompts'], 'prompt')} ({', '.join(f'{n:,}' for n in check['lengths'])} "
-        f"tokens; depths {', '.join(f'{d:.0%}' for d in check['depths'])}), full attention {check['full']:.0%} "
-        f"{_interval(check['full_interval'])}"
+        f"Check: {counted(check['prompts'], 'prompt')} ({', '.join(tasks) or 'passkey'}; "
+        f"{', '.join(f'{n:,}' for n in check['lengths'])} tokens; depths "
+        f"{', '.join(f'{d:.0%}' for d in check['depths'])}), full attention {check['full']:.0%} "
+        f"{_interval(check['full_interval'])}{f' ({by_task})' if by_task else ''}"
     )
     key = (
         f"*: this plan's share; [a-b]: Wilson's 95 % interval over the {check['prompts']} prompts; random plans: the "
@@ -373,8 +378,8 @@ def check_table(check: dict) -> Any:
 
 
 def check_plot(result: Any) -> Any:
-    """Passkey accuracy against the streaming share: the plan's line, random plans' mean with their range as bars,
-    full attention's level dashed; the chosen share marked."""
+    """Accuracy (both tasks' prompts) against the streaming share: the plan's line, random plans' mean with their
+    range as bars, full attention's level dashed; the chosen share marked."""
     from attnscope.output.line_plots import line_plot
 
     check = result.check
@@ -394,8 +399,8 @@ def check_plot(result: Any) -> Any:
         f"{result.settings['sink']:,} + last {result.settings['recent']:,} tokens"
     )
     figure = line_plot(
-        x, series, "share of KV heads streaming", "passkey accuracy (share retrieved)",
-        "Passkey retrieval with the plan, with random plans of the same budget", subtitle,
+        x, series, "share of KV heads streaming", "accuracy (share retrieved)",
+        "Passkey and multi-key needle retrieval with the plan, with random plans of the same budget", subtitle,
         styles=styles, y_top=1.05, spreads=spreads,
     )  # fmt: skip
     axes = figure.axes[0]

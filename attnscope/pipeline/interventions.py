@@ -20,8 +20,6 @@ raises or a kind fails halfway through its installation. The analyses hold the k
     DirectPathRecorder        the σ of the norms on the direct paths, chosen modules' outputs, and each layer's heads'
                               outputs handed to a function (direct effects)
     ReplacedAttention         a layer's attention module computing with another function (circuit's replay)
-    StreamingHeads            chosen heads see only the first S keys and the last R before each query, as a KV cache
-                              that keeps only those would let them (kvplan's check; DuoAttention's streaming heads)
     StopAfterAttention        `Stop` raised once a layer's attention has run (a replay that has all it needs)
 
     gates, recorder = HeadGates(), AttentionWeightsRecorder()
@@ -401,67 +399,12 @@ class SkippedLayers:
         return forward
 
 
-class StreamingHeads:
-    """Forward pre-hooks on every attention module that narrow the mask of the heads in `streaming` (layer -> query
-    heads) to the first `sink` keys and the last `recent` keys before each query (key j is seen by the query at
-    position p iff j <= p and (j < sink or j > p - recent)), as DuoAttention's streaming heads, whose KV cache holds
-    only those, see them; every other head keeps the mask it had. The layer's own mask (padding, a sliding window)
-    still applies. Queries are the last n of the n_k keys (a forward without a cache: the same positions).
-
-    The narrowed mask is (B, H, n, n_k), in the form the layer was given (boolean for SDPA, additive for eager): the
-    attention implementation must take a mask per head (SDPA and eager do)."""
-
-    def __init__(self, streaming: dict[int, Sequence[int]], sink: int, recent: int):
-        self.streaming = {layer: tuple(heads) for layer, heads in streaming.items() if heads}
-        self.sink, self.recent = sink, recent
-
-    def install(self, loaded: LoadedModel) -> Iterator[Handle]:
-        for layer, module in enumerate(loaded.family.attention_modules(loaded.model)):
-            if layer in self.streaming:
-                hook = self._hook(self.streaming[layer], loaded.n_head, inspect.signature(module.forward))
-                yield module.register_forward_pre_hook(hook, with_kwargs=True)
-
-    def _hook(self, heads: tuple[int, ...], n_head: int, signature: inspect.Signature) -> Callable:
-        def narrow(module, args, kwargs):
-            import torch
-
-            bound = signature.bind_partial(*args, **kwargs)
-            hidden = bound.arguments.get("hidden_states", args[0] if args else None)
-            mask = bound.arguments.get("attention_mask")
-            B, n = hidden.shape[0], hidden.shape[1]
-            n_keys = n if mask is None else mask.shape[-1]
-            queries = torch.arange(n_keys - n, n_keys, device=hidden.device)[:, None]  # (n, 1) positions
-            keys = torch.arange(n_keys, device=hidden.device)[None, :]  # (1, n_k)
-            causal = keys <= queries  # (n, n_k)
-            seen = causal if mask is None else _allowed(mask)[..., -n:, :n_keys] & causal  # (B or 1, 1, n, n_k)
-            band = causal & ((keys < self.sink) | (keys > queries - self.recent))  # (n, n_k)
-            narrowed = seen.expand(B, n_head, n, n_keys).clone()  # (B, H, n, n_k)
-            narrowed[:, list(heads)] &= band
-            if mask is not None and mask.dtype != torch.bool:  # eager attention adds its mask: 0 or the lowest value
-                narrowed = torch.zeros(narrowed.shape, dtype=mask.dtype, device=mask.device).masked_fill_(
-                    ~narrowed, torch.finfo(mask.dtype).min
-                )
-            if "attention_mask" in kwargs or len(args) <= _position(signature, "attention_mask"):
-                kwargs["attention_mask"] = narrowed
-            else:
-                args = (*args[: _position(signature, "attention_mask")], narrowed,
-                        *args[_position(signature, "attention_mask") + 1 :])  # fmt: skip
-            return args, kwargs
-
-        return narrow
-
-
 def _allowed(mask: Any) -> Any:
     """A mask as booleans (True: the key is seen), from an additive one (0 where allowed, the dtype's lowest value
     where not) or a boolean one."""
     import torch
 
     return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
-
-
-def _position(signature: inspect.Signature, name: str) -> int:
-    """The index of parameter `name` among the positional arguments (self not counted: a bound method's)."""
-    return list(signature.parameters).index(name)
 
 
 class RestoredForward:

@@ -35,7 +35,7 @@ class Kvplan(Reading, Batching, Place, Revision, DeviceMap, Settings):
         options.STREAMING,
         0.5,
         "Share of the key/value heads given a streaming cache: those with the least attention outside the sink and "
-        "the recent window (floor(F × KV heads) of them); auto: the largest share in eighths whose passkey accuracy "
+        "the recent window (floor(F × KV heads) of them); auto: the largest share in eighths whose --check accuracy "
         "stays within one prompt of full attention's (runs --check).",
         metavar="F|auto",
     )
@@ -63,19 +63,17 @@ class Kvplan(Reading, Batching, Place, Revision, DeviceMap, Settings):
         options.FLAG,
         False,
         "Prove the plan before anyone serves with it: passkey retrieval (a number hidden in filler text, at depths "
-        "25, 50 and 75 %) with full attention, with this plan's streaming heads narrowed to the sink and the recent "
-        "window, and with random plans of the same budget, at streaming shares from 0 to 1 (needs the "
-        "language-model head).",
+        "25, 50 and 75 %) and RULER's multi-key needle (4 word-number pairs, one asked for) with full attention, "
+        "with this plan's streaming heads narrowed to the sink and the recent window, and with random plans of the "
+        "same budget, at streaming shares from 0 to 1 (needs the language-model head).",
     )
     check_lengths: tuple[int, ...] | None = optional_setting(
         options.CHECK_LENGTHS,
         "--check's prompt lengths in tokens (default: the model's context up to 4,096, and half of it).",
         metavar="N,N,...",
     )
-    trials: int = setting(
-        options.TRIALS, 2, "--check's passkeys per length and depth, each its own prompt.", metavar="N"
-    )
-    check_seed: int = setting(options.SEED, 0, "Seed of --check's passkeys and random plans.", metavar="SEED")
+    trials: int = setting(options.TRIALS, 2, "--check's prompts per task, length and depth.", metavar="N")
+    check_seed: int = setting(options.SEED, 0, "Seed of --check's passkeys, keys and random plans.", metavar="SEED")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -381,7 +381,8 @@ def test_off_a_terminal_a_long_run_says_how_it_goes_in_plain_lines_now_and_then(
 
 @pytest.mark.slow
 def test_a_large_check_says_before_it_starts_how_large_it_is(monkeypatch):
-    """What the announcement counts is what the check runs: 2 lengths × 3 depths × 1 trial = 6 prompts, through full
+    """What the announcement counts is what the check runs: 2 lengths × 3 depths × 1 trial = 6 passkey prompts, and
+    3 multi-key needle prompts (the demo's tokenizer needs more than 128 tokens for them: 256 only), through full
     attention once and, at each share that streams some KV head, through the plan and 3 random plans."""
     import attnscope
     from attnscope.analyses import common
@@ -395,9 +396,11 @@ def test_a_large_check_says_before_it_starts_how_large_it_is(monkeypatch):
     (planned,) = [line for line in said if isinstance(line, Planned)]
     streaming = sum(share["kv_heads"] > 0 for share in result.check["shares"])
     runs = 1 + streaming * (1 + result.check["random_plans"])
-    assert result.check["prompts"] == 6 and runs == 17
-    assert planned.startswith(f"--check runs 6 passkey prompts (2 lengths × 3 depths × 1 trial) {runs} times")
-    assert f"{runs * 6:,} forward passes, {runs * 3 * (128 + 256):,} tokens in all" in planned
+    assert result.check["prompts"] == 9 and runs == 17
+    assert planned.startswith(
+        f"--check runs 9 prompts (2 lengths × 3 depths × 1 trial per task: 6 passkey, 3 multikey) {runs} times"
+    )
+    assert f"{runs * 9:,} forward passes, {runs * 3 * (128 + 256 + 256):,} tokens in all" in planned
     assert "fewer --trials" in planned
     monkeypatch.setattr(common, "LARGE_WORK_FLOP", 1e30)
     said.clear()

@@ -184,7 +184,8 @@ def test_a_kv_plan_keeps_the_trained_induction_heads_and_random_plans_of_its_bud
     import itertools
 
     import attnscope
-    from attnscope.pipeline.interventions import StreamingHeads, attention, hooks
+    from attnscope.pipeline.interventions import attention, hooks
+    from tests.support import StreamingHeads
 
     folder = checkpoints[-1]
     loaded = load_model(str(folder), "cpu", lm_head=True)

@@ -1,4 +1,5 @@
-"""Streaming heads (interventions.StreamingHeads, DuoAttention's streaming heads) against independent facts: softmax
+"""The reference streaming heads (tests.support.StreamingHeads, the mask hook attnscope used before its tiled
+`pipeline.streaming`; DuoAttention's streaming heads) against independent facts: softmax
 over a subset of keys is the full softmax renormalised over that subset, so at the first layer a streaming head's
 eager weights must be its unrestricted weights renormalised over the sink and recent keys, and every other head's
 must be untouched; a band that holds every key changes nothing; SDPA and eager give the same logits under the same
@@ -10,8 +11,9 @@ import pytest
 import torch
 
 from attnscope.models.loading import load_model
-from attnscope.pipeline.interventions import AttentionWeightsRecorder, StreamingHeads, attention, hooks
+from attnscope.pipeline.interventions import AttentionWeightsRecorder, attention, hooks
 from attnscope.pipeline.passkey import NEEDLE, passkey_prompts, passkey_results
+from tests.support import StreamingHeads
 
 SINK, RECENT = 2, 3
 

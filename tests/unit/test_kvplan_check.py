@@ -5,6 +5,7 @@ known by counting; and the query heads a plan narrows, for grouped-query attenti
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -51,7 +52,7 @@ def planted(monkeypatch):
         lost = streaming is not None and any(head // 2 == kv_head for head in streaming.get(layer, []))
         return [not lost] * len(prompts)
 
-    monkeypatch.setattr(kvplan_check, "passkey_prompts", _prompts)
+    monkeypatch.setattr(kvplan_check, "task_prompts", _prompts)
     monkeypatch.setattr(kvplan_check, "passkey_results", results)
     return calls
 
@@ -155,11 +156,11 @@ def test_prompts_whose_needle_a_streaming_head_sees_test_nothing(planted, monkey
     assert not _prompt(512, 0.5, 1, needle=(2, 4)).hidden_from(4, 8)
     assert not _prompt(512, 0.5, 1, needle=(21, 23)).hidden_from(4, 8)
     assert _prompt(512, 0.5, 1, needle=(4, 22)).hidden_from(4, 8)  # the edges of both
-    monkeypatch.setattr(kvplan_check, "passkey_prompts", lambda *given: [_prompt(512, 0.5, 1, needle=(21, 23))] * 3)
+    monkeypatch.setattr(kvplan_check, "task_prompts", lambda *given: [_prompt(512, 0.5, 1, needle=(21, 23))] * 3)
     with pytest.raises(AttnscopeError, match=r"none of --check's 3 passkey prompts \(512 tokens\) hides its passkey"):
         check_plans(LOADED, _planner(), [0.5], 4, 8, [512], 1, seed=0)
     monkeypatch.setattr(
-        kvplan_check, "passkey_prompts", lambda *given: [_prompt(512, d, 1, needle=(19 + k, 21 + k)) for k, d in
+        kvplan_check, "task_prompts", lambda *given: [_prompt(512, d, 1, needle=(19 + k, 21 + k)) for k, d in
                                                         enumerate(kvplan_check.DEPTHS)]
     )  # fmt: skip
     document = summary(check_plans(LOADED, _planner(), [0.5], 4, 8, [512], 1, seed=0), 0.5, [512], 1, 0)
@@ -198,3 +199,39 @@ def test_each_accuracy_has_wilsons_interval_as_scipy_computes_it(planted):
     assert document["prompts"] == 12 and document["full"] == 1.0
     assert np.allclose(document["full_interval"], [0.757506, 1.0], atol=1e-6)
     assert np.allclose(document["shares"][2]["plan_interval"], [0.0, 0.242494], atol=1e-6)  # every head streams
+
+
+def test_each_task_has_its_accuracies_and_the_combined_ones_count_both(monkeypatch):
+    """Passkey prompts retrieved unless the retrieval head streams; multi-key prompts only while no head of layer 0
+    streams either: the plan keeps the passkey at 1/2 but loses the multi-key needle, and the combined numbers are
+    the mean over both tasks' prompts."""
+
+    def prompts(tokenizer, lengths, depths, trials, seed):
+        made = _prompts(tokenizer, lengths, depths, trials, seed)
+        return made + [replace(prompt, task="multikey") for prompt in made]
+
+    def results(loaded, prompts, streaming=None, sink=0, recent=0):
+        layer, kv_head = RETRIEVAL
+        streaming = streaming or {}
+        lost = any(head // 2 == kv_head for head in streaming.get(layer, []))
+        return [not lost and not (prompt.task == "multikey" and streaming.get(0)) for prompt in prompts]
+
+    monkeypatch.setattr(kvplan_check, "task_prompts", prompts)
+    monkeypatch.setattr(kvplan_check, "passkey_results", results)
+    document = summary(check_plans(LOADED, _planner(), [0.0, 0.5], 4, 8, [512], 2, seed=0), 0.5, [512], 2, 0)
+    assert document["prompts"] == 12 and document["full"] == 1.0
+    tasks = document["tasks"]
+    assert list(tasks) == ["passkey", "multikey"] and tasks["multikey"]["prompts"] == 6
+    assert tasks["passkey"]["lengths"] == [512] and tasks["passkey"]["prompts_hidden"] == 6
+    assert [share["plan"] for share in tasks["passkey"]["shares"]] == [1.0, 1.0]
+    assert [share["plan"] for share in tasks["multikey"]["shares"]] == [1.0, 0.0]  # the plan streams layer 0's heads
+    assert document["shares"][1]["plan"] == 0.5
+    assert tasks["multikey"]["shares"][1]["plan_interval"] == list(kvplan_check.wilson(0, 6))
+    assert "multi-key needle (RULER" in document["task"]
+
+
+def test_a_task_none_of_whose_prompts_hides_its_needle_is_refused(planted, monkeypatch):
+    hidden, seen = _prompt(512, 0.5, 1), replace(_prompt(512, 0.5, 1, needle=(21, 23)), task="multikey")
+    monkeypatch.setattr(kvplan_check, "task_prompts", lambda *given: [hidden] * 3 + [seen] * 3)
+    with pytest.raises(AttnscopeError, match=r"^none of --check's 3 multikey prompts \(512 tokens\) hides its needle"):
+        check_plans(LOADED, _planner(), [0.5], 4, 8, [512], 1, seed=0)
