@@ -35,7 +35,9 @@ def test_out_writes_duoattentions_files_the_json_and_the_picture(cli, tmp_path):
     assert (config["sink_size"], config["recent_size"], config["sparsity"]) == (16, 64, 0.25)
     streamed = sorted(head["score"] for head in document["heads"] if not head["full"])
     assert streamed == sorted(head["score"] for head in document["heads"])[:2]
-    assert document["input"]["n_tokens"] == 256 and document["input"]["scored_rows"] == 256 - 80
+    probe = document["input"]["probe"]  # 8 passkey prompts of the context's 256 tokens, scored at the answer's rows
+    assert document["input"]["n_windows"] == 8 and probe["length"] == 256 and probe["prompts"] == 8
+    assert 8 <= document["input"]["scored_rows"] <= 8 * 5  # a five-digit passkey is one to five tokens
     # the memory at 32,768 tokens by hand: 2 layers × 4 KV heads × d_head 32 × 4 bytes, keys and values
     per_position = 2 * 32 * 4
     assert document["memory"]["full_bytes"] == per_position * 8 * 32768 == 64 * 2**20
