@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import attnscope  # noqa: E402
 from attnscope.analyses import kvplan_check  # noqa: E402
-from attnscope.analyses.kvplan import plan, ranked  # noqa: E402
+from attnscope.analyses.kv_plans import plan, ranked  # noqa: E402
 from attnscope.pipeline import capture  # noqa: E402
 from attnscope.pipeline.inputs import sample_texts  # noqa: E402
 from attnscope.pipeline.passkey import FILLER, INTRODUCTION  # noqa: E402

@@ -36,17 +36,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from attnscope import settings
 from attnscope.analyses.common import Progress, check_finite, input_summary, planned_work, run_windows
+from attnscope.analyses.kv_plans import cache_bytes, group_max, plan, ranked, uniform_plan
 from attnscope.analyses.result import Result
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import LoadedModel
-from attnscope.output.documents import DECIMALS
 from attnscope.output.kvplan import KvplanView
 from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text, Texts
@@ -90,54 +89,6 @@ class KvplanResult(Result):
         """KV heads (layer, kv_head) in the plan's order: the lowest score first, ties by layer, then KV head; the
         first `streaming_count` are the streaming ones."""
         return ranked(self.kv_scores)
-
-
-# ------------------------------------------------------------------------------------------------- the plan
-
-
-def group_max(scores: np.ndarray, n_kv_head: int) -> np.ndarray:
-    """(L, H_kv): each KV head's score, the largest of the scores (L, H) of the query heads that read it (query head
-    h reads KV head h // (H / H_kv), as transformers' repeat_kv lays them out)."""
-    n_layer, n_head = scores.shape
-    return scores.reshape(n_layer, n_kv_head, n_head // n_kv_head).max(axis=-1)
-
-
-def ranked(kv_scores: np.ndarray) -> list[tuple[int, int]]:
-    """Every KV head (layer, kv_head), the lowest score first (as the JSON rounds it), ties by layer, then head."""
-    n_layer, n_kv_head = kv_scores.shape
-    heads = [(layer, head) for layer in range(n_layer) for head in range(n_kv_head)]
-    return sorted(heads, key=lambda lh: (round(float(kv_scores[lh]), DECIMALS), lh))
-
-
-def streaming_heads(total: int, fraction: float) -> int:
-    """floor(F × N), with F as written (its shortest decimal form): 0.29 of 100 is 29, where the float's own
-    product, 28.999999999999996, would floor to 28."""
-    return math.floor(Fraction(repr(float(fraction))) * total)
-
-
-def plan(kv_scores: np.ndarray, fraction: float) -> np.ndarray:
-    """(L, H_kv) bool, True where a KV head keeps the full cache: all but the floor(F × N) lowest (see `ranked`)."""
-    full = np.ones(kv_scores.shape, dtype=bool)
-    for layer, head in ranked(kv_scores)[: streaming_heads(kv_scores.size, fraction)]:
-        full[layer, head] = False
-    return full
-
-
-def cache_bytes(
-    full: np.ndarray, windows: Sequence[int | None], d_head: int, element_bytes: int, context: int, kept: int
-) -> tuple[int, int]:
-    """(full attention's KV cache, the plan's) in bytes at `context` tokens: keys and values (2) of d_head elements
-    of `element_bytes` per KV head and position held; a full head holds the `context` positions (or its layer's own
-    sliding window, when shorter), a streaming head (`full` False) min(that, `kept` = sink + recent)."""
-    every, planned = 0, 0
-    for layer, heads in enumerate(full):
-        window = windows[layer]
-        positions = context if window is None else min(context, window)
-        streamed = min(positions, kept)
-        per_position = 2 * d_head * element_bytes
-        every += per_position * positions * len(heads)
-        planned += per_position * (positions * int(heads.sum()) + streamed * int((~heads).sum()))
-    return every, planned
 
 
 # ------------------------------------------------------------------------------------------------- the texts
@@ -211,11 +162,15 @@ class Kvplan(settings.Kvplan):
         scores = sums.means().numpy()  # (L, H)
         check_finite(loaded, "attention", scores, range(loaded.n_layer))
         kv_scores = group_max(scores, loaded.n_kv_head)  # (L, H_kv)
-        fraction, check = self._checked(loaded, kv_scores, progress)
-        full = plan(kv_scores, fraction)  # (L, H_kv)
         windows = [sums.sliding_windows.get(layer) for layer in range(loaded.n_layer)]
         element_bytes = loaded.dtype.itemsize
-        every, planned = cache_bytes(full, windows, loaded.d_head, element_bytes, self.context, kept)
+
+        def memory_of(full: np.ndarray) -> tuple[int, int]:  # (full attention's bytes, the plan's) at --context
+            return cache_bytes(full, windows, loaded.d_head, element_bytes, self.context, kept)
+
+        fraction, check = self._checked(loaded, kv_scores, memory_of, progress)
+        full = plan(kv_scores, fraction)  # (L, H_kv)
+        every, planned = memory_of(full)
         memory = {
             "context": self.context,
             "dtype": str(loaded.dtype).removeprefix("torch."),
@@ -233,6 +188,7 @@ class Kvplan(settings.Kvplan):
                 "check_lengths": list(self.check_lengths) if self.check_lengths else None,
                 "trials": self.trials,
                 "check_seed": self.check_seed,
+                "curve": self.curve,
                 "sink": self.sink,
                 "recent": self.recent,
                 "context": self.context,
@@ -257,9 +213,10 @@ class Kvplan(settings.Kvplan):
         from attnscope.analyses import kvplan_check
 
         lengths, total = self.lengths_for(loaded.n_ctx), loaded.n_layer * loaded.n_kv_head
-        fractions = kvplan_check.fractions(self.streaming)
+        fractions = kvplan_check.fractions(self.streaming, self.curve)
         streaming = sum(math.floor(fraction * total + 1e-9) > 0 for fraction in fractions)
-        runs = 1 + streaming * (1 + kvplan_check.RANDOM_PLANS)
+        per_share = 1 + kvplan_check.RANDOM_PLANS + int(self.curve)  # at most: a uniform plan the plan is costs none
+        runs = 1 + streaming * per_share
         made = kvplan_check.testing_prompts(
             loaded.tokenizer, lengths, self.trials, self.check_seed, self.sink, self.recent
         )  # what the check will run: the multi-key needle's only at the lengths that hold it
@@ -272,23 +229,25 @@ class Kvplan(settings.Kvplan):
             f"--check runs {counted(len(made), 'prompt')} ({counted(len(lengths), 'length')} × "
             f"{counted(len(kvplan_check.DEPTHS), 'depth')} × {counted(self.trials, 'trial')} per task: {per_task}) "
             f"{runs} times (full attention, then "
-            f"{counted(streaming, 'share')} × (the plan + {kvplan_check.RANDOM_PLANS} random plans))",
+            f"{counted(streaming, 'share')} × (the plan + {kvplan_check.RANDOM_PLANS} random plans"
+            f"{' + the uniform-by-layer plan' if self.curve else ''}))",
             f"shorter --check-lengths (now {','.join(map(str, lengths))}), fewer --trials, or one --streaming "
             f"share{auto} make it smaller",
         )
 
     def _checked(
-        self, loaded: LoadedModel, kv_scores: np.ndarray, progress: Progress | None
+        self, loaded: LoadedModel, kv_scores: np.ndarray, memory_of: Any, progress: Progress | None
     ) -> tuple[float, dict[str, Any] | None]:
         """The share that streams (--streaming, or the one --check's auto picks) and the check's summary (None
-        without --check)."""
+        without --check), each share with the KV cache its plans hold at --context (`memory_of(full)`: full
+        attention's bytes and the plan's), as a share of full attention's."""
         if not self.check:
             return float(self.streaming), None
         from attnscope.analyses import kvplan_check
 
         lengths = self.lengths_for(loaded.n_ctx)
         auto = self.streaming == "auto"
-        fractions = kvplan_check.fractions(self.streaming)
+        fractions = kvplan_check.fractions(self.streaming, self.curve)
         checked = kvplan_check.check_plans(
             loaded,
             lambda share: plan(kv_scores, share),
@@ -299,9 +258,16 @@ class Kvplan(settings.Kvplan):
             self.trials,
             self.check_seed,
             progress,
+            uniform_of=(lambda share: uniform_plan(kv_scores, share)) if self.curve else None,
         )
         fraction = kvplan_check.chosen_share(checked) if auto else float(self.streaming)
-        return fraction, kvplan_check.summary(checked, fraction, lengths, self.trials, self.check_seed, auto)
+        summary = kvplan_check.summary(checked, fraction, lengths, self.trials, self.check_seed, auto)
+        for share in summary["shares"]:
+            every, planned = memory_of(plan(kv_scores, share["streaming"]))
+            share["memory"] = planned / every
+            if share["uniform"] is not None:
+                share["uniform_memory"] = memory_of(uniform_plan(kv_scores, share["streaming"]))[1] / every
+        return fraction, summary
 
     def _probe(self, loaded: LoadedModel, bos: bool, sums: DistantAttention, progress: Progress | None) -> _Measured:
         """The passkey probe through the capture, a batch at a time, each prompt scored at its answer's rows."""
@@ -376,7 +342,7 @@ def _check_notes(check: dict[str, Any] | None) -> list[str]:
         return []
     share = next(share for share in check["shares"] if share["streaming"] == check["streaming"])
     random = "" if share["random_mean"] is None else f", random plans of the same budget {share['random_mean']:.0%}"
-    picked = " (auto: the largest share within one prompt of full attention)" if check.get("auto") else ""
+    picked = " (auto: the largest share within full attention's 95 % interval)" if check.get("auto") else ""
     position = check["shares"].index(share)
     by_task = "; ".join(
         f"{task} {part['full']:.0%}, {part['shares'][position]['plan']:.0%}"

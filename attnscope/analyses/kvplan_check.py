@@ -18,8 +18,12 @@ A plan that knows which heads retrieve keeps its accuracy where random plans of 
 
 The depths are 25, 50 and 75 % of the filler: a needle at 0 % sits right after the introduction, within a sink of
 128 tokens, and one at 100 % right before the question, within a recent window of 256; a streaming head sees both,
-and the check would say nothing about the heads that reach back. `auto` takes the largest share in eighths whose
-plan stays within one prompt of full attention's accuracy (1 / the number of prompts).
+and the check would say nothing about the heads that reach back.
+
+The budget curve (`--curve`, and `auto`): the shares 0, 1/8, … 7/8, each also with the uniform-by-layer plan (as
+many streaming KV heads in every layer, `analyses.kvplan.uniform_plan`), the per-layer form engines that size caches
+per layer can serve. `auto` takes the largest share whose plan's accuracy lies within full attention's 95 % interval
+(Wilson's, over the same prompts).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from attnscope.pipeline.passkey import TASKS, PasskeyPrompt, passkey_results, ta
 DEPTHS = (0.25, 0.5, 0.75)
 RANDOM_PLANS = 3
 FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
-AUTO_FRACTIONS = tuple(k / 8 for k in range(9))
+CURVE_FRACTIONS = tuple(k / 8 for k in range(8))  # the budget curve: 0 to 7/8 of the KV heads streaming
 
 
 WILSON_Z = 1.959963984540054  # the standard normal's 97.5th percentile: a two-sided 95 % interval
@@ -59,9 +63,12 @@ def wilson(successes: int, trials: int, z: float = WILSON_Z) -> tuple[float, flo
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def fractions(streaming: float | str) -> list[float]:
-    """The shares the check measures: eighths for auto, else FRACTIONS and the share asked for."""
-    return list(AUTO_FRACTIONS) if streaming == "auto" else sorted({*FRACTIONS, float(streaming)})
+def fractions(streaming: float | str, curve: bool = False) -> list[float]:
+    """The shares the check measures: the curve's eighths (0 to 7/8) for auto and --curve, else FRACTIONS; and the
+    share asked for."""
+    if streaming == "auto":
+        return list(CURVE_FRACTIONS)
+    return sorted({*(CURVE_FRACTIONS if curve else FRACTIONS), float(streaming)})
 
 
 def streaming_query_heads(full: np.ndarray, n_head: int) -> dict[int, list[int]]:
@@ -111,16 +118,23 @@ def check_plans(
     trials: int,
     seed: int,
     progress: Progress | None = None,
+    uniform_of: Callable[[float], np.ndarray] | None = None,
 ) -> dict[str, Any]:
-    """The check's accuracies (module docstring): the prompts, full attention's, and for each share its plan's and
-    its random plans'; the per-prompt outcomes of full attention and of every share's plan (for the table by length
-    and depth). `plan_of(F)` is the plan at share F, (L, H_kv) bool, True where a KV head keeps the full cache."""
+    """The check's accuracies (module docstring): the prompts, full attention's, and for each share its plan's, its
+    random plans' and, given `uniform_of`, the uniform-by-layer plan's (the curve); the per-prompt outcomes of full
+    attention and of every share's plan (for the table by length and depth). `plan_of(F)` and `uniform_of(F)` are
+    plans at share F, (L, H_kv) bool, True where a KV head keeps the full cache."""
     if loaded.lm_model is None:
         raise AttnscopeError("--check needs the model's language-model head, and this model has none")
     prompts = testing_prompts(loaded.tokenizer, lengths, trials, seed, sink, recent)
     generator = np.random.default_rng(seed)
     plans = {fraction: plan_of(fraction) for fraction in fractions}  # (L, H_kv) each
-    runs = 1 + sum(1 + RANDOM_PLANS for full in plans.values() if not full.all())
+    uniform = {fraction: uniform_of(fraction) for fraction in fractions} if uniform_of else {}  # (L, H_kv) each
+    runs = 1 + sum(
+        1 + RANDOM_PLANS + int(fraction in uniform and not np.array_equal(uniform[fraction], full))
+        for fraction, full in plans.items()
+        if not full.all()
+    )
     done = 0
 
     def accuracy(full: np.ndarray | None) -> list[bool]:
@@ -137,11 +151,17 @@ def check_plans(
     for fraction, full in plans.items():
         count = int((~full).sum())
         if count == 0:  # no head streams: full attention itself
-            shares.append({"streaming": fraction, "kv_heads": 0, "plan": full_attention, "random": []})
+            same = full_attention if fraction in uniform else None
+            shares.append({"streaming": fraction, "kv_heads": 0, "plan": full_attention, "random": [], "uniform": same})
             continue
         planned = accuracy(full)
         randoms = [accuracy(random_plan(full.shape, count, generator)) for _ in range(RANDOM_PLANS)]
-        shares.append({"streaming": fraction, "kv_heads": count, "plan": planned, "random": randoms})
+        layered = None
+        if fraction in uniform:  # the plan itself where it streams as many KV heads in every layer
+            layered = planned if np.array_equal(uniform[fraction], full) else accuracy(uniform[fraction])
+        shares.append(
+            {"streaming": fraction, "kv_heads": count, "plan": planned, "random": randoms, "uniform": layered}
+        )
     total = next(iter(plans.values())).size if plans else 0
     hidden = sum(prompt.hidden_from(sink, recent) for prompt in prompts)
     return {
@@ -163,72 +183,84 @@ def tells_apart(checked: dict[str, Any]) -> bool:
     )
 
 
-def within_one_prompt(full: Sequence[bool], planned: Sequence[bool]) -> bool:
-    """Whether a plan's accuracy is at most one prompt below full attention's."""
-    return sum(planned) >= sum(full) - 1
+def within_full_interval(full: Sequence[bool], planned: Sequence[bool]) -> bool:
+    """Whether a plan's accuracy lies within full attention's 95 % interval (Wilson's, over the same prompts): no
+    lower than its lower end (a plan that retrieves more than full attention does is within it too)."""
+    return sum(planned) / len(planned) >= wilson(sum(full), len(full))[0]
 
 
 def chosen_share(checked: dict[str, Any]) -> float:
-    """auto: the largest share whose plan stays within one prompt of full attention (0 always does)."""
-    return max(share["streaming"] for share in checked["shares"] if within_one_prompt(checked["full"], share["plan"]))
+    """auto: the largest share whose plan lies within full attention's interval (0 always does)."""
+    return max(
+        share["streaming"] for share in checked["shares"] if within_full_interval(checked["full"], share["plan"])
+    )
+
+
+def _rate(outcome: Sequence[bool]) -> float:
+    return sum(outcome) / len(outcome)
+
+
+def _share_summary(share: dict[str, Any]) -> dict[str, Any]:
+    """One share as the JSON gives it: the plan's accuracy and interval, each random plan's and their mean, the
+    uniform-by-layer plan's and its interval (None where the curve was not measured)."""
+    randoms, uniform = share["random"], share["uniform"]
+    return {
+        "streaming": share["streaming"],
+        "kv_heads": share["kv_heads"],
+        "plan": _rate(share["plan"]),
+        "plan_interval": list(wilson(sum(share["plan"]), len(share["plan"]))),
+        "random": [_rate(outcome) for outcome in randoms],
+        "random_mean": float(np.mean([_rate(outcome) for outcome in randoms])) if randoms else None,
+        "uniform": None if uniform is None else _rate(uniform),
+        "uniform_interval": None if uniform is None else list(wilson(sum(uniform), len(uniform))),
+    }
+
+
+def _by_prompt(checked: dict[str, Any], chosen: dict[str, Any], lengths: Sequence[int]) -> list[dict[str, Any]]:
+    """The accuracy of full attention, of the plan `chosen` and of its random plans, by length and depth."""
+    prompts, full, rows = checked["prompts"], checked["full"], []
+    for length in lengths:
+        for depth in DEPTHS:
+            picked = [k for k, prompt in enumerate(prompts) if prompt.length == length and prompt.depth == depth]
+            randoms = [outcome[k] for outcome in chosen["random"] for k in picked]
+            rows.append(
+                {
+                    "length": length,
+                    "depth": depth,
+                    "full": _rate([full[k] for k in picked]),
+                    "plan": _rate([chosen["plan"][k] for k in picked]),
+                    "random": _rate(randoms) if randoms else None,
+                }
+            )
+    return rows
 
 
 def summary(
     checked: dict[str, Any], fraction: float, lengths: Sequence[int], trials: int, seed: int, auto: bool = False
 ) -> dict:
     """The check as the JSON gives it: the settings, full attention's accuracy, each share's (the plan's and each
-    random plan's, their mean), and for the plan at `fraction` the accuracy by length and depth beside full
-    attention's."""
-    prompts, full = checked["prompts"], checked["full"]
-
-    def rate(outcome: Sequence[bool]) -> float:
-        return sum(outcome) / len(outcome)
-
+    random plan's, their mean; the uniform-by-layer plan's on the curve), and for the plan at `fraction` the accuracy
+    by length and depth beside full attention's."""
+    full = checked["full"]
     chosen = next(share for share in checked["shares"] if share["streaming"] == fraction)
-    by_prompt = []
-    for length in lengths:
-        for depth in DEPTHS:
-            picked = [k for k, prompt in enumerate(prompts) if prompt.length == length and prompt.depth == depth]
-            by_prompt.append(
-                {
-                    "length": length,
-                    "depth": depth,
-                    "full": rate([full[k] for k in picked]),
-                    "plan": rate([chosen["plan"][k] for k in picked]),
-                    "random": (
-                        rate([outcome[k] for outcome in chosen["random"] for k in picked]) if chosen["random"] else None
-                    ),
-                }
-            )
     return {
         "task": f"{' and '.join(TASKS.values())}; greedy decoding, one forward a prompt",
         "lengths": list(lengths),
         "depths": list(DEPTHS),
         "trials": trials,
-        "prompts": len(prompts),
+        "prompts": len(checked["prompts"]),
         "prompts_hidden": checked["hidden"],
         "tells_apart": tells_apart(checked),
         "random_plans": RANDOM_PLANS,
         "seed": seed,
-        "full": rate(full),
+        "full": _rate(full),
         "full_interval": list(wilson(sum(full), len(full))),
         "interval": "Wilson's 95 % interval of each share retrieved, over the prompts",
-        "shares": [
-            {
-                "streaming": share["streaming"],
-                "kv_heads": share["kv_heads"],
-                "plan": rate(share["plan"]),
-                "plan_interval": list(wilson(sum(share["plan"]), len(share["plan"]))),
-                "random": [rate(outcome) for outcome in share["random"]],
-                "random_mean": (
-                    float(np.mean([rate(outcome) for outcome in share["random"]])) if share["random"] else None
-                ),
-            }
-            for share in checked["shares"]
-        ],
+        "shares": [_share_summary(share) for share in checked["shares"]],
+        "curve": any(share["uniform"] is not None for share in checked["shares"]),
         "streaming": fraction,
         "auto": auto,
-        "by_prompt": by_prompt,
+        "by_prompt": _by_prompt(checked, chosen, lengths),
         "tasks": {task: task_summary(checked, task) for task in TASKS},
     }
 

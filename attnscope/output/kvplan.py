@@ -350,18 +350,23 @@ def check_table(check: dict) -> Any:
 
     table = Table(header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
     tasks = {task: part for task, part in check.get("tasks", {}).items() if part["prompts"]}
-    for name in ("streaming", "KV heads", "this plan", *(f"plan: {task}" for task in tasks), "random plans"):
+    curve = check.get("curve", False)
+    names = ("streaming", "KV heads", "KV cache", "this plan", *(f"plan: {task}" for task in tasks), "random plans")
+    for name in (*names, *(["uniform by layer"] if curve else [])):
         table.add_column(name, justify="right")
     for position, share in enumerate(check["shares"]):
         randoms = share["random"]
         spread = f"{share['random_mean']:.0%} ({min(randoms):.0%}-{max(randoms):.0%})" if randoms else "-"
         marked = share["streaming"] == check["streaming"]
+        layered = [] if not curve else [f"{share['uniform']:.0%} {_interval(share['uniform_interval'])}"]
         table.add_row(
             f"{share['streaming']:g}{' *' if marked else ''}",
             str(share["kv_heads"]),
+            f"{share['memory']:.0%}",
             Text(f"{share['plan']:.0%} {_interval(share['plan_interval'])}", style="bold" if marked else ""),
             *(f"{part['shares'][position]['plan']:.0%}" for part in tasks.values()),
             spread,
+            *layered,
         )
     by_task = ", ".join(f"{task} {part['full']:.0%}" for task, part in tasks.items())
     heading = (
@@ -371,41 +376,55 @@ def check_table(check: dict) -> Any:
         f"{_interval(check['full_interval'])}{f' ({by_task})' if by_task else ''}"
     )
     key = (
-        f"*: this plan's share; [a-b]: Wilson's 95 % interval over the {check['prompts']} prompts; random plans: the "
-        f"mean of {check['random_plans']} (their range)"
+        f"*: this plan's share; KV cache: this plan's at --context, of full attention's; [a-b]: Wilson's 95 % interval "
+        f"over the {check['prompts']} prompts; random plans: the mean of {check['random_plans']} (their range)"
+        + ("; uniform by layer: as many streaming KV heads in every layer" if curve else "")
     )
     return Group(Text(heading, style="bold"), table, Text(key, style="dim"))
 
 
 def check_plot(result: Any) -> Any:
-    """Accuracy (both tasks' prompts) against the streaming share: the plan's line, random plans' mean with their
-    range as bars, full attention's level dashed; the chosen share marked."""
+    """Accuracy (both tasks' prompts) against the KV cache's memory at --context, as a share of full attention's:
+    the plan's line, random plans' mean with their range as bars, the uniform-by-layer plan's line (the curve), full
+    attention's level dashed in its 95 % interval; the plan's share marked. Shares that stream as many KV heads
+    (1/8 and 1/4 of 4 heads: one) are one plan and one point, the first of them."""
+    from matplotlib.ticker import PercentFormatter
+
     from attnscope.output.line_plots import line_plot
 
     check = result.check
-    shares = check["shares"]
-    x = [share["streaming"] for share in shares]
+    counts: set[int] = set()  # shares that stream as many KV heads are one plan: the first of them is drawn
+    shares = [share for share in check["shares"] if not (share["kv_heads"] in counts or counts.add(share["kv_heads"]))]
+    x = [share["memory"] for share in shares]
     randoms = [share["random"] or [share["plan"]] for share in shares]  # no head streams: full attention itself
+    random_name = f"random plans (mean of {check['random_plans']}, range)"
     series = {
         "this plan (lowest scores stream)": [share["plan"] for share in shares],
-        f"random plans (mean of {check['random_plans']}, range)": [float(sum(r) / len(r)) for r in randoms],
-        "full attention": [check["full"]] * len(shares),
+        random_name: [float(sum(r) / len(r)) for r in randoms],
     }
-    styles = {"full attention": {"color": "#5F5F5F", "linestyle": "--", "marker": ""}}
-    spreads = {list(series)[1]: ([min(r) for r in randoms], [max(r) for r in randoms])}
+    if check.get("curve"):
+        series["uniform by layer (as many streaming in each)"] = [share["uniform"] for share in shares]
+    full_name = "full attention (its 95 % interval shaded)"
+    series[full_name] = [check["full"]] * len(shares)
+    styles = {full_name: {"color": "#5F5F5F", "linestyle": "--", "marker": ""}}
+    spreads = {random_name: ([min(r) for r in randoms], [max(r) for r in randoms])}
     subtitle = (
         f"{result.model.get('name', '')}; {counted(check['prompts'], 'prompt')} of "
         f"{', '.join(f'{n:,}' for n in check['lengths'])} tokens; streaming heads keep the first "
-        f"{result.settings['sink']:,} + last {result.settings['recent']:,} tokens"
+        f"{result.settings['sink']:,} + last {result.settings['recent']:,} tokens; memory at "
+        f"{result.settings['context']:,} tokens"
     )
     figure = line_plot(
-        x, series, "share of KV heads streaming", "accuracy (share retrieved)",
-        "Passkey and multi-key needle retrieval with the plan, with random plans of the same budget", subtitle,
+        x, series, "KV cache at --context (share of full attention's)", "accuracy (share retrieved)",
+        "Passkey and multi-key needle retrieval against KV-cache memory", subtitle,
         styles=styles, y_top=1.05, spreads=spreads,
     )  # fmt: skip
     axes = figure.axes[0]
-    axes.axvline(check["streaming"], color="#bbbbbb", linewidth=1, zorder=0)
-    chosen = "the plan's share" + (" (auto)" if check.get("auto") else "")
-    axes.annotate(chosen, (check["streaming"], 1.05), xytext=(3, -10), textcoords="offset points", fontsize=8,
+    axes.axhspan(*check["full_interval"], color="#5F5F5F", alpha=0.12, linewidth=0, zorder=0)
+    axes.xaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
+    chosen = next(share for share in check["shares"] if share["streaming"] == check["streaming"])
+    axes.axvline(chosen["memory"], color="#bbbbbb", linewidth=1, zorder=0)
+    label = f"the plan: {check['streaming']:g} streaming" + (" (auto)" if check.get("auto") else "")
+    axes.annotate(label, (chosen["memory"], 1.05), xytext=(3, -10), textcoords="offset points", fontsize=8,
                   color="#5F5F5F")  # fmt: skip
     return figure

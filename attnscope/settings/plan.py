@@ -36,7 +36,7 @@ class Kvplan(Reading, Batching, Place, Revision, DeviceMap, Settings):
         0.5,
         "Share of the key/value heads given a streaming cache: those with the least attention outside the sink and "
         "the recent window (floor(F × KV heads) of them); auto: the largest share in eighths whose --check accuracy "
-        "stays within one prompt of full attention's (runs --check).",
+        "lies within full attention's 95 % interval (runs --check and --curve).",
         metavar="F|auto",
     )
     sink: int = setting(
@@ -74,11 +74,20 @@ class Kvplan(Reading, Batching, Place, Revision, DeviceMap, Settings):
     )
     trials: int = setting(options.TRIALS, 2, "--check's prompts per task, length and depth.", metavar="N")
     check_seed: int = setting(options.SEED, 0, "Seed of --check's passkeys, keys and random plans.", metavar="SEED")
+    curve: bool = setting(
+        options.FLAG,
+        False,
+        "The budget curve (runs --check): accuracy at every streaming share from 0 to 7/8 for this plan, random plans "
+        "and the uniform-by-layer plan (as many streaming KV heads in every layer), drawn against the KV cache's "
+        "memory with --out (--streaming auto draws it too).",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.streaming == "auto":
-            object.__setattr__(self, "check", True)  # auto is chosen by the check
+            object.__setattr__(self, "curve", True)  # auto is chosen on the curve
+        if self.curve:
+            object.__setattr__(self, "check", True)  # the curve is the check's
 
     @property
     def needs_lm_head(self) -> bool:

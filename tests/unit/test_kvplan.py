@@ -13,14 +13,8 @@ import pytest
 import torch
 
 from attnscope import settings
-from attnscope.analyses.kvplan import (
-    KvplanResult,
-    cache_bytes,
-    group_max,
-    plan,
-    probe_tokens,
-    streaming_heads,
-)
+from attnscope.analyses.kv_plans import cache_bytes, group_max, plan, streaming_heads
+from attnscope.analyses.kvplan import KvplanResult, probe_tokens
 from attnscope.errors import AttnscopeError
 from attnscope.models.checks import Shape
 from attnscope.output.kvplan import PLAN_FILE, byte_size, memory_line, plan_config, plan_tsv

@@ -13,9 +13,9 @@ import pytest
 
 from attnscope import settings
 from attnscope.analyses import kvplan_check
-from attnscope.analyses.kvplan import plan
+from attnscope.analyses.kv_plans import plan
 from attnscope.analyses.kvplan_check import (
-    AUTO_FRACTIONS,
+    CURVE_FRACTIONS,
     check_plans,
     chosen_share,
     random_plan,
@@ -72,7 +72,7 @@ def _planner():
 
 
 def test_the_plan_keeps_the_retrieval_head_and_auto_takes_the_largest_share_that_does(planted):
-    checked = check_plans(LOADED, _planner(), AUTO_FRACTIONS, 4, 8, [512, 1024], 2, seed=0)
+    checked = check_plans(LOADED, _planner(), CURVE_FRACTIONS, 4, 8, [512, 1024], 2, seed=0)
     assert len(checked["full"]) == 2 * 3 * 2 and all(checked["full"])
     for share in checked["shares"]:
         streamed = math.floor(share["streaming"] * 8 + 1e-9)

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attnscope.analyses.kvplan import KvplanResult, cache_bytes, group_max, plan
+from attnscope.analyses.kv_plans import cache_bytes, group_max, plan
+from attnscope.analyses.kvplan import KvplanResult
 from attnscope.errors import AttnscopeError
 from attnscope.interop import kvpress as interop
 from attnscope.output.kvplan import HEAD_SCORE_FILE, head_score_json

@@ -179,7 +179,7 @@ def test_what_a_setting_asks_of_a_model_is_refused_from_its_config(build, messag
 def test_a_streaming_share_is_applied_as_the_json_records_it(given):
     """Six decimals, as the JSON writes it: floor(share × 8 KV heads) is then 6, the plan the file describes, where
     the float given would floor to 5."""
-    from attnscope.analyses.kvplan import streaming_heads
+    from attnscope.analyses.kv_plans import streaming_heads
 
     share = settings.Kvplan(streaming=given).streaming
     assert share == 0.75 and streaming_heads(8, share) == 6
