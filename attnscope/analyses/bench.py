@@ -14,6 +14,8 @@ Methods, on the same random token ids, batch shape and device:
   layer 1 and above explained by its row statistics, each earlier head removed (mean ablation, circuit's default),
   replayed from its layer (`circuit`) or by one full forward per removed head, every layer scored (`circuit-naive`,
   the reference).
+- `kvplan` (only when asked for): `attnscope kvplan`'s score on the texts given (the probe and the plan excluded):
+  each row's attention on the keys a streaming cache drops, with its default sink and recent window.
 - `diversity`, `diversity-sampled` (only when asked for): `attnscope diversity --layer all`'s reduction, every pair
   of heads of all layers, exact or with JS on `sample_rows` random rows per window; batches sized as that
   command sizes them (all layers' maps of a batch within its memory budget).
@@ -63,6 +65,8 @@ DEFAULT_SAMPLE_ROWS = settings.Bench.sample_rows  # rows per window of `diversit
 # and makes at most harness.MAX_CALLS calls.
 SAMPLE_S = 0.1
 BASELINES = ("tutorial", "cache")  # what users do today, against which attnscope's speed-up is reported
+# Methods whose attention never holds an (n × n) map: SDPA's forward, and the capture's blocks of rows or tiles
+STREAMING = ("floor", "attnscope", "fused", "blocks", "kvplan")
 
 
 def numpy_head_scores(maps: np.ndarray) -> dict[str, np.ndarray]:
@@ -135,15 +139,24 @@ def _methods(
             calls, lambda attentions: [numpy_head_scores(layer[0].float().cpu().numpy()) for layer in attentions]
         )
 
-    previous = torch.zeros(n, n, device=device)
-    previous[torch.arange(1, n), torch.arange(n - 1)] = 1.0
-
     def cache(calls: int = 1) -> list:
+        # the previous-token pattern (n, n), built only when this method runs: 4.3 GB at 32,768 tokens
+        previous = torch.zeros(n, n, device=device)
+        previous[torch.arange(1, n), torch.arange(n - 1)] = 1.0
+
         def shares(attentions: Any) -> dict:
             cached = {f"blocks.{layer}.attn.hook_pattern": a[0] for layer, a in enumerate(attentions)}
             return {name: pattern_share(previous, attn.float()) for name, attn in cached.items()}
 
         return one_text_at_a_time(calls, shares)
+
+    def kvplan(calls: int = 1) -> Any:
+        # like `analysis`, with kvplan's reducer and its default sink and recent window
+        from attnscope.pipeline.reducers import DistantAttention
+
+        sums = DistantAttention(n_layer, n_head, device, settings.Kvplan.sink, settings.Kvplan.recent)
+        capture.run(model, [batch] * calls, sums, kernel=kernel)
+        return sums.means()
 
     def diversity(rows: int, calls: int = 1) -> Any:
         # like `analysis`: `calls` passes over the batch in one run
@@ -175,6 +188,7 @@ def _methods(
         "blocks": lambda calls=1: analysis(calls, "blocks"),
         "tutorial": tutorial,
         "cache": cache,
+        "kvplan": kvplan,
         "diversity": lambda calls=1: diversity(0, calls),
         "diversity-sampled": lambda calls=1: diversity(sample_rows, calls),
         "circuit": lambda calls=1: circuit(False, calls),
@@ -209,13 +223,16 @@ def estimated_bytes(config: Any, batch: int, seq: int, method: str, element: int
     """A rough lower bound on the memory one call of `method` needs at batch × seq on a model of `config` whose
     weights take `element` bytes per value: the weights; the hidden states of one layer (the residual stream, the
     queries, keys and values, the MLP's 4d; about 14 values per token and model dimension); one layer's attention
-    logits and weights in float32 (B·H·n² twice); the notebook ways run one text at a time, and also hold its maps
-    of every layer and its logits over the vocabulary. Measured peaks on GPT-2 small are 1.1-1.4× this; it is used
-    only to refuse a batch that cannot fit."""
+    logits and weights in float32 (B·H·n² twice), except in the methods that never hold them (STREAMING: SDPA's
+    floor, the capture's blocks of rows); the notebook ways run one text at a time, and also hold its maps of every
+    layer and its logits over the vocabulary. Measured peaks on GPT-2 small are 1.1-1.4× this; it is used only to
+    refuse a batch that cannot fit."""
     d, H, L = config.hidden_size, config.num_attention_heads, config.num_hidden_layers
     weights = element * (config.vocab_size * d + L * 12 * d * d)
     texts = 1 if method in BASELINES else batch  # the notebook ways run one text at a time
-    forward = element * 14 * texts * seq * d + 4 * 2 * texts * H * seq * seq
+    forward = element * 14 * texts * seq * d
+    if method not in STREAMING:
+        forward += 4 * 2 * texts * H * seq * seq
     if method in BASELINES:
         forward += 4 * (L * H * seq * seq + seq * config.vocab_size)
     if method == "circuit":  # a batch's hidden states and heads' outputs at every layer, kept for the replays
