@@ -591,6 +591,7 @@ def bench(
         "diversity-sampled",
         "circuit",
         "circuit-naive",
+        "kvplan",
     ]
     | Sequence[
         Literal[
@@ -604,6 +605,7 @@ def bench(
             "diversity-sampled",
             "circuit",
             "circuit-naive",
+            "kvplan",
         ]
     ] = ("floor", "attnscope", "tutorial", "cache"),
     micro: bool = False,
@@ -623,7 +625,8 @@ def bench(
     batch_sizes Batch sizes (1-65,536; a shape that would not fit in memory is refused before it runs) (--batch-sizes)
     repeats     Rounds, each running every method once timed and once for memory (medians reported) (--repeats)
     warmup      Untimed rounds of every method first (--warmup)
-    methods     Which methods to time (fused, blocks: the analysis with that kernel, whatever --kernel says) (--methods)
+    methods     Which methods to time (fused, blocks: the analysis with that kernel, whatever --kernel says; kvplan:
+                kvplan's score with its default sink and recent window) (--methods)
     micro       Also the tutorials' micro-benchmark: attention from scratch (numpy, torch) against SDPA at their d_model
                 512, whatever the model. Off by default: minutes on a CPU, longer than a small model's bench (--micro)
     sample_rows Rows per window on which the diversity-sampled method estimates JS (--sample-rows)
@@ -776,6 +779,7 @@ def kvplan(
     check_lengths: Sequence[int] | None = None,
     trials: int = 2,
     check_seed: int = 0,
+    curve: bool = False,
     file: str | os.PathLike[str] | None = None,
     bos: bool | None = None,
     batch_size: int = 8,
@@ -799,7 +803,7 @@ def kvplan(
                 predict the passkey (TEXT)
     streaming   Share of the key/value heads given a streaming cache: those with the least attention outside the sink
                 and the recent window (floor(F × KV heads) of them); auto: the largest share in eighths whose --check
-                accuracy stays within one prompt of full attention's (runs --check) (--streaming)
+                accuracy lies within full attention's 95 % interval (runs --check and --curve) (--streaming)
     sink        First tokens a streaming head keeps (DuoAttention's sink_size; 128 in its published plans) (--sink)
     recent      Last tokens a streaming head keeps, its own among them (DuoAttention's recent_size; 256 in its published
                 plans) (--recent)
@@ -812,6 +816,9 @@ def kvplan(
                 (--check-lengths)
     trials      --check's prompts per task, length and depth (--trials)
     check_seed  Seed of --check's passkeys, keys and random plans (--check-seed)
+    curve       The budget curve (runs --check): accuracy at every streaming share from 0 to 7/8 for this plan, random
+                plans and the uniform-by-layer plan (as many streaming KV heads in every layer), drawn against the KV
+                cache's memory with --out (--streaming auto draws it too) (--curve)
     file        Texts separated by blank lines, or .jsonl with a 'text' field; '-' reads standard input (--file)
     bos         Prepend the BOS token, or wrap in [CLS] … [SEP] for an encoder (default: on when the model has them)
                 (--bos)

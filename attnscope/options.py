@@ -39,7 +39,10 @@ BENCH_METHODS = ("floor", "attnscope", "tutorial", "cache")  # bench's default s
 BENCH_KERNEL_METHODS = ("fused", "blocks")  # the analysis with one kernel or the other
 BENCH_DIVERSITY_METHODS = ("diversity", "diversity-sampled")
 BENCH_CIRCUIT_METHODS = ("circuit", "circuit-naive")  # every earlier head removed: replayed, or one forward each
-ALL_BENCH_METHODS = BENCH_METHODS + BENCH_KERNEL_METHODS + BENCH_DIVERSITY_METHODS + BENCH_CIRCUIT_METHODS
+BENCH_KVPLAN_METHODS = ("kvplan",)  # kvplan's score: each row's attention outside the sink and the recent window
+ALL_BENCH_METHODS = (
+    BENCH_METHODS + BENCH_KERNEL_METHODS + BENCH_DIVERSITY_METHODS + BENCH_CIRCUIT_METHODS + BENCH_KVPLAN_METHODS
+)
 
 # Bounds of the counts. Each is far beyond any useful value, and small enough that nothing sized by it overflows or
 # runs for days: a count no option could mean is refused at once rather than run until killed.

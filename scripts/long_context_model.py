@@ -1,17 +1,18 @@
 """A long-context model to time attnscope on, with no download: a Llama-architecture model of SmolLM2-135M's widths
-(d_model 576, 9 query heads over 3 key/value heads, d_head 64, MLP 1,536, context 8,192) cut to 8 layers, with
-random weights (seed 0) and the GPT-2 tokenizer of tests/data, saved with save_pretrained into FOLDER. Optional
-arguments: the layers (default 8) and the context (default 8,192).
+(d_model 576, 9 query heads over 3 key/value heads, d_head 64, MLP 1,536) with a context of --context tokens (8,192
+by default) cut to --layers layers (8), with random weights (seed 0) and the GPT-2 tokenizer of tests/data, saved
+with save_pretrained into FOLDER.
 
     python scripts/long_context_model.py /tmp/llama8k
     attnscope bench -m /tmp/llama8k --device cpu --seq-lens 2048,4096,8192 --batch-sizes 1 --repeats 2 \
         --methods floor,attnscope
-    python scripts/long_context_model.py /tmp/llama16k 2 16384   # kvplan --check at 4k-16k (docs/kvplan.md)
+    python scripts/long_context_model.py /tmp/llama32k --context 32768 --layers 2
+    python scripts/long_context_model.py /tmp/llama16k --context 16384 --layers 2   # kvplan --check at 4k-16k
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
 import torch
@@ -35,4 +36,9 @@ def main(folder: str, layers: int = 8, context: int = 8192) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], *(int(argument) for argument in sys.argv[2:4]))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder")
+    parser.add_argument("--context", type=int, default=8192, help="max_position_embeddings (default 8192)")
+    parser.add_argument("--layers", type=int, default=8, help="num_hidden_layers (default 8)")
+    arguments = parser.parse_args()
+    main(arguments.folder, arguments.layers, arguments.context)

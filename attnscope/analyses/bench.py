@@ -14,6 +14,8 @@ Methods, on the same random token ids, batch shape and device:
   layer 1 and above explained by its row statistics, each earlier head removed (mean ablation, circuit's default),
   replayed from its layer (`circuit`) or by one full forward per removed head, every layer scored (`circuit-naive`,
   the reference).
+- `kvplan` (only when asked for): `attnscope kvplan`'s score on the texts given (the probe and the plan excluded):
+  each row's attention on the keys a streaming cache drops, with its default sink and recent window.
 - `diversity`, `diversity-sampled` (only when asked for): `attnscope diversity --layer all`'s reduction, every pair
   of heads of all layers, exact or with JS on `sample_rows` random rows per window; batches sized as that
   command sizes them (all layers' maps of a batch within its memory budget).
@@ -135,15 +137,24 @@ def _methods(
             calls, lambda attentions: [numpy_head_scores(layer[0].float().cpu().numpy()) for layer in attentions]
         )
 
-    previous = torch.zeros(n, n, device=device)
-    previous[torch.arange(1, n), torch.arange(n - 1)] = 1.0
-
     def cache(calls: int = 1) -> list:
+        # the previous-token pattern (n, n), built only when this method runs: 4.3 GB at 32,768 tokens
+        previous = torch.zeros(n, n, device=device)
+        previous[torch.arange(1, n), torch.arange(n - 1)] = 1.0
+
         def shares(attentions: Any) -> dict:
             cached = {f"blocks.{layer}.attn.hook_pattern": a[0] for layer, a in enumerate(attentions)}
             return {name: pattern_share(previous, attn.float()) for name, attn in cached.items()}
 
         return one_text_at_a_time(calls, shares)
+
+    def kvplan(calls: int = 1) -> Any:
+        # like `analysis`, with kvplan's reducer and its default sink and recent window
+        from attnscope.pipeline.reducers import DistantAttention
+
+        sums = DistantAttention(n_layer, n_head, device, settings.Kvplan.sink, settings.Kvplan.recent)
+        capture.run(model, [batch] * calls, sums, kernel=kernel)
+        return sums.means()
 
     def diversity(rows: int, calls: int = 1) -> Any:
         # like `analysis`: `calls` passes over the batch in one run
@@ -175,6 +186,7 @@ def _methods(
         "blocks": lambda calls=1: analysis(calls, "blocks"),
         "tutorial": tutorial,
         "cache": cache,
+        "kvplan": kvplan,
         "diversity": lambda calls=1: diversity(0, calls),
         "diversity-sampled": lambda calls=1: diversity(sample_rows, calls),
         "circuit": lambda calls=1: circuit(False, calls),

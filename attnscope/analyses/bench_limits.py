@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     import torch
 
 BASELINES = ("tutorial", "cache")  # what users do today, against which attnscope's speed-up is reported
+# Methods whose attention never holds an (n × n) map: SDPA's forward, and the capture's blocks of rows or tiles
+STREAMING = ("floor", "attnscope", "fused", "blocks", "kvplan")
 
 
 def check_settings(seqs: Sequence[int], batches: Sequence[int], repeats: int, warmup: int) -> None:
@@ -44,13 +46,16 @@ def estimated_bytes(config: Any, batch: int, seq: int, method: str, element: int
     """A rough lower bound on the memory one call of `method` needs at batch × seq on a model of `config` whose
     weights take `element` bytes per value: the weights; the hidden states of one layer (the residual stream, the
     queries, keys and values, the MLP's 4d; about 14 values per token and model dimension); one layer's attention
-    logits and weights in float32 (B·H·n² twice); the notebook ways run one text at a time, and also hold its maps
-    of every layer and its logits over the vocabulary. Measured peaks on GPT-2 small are 1.1-1.4× this; it is used
-    only to refuse a batch that cannot fit."""
+    logits and weights in float32 (B·H·n² twice), except in the methods that never hold them (STREAMING: SDPA's
+    floor, the capture's blocks of rows); the notebook ways run one text at a time, and also hold its maps of every
+    layer and its logits over the vocabulary. Measured peaks on GPT-2 small are 1.1-1.4× this; it is used only to
+    refuse a batch that cannot fit."""
     d, H, L = config.hidden_size, config.num_attention_heads, config.num_hidden_layers
     weights = element * (config.vocab_size * d + L * 12 * d * d)
     texts = 1 if method in BASELINES else batch  # the notebook ways run one text at a time
-    forward = element * 14 * texts * seq * d + 4 * 2 * texts * H * seq * seq
+    forward = element * 14 * texts * seq * d
+    if method not in STREAMING:
+        forward += 4 * 2 * texts * H * seq * seq
     if method in BASELINES:
         forward += 4 * (L * H * seq * seq + seq * config.vocab_size)
     if method == "circuit":  # a batch's hidden states and heads' outputs at every layer, kept for the replays

@@ -56,6 +56,9 @@ MIN_ROW_TILE = 32
 # 2^−1000 is 0 in float32 all the same, and a fully masked tile's maximum (−1e30, or an additive mask's float32
 # minimum) times its total stays finite.
 FAR = -1000.0
+# How far a tile's maximum may pass a block's reference maximum before the block's sums are rescaled to it: its
+# weights are then at most 2^16, and a row's sums over a million keys at most 2^36, far from float32's 2^128.
+HEADROOM = 16.0
 
 
 def rows_per_block(windows: int) -> int:
@@ -166,50 +169,75 @@ def _tiles(start: int, stop: int, keys: int, triangle: bool) -> list[tuple[int, 
 
 
 class _TileSums:
-    """A block's softmax over its tiles: each tile's own maximum m_c (B, H, b), total l_c, weighted t_c (see the
-    module, relative to m_c) and output products (B, H_kv, G·b, d_head), kept until the block's last tile and then
-    combined at once (`combined`): a tile costs its few large operations, and the rescaling is done once per block
-    rather than once per tile."""
+    """A block's online softmax over its tiles, relative to a reference maximum per row, `ref` (B, H, b), in base 2:
+    l = Σ_j 2^(s_ij − ref), t = Σ_j 2^(s_ij − ref)(s_ij − ref), the output's accumulator Σ_j 2^(s_ij − ref) v_j
+    (B, H_kv, G·b, d_head, float32, added to in place by the tiles' matmuls) and the summed keys' share. `ref` is the
+    first tile's maximum, and moves only when a tile's maximum passes it by more than HEADROOM (weights up to
+    2^HEADROOM are exact in float32): the sums are rescaled then, rarely, rather than at every tile as flash
+    attention does, and nothing of a tile is kept once it is added (a block over 32,768 keys once kept 64 tiles of
+    output products, 19 MB, and streamed them from memory three times to combine them). `peak` is the row's true
+    maximum, to which `combined` refers the sums at the end."""
 
     def __init__(self):
-        self.maxima, self.totals, self.weighteds, self.products, self.summeds = [], [], [], [], []
+        self.ref = self.peak = self.total = self.weighted = self.accumulated = self.summed = None
 
     def add(self, logits: torch.Tensor, value: torch.Tensor, in_range) -> None:
         """One tile: logits (B, H, b, c) in base 2, masked (shifted in place), and its values (B, H_kv, c, d);
         in_range: which of its keys each row sums (`_in_range`: None for no sum, True, False or a (b, c) mask)."""
         B, H, b, c = logits.shape
+        H_kv, d_head = value.shape[1], value.shape[-1]
         tile_max = logits.amax(dim=-1)  # (B, H, b)
+        if self.ref is None:
+            self.ref = self.peak = tile_max
+        else:
+            self.peak = torch.maximum(self.peak, tile_max)
+            if bool((tile_max > self.ref + HEADROOM).any()):
+                self._rescale(self.peak)
         # no floor before exp2, unlike the block path's exp: exp2 has no slow path for results that underflow, and
         # the capture flushes denormals, so a masked key weighs exactly 0 (0 · −1e30 stays 0 in the weighted sum)
-        weights = torch.exp2(logits.sub_(tile_max[..., None]))  # (B, H, b, c)
-        self.maxima.append(tile_max)
+        shifted = logits.sub_(self.ref[..., None])  # (B, H, b, c), <= HEADROOM
+        weights = torch.exp2(shifted)  # (B, H, b, c)
         total = weights.sum(dim=-1)  # (B, H, b)
-        self.totals.append(total)
+        summed = None
         if in_range is True:
-            self.summeds.append(total)
-        elif in_range is False:
-            self.summeds.append(torch.zeros_like(total))
-        elif in_range is not None:
-            self.summeds.append((weights * in_range).sum(dim=-1))
-        self.weighteds.append(torch.linalg.vecdot(weights, logits))  # Σ_j w_ij (s_ij − m_c)
-        self.products.append(torch.matmul(weights.to(value.dtype).view(B, value.shape[1], -1, c), value))
+            summed = total
+        elif in_range is not None and in_range is not False:
+            summed = (weights * in_range).sum(dim=-1)
+        weighted = shifted.mul_(weights).sum(dim=-1)  # Σ_j w_ij (s_ij − ref), in place: the logits are done
+        grouped = weights.view(B * H_kv, -1, c)  # (B·H_kv, G·b, c)
+        values = value.reshape(B * H_kv, c, d_head)  # (B·H_kv, c, d_head), a view of the layer's contiguous values
+        if self.total is None:
+            self.total, self.weighted = total, weighted
+            if in_range is not None:  # a copy: `total` itself when every key is summed, added to on its own
+                self.summed = torch.zeros_like(total) if summed is None else summed.clone()
+            self.accumulated = torch.bmm(grouped.to(value.dtype), values).float()  # (B·H_kv, G·b, d_head)
+            return
+        self.total += total
+        self.weighted += weighted
+        if summed is not None:
+            self.summed += summed
+        if value.dtype == torch.float32:
+            self.accumulated.baddbmm_(grouped, values)  # added in place: no tile of products is kept
+        else:
+            self.accumulated += torch.bmm(grouped.to(value.dtype), values).float()
+
+    def _rescale(self, ref: torch.Tensor) -> None:
+        """Refer the sums to a new reference maximum `ref` (B, H, b), at least the old one: with a = 2^(old − ref),
+        l ← a·l, t ← a·(t + (old − ref)·l), the accumulator and the summed share ← a·them."""
+        lead = (self.ref - ref).clamp_(min=FAR)  # (B, H, b), <= 0
+        scale = torch.exp2(lead)
+        self.weighted = scale * (self.weighted + lead * self.total)
+        self.total = scale * self.total
+        if self.summed is not None:
+            self.summed = scale * self.summed
+        self.accumulated = self.accumulated * scale.view(self.accumulated.shape[0], -1, 1)
+        self.ref = ref
 
     def combined(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(m, l, t, output accumulator, summed) over all tiles, relative to the block's maximum m (B, H, b): with a_c
-        = 2^(m_c − m), l = Σ_c a_c l_c, t = Σ_c a_c (t_c + (m_c − m) l_c), output = Σ_c a_c products_c (float32),
-        summed = Σ_c a_c summed_c (None when no tile summed)."""
-        maxima = torch.stack(self.maxima)  # (T, B, H, b)
-        m = maxima.amax(dim=0)
-        lead = (maxima - m).clamp_(min=FAR)  # (T, B, H, b), <= 0
-        scale = torch.exp2(lead)
-        totals = torch.stack(self.totals)
-        total = (scale * totals).sum(dim=0)
-        weighted = (scale * (torch.stack(self.weighteds) + lead * totals)).sum(dim=0)
-        products = torch.stack(self.products).float()  # (T, B, H_kv, G·b, d)
-        T, B, H_kv, Gb, _ = products.shape
-        output = (products * scale.view(T, B, H_kv, Gb, 1)).sum(dim=0)  # (B, H_kv, G·b, d)
-        summed = (scale * torch.stack(self.summeds)).sum(dim=0) if self.summeds else None
-        return m, total, weighted, output, summed
+        """(m, l, t, output accumulator, summed), relative to the block's maximum m (B, H, b) = `peak`: the running
+        sums referred from `ref` to m once (see `_rescale`); the accumulator (B·H_kv, G·b, d_head) float32."""
+        self._rescale(self.peak)
+        return self.peak, self.total, self.weighted, self.accumulated, self.summed
 
 
 def _in_range(summed_keys: tuple[int, int] | None, positions: torch.Tensor, low: int, high: int):

@@ -78,7 +78,8 @@ class Bench(Place, Revision, Kernel, Settings):
     methods: Sequence[str] = setting(
         options.BENCH_METHOD_NAMES,
         options.BENCH_METHODS,
-        "Which methods to time (fused, blocks: the analysis with that kernel, whatever --kernel says).",
+        "Which methods to time (fused, blocks: the analysis with that kernel, whatever --kernel says; kvplan: kvplan's "
+        "score with its default sink and recent window).",
         metavar=",".join(options.ALL_BENCH_METHODS),
     )
     micro: bool = setting(

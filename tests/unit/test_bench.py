@@ -187,3 +187,42 @@ def test_micro_benchmark_skips_a_shape_that_would_not_fit(monkeypatch):
         f"micro-benchmark skipped at 1 × 1024: its attention would take about {need:,.1f} GiB on cpu, more than "
         "the 0.0 GiB available"
     ]
+
+
+@pytest.mark.slow
+def test_kvplan_method_gives_kvplans_scores():
+    """bench's `kvplan` method runs kvplan's reducer with its default sink and recent window over the batch: the
+    scores of the same sums driven by hand."""
+    from transformers import LlamaConfig
+
+    from attnscope import settings
+    from attnscope.pipeline import capture
+    from attnscope.pipeline.reducers import DistantAttention
+    from attnscope.pipeline.tokens import Batch
+
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512,
+    )  # fmt: skip
+    model = bench.random_model(config, "cpu", "auto")
+    ids = torch.randint(0, 64, (1, 400), generator=torch.Generator().manual_seed(0))
+    measured = bench._methods(model, ids, torch.device("cpu"))["kvplan"]()
+    sums = DistantAttention(2, 4, torch.device("cpu"), settings.Kvplan.sink, settings.Kvplan.recent)
+    batch = Batch([0], ids, torch.ones_like(ids), torch.tensor([400]))
+    capture.run(model.base_model, [batch], sums)
+    torch.testing.assert_close(measured, sums.means(), atol=0, rtol=0)
+    assert measured.shape == (2, 4) and bool((measured > 0).all())
+
+
+def test_streaming_methods_need_no_n_squared_memory():
+    """The floor's SDPA and the capture never hold a layer's (n × n) logits, so a long sequence is not refused for
+    them (32,768 tokens: 36 GiB of logits for 9 heads); the notebook ways still count every layer's maps."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=50257, hidden_size=576, intermediate_size=1536, num_hidden_layers=2, num_attention_heads=9,
+        num_key_value_heads=3, max_position_embeddings=32768,
+    )  # fmt: skip
+    for method in bench.STREAMING:
+        assert bench.estimated_bytes(config, 1, 32768, method, 4) < 2 * 2**30
+    assert bench.estimated_bytes(config, 1, 32768, "tutorial", 4) > 32 * 2**30
