@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import pytest
+from scipy.stats import binomtest
 
 import attnscope
 from tests.support import CAT, png_size
@@ -95,8 +96,8 @@ def test_what_cannot_be_planned_is_one_line(cli, tiny_bert_dir):
 @pytest.mark.slow
 def test_check_measures_full_attention_the_plan_and_random_plans_and_auto_picks_a_share(cli, tmp_path):
     """--check on the demo: full attention's passkey accuracy, each share's plan and its three random plans (JSON,
-    the table, the picture); --streaming auto picks the largest share whose plan stays within one prompt of full
-    attention, and the plan files are that share's."""
+    the table, the picture); --streaming auto measures the curve (0 to 7/8, the uniform-by-layer plan too) and picks
+    the largest share whose plan lies within full attention's 95 % interval, and the plan files are that share's."""
     args = [*ARGS, "--check-lengths", "128,192", "--trials", "1"]
     code, out, err = cli("kvplan", *args, "--check", "--json")
     assert code == 0, err
@@ -114,9 +115,16 @@ def test_check_measures_full_attention_the_plan_and_random_plans_and_auto_picks_
     assert code == 0, err
     document = json.loads((tmp_path / "auto" / "kvplan.json").read_text())
     auto = document["check"]
-    assert auto["auto"] and [share["streaming"] for share in auto["shares"]] == [k / 8 for k in range(9)]
-    within = [share["streaming"] for share in auto["shares"] if share["plan"] * 9 >= auto["full"] * 9 - 1 - 1e-9]
+    assert (
+        auto["auto"] and auto["curve"] and [share["streaming"] for share in auto["shares"]] == [k / 8 for k in range(8)]
+    )
+    low = binomtest(round(auto["full"] * 9), 9).proportion_ci(method="wilson").low  # scipy: full attention's interval
+    within = [share["streaming"] for share in auto["shares"] if share["plan"] >= low - 1e-9]
     assert auto["streaming"] == max(within)
+    for share in auto["shares"]:  # the memory by hand: each streaming KV head holds 16 + 64 positions, not 32,768
+        streaming = share["kv_heads"]
+        assert share["memory"] == pytest.approx(((8 - streaming) * 32768 + streaming * 80) / (8 * 32768), abs=1e-6)
+        assert share["uniform"] is not None and len(share["uniform_interval"]) == 2
     streamed = sum(not head["full"] for head in document["heads"])
     assert streamed == int(auto["streaming"] * 8) and document["settings"]["streaming"] == "auto"
     assert "Check: 9 prompts" in out or (tmp_path / "auto" / "kvplan_check.png").exists()

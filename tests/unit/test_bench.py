@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnscope.analyses import bench, harness, micro_bench
+from attnscope.analyses import bench, bench_limits, harness, micro_bench
 from attnscope.scores import rows
 from attnscope.scores.kinds import DECODER
 from attnscope.scores.reference import multi_head_attention, numpy_mha_batched, numpy_mha_loop
@@ -223,6 +223,6 @@ def test_streaming_methods_need_no_n_squared_memory():
         vocab_size=50257, hidden_size=576, intermediate_size=1536, num_hidden_layers=2, num_attention_heads=9,
         num_key_value_heads=3, max_position_embeddings=32768,
     )  # fmt: skip
-    for method in bench.STREAMING:
-        assert bench.estimated_bytes(config, 1, 32768, method, 4) < 2 * 2**30
-    assert bench.estimated_bytes(config, 1, 32768, "tutorial", 4) > 32 * 2**30
+    for method in bench_limits.STREAMING:
+        assert bench_limits.estimated_bytes(config, 1, 32768, method, 4) < 2 * 2**30
+    assert bench_limits.estimated_bytes(config, 1, 32768, "tutorial", 4) > 32 * 2**30

@@ -13,7 +13,7 @@ import pytest
 
 from attnscope import settings
 from attnscope.analyses import kvplan_check
-from attnscope.analyses.kv_plans import plan
+from attnscope.analyses.kv_plans import plan, uniform_plan
 from attnscope.analyses.kvplan_check import (
     CURVE_FRACTIONS,
     check_plans,
@@ -235,3 +235,67 @@ def test_a_task_none_of_whose_prompts_hides_its_needle_is_refused(planted, monke
     monkeypatch.setattr(kvplan_check, "task_prompts", lambda *given: [hidden] * 3 + [seen] * 3)
     with pytest.raises(AttnscopeError, match=r"^none of --check's 3 multikey prompts \(512 tokens\) hides its needle"):
         check_plans(LOADED, _planner(), [0.5], 4, 8, [512], 1, seed=0)
+
+
+def test_auto_takes_the_largest_share_within_full_attentions_interval():
+    """12 of 12 prompts with full attention: Wilson's interval is [0.758, 1] (scipy's binomtest agrees:
+    test_each_accuracy_has_wilsons_interval_as_scipy_computes_it), so 10 of 12 (0.83) lies within it and 9 of 12
+    (0.75) does not."""
+    full = [True] * 12
+    checked = {
+        "full": full,
+        "shares": [
+            {"streaming": 0.0, "plan": full},
+            {"streaming": 0.25, "plan": [True] * 10 + [False] * 2},
+            {"streaming": 0.5, "plan": [True] * 9 + [False] * 3},
+            {"streaming": 0.625, "plan": [True] * 11 + [False]},  # a larger share that holds again: it is taken
+            {"streaming": 0.75, "plan": [False] * 12},
+        ],
+    }
+    assert kvplan_check.wilson(12, 12)[0] == pytest.approx(0.7575, abs=1e-4)
+    assert chosen_share(checked) == 0.625
+    checked["shares"][3]["plan"] = [True] * 9 + [False] * 3
+    assert chosen_share(checked) == 0.25
+
+
+def test_the_uniform_plan_streams_as_many_kv_heads_in_every_layer():
+    scores = np.array([[0.9, 0.1, 0.2, 0.8], [0.05, 0.04, 0.03, 0.02], [0.5, 0.6, 0.7, 0.3]])  # (L, H_kv)
+    # 6 of 12: two in every layer, each layer's two lowest
+    assert (~uniform_plan(scores, 0.5)).tolist() == [
+        [False, True, True, False], [False, False, True, True], [True, False, False, True],
+    ]  # fmt: skip
+    # 4 of 12: one in every layer, and one more where the next-lowest score is lowest (layer 1's 0.03)
+    streaming = ~uniform_plan(scores, 0.34)  # floor(0.34 × 12) = 4
+    assert streaming.sum(axis=1).tolist() == [1, 2, 1]
+    assert streaming.tolist()[1] == [False, False, True, True]
+    # the global plan takes layer 1 whole at the same budget: it is not the uniform one
+    assert (~plan(scores, 0.34)).sum(axis=1).tolist() == [0, 4, 0]
+    assert uniform_plan(scores, 0.0).all() and not uniform_plan(scores, 1.0).any()
+
+
+def test_the_curve_runs_the_uniform_plan_only_where_it_differs(planted):
+    scores = _scores()  # (2, 4): the retrieval head 1.2 scores highest; layer 0 lowest
+    checked = check_plans(
+        LOADED, lambda share: plan(scores, share), CURVE_FRACTIONS, 4, 8, [512], 1, seed=0,
+        uniform_of=lambda share: uniform_plan(scores, share),
+    )  # fmt: skip
+    differs = [
+        share for share in CURVE_FRACTIONS
+        if not np.array_equal(plan(scores, share), uniform_plan(scores, share)) and not plan(scores, share).all()
+    ]  # fmt: skip
+    streams = [share for share in CURVE_FRACTIONS if not plan(scores, share).all()]
+    assert len(planted) == 1 + len(streams) * (1 + kvplan_check.RANDOM_PLANS) + len(differs)
+    for share in checked["shares"]:
+        uniform = uniform_plan(scores, share["streaming"])
+        # planted: retrieved unless a query head of KV head 1.2 streams
+        assert all(share["uniform"]) == bool(uniform[RETRIEVAL])
+    document = summary(checked, 0.5, [512], 1, 0)
+    assert document["curve"] and all(share["uniform_interval"] is not None for share in document["shares"])
+    assert [share["streaming"] for share in document["shares"]] == list(CURVE_FRACTIONS)
+
+
+def test_curve_and_auto_run_the_check():
+    assert settings.Kvplan(curve=True).check and settings.Kvplan(streaming="auto").curve
+    assert kvplan_check.fractions("auto") == [k / 8 for k in range(8)]
+    assert kvplan_check.fractions(0.3, curve=True) == sorted([k / 8 for k in range(8)] + [0.3])
+    assert kvplan_check.fractions(0.3) == [0.0, 0.25, 0.3, 0.5, 0.75, 1.0]
