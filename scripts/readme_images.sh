@@ -27,6 +27,9 @@ attnscope discover --model "$model" --clean "$repeat" --corrupt "${repeat/value 
   --wrong table --out "$tmp/discover" --quiet --json > /dev/null
 # kvplan: the demo's context is 256 tokens, so a sink and a recent window that leave rows to measure
 attnscope kvplan --model "$model" --sink 16 --recent 64 --out "$tmp/kvplan" --quiet --json > /dev/null
+# the budget curve on the passkey model, whose retrieval head is known (docs/kvplan.md, "--check")
+attnscope kvplan --model tests/data/passkey-model --file sample_texts/passkey-texts.jsonl --sink 4 --recent 16 \
+  --streaming auto --check-lengths 192,256 --out "$tmp/curve" --quiet --json > /dev/null
 # compare: the test suite's training run of a tiny GPT-2 on repeated random words (tests.support), its 17 checkpoints
 python -c "import sys; from pathlib import Path; from tests.support import train_induction_checkpoints as t; t(Path(sys.argv[1]))" "$tmp/run" 2> /dev/null
 words=$(python -c "from tests.support import INDUCTION_WORDS as w; print(' '.join(w[:20] * 2))")
@@ -40,6 +43,7 @@ cp "$tmp/circuit/dependencies.png" "$out/circuit_dependencies.png"
 cp "$tmp/compare/trajectories.png" "$out/compare_induction_run.png"
 cp "$tmp/patch/restored.png" "$out/patch_restored.png"
 cp "$tmp/kvplan/kvplan.png" "$out/kvplan.png"
+cp "$tmp/curve/kvplan_check.png" "$out/kvplan_curve.png"
 cp "$tmp/discover/circuit.png" "$out/discover_circuit.png"
 cp "$tmp/discover/faithfulness.png" "$out/discover_faithfulness.png"
 python - "$tmp/report/report.html" "$out/report.png" <<'EOF' || echo "report.png left as it was (needs playwright and chromium)" >&2

@@ -34,7 +34,7 @@ def _stage(module: str) -> str:
     parts = module.split(".")
     if parts[0] != "attnscope":
         raise ValueError(module)
-    if len(parts) == 1 or parts[1] in ("errors", "options", "threads"):
+    if len(parts) == 1 or parts[1] in ("errors", "domains", "options", "threads"):
         return "base"
     if parts[1] in ("cli", "__main__"):
         return "cli"
