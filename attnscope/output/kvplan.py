@@ -305,7 +305,9 @@ def plan_grid(result: Any) -> Any:
     text = [[score_text(float(value)) for value in row] for row in result.kv_scores]
     inputs = result.inputs
     tokens = f"{inputs.get('n_tokens', 0):,} tokens"
-    if inputs.get("n_texts", 1) == 1:
+    if inputs.get("probe"):  # no text given: the passkey probe
+        read = f"the passkey probe ({counted(inputs['n_texts'], 'prompt')}, {tokens})"
+    elif inputs.get("n_texts", 1) == 1:
         read = tokens + (f" ({inputs['sources'][0]})" if inputs.get("sources") else "")
     else:
         read = f"{counted(inputs['n_texts'], 'text')} ({tokens})"
