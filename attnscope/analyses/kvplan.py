@@ -274,7 +274,13 @@ class Kvplan(settings.Kvplan):
         import torch
 
         length = probe_tokens(loaded.n_ctx, self.sink, self.recent)
-        prompts = probe_prompts(loaded.tokenizer, length)
+        try:
+            prompts = probe_prompts(loaded.tokenizer, length)
+        except AttnscopeError as error:  # a context too short for one passkey prompt
+            raise AttnscopeError(
+                f"kvplan's passkey probe (no TEXT or --file) cannot fit the model's context of {loaded.n_ctx:,} "
+                f"tokens ({error}); give TEXT or --file"
+            ) from None
         windows = probe_windows(prompts, bos, loaded.tokenizer.bos_token_id)
         notes: list[str] = []
         tokens = done = 0

@@ -17,7 +17,7 @@ from attnscope.models.loading import load_model
 from attnscope.pipeline.inputs import Text
 from attnscope.pipeline.passkey import passkey_prompts
 from attnscope.pipeline.tokens import batches, pad_id, tokenize
-from tests.support import CAT, DOCTOR, FAMILY_TEXTS, WINDOW, tiles_everywhere
+from tests.support import CAT, DOCTOR, FAMILY_TEXTS, WINDOW, build_tiny_gpt2, tiles_everywhere
 
 TEXTS = [
     Text(CAT, "a"),
@@ -154,3 +154,15 @@ def test_the_families_scores_kv_heads_and_windows_against_the_eager_maps(family_
     assert np.allclose(result.kv_scores, expected.reshape(model.n_layer, model.n_kv_head, group).max(-1), atol=1e-5)
     assert result.sliding_windows == _windows_of(model.config, model.n_layer)
     assert result.sliding_windows == [layer["window"] for layer in model.attention_layers()]  # what `info` says
+
+
+def test_a_context_too_short_for_the_probe_is_one_line(tmp_path):
+    """A model whose context cannot hold one passkey prompt (its fixed parts take ~60 tokens with GPT-2's
+    tokenizer): the probe is refused in one line that says to give texts; texts still work."""
+    model = load_model(str(build_tiny_gpt2(tmp_path / "short", n_positions=40)))
+    with pytest.raises(AttnscopeError) as raised:
+        api.kvplan(model, sink=2, recent=4)
+    message = str(raised.value)
+    assert message.startswith("kvplan's passkey probe (no TEXT or --file) cannot fit the model's context of 40 tokens")
+    assert message.endswith("give TEXT or --file") and "\n" not in message
+    assert api.kvplan(model, [CAT + " " + DOCTOR], sink=2, recent=4).inputs["n_windows"] >= 1
