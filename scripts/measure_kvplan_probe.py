@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("--recent", type=int, default=16)
     parser.add_argument("--lengths", default="192,256")
     parser.add_argument("--trials", type=int, default=4)
+    parser.add_argument("--sources", default="probe,old probe,filler,passkey texts", help="which, comma-separated")
     parser.add_argument("--retrieval", action="append", default=[], help="MODEL=L.K,L.K: its known retrieval heads")
     arguments = parser.parse_args()
     lengths = [int(length) for length in arguments.lengths.split(",")]
@@ -77,7 +78,10 @@ def main() -> None:
         loaded = attnscope.load(name)
         print(f"## {name}: {loaded.n_layer} layers × {loaded.n_kv_head} KV heads ({loaded.n_head} query heads)")
         shares = [k / 8 for k in range(1, 8)]
+        wanted = arguments.sources.split(",")
         for source, scores in sources(loaded, arguments.sink, arguments.recent).items():
+            if source not in wanted:
+                continue
             grouped = scores.reshape(loaded.n_layer, loaded.n_kv_head, -1)  # (L, H_kv, H / H_kv)
             for how, kv_scores in (("max", grouped.max(-1)), ("mean", grouped.mean(-1))):
                 checked = kvplan_check.check_plans(
