@@ -10,9 +10,12 @@ Sources:
   context (text that asks no head to retrieve);
 - passkey texts: `sample_texts/passkey-texts.jsonl`, given as --file.
 
-    python scripts/train_passkey_model.py --out /tmp/pk-wide --shape 3,8,2 --retrieval 1.1,2.0
-    python scripts/measure_kvplan_probe.py tests/data/passkey-model /tmp/pk-wide \
-        --retrieval tests/data/passkey-model=1.0 --retrieval /tmp/pk-wide=1.1,2.0
+    python scripts/train_passkey_model.py --out /tmp/pk-g4 --shape 2,8,2 --retrieval 1.0 --steps 1200   # ~18 min
+    python scripts/measure_kvplan_probe.py tests/data/passkey-model /tmp/pk-g4 --trials 2 \
+        --retrieval tests/data/passkey-model=1.0 --retrieval /tmp/pk-g4=1.0
+
+(A 3-layer model of 8 query heads over 2 KV heads, `--shape 3,8,2 --retrieval 1.1,2.0`, had not learnt to retrieve
+after 800 steps: its answer's loss stayed at ln 10.)
 """
 
 from __future__ import annotations
