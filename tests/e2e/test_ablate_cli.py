@@ -69,6 +69,7 @@ def test_out_writes_tables_and_pictures(cli, model_dir, tmp_path):
     assert len(json.loads((tmp_path / "abl" / "ablate.json").read_text())["prune"]) == 3
 
 
+@pytest.mark.slow  # over 0.9 s in the quick loop (its minute): the full suite runs it
 def test_encoder_loss_and_gradient(cli, tiny_bert_dir):
     doc = _ablate(cli, TEXT, "-m", tiny_bert_dir)
     assert doc["baseline_loss"] > 0 and len(doc["heads"]) == 8
@@ -80,6 +81,7 @@ def test_encoder_loss_and_gradient(cli, tiny_bert_dir):
     assert all("loss_without_head" not in h for h in doc["heads"])  # only the loss method removes heads
 
 
+@pytest.mark.slow  # over 0.9 s in the quick loop (its minute): the full suite runs it
 @pytest.mark.parametrize("top", [3])
 def test_top_is_the_number_of_rows_shown(cli, model_dir, top):
     code, out, err = cli("ablate", TEXT, "-m", model_dir, "--method", "gradient", "--top", top)

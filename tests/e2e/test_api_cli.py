@@ -101,6 +101,7 @@ def _ids(case) -> str:
     return f"{case[0]}:{','.join(case[2]) or 'defaults'}"
 
 
+@pytest.mark.slow  # over 0.9 s in the quick loop (its minute): the full suite runs it
 @pytest.mark.parametrize("command, keywords, options, text", CASES, ids=[_ids(case) for case in CASES])
 def test_a_function_gives_the_document_and_the_rows_of_its_command(
     cli, tiny_model_dir, tmp_path, command, keywords, options, text

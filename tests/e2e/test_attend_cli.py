@@ -29,6 +29,7 @@ def _attend(cli, *args):
     return json.loads(out)
 
 
+@pytest.mark.slow  # over 0.9 s in the quick loop (its minute): the full suite runs it
 def test_cli_json_and_csv(cli, tiny, tiny_model_dir):
     args = ("attend", SENTENCE, "--from", "she", "--to", "doctor", "-m", tiny_model_dir, "--json", "--tokens", "2")
     code, out, err = cli(*args)

@@ -95,6 +95,7 @@ BENCH_MISTAKES = [
 ]
 
 
+@pytest.mark.slow  # over 0.9 s in the quick loop (its minute): the full suite runs it
 @pytest.mark.parametrize("weights", [[], ["--random-weights"]], ids=["weights", "random weights"])
 @pytest.mark.parametrize("args, expected", BENCH_MISTAKES, ids=[" ".join(args) for args, _ in BENCH_MISTAKES])
 def test_bench_errors_come_before_any_model_is_built(cli, tiny_model_dir, monkeypatch, weights, args, expected):

@@ -111,6 +111,7 @@ def test_no_probe_leaves_its_scores_null(cli, tiny_model_dir):
     assert line == "attnscope: error: sort by induction: that score comes from the probe, which is off"
 
 
+@pytest.mark.slow  # over 0.9 s in the quick loop (its minute): the full suite runs it
 @pytest.mark.usefixtures("fresh_loads")
 def test_json_is_byte_identical_across_runs(cli, model_dir):
     first = cli("heads", "--model", model_dir, "--json")
@@ -146,6 +147,7 @@ def test_csv_rows_equal_json_records(cli, model_dir, kind):
 KIND_SCORE = {"decoder": "induction", "encoder": "last_token"}  # a score only that kind measures
 
 
+@pytest.mark.slow  # over 0.9 s in the quick loop (its minute): the full suite runs it
 @pytest.mark.parametrize("score", ["previous_token", "kind's own"])
 def test_sort_top_and_layer_pick_the_rows(cli, model_dir, kind, score):
     name = KIND_SCORE[kind] if score == "kind's own" else score
@@ -221,6 +223,7 @@ def test_file_input_batched(cli, model, model_dir, tmp_path):
     assert doc["input"]["sources"] == [f"{corpus}#0", f"{corpus}#1", f"{corpus}#2"]
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_long_text_is_split_into_windows(cli, short_context_model_dir):
     text = " ".join(["word"] * 40)  # 40 tokens; 15 + BOS per window of 16
     code, out, err = cli("heads", text, "-m", short_context_model_dir, "--json", "--no-probe")
@@ -380,6 +383,7 @@ def test_version(cli):
     assert out == f"attnscope {importlib.metadata.version('attnscope')}\n"  # the installed distribution's version
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_every_command_is_listed_and_takes_the_output_options(cli):
     code, out, _ = cli("--help")
     assert code == 0

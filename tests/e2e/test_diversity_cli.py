@@ -57,6 +57,7 @@ def twin_heads_dir(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow  # over 0.9 s in the quick loop (its minute): the full suite runs it
 def test_planted_twin_heads_are_found_through_the_cli(cli, twin_heads_dir):
     doc = _diversity(cli, CAT, "-m", twin_heads_dir, "--layer", "1")
     assert doc["command"] == "diversity" and doc["settings"]["layer"] == 1
@@ -151,6 +152,7 @@ def test_diversity_table_output(cli, model_dir):
 # ---------------------------------------------------------------------------------------------------- random-mha
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_random_mha_experiment(cli, tmp_path):
     args = ("random-mha", "--d-model", "32", "--head-counts", "4,2,1,2", "--trials", "2", "--seq-len", "16")
     code, out, err = cli(*args, "--json", "--out", tmp_path)

@@ -227,6 +227,7 @@ def fill(model_dirs, pickle_only_dir, tmp_path):
     return filled
 
 
+@pytest.mark.slow  # over 0.9 s in the quick loop (its minute): the full suite runs it
 @pytest.mark.parametrize("args, expected", list(CASES.values()), ids=list(CASES))
 def test_a_mistake_ends_in_one_line_and_status_2(cli, fill, tmp_path, args, expected):
     before = sorted(tmp_path.iterdir())

@@ -25,6 +25,7 @@ def _json(cli, *args):
     return json.loads(out)
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 @pytest.mark.parametrize("name", FAMILY_NAMES)
 def test_every_command_on_every_family(cli, family_dir, name, tmp_path):
     folder = str(family_dir(name))

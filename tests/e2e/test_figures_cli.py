@@ -13,6 +13,7 @@ from tests.support import CAT, png_size
 DRAWING = ["heads", "show", "diversity", "random-mha", "attend", "ablate", "circuit", "bench"]
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 @pytest.mark.parametrize("command", DRAWING + ["report", "info"])
 def test_the_commands_that_draw_take_format_and_dpi(cli, command):
     code, out, _ = cli(command, "--help")
@@ -40,6 +41,7 @@ def test_info_has_no_picture_options(cli, tiny_model_dir):
     assert code == 2 and "No such option" in err
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_random_mha_writes_a_pdf(cli, tmp_path):
     args = ("random-mha", "--d-model", "16", "--head-counts", "1,2", "--trials", "1", "--seq-len", "8")
     args += ("--format", "pdf")

@@ -190,6 +190,7 @@ def nan_model_dir(tmp_path_factory):
     )
 
 
+@pytest.mark.slow  # over 0.9 s in the quick loop (its minute): the full suite runs it
 @pytest.mark.parametrize(
     "args, what",
     [
@@ -306,6 +307,7 @@ BAD_CONFIGS = {
 }
 
 
+@pytest.mark.slow  # over 0.9 s in the quick loop (its minute): the full suite runs it
 @pytest.mark.parametrize("changes, problem", BAD_CONFIGS.values(), ids=BAD_CONFIGS)
 def test_a_config_that_describes_no_model_is_refused_before_anything_is_built(
     cli, tiny_model_dir, tmp_path, monkeypatch, changes, problem
@@ -909,6 +911,7 @@ def test_an_environment_torchrun_did_not_make_is_one_line(
 # ----------------------------------------------------------------------------- silent wrong answers: the numbers
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 @pytest.mark.parametrize("kind", ["decoder", "encoder"])
 def test_texts_of_one_token_give_no_made_up_role(cli, model_dirs, kind):
     """Its only scored row looks back at the BOS ([CLS]): previous-token and first-token are one weight, and every
@@ -988,6 +991,7 @@ def test_a_nul_character_is_refused_from_every_input(cli, tmp_path, tiny_model_d
                 attnscope.heads(tiny_model_dir, given)
 
 
+@pytest.mark.slow  # over 0.9 s in the quick loop (its minute): the full suite runs it
 def test_a_special_token_written_in_a_text_is_noted(cli, tiny_model_dir):
     """`<|endoftext|>` in a text is GPT-2's BOS mid-text, as its tokenizer reads it: said, with the id."""
     import json
@@ -1158,6 +1162,7 @@ def test_a_folder_that_vanishes_during_a_run_is_said_to_be_gone(fresh_loads, tin
         attnscope.compare(["runs/x/a", "runs/x/b"], CAT, divergence=False, progress=progress)
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_no_message_repeats_a_large_object(tiny):
     """An error carried a model's repr: 3,797 characters."""
     import attnscope
@@ -1239,6 +1244,7 @@ def test_a_home_folder_of_no_user_in_a_models_name_is_one_line(cli):
 # ------------------------------------------------------------------------------------------- narrow terminals
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 @pytest.mark.parametrize(
     "columns, args",
     [("5", ["heads", CAT]), ("20", ["circuit", CAT, "--head", "1.0"]), ("40", ["ablate", CAT])],
@@ -1257,6 +1263,7 @@ def test_a_narrow_terminal_keeps_every_cell_whole_and_says_so(cli, tiny_model_di
         assert "0.2" in out and "-0." in out  # a head removed, and its change
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_a_terminal_of_usual_width_gets_no_note(cli, tiny_model_dir, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")
     for args in (["heads", CAT], ["ablate", CAT], ["circuit", CAT, "--head", "1.0"]):

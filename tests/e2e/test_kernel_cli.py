@@ -37,6 +37,7 @@ def _scores(doc):
     }
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_kernel_blocks_is_what_the_cpu_ran_before(cli, tiny_model_dir):
     """On the CPU `auto` is the block path: the same bytes, and no note about kernels."""
     common = ("heads", CAT, "-m", tiny_model_dir, "--device", "cpu", "--no-probe", "--json")

@@ -35,6 +35,7 @@ def _roles(doc):
     return {h["label"]: h["role"] for h in doc["heads"]}
 
 
+@pytest.mark.slow  # over 0.9 s in the quick loop (its minute): the full suite runs it
 def test_report_json_is_heads_and_diversity_and_writes_no_page(cli, model_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     doc = _json(cli, "report", CAT, "-m", model_dir)
@@ -54,6 +55,7 @@ def test_report_json_is_heads_and_diversity_and_writes_no_page(cli, model_dir, t
     assert _json(cli, "report", CAT, "-m", model_dir, "--no-diversity")["diversity"] is None
 
 
+@pytest.mark.slow  # over 0.9 s in the quick loop (its minute): the full suite runs it
 def test_report_roles_follow_the_role_settings_as_heads_does(cli, tiny_model_dir):
     """--window, --threshold, --probe-len and --probe-seed change the report's roles exactly as they change
     `heads`' (and they do change them: the defaults give other roles)."""
@@ -490,6 +492,7 @@ def other_shapes(tmp_path_factory):
     }
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 @pytest.mark.parametrize(
     "given, says",
     [
@@ -571,6 +574,7 @@ def test_revisions_of_one_repository_are_the_models_of_a_page(cli, fresh_loads, 
 # ----------------------------------------------------------------------------------------------- --circuit
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_circuit_records_travel_in_the_json_and_the_page(cli, tiny_model_dir, monkeypatch, tmp_path):
     from tests.support import DEPENDENCIES, circuit_stand_in
 

@@ -108,6 +108,7 @@ def test_info_reads_the_config_alone_and_agrees_with_the_loaded_model(cli, model
     assert facts == {**model.info(), "name": str(tmp_path)}
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_info_runs_without_torch_on_the_demo_model():
     """`attnscope info --model demo` imports neither torch nor transformers (python -X importtime shows why it is
     fast); the demo's facts are those of the model loaded."""
@@ -154,6 +155,7 @@ def test_gpt2_formula_equals_the_loaded_model(tmp_path):
     assert model_facts(str(folder), "cpu") == load_model(str(folder), "cpu").info()
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_the_dtype_comes_from_the_weights_when_the_config_does_not_say(tmp_path, tiny_model_dir):
     """transformers' rule for `dtype="auto"`: the config's dtype, else the first floating-point tensor's."""
     from attnscope.models.facts import model_facts
@@ -235,6 +237,7 @@ def test_no_status_line_when_stderr_is_not_a_terminal(cli, tiny_model_dir):
     assert code == 0 and "loading" not in err and "\x1b" not in err
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_the_progress_bar_counts_texts_read_and_the_share_of_the_input(cli, tiny_model_dir, terminal, tmp_path):
     terminal()
     corpus = tmp_path / "three.txt"
@@ -303,6 +306,7 @@ def test_on_a_real_terminal_the_status_line_is_drawn_and_cleared(tiny_model_dir)
     assert f"loading {tiny_model_dir} …" in drawn and drawn.rstrip("\r\n").endswith("\x1b[2K")
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_notes_count_in_words(cli, short_context_model_dir):
     """One text split: "1 text ... was split", and the windows counted."""
     long_text = " ".join([CAT] * 3)  # about 36 tokens: 3 windows of a 16-token context

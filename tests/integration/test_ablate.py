@@ -315,6 +315,7 @@ def _reference(fresh_models, lm, kind, mode, layer, head, seed=0, xi=0.0) -> flo
     return total / count
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 @pytest.mark.parametrize("mode", ["mean", "resample"])
 def test_the_loss_without_each_head_equals_the_definition(lm_models, fresh_models, kind, mode):
     lm = lm_models[kind]

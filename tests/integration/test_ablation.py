@@ -48,6 +48,7 @@ def _weights(model):
     return {name: value.clone() for name, value in model.state_dict().items()}
 
 
+@pytest.mark.slow  # over 0.9 s in the quick loop (its minute): the full suite runs it
 @pytest.mark.parametrize("mode", ["zero", "mean"])
 def test_the_saved_model_is_the_removal_the_analyses_make(demo, tmp_path, mode):
     """ablate on the saved model gives what ablate gave without the head (its baseline is ablate's loss without

@@ -74,6 +74,7 @@ def test_a_model_by_name_is_loaded_with_the_keywords_given(tiny_model_dir, tiny)
     assert attnscope.info(tiny_model_dir, device="cpu").model == tiny.info()  # a Path names a folder too
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_load_takes_the_clis_model_options(tiny_model_dir):
     model = attnscope.load(tiny_model_dir, "cpu", "bfloat16")
     assert model.info()["dtype"] == "bfloat16" and model.info()["device"] == "cpu"

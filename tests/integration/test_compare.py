@@ -26,12 +26,14 @@ def _divergence(result) -> np.ndarray:
     return matrix
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_identical_models_diverge_exactly_0_everywhere(model):
     result = api.compare([model, copy.deepcopy(model)], TEXTS, batch_size=2)
     assert result.labels[1] == f"{result.labels[0]}#2" and "labelled apart" in result.notes[0]
     assert result.has_divergence and all(head.divergence == 0.0 for head in result.heads)
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_a_removed_head_changes_only_the_heads_above_it_as_scipy_says(tiny, monkeypatch):
     """Head 0.1 writes nothing in the copy: layer 0's attention is the same (exactly 0), layer 1's differs, by the
     JSD of the from-scratch maps. The first run is set to one query row per block and the second to whole layers:
@@ -60,6 +62,7 @@ def test_a_removed_head_changes_only_the_heads_above_it_as_scipy_says(tiny, monk
     np.testing.assert_allclose(divergence, slow_divergence(tiny, copy, TEXTS), atol=2e-5)
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_each_models_scores_are_those_of_its_own_heads_run(tiny):
     copy = without_head(tiny, 0, 2)
     result = api.compare([tiny, copy], TEXTS, probe_len=5)
@@ -72,6 +75,7 @@ def test_each_models_scores_are_those_of_its_own_heads_run(tiny):
             assert head.roles[index] == record.role.role
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_roles_form_where_separate_runs_say(monkeypatch):
     """The demo model has induction heads in layer 1 that need the previous-token head 0.2: without it they are
     gone. Models [without 0.2, with, with]: a head formed induction at the second model exactly where separate heads
@@ -246,6 +250,7 @@ DAMAGED_MLP = (
 )
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 @pytest.mark.parametrize("damaged_first", [True, False], ids=["damaged first", "damaged second"])
 def test_a_model_whose_mlp_holds_nan_is_refused_first_or_second(tiny, mlp_nan_model, damaged_first):
     """Its attention is finite and its loss is not: it was compared, its loss null without a word. Each model's

@@ -41,6 +41,7 @@ def test_batch_settings_below_one_are_refused(batch_size, max_tokens, message):
         batch_order([Window(0, (1, 2), 0)], batch_size, max_tokens)
 
 
+@pytest.mark.slow  # over 0.9 s in the quick loop (its minute): the full suite runs it
 def test_two_thousand_texts_with_progress(model, kind):
     calls = []
     texts = _corpus(2000)

@@ -137,6 +137,7 @@ def tiny_lm(tiny_model_dir):
     return model
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 @torch.no_grad()
 def test_gpt2_direct_effects_equal_the_frozen_path_and_add_up_to_the_logit(tiny_lm):
     """Per head against the from-scratch path; then the identity: heads + the output projections' biases + the

@@ -157,6 +157,7 @@ def test_edges_agree_with_the_model_and_with_patching_in_every_family(runs, name
     check_family(runs(name))
 
 
+@pytest.mark.slow  # over 0.9 s in the quick loop (its minute): the full suite runs it
 def test_the_graph_follows_each_architecture(runs):
     llama, neox, phi = runs("llama").graph, runs("gpt_neox").graph, runs("phi").graph
     assert (llama.n_head, llama.n_kv_head, llama.grouped) == (4, 2, True)

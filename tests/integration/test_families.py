@@ -204,6 +204,7 @@ def _zeroed(lm_model, family, layer, head, d_head):
     return copied
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 @pytest.mark.parametrize("name", FAMILY_NAMES)
 def test_removing_a_head_equals_zeroing_its_output_projection(loaded, name):
     """`ablate` gates a head at the input of the family's output projection; the same head removed by zeroing that

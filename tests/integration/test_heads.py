@@ -225,6 +225,7 @@ def test_a_probe_too_long_for_the_context_is_refused_before_the_texts_run(tiny, 
         Heads(haystack_len=94).run(tiny, TEXTS[:1])  # BOS + 94 + 2 × (a cue and 16 needle tokens) = 129
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_the_default_probe_is_shortened_to_fit_a_short_context(short_context_model_dir):
     from attnscope.models.loading import load_model
 

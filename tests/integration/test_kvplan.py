@@ -156,6 +156,7 @@ def test_the_families_scores_kv_heads_and_windows_against_the_eager_maps(family_
     assert result.sliding_windows == [layer["window"] for layer in model.attention_layers()]  # what `info` says
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_a_context_too_short_for_the_probe_is_one_line(tmp_path):
     """A model whose context cannot hold one passkey prompt (its fixed parts take ~60 tokens with GPT-2's
     tokenizer): the probe is refused in one line that says to give texts; texts still work."""

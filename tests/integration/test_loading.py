@@ -161,6 +161,7 @@ def test_loading_an_unsupported_family_is_refused_before_its_weights(tmp_path, t
 # --------------------------------------------------------------------------------------- devices and dtypes
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_dtype_is_applied(model_dir):
     loaded = load_model(str(model_dir), "cpu", "bfloat16")
     assert loaded.dtype == torch.bfloat16 and loaded.info()["dtype"] == "bfloat16"
@@ -247,6 +248,7 @@ def damage_config(folder):
     (folder / "config.json").write_text('{"model_type": "gpt2", ')
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 @pytest.mark.parametrize(
     "damage, cause",
     [(damage_weights, "SafetensorError"), (damage_config, "not a valid JSON file")],
@@ -265,6 +267,7 @@ def test_damaged_files_are_one_line_naming_the_model_and_cause(tmp_path, tiny_mo
 REPO = {"decoder": "gpt2", "encoder": "bert-base-uncased"}
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_fully_cached_hub_model_loads_offline_without_the_network(offline_cache, model_dir, model, kind):
     hub_cache(offline_cache, model_dir, sorted(p.name for p in model_dir.iterdir()), repo=REPO[kind])
     loaded = load_model(REPO[kind], "cpu")
@@ -379,6 +382,7 @@ def test_a_device_map_without_accelerate_is_one_line(tiny_model_dir, monkeypatch
         load_model(str(tiny_model_dir), "cpu", device_map="auto")
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_bfloat16_runs_on_the_cpu_with_float32_statistics(tiny_model_dir, tiny):
     """`dtype="bfloat16"` on the CPU: the model is bfloat16, softmax and the statistics float32; the numbers stay
     within bfloat16's rounding of the float32 model's (8 bits of mantissa: about 1e-2 relative)."""

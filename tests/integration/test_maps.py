@@ -44,6 +44,7 @@ def test_the_maps_are_rows_of_probabilities_over_the_visible_keys(model):
         assert float(maps.triu(diagonal=1).sum()) > 0.1 * n
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_a_long_text_shows_its_first_window_only(short_context_model_dir):
     loaded = load_model(str(short_context_model_dir), "cpu")
     text = Text(" ".join(["cat"] * 40), "long")

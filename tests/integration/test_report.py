@@ -168,6 +168,7 @@ def tiny_lm(model_dirs):
     return load_model(str(model_dirs["decoder"]), "cpu", lm_head=True)
 
 
+@pytest.mark.slow  # over 0.9 s in the quick loop (its minute): the full suite runs it
 def test_the_ablation_is_ablates_own(tiny_lm):
     """`ablate` adds the loss ablation, the same as `Ablate` alone (loss method), and asks for the LM head."""
     assert Report(ablate=True).needs_lm_head and not Report().needs_lm_head
@@ -210,6 +211,7 @@ def two_models(tiny):
     return settings, without, settings.run_models(given_models(("tiny", tiny), ("without-0.1", without)), TEXTS)
 
 
+@pytest.mark.slow  # over 0.9 s in the quick loop (its minute): the full suite runs it
 def test_each_model_of_a_report_of_several_is_its_own_report(two_models, tiny):
     """Every model's heads are those of its own one-model report under the same settings, its maps every layer's
     from-scratch attention of the same texts; the last model's are the report's own (the page opens on it), and
@@ -278,6 +280,7 @@ def test_a_model_whose_mlp_holds_nan_is_refused_first_second_or_alone(tiny, mlp_
     assert str(refused.value) == DAMAGED_MLP
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_the_api_takes_a_list_of_models_and_refuses_in_one_line(tiny, two_models):
     """`report([a, b])`: loaded models are reported as they are (labelled by their folders, not freed); a list of one
     is a report of one model; what cannot be is refused before any model loads."""
@@ -305,6 +308,7 @@ def test_the_api_takes_a_list_of_models_and_refuses_in_one_line(tiny, two_models
         assert str(raised.value).startswith(says), raised.value
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_report_circuit_holds_the_circuit_commands_records(tiny):
     """`report --circuit` (the real analysis, not a stand-in): the page's dependencies are `attnscope circuit`'s
     records for the same texts and probe, each head's CIRCUIT_TOP largest changes."""

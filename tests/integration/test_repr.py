@@ -42,6 +42,7 @@ def _brief(result) -> str:
     return text
 
 
+@pytest.mark.slow  # over 0.9 s in the quick loop (its minute): the full suite runs it
 def test_every_demo_result_prints_briefly_with_its_headline(demo):
     for result in demo.values():
         _brief(result)

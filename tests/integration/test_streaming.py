@@ -125,6 +125,7 @@ def test_a_summary_lists_the_first_sources_and_says_how_many(tiny, monkeypatch):
     assert summary["n_texts"] == 5 and summary["sources"] == ["s0", "s1", "s2"] and summary["sources_listed"] == 3
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_attend_finds_the_token_in_a_later_window(short_context_model_dir):
     loaded = load_model(str(short_context_model_dir), "cpu")  # 16 tokens: BOS + 15
     text = " ".join(["cat"] * 20) + " she sat"

@@ -70,6 +70,7 @@ def test_special_tokens_a_tokenizer_lacks_are_off_by_default_and_an_error_when_a
 SPLITS = {"decoder": ([16, 16, 11], [0, 15, 30]), "encoder": ([16, 16, 14], [0, 14, 28])}
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_long_texts_are_split_into_windows_each_wrapped(short_context_models, kind):
     loaded = short_context_models[kind]
     assert loaded.n_ctx == 16

@@ -43,6 +43,7 @@ def test_the_weights_reproduce_each_familys_attention(loaded, name):
     check_attention(loaded(name))
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 @pytest.mark.parametrize("kind_", ["decoder", "encoder"])
 def test_the_weights_reproduce_gpt2_and_bert(model_dirs, kind_):
     """GPT-2's fused Conv1D `c_attn` (q, k, v side by side) and BERT's post-norm layers (each reads the previous

@@ -137,6 +137,7 @@ def _summed_by_hand(maps, words):
     return result
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_show_words_equals_the_eager_maps_summed_by_hand(family_models, name):
     model = family_models(name)
@@ -181,6 +182,7 @@ def test_attend_from_and_to_words_of_several_tokens(family_models, name):
             assert weight == pytest.approx(float(rows[layer, head, list(labels.words[key])].sum()), abs=1e-5)
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_attend_finds_words_in_any_window_of_a_long_text(short_context_model_dir):
     """A context of 16 tokens: the from word in a later window; the to word's occurrences counted over the whole
     text, and only those of the from word's window can be looked at."""

@@ -180,6 +180,7 @@ def test_pictures_settings_are_checked():
 # ----------------------------------------------------------------------------------------------- colour scales
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_a_signed_score_is_drawn_on_a_diverging_map_centred_at_zero():
     from attnscope.output import figures
 
@@ -418,6 +419,7 @@ def test_the_speed_picture_shows_each_lines_spread_from_the_slowest_to_the_faste
     assert [label.get_text() for label in axes.get_xticklabels()] == ["128", "512"]  # the lengths, where they are
 
 
+@pytest.mark.slow  # over 0.5 s in the quick loop (its minute): the full suite runs it
 def test_random_mha_lines_are_told_apart_by_the_role_palette_and_their_markers():
     import matplotlib.colors
 
