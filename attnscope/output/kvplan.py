@@ -36,7 +36,7 @@ HEAD_SCORE_FILE = "head_score.json"  # Retrieval Head's format; its folder is he
 SCALE = "score"  # viridis from 0 to the largest score
 SCORE = (
     "mean attention on the keys a streaming head drops: for a causal row i, keys sink <= j <= i - recent; over the "
-    "rows i >= sink + recent"
+    "rows i >= sink + recent (of the passkey probe, the rows that predict the passkey)"
 )
 KV_SCORE = "the largest of its query heads' scores (a shared cache keeps what any of them needs)"
 RULE = (
