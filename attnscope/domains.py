@@ -34,6 +34,9 @@ class Option:
     optional: bool = False
     excluded: tuple[int, ...] = ()  # values of the range that mean nothing (a sample of 1 row has no spread)
     described: str = ""  # the domain in words, where `domain()` would not say it well
+    # What else bounds a value, checked where it can be (the model's layers, the texts given): docs/promises.md's
+    # table of bounds says it beside the range
+    also: str = ""
 
     def or_none(self) -> Option:
         """The same domain, with None allowed."""
@@ -123,27 +126,32 @@ class Option:
                 value = int(stripped) if self.kind == "count" else float(stripped)
             except ValueError:
                 self._refuse(text, f"expected {self.domain()}")
-        problem = self.problem(value)
-        if problem is not None:
-            self._refuse(text, problem)
-        return self.normal(value)
+        return self._read(text, value)
 
     @property
     def python_type(self) -> type:
         """The type a command-line parser hands on: what `--help` and shell completion go by."""
         return {"count": int, "number": float, "flag": bool}.get(self.kind, str)
 
+    def _read(self, text: str, value: Any) -> Any:
+        """`value`, read from the command-line text `text`, in its one form if it lies in the domain; else one
+        AttnscopeError saying why (`_refuse`)."""
+        problem = self.problem(value)
+        if problem is not None:
+            self._refuse(text, problem)
+        return self.normal(value)
+
     @staticmethod
     def _refuse(text: str, problem: str) -> Any:
         raise AttnscopeError(f"{shown_text(text)}: {problem}")
 
 
-def count(low: int, high: int) -> Option:
-    return Option("count", low, high)
+def count(low: int, high: int, also: str = "") -> Option:
+    return Option("count", low, high, also=also)
 
 
-def number(low: float, high: float) -> Option:
-    return Option("number", low, high)
+def number(low: float, high: float, also: str = "") -> Option:
+    return Option("number", low, high, also=also)
 
 
 def choice(*choices: str) -> Option:

@@ -16,7 +16,7 @@ import numbers
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +113,9 @@ class Head(Option):
     """One head, `L.H` or `LlHh` (see `head_of`), stored as `L.H`."""
 
     kind: str = "head"
+    low: float | None = 0  # its layer's and its head's numbers
+    high: float | None = LAYER_MAX
+    also: str = "layer and head each; and the model's layers and heads"
 
     def domain(self) -> str:
         return HEAD_DOMAIN
@@ -176,16 +179,41 @@ def _parts(item: Any) -> tuple[Any, ...]:
 
 
 @dataclass(frozen=True)
-class LayerOrAll(Option):
+class OrWord(Option):
+    """A number, or one word `word` (any case), stored as `stored`: the shape that `LayerOrAll` and `ShareOrAuto`
+    share. Subclasses say what a number may be (`number_problem`) and its one form (`number_normal`)."""
+
+    word: str = ""
+    stored: Any = None
+
+    def is_word(self, value: Any) -> bool:
+        return isinstance(value, str) and value.strip().lower() == self.word
+
+    def problem(self, value: Any) -> str | None:
+        return None if self.is_word(value) else self.number_problem(value)
+
+    def normal(self, value: Any) -> Any:
+        return self.stored if self.is_word(value) else self.number_normal(value)
+
+    def number_problem(self, value: Any) -> str | None:
+        raise NotImplementedError
+
+    def number_normal(self, value: Any) -> Any:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class LayerOrAll(OrWord):
     """A layer (0-based) or every layer: "all" (and None, in Python), stored as None."""
 
     kind: str = "layer-or-all"
+    word: str = "all"
 
     def domain(self) -> str:
         return "a layer number (0-based) or 'all'"
 
-    def problem(self, value: Any) -> str | None:
-        if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
+    def number_problem(self, value: Any) -> str | None:
+        if value is None:
             return None
         if isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 9:
             value = int(value)
@@ -193,16 +221,8 @@ class LayerOrAll(Option):
             return f"expected {self.domain()}"
         return None
 
-    def normal(self, value: Any) -> int | None:
-        if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
-            return None
-        return int(value)
-
-    def check(self, value: Any, name: str) -> int | None:
-        problem = self.problem(value)
-        if problem is not None:
-            raise AttnscopeError(f"{name} {_shown(value)}: {problem}")
-        return self.normal(value)
+    def number_normal(self, value: Any) -> int | None:
+        return None if value is None else int(value)
 
     def parse(self, text: str) -> int | str:
         """The command line's layer, or "all" as typed (a required option must not read as missing: None)."""
@@ -211,18 +231,18 @@ class LayerOrAll(Option):
 
 
 @dataclass(frozen=True)
-class ShareOrAuto(Option):
+class ShareOrAuto(OrWord):
     """A share from 0 to 1, or "auto" (any case; stored as "auto"): kvplan's --streaming, which --check can choose."""
 
     kind: str = "share-or-auto"
+    word: str = "auto"
+    stored: Any = "auto"
 
     def domain(self) -> str:
         return "a number from 0 to 1, or 'auto'"
 
-    def problem(self, value: Any) -> str | None:
-        """A number, or the one word "auto"; from Python a number is a number ('0.5' is refused, as sink='16' is)."""
-        if isinstance(value, str) and value.strip().lower() == "auto":
-            return None
+    def number_problem(self, value: Any) -> str | None:
+        """From Python a number is a number ('0.5' is refused, as sink='16' is)."""
         if isinstance(value, str):
             return f"expected {self.domain()}, not a str"
         if (
@@ -233,25 +253,20 @@ class ShareOrAuto(Option):
             return f"expected {self.domain()}"
         return None
 
-    def normal(self, value: Any) -> float | str:
-        """ "auto", or the share at the six decimals the JSON records (output.documents.DECIMALS): what is applied is
-        what is written (0.6999999999999998, or numpy's float32 0.7, of 90 KV heads streamed 62 while the JSON said
-        0.7, whose floor(0.7 × 90) is 63)."""
-        if isinstance(value, str) and value.strip().lower() == "auto":
-            return "auto"
+    def number_normal(self, value: Any) -> float:
+        """The share at the six decimals the JSON records (output.documents.DECIMALS): what is applied is what is
+        written (0.6999999999999998, or numpy's float32 0.7, of 90 KV heads streamed 62 while the JSON said 0.7,
+        whose floor(0.7 × 90) is 63)."""
         return round(float(value), 6)
 
     def parse(self, text: str) -> float | str:
-        if text.strip().lower() == "auto":
-            return "auto"
+        if self.is_word(text):
+            return self.stored
         try:
             value = float(text)
         except ValueError:
             return self._refuse(text, f"expected {self.domain()}")
-        problem = self.problem(value)
-        if problem is not None:
-            self._refuse(text, problem)
-        return self.normal(value)
+        return self._read(text, value)
 
 
 def _percent_problem(item: Any) -> str | None:
@@ -268,6 +283,7 @@ class Percents(Option):
     line (`0.1,1,10`), a list in Python; a tuple once checked, ascending, each once."""
 
     kind: str = "percents"
+    item: Option = field(default_factory=lambda: number(0, 100))  # each, its 0 excluded (`problem`)
 
     def domain(self) -> str:
         return "comma-separated percentages, each above 0 and at most 100"
@@ -285,10 +301,7 @@ class Percents(Option):
             values = tuple(float(part.strip().rstrip("%")) for part in text.split(",") if part.strip())
         except ValueError:
             return self._refuse(text, f"expected {self.domain()}")
-        problem = self.problem(values)
-        if problem is not None:
-            self._refuse(text, problem)
-        return self.normal(values)
+        return self._read(text, values)
 
 
 @dataclass(frozen=True)
@@ -320,31 +333,38 @@ PROBE_LEN = count(3, LENGTH_MAX)  # probe.MIN_PROBE_LEN: a period of 3 tokens is
 HAYSTACK_LEN = count(10, LENGTH_MAX)  # needle.MIN_HAYSTACK_LEN: the shortest haystack with three distinct depths
 SEED = count(0, SEED_MAX)
 TOP = count(1, ROWS_MAX)
-STREAMING = ShareOrAuto()  # kvplan: the share of key/value heads given a streaming cache, or auto (--check picks)
-CHECK_LENGTHS = Numbers(item=count(16, LENGTH_MAX))  # kvplan --check: passkey prompts' lengths
-SINK = count(0, LENGTH_MAX)  # kvplan: the first tokens a streaming head keeps (none: a window alone)
-RECENT = count(1, LENGTH_MAX)  # kvplan: the last tokens a streaming head keeps, the current one among them
+# kvplan: the share of key/value heads given a streaming cache, or auto (--check picks)
+STREAMING = ShareOrAuto(low=0, high=1, also="a share of the KV heads, or auto")
+# kvplan --check: passkey prompts' lengths
+CHECK_LENGTHS = Numbers(item=count(16, LENGTH_MAX, also="and the model's context"))
+# kvplan: the first tokens a streaming head keeps (none: a window alone)
+SINK = count(0, LENGTH_MAX, also="and, with --recent, less than the model's context")
+# kvplan: the last tokens a streaming head keeps, the current one among them
+RECENT = count(1, LENGTH_MAX, also="and, with --sink, less than the model's context")
 CONTEXT = count(1, CONTEXT_MAX)
 STEPS = count(0, 1_000)  # circuit --method gradient: integration points (each a forward and a backward pass)
-IG_STEPS = count(1, 1_000)  # discover --method eap-ig: integration points (each a forward and a backward pass)
+# discover --method eap-ig: integration points (each a forward and a backward pass)
+IG_STEPS = count(1, 1_000, also="with --method eap-ig only")
 TARGET = number(0.001, 1.0)  # discover: the faithfulness its circuit must reach
-BUDGETS = Percents()
+BUDGETS = Percents(item=number(0, 100, also="above 0, in percent of the edges; 100 is always run"))
 TOKENS = count(1, ROWS_MAX)
-PRUNE = count(0, ROWS_MAX)
-LAYER = count(0, LAYER_MAX)
-INDEX = count(0, INDEX_MAX)
-JS_BITS = number(0.0, 1.0)  # a Jensen–Shannon divergence in bits
+PRUNE = count(0, ROWS_MAX, also="and the model's heads")
+LAYER = count(0, LAYER_MAX, also="and the model's layers")
+INDEX = count(0, INDEX_MAX, also="and the texts given")
+OCCURRENCE = count(0, INDEX_MAX, also="and the word's occurrences")  # attend's WORD@K
+JS_BITS = number(0.0, 1.0, also="bits")  # a Jensen–Shannon divergence in bits
 SAMPLE_ROWS = Option(  # diversity's: a standard error needs two rows
     "count", 0, SAMPLE_ROWS_MAX, excluded=(1,), described=f"0 (every row, exact) or from 2 to {SAMPLE_ROWS_MAX:,}"
 )
 BENCH_SAMPLE_ROWS = count(2, SAMPLE_ROWS_MAX)
 D_MODEL = count(1, D_MODEL_MAX)
-HEAD_COUNTS = Numbers(item=count(1, D_MODEL_MAX))  # random-mha's numbers of heads
+HEAD_COUNTS = Numbers(item=count(1, D_MODEL_MAX, also="dividing --d-model"))  # random-mha's numbers of heads
 SEQ_LEN = count(2, 4096)  # random-mha's sequences
-BENCH_SEQ_LENS = Numbers(item=count(2, LENGTH_MAX))
-BENCH_BATCHES = Numbers(item=count(1, BATCH_MAX))
+BENCH_SEQ_LENS = Numbers(item=count(2, LENGTH_MAX, also="and the model's context"))
+BENCH_BATCHES = Numbers(item=count(1, BATCH_MAX, also="and the memory available"))
 BENCH_METHOD_NAMES = Names(choices=ALL_BENCH_METHODS)
 TRIALS = count(1, TRIALS_MAX)
+MHA_TRIALS = count(1, TRIALS_MAX, also="and 10^12 comparisons in all")  # random-mha's
 REPEATS = count(1, REPEATS_MAX)
 WARMUP = count(0, WARMUP_MAX)
 DPI = count(*DPI_RANGE)

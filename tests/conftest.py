@@ -7,6 +7,7 @@ CLI, subprocesses, a browser). `-m "not slow"` leaves out what takes seconds per
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -20,6 +21,8 @@ os.environ.setdefault("ATTNSCOPE_REAL_HF_HOME", os.environ.get("HF_HOME", ""))
 # No test may touch the network: the Hub is off and the cache is an empty folder. Set here, when pytest loads this
 # file and before any test module imports transformers: huggingface_hub reads both variables once, on import.
 OFFLINE_HF_HOME = tempfile.mkdtemp(prefix="attnscope-tests-hf-home-")
+# Every process that loads this file makes one (xdist's controller and each worker); each removes its own on exit.
+atexit.register(shutil.rmtree, OFFLINE_HF_HOME, ignore_errors=True)
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HOME"] = OFFLINE_HF_HOME
 # Off a terminal a long run prints a progress line now and then (cli.display.Live); a test run on a busy machine

@@ -14,7 +14,8 @@ then the per-row summaries of the whole layer (LayerRows) go to the reducer. The
 softmax runs in float32 whatever the model's dtype, on logits in base 2 (blocks.LOG2E: exp2 is the CPU's fast
 exponential), and the output is (2^(s - max) V) / Z, which spares a pass normalising the block. At long context on
 the CPU, when nothing needs a block's weights, a block walks its keys in tiles instead (`pipeline.tiles`: an online
-softmax whose tiles stay in the cache, its blocks shared among threads). A causal layer without a sliding window,
+softmax whose tiles stay in the cache, its blocks shared among threads); for kvplan's reducer, which reads one sum
+a row, by torch's fused kernel and each row's logsumexp (`pipeline.distant`). A causal layer without a sliding window,
 on right-padded windows, masks with a small triangle per block instead of adding the model's whole mask (the same
 keys, half the passes).
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnscope.pipeline import tiles
+from attnscope.pipeline import distant, tiles
 from attnscope.pipeline.blocks import (
     LN2,
     LOG2E,
@@ -83,6 +84,8 @@ def attention(
     B, H, n, d_head = query.shape
     H_kv, n_keys = key.shape[1], key.shape[-2]
     device = query.device
+    if distant.wants_lse(state, call, device, n_keys):  # kvplan at long context: SDPA's kernel and its logsumexp
+        return distant.attention(state, call, query, key, value)
     reducer = state.reducer
     # float32 logits per window in one block; at long context, room for MIN_BLOCK_ROWS rows over all the keys, so that
     # the blocks stay about one size (the allocator reuses them) and each is more than a few rows

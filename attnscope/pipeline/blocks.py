@@ -90,6 +90,13 @@ class LayerRows:
     sliding_window: int | None = None
 
     @classmethod
+    def summed_alone(cls, summed: torch.Tensor, lengths: torch.Tensor, sliding_window: int | None) -> LayerRows:
+        """Each row's summed keys alone (and the windows' lengths), for a reducer that reads nothing else
+        (`Reducer.summed_only`): the other summaries are None (`pipeline.distant` computes none of them)."""
+        nothing: Any = None
+        return cls(nothing, nothing, None, lengths, nothing, None, summed=summed, sliding_window=sliding_window)
+
+    @classmethod
     def stack(cls, layers: list[LayerRows]) -> LayerRows:
         """Several layers' summaries (of one batch or of several of the same shape, on one device) as one whose
         windows are the layers' windows one layer after the other (L·B windows, layer-major), so that one pass scores
@@ -122,6 +129,9 @@ class Reducer:
     # (S, R): `add_layer` wants each row i's attention on the keys S <= j <= i - R (LayerRows.summed), the keys a
     # streaming KV cache with a sink of S and a recent window of R drops; None: not wanted.
     summed_keys: tuple[int, int] | None = None
+    # True: `add_layer` reads the rows' `summed` and `lengths` alone, so the capture may give it nothing else
+    # (LayerRows.summed_alone) and compute a long layer by the fused CPU kernel (`pipeline.distant`)
+    summed_only = False
 
     def keys_to_gather(self, positions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor | None:
         """Key indices whose logits `add_layer` wants for rows `positions` of windows of `lengths` (B,): (b, m), the

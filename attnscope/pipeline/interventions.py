@@ -108,7 +108,19 @@ def weights_frozen(loaded: LoadedModel) -> Iterator[None]:
 # ------------------------------------------------------------------------------------------------- gates
 
 
-class HeadGates:
+class HeadOutputsHook:
+    """A forward pre-hook on every layer's output projection, whose input holds the heads' outputs side by side:
+    `_hook(layer, n_head)` makes the layer's (what `HeadGates`, `PatchedHeads` and `HeadOutputsRecorder` do there)."""
+
+    def install(self, loaded: LoadedModel) -> Iterator[Handle]:
+        for layer, module in enumerate(loaded.family.output_projections(loaded.model)):
+            yield module.register_forward_pre_hook(self._hook(layer, loaded.n_head))
+
+    def _hook(self, layer: int, n_head: int) -> Callable:
+        raise NotImplementedError
+
+
+class HeadGates(HeadOutputsHook):
     """Forward pre-hooks on every layer's output projection multiplying each head's output by a gate.
 
     `values` is (B, L, H): one row of gates per sequence of the batch, so one forward pass can run the same window
@@ -121,10 +133,6 @@ class HeadGates:
     def __init__(self) -> None:
         self.values: Any = None
         self.replacements: dict[int, Any] | None = None
-
-    def install(self, loaded: LoadedModel) -> Iterator[Handle]:
-        for layer, module in enumerate(loaded.family.output_projections(loaded.model)):
-            yield module.register_forward_pre_hook(self._hook(layer, loaded.n_head))
 
     def _hook(self, layer: int, n_head: int) -> Callable:
         def gate_heads(module, args):
@@ -145,7 +153,7 @@ class HeadGates:
         return gate_heads
 
 
-class PatchedHeads:
+class PatchedHeads(HeadOutputsHook):
     """Forward pre-hooks on every layer's output projection replacing chosen heads' outputs by given values.
 
     The batch is C copies of B rows, copy-major (row c·B + b is copy c of row b: one forward pass runs several
@@ -159,10 +167,6 @@ class PatchedHeads:
     def __init__(self) -> None:
         self.chosen: dict[int, Any] = {}
         self.values: dict[int, Any] = {}
-
-    def install(self, loaded: LoadedModel) -> Iterator[Handle]:
-        for layer, module in enumerate(loaded.family.output_projections(loaded.model)):
-            yield module.register_forward_pre_hook(self._hook(layer, loaded.n_head))
 
     def _hook(self, layer: int, n_head: int) -> Callable:
         import torch
@@ -182,16 +186,12 @@ class PatchedHeads:
         return patch_heads
 
 
-class HeadOutputsRecorder:
+class HeadOutputsRecorder(HeadOutputsHook):
     """Forward pre-hooks on every layer's output projection keeping a copy of its input, the heads' outputs side by
     side, as `outputs[layer]` (B, n, H, d_head), from the last forward pass."""
 
     def __init__(self) -> None:
         self.outputs: dict[int, Any] = {}
-
-    def install(self, loaded: LoadedModel) -> Iterator[Handle]:
-        for layer, module in enumerate(loaded.family.output_projections(loaded.model)):
-            yield module.register_forward_pre_hook(self._hook(layer, loaded.n_head))
 
     def _hook(self, layer: int, n_head: int) -> Callable:
         def record(module, args):

@@ -143,9 +143,12 @@ class DistantAttention(Reducer):
 
         sums[l, h] = Σ_rows Σ_{S <= j <= i - R} A_ij     (float64)     row_count = scored rows (each layer's alike)
 
-    The inner sum is the capture's (LayerRows.summed, asked for by `summed_keys`): block by block, or tile by tile
-    at long context, so that kvplan's score costs what heads' statistics cost.
+    The inner sum is the capture's (LayerRows.summed, asked for by `summed_keys`): block by block, or at long context
+    on the CPU from the fused kernel's logsumexp and the sink's and recent window's keys alone (`pipeline.distant`),
+    so that kvplan's score costs about a forward.
     """
+
+    summed_only = True  # at long context on the CPU a layer is then SDPA's fused kernel (pipeline.distant)
 
     def __init__(self, n_layer: int, n_head: int, device: torch.device, sink: int, recent: int):
         self.sink, self.recent = sink, recent

@@ -10,21 +10,8 @@ from typing import ClassVar
 from attnscope import options
 from attnscope.errors import AttnscopeError
 from attnscope.models.checks import Shape
-from attnscope.settings.declare import (
-    SCORE,
-    Settings,
-    check_layer,
-    check_measured,
-    optional_setting,
-    setting,
-)  # fmt: skip
-from attnscope.settings.groups import (
-    Batching,
-    Loading,
-    Reading,
-    Scoring,
-    top_setting,
-)  # fmt: skip
+from attnscope.settings.declare import SCORE, Settings, check_layer, check_measured, optional_setting, setting
+from attnscope.settings.groups import Batching, Loading, Reading, Scoring, top_setting
 
 __all__ = ["Attend", "Diversity", "Heads", "Show", "parse_occurrence"]
 
@@ -153,10 +140,10 @@ class Attend(Reading, Loading, Settings):
         metavar="WORD[@K]",
     )
     from_index: int | None = optional_setting(
-        options.INDEX, "Which occurrence of --from (0-based), as WORD@K.", metavar="K"
+        options.OCCURRENCE, "Which occurrence of --from (0-based), as WORD@K.", metavar="K"
     )
     to_index: int | None = optional_setting(
-        options.INDEX,
+        options.OCCURRENCE,
         "Which occurrence of --to (0-based), as WORD@K; default: all the query sees, summed.",
         metavar="K",
     )
@@ -190,8 +177,8 @@ class Attend(Reading, Loading, Settings):
             object.__setattr__(self, f"{role}_index", occurrence if occurrence is not None else given)
         if self.from_index is None:
             object.__setattr__(self, "from_index", 0)
-        options.INDEX.check(self.from_index, "from occurrence")  # the K of WORD@K, checked as --from-index is
-        options.INDEX.or_none().check(self.to_index, "to occurrence")
+        options.OCCURRENCE.check(self.from_index, "from occurrence")  # the K of WORD@K, checked as --from-index is
+        options.OCCURRENCE.or_none().check(self.to_index, "to occurrence")
         if self.to_index is not None and self.to_token is None:
             raise AttnscopeError(
                 f"to occurrence {self.to_index} picks one occurrence of the to word: give the to word too (--to)"

@@ -14,14 +14,7 @@ from attnscope.models.removal import check_destination
 from attnscope.scores import catalog
 from attnscope.scores.catalog import counted
 from attnscope.scores.faithfulness import MIB_PERCENTS as MIB_BUDGETS
-from attnscope.settings.declare import (
-    FILE,
-    HEAD_SCORE,
-    Settings,
-    check_measured,
-    optional_setting,
-    setting,
-)  # fmt: skip
+from attnscope.settings.declare import FILE, HEAD_SCORE, Settings, check_measured, optional_setting, setting
 from attnscope.settings.groups import (
     Batching,
     DeviceMap,
@@ -32,7 +25,7 @@ from attnscope.settings.groups import (
     Revision,
     Scoring,
     top_setting,
-)  # fmt: skip
+)
 
 __all__ = ["Ablate", "Circuit", "Discover", "Patch", "PromptPairs"]
 

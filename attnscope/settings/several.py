@@ -17,15 +17,8 @@ from attnscope.settings.declare import (
     check_measured,
     optional_setting,
     setting,
-)  # fmt: skip
-from attnscope.settings.groups import (
-    DeviceMap,
-    Kernel,
-    Loading,
-    Place,
-    Scoring,
-    top_setting,
-)  # fmt: skip
+)
+from attnscope.settings.groups import DeviceMap, Kernel, Loading, Place, Scoring, top_setting
 
 __all__ = ["Compare", "Report"]
 

@@ -7,17 +7,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from attnscope import options
-from attnscope.settings.declare import (
-    NONE,
-    OWN,
-    Settings,
-    setting,
-)  # fmt: skip
-from attnscope.settings.groups import (
-    Kernel,
-    Place,
-    Revision,
-)  # fmt: skip
+from attnscope.settings.declare import NONE, OWN, Settings, setting
+from attnscope.settings.groups import Kernel, Place, Revision
 
 __all__ = ["Bench", "Info", "RandomMha"]
 
@@ -37,7 +28,7 @@ class RandomMha(Settings):
         metavar="H,H,...",
     )
     seq_len: int = setting(options.SEQ_LEN, 32, "Tokens per random sequence.", metavar="N")
-    trials: int = setting(options.TRIALS, 4, "Random layers averaged per head count.", metavar="N")
+    trials: int = setting(options.MHA_TRIALS, 4, "Random layers averaged per head count.", metavar="N")
     seed: int = setting(options.SEED, 0, "Seed of the random weights and inputs.", metavar="SEED")
 
     def __post_init__(self) -> None:

@@ -10,6 +10,7 @@ what it names, built from the code as it is now:
     <!-- generated: info MODEL -->      what `attnscope info --model MODEL --device cpu` prints (config only, fast)
     <!-- generated: commands -->       the commands' index: one row per record of attnscope.registry, linked to its page
     <!-- generated: api -->            the API reference's members: `load` and every command's function
+    <!-- generated: bounds -->         the bounds of every number option (docs/promises.md), from the declarations
 
 And the site's navigation lists the commands of attnscope.registry, each under its name and page (`on_config`).
 
@@ -33,7 +34,7 @@ from typing import Any
 MARKER = re.compile(
     r"^<!-- generated: (\w+)(?: ([\w-]+))? -->$(?:\n(?P<block>.*?)\n<!-- end generated -->$)?", re.MULTILINE | re.DOTALL
 )
-REFERENCE = "reference.md"  # the page whose generated block is kept in the repository
+KEPT = ("reference.md", "promises.md")  # the pages whose generated blocks are kept in the repository
 
 
 # ------------------------------------------------------------------------------------------------- the CLI
@@ -263,6 +264,38 @@ def api_markdown() -> str:
     return f"::: attnscope.api\n    options:\n      force_inspection: true\n      members: [{members}]"
 
 
+def bounds_markdown() -> str:
+    """The bounds of every number an option takes (docs/promises.md): one row per option and range, with the commands
+    that take it (`every command that draws` where those are all of them), read from the settings' declarations
+    (attnscope.options): a count's or number's range, a list's range for each of its numbers, and what else bounds
+    it (`Option.also`, a value the range leaves out)."""
+    from attnscope import registry
+    from attnscope.output.files import Pictures
+    from attnscope.settings.declare import declared
+
+    rows: dict[tuple[str, ...], list[str]] = {}
+    for command in registry.COMMANDS:
+        for setting in declared(command.settings) + (declared(Pictures) if command.settings.draws else []):
+            domain = getattr(setting.domain, "item", setting.domain)  # a list's numbers each lie in its item's range
+            if setting.argument or not setting.command_line or domain is None or domain.low is None:
+                continue
+            each = " (each)" if domain is not setting.domain else ""  # a list's
+            besides = [*(f"not {value:,}" for value in domain.excluded), *([domain.also] if domain.also else [])]
+            key = (f"`{setting.spelled}`{each}", _number(domain.low), _number(domain.high), "; ".join(besides))
+            rows.setdefault(key, []).append(command.name)
+    drawing = [command.name for command in registry.COMMANDS if command.settings.draws]
+    lines = ["| option | commands | from | to | besides |", "|---|---|---|---|---|"]
+    for (option, low, high, besides), names in rows.items():
+        where = "every command that draws" if names == drawing else ", ".join(names)
+        lines.append(f"| {option} | {where} | {low} | {high} | {besides} |")
+    return "\n".join(lines)
+
+
+def _number(value: float) -> str:
+    """A bound as the table writes it: 100,000; 0.001; 1."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
 def navigation(nav: list[Any]) -> list[Any]:
     """The site's navigation with its Commands section made of the registry's records (after its first entry, the
     overview, and before its last, the reference of every option)."""
@@ -298,6 +331,8 @@ def expand(markdown: str) -> str:
             return commands_markdown()
         if kind == "api" and argument is None:
             return api_markdown()
+        if kind == "bounds" and argument is None:
+            return bounds_markdown()
         raise ValueError(f"unknown marker: {found.group(0)}")
 
     return MARKER.sub(replace, markdown)
@@ -325,9 +360,10 @@ def with_blocks(markdown: str) -> str:
     return MARKER.sub(replace, markdown)
 
 
-if __name__ == "__main__":  # python docs/hooks/generate.py: docs/reference.md's block made current
+if __name__ == "__main__":  # python docs/hooks/generate.py: the blocks of the pages in KEPT made current
     from pathlib import Path
 
-    page = Path(__file__).resolve().parents[1] / REFERENCE
-    page.write_text(with_blocks(page.read_text(encoding="utf-8")), encoding="utf-8")
-    print(f"wrote {page}")
+    for name in KEPT:
+        page = Path(__file__).resolve().parents[1] / name
+        page.write_text(with_blocks(page.read_text(encoding="utf-8")), encoding="utf-8")
+        print(f"wrote {page}")

@@ -14,8 +14,10 @@ import torch
 from attnscope import api
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import load_model
+from attnscope.pipeline import distant
 from attnscope.pipeline.inputs import Text
 from attnscope.pipeline.passkey import passkey_prompts
+from attnscope.pipeline.reducers import DistantAttention
 from attnscope.pipeline.tokens import batches, pad_id, tokenize
 from tests.support import CAT, DOCTOR, FAMILY_TEXTS, WINDOW, build_tiny_gpt2, tiles_everywhere
 
@@ -45,15 +47,33 @@ def _by_eager_maps(model, texts, sink: int, recent: int) -> tuple[np.ndarray, in
     return sums / rows, rows
 
 
-@pytest.mark.parametrize("tiled", [False, True], ids=["blocks", "tiles"])
-def test_gpt2_scores_equal_the_eager_maps_sums(tiny, tiled):
-    """Also with every block's keys in tiles of 3 (how long rows go on the CPU): tiles wholly inside the summed keys,
-    wholly outside, and across their edges."""
+@contextlib.contextmanager
+def _long_rows(path: str, monkeypatch):
+    """Inside the `with`, every layer goes as a long one would on the CPU by `path`: "blocks" (none is long), "tiles"
+    (every block's keys in tiles of 3: tiles wholly inside the summed keys, wholly outside, across their edges) or
+    "distant" (the fused kernel's logsumexp, pipeline.distant); yields the calls of the path taken."""
+    calls = []
+    if path == "blocks":
+        yield calls
+        return
+    monkeypatch.setattr(DistantAttention, "summed_only", path == "distant")
+    taken = distant.attention
+    monkeypatch.setattr(distant, "attention", lambda *args: calls.append(args[1].layer) or taken(*args))
+    with tiles_everywhere() as tiled:
+        yield tiled if path == "tiles" else calls
+        if path == "distant":
+            assert not tiled  # no block went by tiles
+
+
+@pytest.mark.parametrize("path", ["blocks", "tiles", "distant"])
+def test_gpt2_scores_equal_the_eager_maps_sums(tiny, path, monkeypatch):
+    """Also as long rows go on the CPU: in tiles, and by the fused kernel's logsumexp (the sink's and the recent
+    window's keys subtracted from 1), on a padded batch."""
     sink, recent = 2, 3
     expected, rows = _by_eager_maps(tiny, TEXTS, sink, recent)
-    with tiles_everywhere() if tiled else contextlib.nullcontext([]) as tiled_blocks:
+    with _long_rows(path, monkeypatch) as taken:
         result = api.kvplan(tiny, TEXTS, sink=sink, recent=recent, batch_size=2)  # the two long texts in one batch
-    assert bool(tiled_blocks) == tiled
+    assert bool(taken) == (path != "blocks")
     assert result.inputs["scored_rows"] == rows and result.inputs["n_windows"] == 3
     assert np.allclose(result.scores, expected, atol=1e-6)
     assert np.array_equal(result.kv_scores, result.scores)  # GPT-2: one KV head per query head
@@ -68,6 +88,25 @@ def test_gpt2_scores_equal_the_eager_maps_sums(tiny, tiled):
 @pytest.fixture(scope="module")
 def gemma2(family_dir):
     return load_model(str(family_dir("gemma2")), "cpu")
+
+
+@pytest.fixture(scope="module")
+def llama(family_dir):
+    return load_model(str(family_dir("llama")), "cpu")
+
+
+@pytest.mark.parametrize("path", ["blocks", "tiles", "distant"])
+def test_grouped_query_attention_by_each_path_against_the_eager_maps(llama, path, monkeypatch):
+    """Llama: 4 query heads over 2 KV heads, a padded batch; the fused kernel's path takes each KV head for the query
+    heads that read it, in a row."""
+    assert llama.n_head == 2 * llama.n_kv_head
+    sink, recent = 1, 2
+    expected, rows = _by_eager_maps(llama, FAMILY_TEXTS, sink, recent)
+    with _long_rows(path, monkeypatch) as taken:
+        result = api.kvplan(llama, FAMILY_TEXTS, sink=sink, recent=recent, batch_size=8)
+    assert bool(taken) == (path != "blocks")
+    assert result.inputs["scored_rows"] == rows
+    assert np.allclose(result.scores, expected, atol=1e-6)
 
 
 @pytest.mark.parametrize("tiled", [False, True], ids=["blocks", "tiles"])

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from attnscope import options
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
@@ -123,6 +125,18 @@ def test_the_reference_page_and_the_hook_are_in_place():
         page = DOCS / "commands" / f"{name}.md"
         if page.exists():
             assert f"<!-- generated: cli {name} -->" in page.read_text(encoding="utf-8"), name
+
+
+def test_the_bounds_kept_in_the_promises_page_are_the_declarations():
+    """docs/promises.md keeps its table of bounds (generated from the options' declarations) for a code host: it must
+    be current (python docs/hooks/generate.py), and say a list's range for each item and what else bounds a value."""
+    page = (DOCS / "promises.md").read_text(encoding="utf-8")
+    assert generate().with_blocks(page) == page, "docs/promises.md is stale: run python docs/hooks/generate.py"
+    cells = [line.split(" | ") for line in page.splitlines() if line.startswith("| `--")]
+    rows = {f"{row[0].removeprefix('| ')} {row[1]}": " | ".join(row) for row in cells}
+    assert rows["`--check-lengths` (each) kvplan"].endswith("| 16 | 100,000 | and the model's context |")
+    assert rows["`--dpi` every command that draws"].endswith(f"| {options.DPI.low} | {options.DPI.high:,} |  |")
+    assert rows["`--sample-rows` diversity"].endswith("| 0 | 2,147,483,647 | not 1 |")
 
 
 def test_the_reference_kept_in_the_repository_is_what_the_cli_says():

@@ -236,3 +236,27 @@ def test_a_model_of_many_kv_heads_gets_one_line_per_layer_with_the_plans_margin(
     rows = [line.split() for line in console.export_text().splitlines()]
     assert ["L", "full", "highest", "streaming", "lowest", "full"] in rows
     assert ["0", "0/20", "(.190)", "-"] in rows and ["1", "16/20", "(.230)", ".240"] in rows
+
+
+@pytest.mark.parametrize(("sink", "recent", "band"), [(4, 8, 16), (0, 5, 7), (3, 1, 64)])
+def test_the_distant_share_from_the_logsumexp_is_the_sum_over_the_dropped_keys(sink, recent, band, monkeypatch):
+    """pipeline.distant: 1 less a row's weights on its sink and recent keys, from the fused kernel's logsumexp, in
+    bands of rows (a last band shorter; no sink; a window of the row alone), against the weights on the keys
+    S <= j <= i - R summed in float64 from a softmax written here; 3 query heads over each of 2 KV heads."""
+    from attnscope.pipeline import distant
+
+    monkeypatch.setattr(distant, "BAND_ROWS", band)
+    generator = torch.Generator().manual_seed(0)
+    n, d = 70, 8
+    query, key = torch.randn(1, 6, n, d, generator=generator), torch.randn(1, 2, n, d, generator=generator)
+    logits = (query.double() @ key.double().repeat_interleave(3, dim=1).transpose(-1, -2)) * d**-0.5
+    logits = logits.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    weights = logits.softmax(dim=-1)  # (1, 6, n, n)
+    expected = torch.zeros(1, 6, n, dtype=torch.float64)
+    for i in range(sink + recent, n):
+        expected[..., i] = weights[..., i, sink : i - recent + 1].sum(dim=-1)
+    lse = torch.logsumexp(logits, dim=-1).float()  # the kernel's, in float32
+    summed = distant.distant_share(query, key, lse, d**-0.5, (sink, recent))
+    assert summed.dtype == torch.float32 and summed.shape == (1, 6, n)
+    assert torch.allclose(summed.double(), expected, atol=2e-6)
+    assert expected[..., sink + recent :].min() > 0.01  # the rows scored carry weight beyond their kept keys
