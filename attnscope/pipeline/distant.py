@@ -35,11 +35,17 @@ from attnscope.pipeline.blocks import CaptureState, LayerCall, LayerRows
 BAND_ROWS = 64
 
 
+# torch's fused CPU attention with each row's logsumexp (what scaled_dot_product_attention runs on the CPU); None in a
+# torch without it, which takes the tiles
+KERNEL = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
 def wants_lse(state: CaptureState, call: LayerCall, device: torch.device, n_keys: int) -> bool:
     """Whether this layer goes by the fused kernel's output and log-sum-exp (see the module docstring)."""
     reducer = state.reducer
     return (
-        reducer is not None
+        KERNEL is not None
+        and reducer is not None
         and getattr(reducer, "summed_only", False)
         and tiles.wants_tiles(state, call, device, n_keys)
         and call.triangle
@@ -57,7 +63,7 @@ def attention(
     groups = query.shape[1] // key.shape[1]
     output, lse = torch.empty_like(query), query.new_empty(query.shape[:-1], dtype=torch.float32)
     for slot in range(groups):  # query heads slot, slot + G, ... read key/value heads 0, 1, ...: no copy of them
-        output[:, slot::groups], lse[:, slot::groups] = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        output[:, slot::groups], lse[:, slot::groups] = KERNEL(
             query[:, slot::groups], key, value, 0.0, True, scale=call.scaling
         )  # (B, H_kv, n, d_head), (B, H_kv, n) float32, natural log
     lengths = state.lengths_on(query.device)
