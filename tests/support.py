@@ -206,6 +206,26 @@ def tiles_everywhere(key_tile: int = 3, row_tile: int = 2):
 
 
 @contextlib.contextmanager
+def sdpa_summed_everywhere(rows: int = 4):
+    """kvplan's layers take SDPA's kernel and its log-sum-exp (pipeline.sdpa_summed) inside the `with`, whatever the
+    length, with blocks of `rows` rows for the kept keys' logits; yields the list of layers that took it."""
+    from attnscope.pipeline import sdpa_summed
+
+    original = sdpa_summed.SDPA_FROM, sdpa_summed.ROWS, sdpa_summed.attention
+    seen = []
+
+    def counted(state, call, *args):
+        seen.append(call.layer)
+        return original[2](state, call, *args)
+
+    sdpa_summed.SDPA_FROM, sdpa_summed.ROWS, sdpa_summed.attention = 0, rows, counted
+    try:
+        yield seen
+    finally:
+        sdpa_summed.SDPA_FROM, sdpa_summed.ROWS, sdpa_summed.attention = original
+
+
+@contextlib.contextmanager
 def seeded_on_one_thread(seed: int):
     """Inside the `with`: torch on one thread (a training run is then the same wherever it runs) and seeded with
     `seed`; yields a numpy generator seeded alike."""

@@ -14,7 +14,8 @@ then the per-row summaries of the whole layer (LayerRows) go to the reducer. The
 softmax runs in float32 whatever the model's dtype, on logits in base 2 (blocks.LOG2E: exp2 is the CPU's fast
 exponential), and the output is (2^(s - max) V) / Z, which spares a pass normalising the block. At long context on
 the CPU, when nothing needs a block's weights, a block walks its keys in tiles instead (`pipeline.tiles`: an online
-softmax whose tiles stay in the cache, its blocks shared among threads). A causal layer without a sliding window,
+softmax whose tiles stay in the cache, its blocks shared among threads); kvplan's, which need one sum a row, take
+SDPA's own kernel and its log-sum-exp (`pipeline.sdpa_summed`). A causal layer without a sliding window,
 on right-padded windows, masks with a small triangle per block instead of adding the model's whole mask (the same
 keys, half the passes).
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnscope.pipeline import tiles
+from attnscope.pipeline import sdpa_summed, tiles
 from attnscope.pipeline.blocks import (
     LN2,
     LOG2E,
@@ -83,6 +84,8 @@ def attention(
     B, H, n, d_head = query.shape
     H_kv, n_keys = key.shape[1], key.shape[-2]
     device = query.device
+    if sdpa_summed.wanted(state, call, device, n_keys, query.dtype):  # kvplan's long rows: SDPA's kernel and its lse
+        return sdpa_summed.attention(state, call, query, key, value)
     reducer = state.reducer
     # float32 logits per window in one block; at long context, room for MIN_BLOCK_ROWS rows over all the keys, so that
     # the blocks stay about one size (the allocator reuses them) and each is more than a few rows
@@ -103,13 +106,15 @@ def attention(
     if tiled:  # long rows, summaries only: the keys in tiles that stay in the cache, blocks shared among threads
         jobs = []
         rows = tiles.rows_per_block(B)
+        expected = reducer is None or "expected_logit" in reducer.reads
         for start in range(0, n, rows):
             stop = min(n, start + rows)
             block = geometry(state, start, stop, device, call.triangle, gather_keys)  # here: it fills caches
             keys = stop if call.causal else n_keys
             jobs.append(
-                (query, key, value, attention_mask, call, block, start, stop, keys, sink_logits, lengths, summed_keys)
-            )
+                (query, key, value, attention_mask, call, block, start, stop, keys, sink_logits, lengths, summed_keys,
+                 expected)
+            )  # fmt: skip
         for parts in tiles.blocks_in_tiles(jobs):
             pieces.add_tiled(*parts)
     start = n if tiled else 0
@@ -285,7 +290,8 @@ class _LayerPieces:
     def add_tiled(self, output, normalizer, visible, peak, mass, expected_logit, gathered, summed) -> None:
         """A block computed in tiles (pipeline.tiles.block_in_tiles): its pieces, all at once."""
         self.add(output, normalizer, visible, peak, mass)
-        self.expected_logits.append(expected_logit)
+        if expected_logit is not None:
+            self.expected_logits.append(expected_logit)
         self.add_gathered(gathered)
         if summed is not None:
             self.summeds.append(summed)
@@ -298,7 +304,7 @@ class _LayerPieces:
     def rows(self, lengths: torch.Tensor, sliding_window: int | None) -> LayerRows:
         return LayerRows(
             normalizer=joined(self.normalizers, -1),  # (B, H, n)
-            expected_logit=joined(self.expected_logits, -1),  # (B, H, n)
+            expected_logit=joined(self.expected_logits, -1) if self.expected_logits else None,  # (B, H, n)
             gathered=joined(self.gathereds, -2) if self.gathereds else None,  # (B, H, n, m)
             lengths=lengths,
             visible=joined(self.visibles, -1),  # (B, n)

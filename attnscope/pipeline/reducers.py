@@ -150,6 +150,7 @@ class DistantAttention(Reducer):
     def __init__(self, n_layer: int, n_head: int, device: torch.device, sink: int, recent: int):
         self.sink, self.recent = sink, recent
         self.summed_keys = (sink, recent)  # the capture sums each row's attention on them (LayerRows.summed)
+        self.reads = frozenset({"summed"})  # LayerRows' summaries, of which `add_layer` reads `summed` alone
         self.sums = torch.zeros(n_layer, n_head, dtype=torch.float64, device=device)
         self.row_count = torch.zeros((), dtype=torch.long, device=device)
         self.sliding_windows: dict[int, int | None] = {}  # layer -> its window (None: it sees every earlier key)

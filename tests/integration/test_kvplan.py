@@ -14,10 +14,20 @@ import torch
 from attnscope import api
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import load_model
+from attnscope.pipeline import capture
 from attnscope.pipeline.inputs import Text
 from attnscope.pipeline.passkey import passkey_prompts
+from attnscope.pipeline.reducers import DistantAttention
 from attnscope.pipeline.tokens import batches, pad_id, tokenize
-from tests.support import CAT, DOCTOR, FAMILY_TEXTS, WINDOW, build_tiny_gpt2, tiles_everywhere
+from tests.support import (
+    CAT,
+    DOCTOR,
+    FAMILY_TEXTS,
+    WINDOW,
+    build_tiny_gpt2,
+    sdpa_summed_everywhere,
+    tiles_everywhere,
+)
 
 TEXTS = [
     Text(CAT, "a"),
@@ -63,6 +73,32 @@ def test_gpt2_scores_equal_the_eager_maps_sums(tiny, tiled):
     streamed = {(layer, head) for layer, head in zip(*np.nonzero(~result.full), strict=True)}
     kept = {(layer, head) for layer, head in zip(*np.nonzero(result.full), strict=True)}
     assert max(result.kv_scores[lh] for lh in streamed) <= min(result.kv_scores[lh] for lh in kept)
+
+
+def test_gpt2_scores_by_sdpa_and_its_log_sum_exp_equal_the_eager_maps_sums(tiny):
+    """kvplan's long rows on the CPU (pipeline.sdpa_summed: 1 minus the attention on the sink's and the recent keys,
+    from SDPA's log-sum-exp), taken here at every length in blocks of 4 rows: rows before sink + recent, blocks
+    whose recent keys reach into the sink's, blocks past them; padding in the batch; the model's output unchanged."""
+    sink, recent = 2, 3
+    expected, rows = _by_eager_maps(tiny, TEXTS, sink, recent)
+    with sdpa_summed_everywhere() as layers:
+        result = api.kvplan(tiny, TEXTS, sink=sink, recent=recent, batch_size=2)  # the two long texts in one batch
+    assert sorted(set(layers)) == list(range(tiny.n_layer))
+    assert result.inputs["scored_rows"] == rows
+    assert np.allclose(result.scores, expected, atol=1e-6)
+    windows = tokenize(tiny, TEXTS[2:]).windows
+    batch = next(batches(windows, 1, tiny.device, pad_id(tiny.tokenizer)))
+    sums = DistantAttention(tiny.n_layer, tiny.n_head, tiny.device, sink, recent)
+    outputs = []
+    hook = tiny.model.register_forward_hook(lambda module, args, output: outputs.append(output[0]))
+    try:
+        with sdpa_summed_everywhere():
+            capture.run(tiny.model, [batch], sums)
+    finally:
+        hook.remove()
+    with torch.no_grad():
+        eager = tiny.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)[0]
+    torch.testing.assert_close(outputs[0], eager, atol=1e-5, rtol=1e-5)
 
 
 @pytest.fixture(scope="module")
