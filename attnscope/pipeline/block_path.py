@@ -106,13 +106,15 @@ def attention(
     if tiled:  # long rows, summaries only: the keys in tiles that stay in the cache, blocks shared among threads
         jobs = []
         rows = tiles.rows_per_block(B)
+        expected = reducer is None or "expected_logit" in reducer.reads
         for start in range(0, n, rows):
             stop = min(n, start + rows)
             block = geometry(state, start, stop, device, call.triangle, gather_keys)  # here: it fills caches
             keys = stop if call.causal else n_keys
             jobs.append(
-                (query, key, value, attention_mask, call, block, start, stop, keys, sink_logits, lengths, summed_keys)
-            )
+                (query, key, value, attention_mask, call, block, start, stop, keys, sink_logits, lengths, summed_keys,
+                 expected)
+            )  # fmt: skip
         for parts in tiles.blocks_in_tiles(jobs):
             pieces.add_tiled(*parts)
     start = n if tiled else 0
@@ -288,7 +290,8 @@ class _LayerPieces:
     def add_tiled(self, output, normalizer, visible, peak, mass, expected_logit, gathered, summed) -> None:
         """A block computed in tiles (pipeline.tiles.block_in_tiles): its pieces, all at once."""
         self.add(output, normalizer, visible, peak, mass)
-        self.expected_logits.append(expected_logit)
+        if expected_logit is not None:
+            self.expected_logits.append(expected_logit)
         self.add_gathered(gathered)
         if summed is not None:
             self.summeds.append(summed)
@@ -301,7 +304,7 @@ class _LayerPieces:
     def rows(self, lengths: torch.Tensor, sliding_window: int | None) -> LayerRows:
         return LayerRows(
             normalizer=joined(self.normalizers, -1),  # (B, H, n)
-            expected_logit=joined(self.expected_logits, -1),  # (B, H, n)
+            expected_logit=joined(self.expected_logits, -1) if self.expected_logits else None,  # (B, H, n)
             gathered=joined(self.gathereds, -2) if self.gathereds else None,  # (B, H, n, m)
             lengths=lengths,
             visible=joined(self.visibles, -1),  # (B, n)

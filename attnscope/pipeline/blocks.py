@@ -68,7 +68,8 @@ class LayerRows:
     row's maximum (over the keys, and the learned sink where the family has one):
 
     normalizer: (B, H, n) Z_i = Σ_j exp(s_ij) (+ exp(s_sink)), so that A_ij = exp(s_ij) / Z_i are the model's
-        weights; expected_logit: (B, H, n) Σ_j A_ij s_ij over the keys;
+        weights; expected_logit: (B, H, n) Σ_j A_ij s_ij over the keys (either None for a reducer that does not read
+        it: Reducer.reads);
     gathered: (B, H, n, m) s_ij at the keys the reducer's `keys_to_gather` named for each row (of each window);
     visible: (B, n) the keys each row sees (real tokens the model's mask allows: the causal triangle, a sliding
         window, padding); gathered_visible: (B, n, m) whether each gathered key is one of them;
@@ -78,8 +79,8 @@ class LayerRows:
         names (None when it names none); sliding_window: the layer's own window (None without, or for a stack).
     """
 
-    normalizer: torch.Tensor
-    expected_logit: torch.Tensor
+    normalizer: torch.Tensor | None
+    expected_logit: torch.Tensor | None
     gathered: torch.Tensor | None
     lengths: torch.Tensor
     visible: torch.Tensor
@@ -92,7 +93,7 @@ class LayerRows:
     @classmethod
     def summed_alone(cls, summed: torch.Tensor, lengths: torch.Tensor, sliding_window: int | None) -> LayerRows:
         """Each row's summed keys alone (and the windows' lengths), for a reducer that reads nothing else
-        (`Reducer.summed_only`): the other summaries are None (`pipeline.distant` computes none of them)."""
+        (`Reducer.reads`): the other summaries are None (`pipeline.distant` computes none of them)."""
         nothing: Any = None
         return cls(nothing, nothing, None, lengths, nothing, None, summed=summed, sliding_window=sliding_window)
 
@@ -129,9 +130,10 @@ class Reducer:
     # (S, R): `add_layer` wants each row i's attention on the keys S <= j <= i - R (LayerRows.summed), the keys a
     # streaming KV cache with a sink of S and a recent window of R drops; None: not wanted.
     summed_keys: tuple[int, int] | None = None
-    # True: `add_layer` reads the rows' `summed` and `lengths` alone, so the capture may give it nothing else
-    # (LayerRows.summed_alone) and compute a long layer by the fused CPU kernel (`pipeline.distant`)
-    summed_only = False
+    # The per-row summaries (LayerRows' fields) `add_layer` reads: all unless a reducer names fewer, so that the CPU's
+    # long rows spare what it does not read (kvplan's reads `summed` alone: pipeline.tiles skip the expected logit,
+    # pipeline.distant computes a long layer by torch's fused kernel, LayerRows.summed_alone).
+    reads = frozenset({"normalizer", "expected_logit", "gathered", "peak", "mass", "summed"})
 
     def keys_to_gather(self, positions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor | None:
         """Key indices whose logits `add_layer` wants for rows `positions` of windows of `lengths` (B,): (b, m), the

@@ -12,13 +12,14 @@ kept key's weight is A_ij = e^(s_ij − lse_i) from its logit alone, and
 
 so only the S sink keys and the R recent keys of each row are computed again (in bands of rows: `distant_share`),
 about (S + R + BAND_ROWS) / (n / 2) of the attention's logits at n tokens (3 % at 32k with 128 and 256), and no
-product with the values. The subtraction loses what float32 keeps below 1: a row's share is exact to ~1e-6, far
-below any difference that ranks heads (the tests hold it to the eager maps' sums within 1e-6).
+product with the values. The subtraction loses what float32 keeps below 1: a row's share is exact to ~1e-7 on the
+scale of 1, not of the share (up to ~3e-5 where logits are large: float32 rounds a logit of 100 by 1e-5), far below
+any difference that ranks heads (the tests hold it to the eager maps' sums within 1e-6).
 
 Taken where the layer is what the kernel computes: on the CPU, at `tiles.TILED_FROM` keys or more, its mask exactly
 the causal triangle (right-padded windows: a real row sees real keys only), no soft cap, no learned sink, nothing
-wanting a block's weights, and a reducer that reads the summed keys alone (`Reducer.summed_only`). Grouped-query
-layers give the kernel each KV head once per query head it serves (it takes equal head counts).
+wanting a block's weights, and a reducer that reads the summed keys alone (`Reducer.reads`). Grouped-query layers
+go as they are: the kernel shares a KV head among its query heads, as SDPA's `enable_gqa` does.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def wants_lse(state: CaptureState, call: LayerCall, device: torch.device, n_keys
     return (
         KERNEL is not None
         and reducer is not None
-        and getattr(reducer, "summed_only", False)
+        and reducer.reads <= {"summed"}
         and tiles.wants_tiles(state, call, device, n_keys)
         and call.triangle
         and call.softcap is None
@@ -60,12 +61,7 @@ def attention(
     """The layer's output (B, n, H, d_head) by the fused kernel; the reducer gets each row's summed keys (LayerRows
     with `summed` and `lengths`; the other summaries None). query (B, H, n, d_head), key and value (B, H_kv, n,
     d_head)."""
-    groups = query.shape[1] // key.shape[1]
-    output, lse = torch.empty_like(query), query.new_empty(query.shape[:-1], dtype=torch.float32)
-    for slot in range(groups):  # query heads slot, slot + G, ... read key/value heads 0, 1, ...: no copy of them
-        output[:, slot::groups], lse[:, slot::groups] = KERNEL(
-            query[:, slot::groups], key, value, 0.0, True, scale=call.scaling
-        )  # (B, H_kv, n, d_head), (B, H_kv, n) float32, natural log
+    output, lse = KERNEL(query, key, value, 0.0, True, scale=call.scaling)  # (B, H, n, d_head), (B, H, n) in nats
     lengths = state.lengths_on(query.device)
     summed = distant_share(query, key, lse, call.scaling, state.reducer.summed_keys)
     state.reducer.add_layer(call.layer, LayerRows.summed_alone(summed, lengths, call.sliding_window))

@@ -148,7 +148,7 @@ class DistantAttention(Reducer):
     so that kvplan's score costs about a forward.
     """
 
-    summed_only = True  # at long context on the CPU a layer is then SDPA's fused kernel (pipeline.distant)
+    reads = frozenset({"summed"})  # of LayerRows' summaries, `add_layer` reads `summed` alone
 
     def __init__(self, n_layer: int, n_head: int, device: torch.device, sink: int, recent: int):
         self.sink, self.recent = sink, recent

@@ -18,6 +18,11 @@ and the logits at the keys the reducer gathers are computed again as q·k at tho
 against n·d for the row's attention), shifted and floored like the block path's. A tile's weights are not floored
 (the block path's are, at 2^−125.5 = e^−87: blocks.LOGIT_FLOOR), which changes weights below 1.6e-38 only.
 
+Per tile that is two matrix products and five passes (maximum, exp2, Σ w, Σ w·s and its product; kvplan's reducer
+reads no expected logit, so it has neither Σ w·s nor a copy of the logits: Reducer.reads). The shift by the row's
+reference comes with the first product (`baddbmm`), not as a pass of its own. At 8,192 tokens, one thread, the two
+products are ~75 % of the tiles' time, the passes ~20 % (torch.profiler; scripts/time_tiles.py times them).
+
 Tiles of a causal layer masked by the plain triangle follow the block: the keys before its first row in tiles of
 KEY_TILE, all seen, then the block's own square with its causal triangle (the block path's `causal_bias`); other
 layers apply their mask to each tile and count the keys each row sees as they go.
@@ -45,7 +50,9 @@ from attnscope.pipeline.blocks import (
 # logits, in this CPU's 32 MB L3 beside its keys and values, where a block of 32 rows over 8,192 keys is 9.4 MB.
 # Measured on the 2-core CPU with an 8-layer Llama-shaped model (9 heads over 3 KV heads, d_head 64), time over
 # the SDPA forward's, /tmp scripts alternating the settings: at 8,192 tokens with 2 threads, 128 × 512 1.13×,
-# 64 × 512 1.16×, the block path 1.43×; with one thread (CPU time), 128 × 512 1.10×, the block path 1.26×.
+# 64 × 512 1.16×, the block path 1.43×; with one thread (CPU time), 128 × 512 1.10×, the block path 1.26×. Again
+# with the shift in the matmul (one layer's attention over SDPA's, one thread, the median of 5 rounds): 128 × 512
+# 1.20×, 256 × 256 1.22×, 256 × 512 1.29×, 128 × 1,024 1.39×.
 KEY_TILE = 512
 ROW_TILE = 128
 # Tiles are taken from this many keys on: below, a block of rows over all its keys is within the cache budget.
@@ -59,6 +66,9 @@ FAR = -1000.0
 # How far a tile's maximum may pass a block's reference maximum before the block's sums are rescaled to it: its
 # weights are then at most 2^16, and a row's sums over a million keys at most 2^36, far from float32's 2^128.
 HEADROOM = 16.0
+# Later tiles are shifted by the block's reference maximum in their matmul while every row's reference is above
+# −FOLD_LIMIT: a logit, not a fully masked tile's −1e30, whose sum with q·k would lose q·k.
+FOLD_LIMIT = 2.0**10
 
 
 def rows_per_block(windows: int) -> int:
@@ -116,21 +126,30 @@ def block_in_tiles(
     sink_logits: torch.Tensor | None,
     lengths: torch.Tensor,
     summed_keys: tuple[int, int] | None = None,
+    expected: bool = True,
 ):
     """The block of rows start:stop over its first `keys` keys, in tiles: (output (B, H, b, d_head) in the values'
-    dtype, Z (B, H, b), visible (B, b), peak, mass (None without a sink), expected logit (B, H, b) in nats, gathered
-    (or None), summed (B, H, b): the attention on the keys S <= j <= i - R of `summed_keys` (S, R), or None), as
-    block_path's steps give them. query: (B, H_kv, G, n, d_head), key and value (B, H_kv, n_k, d_head),
-    sink_logits (1, H, 1) in base 2 or None; lengths (B,) the windows' real tokens."""
+    dtype, Z (B, H, b), visible (B, b), peak, mass (None without a sink), expected logit (B, H, b) in nats, or None
+    when not `expected`, gathered (or None), summed (B, H, b): the attention on the keys S <= j <= i - R of
+    `summed_keys` (S, R), or None), as block_path's steps give them. query: (B, H_kv, G, n, d_head), key and value
+    (B, H_kv, n_k, d_head), contiguous; sink_logits (1, H, 1) in base 2 or None; lengths (B,) the windows' real
+    tokens."""
     B, H_kv, G, _, d_head = query.shape
     H, b = H_kv * G, stop - start
     rows = (query[:, :, :, start:stop] * (call.scaling * LOG2E)).reshape(B, H_kv, G * b, d_head)  # (B, H_kv, G·b, d)
-    keys_t = key.transpose(-1, -2)  # (B, H_kv, d_head, n_k)
-    sums = _TileSums()
+    stacked = rows.view(B * H_kv, G * b, d_head)  # (B·H_kv, G·b, d_head)
+    keys_t = key.view(B * H_kv, -1, d_head).transpose(-1, -2)  # (B·H_kv, d_head, n_k)
+    # the reference folded into the matmul: not through a soft cap (which comes first), nor for other dtypes
+    foldable = call.softcap is None and rows.dtype == torch.float32
+    sums = _TileSums(B * H_kv, expected)
     visible = None if call.triangle else torch.zeros(B, b, dtype=torch.long, device=query.device)
     for low, high in _tiles(start, stop, keys, call.triangle):
-        logits = torch.matmul(rows, keys_t[..., low:high]).float().view(B, H, b, high - low)  # (B, H, b, c)
-        logits = call.soft_capped(logits)
+        shifted = foldable and sums.folding
+        if shifted:  # s − ref in one matmul: beta · ref's negative added by the BLAS, not in a pass of its own
+            logits = torch.baddbmm(sums.neg_ref, stacked, keys_t[..., low:high]).view(B, H, b, high - low)
+        else:
+            logits = torch.bmm(stacked, keys_t[..., low:high]).float().view(B, H, b, high - low)  # (B, H, b, c)
+            logits = call.soft_capped(logits)
         if call.triangle:
             if high > start:  # the block's own square: its causal triangle
                 logits.add_(block.causal_bias)
@@ -144,20 +163,20 @@ def block_in_tiles(
             visible += (high - low) - masked[:, 0].sum(-1)
         else:
             visible += high - low
-        sums.add(logits, value[:, :, low:high], _in_range(summed_keys, block.positions, low, high))
+        sums.add(logits, shifted, value[:, :, low:high], _in_range(summed_keys, block.positions, low, high))
     if call.triangle:
         visible = block.visible
-    m, total, weighted, accumulated, summed = sums.combined()  # (B, H, b) ×3, (B, H_kv, G·b, d_head), (B, H, b)
+    m, total, weighted, accumulated, summed = sums.combined()  # (B, H, b) ×3, (B·H_kv, G·b, d_head), (B, H, b)
     shift = m if sink_logits is None else torch.maximum(m, sink_logits)
     lead = (m - shift).clamp(min=FAR)  # <= 0: 0 without a sink
     kept = torch.exp2(lead) * total  # c·l
     z = kept if sink_logits is None else kept + torch.exp2((sink_logits - shift).clamp(min=LOGIT_FLOOR_BASE2))
     share = torch.exp2(lead) / z  # c / Z
     output = (accumulated.view(B, H, b, d_head) * share[..., None]).to(value.dtype)
-    expected = share * (weighted + lead * total) * LN2
+    expected_logit = None if weighted is None else share * (weighted + lead * total) * LN2
     peak, mass = (None, None) if sink_logits is None else (lead * LN2, kept / z)
     gathered = _gathered(rows, key, attention_mask, call, block, start, stop, keys, shift, lengths)
-    return output, z, visible, peak, mass, expected, gathered, None if summed is None else share * summed
+    return output, z, visible, peak, mass, expected_logit, gathered, None if summed is None else share * summed
 
 
 def _tiles(start: int, stop: int, keys: int, triangle: bool) -> list[tuple[int, int]]:
@@ -170,40 +189,59 @@ def _tiles(start: int, stop: int, keys: int, triangle: bool) -> list[tuple[int, 
 
 class _TileSums:
     """A block's online softmax over its tiles, relative to a reference maximum per row, `ref` (B, H, b), in base 2:
-    l = Σ_j 2^(s_ij − ref), t = Σ_j 2^(s_ij − ref)(s_ij − ref), the output's accumulator Σ_j 2^(s_ij − ref) v_j
-    (B, H_kv, G·b, d_head, float32, added to in place by the tiles' matmuls) and the summed keys' share. `ref` is the
-    first tile's maximum, and moves only when a tile's maximum passes it by more than HEADROOM (weights up to
-    2^HEADROOM are exact in float32): the sums are rescaled then, rarely, rather than at every tile as flash
-    attention does, and nothing of a tile is kept once it is added (a block over 32,768 keys once kept 64 tiles of
-    output products, 19 MB, and streamed them from memory three times to combine them). `peak` is the row's true
-    maximum, to which `combined` refers the sums at the end."""
+    l = Σ_j 2^(s_ij − ref), t = Σ_j 2^(s_ij − ref)(s_ij − ref) (when `expected`: a reducer that reads no expected
+    logit spares its pass), the output's accumulator Σ_j 2^(s_ij − ref) v_j (B·H_kv, G·b, d_head, float32, added to
+    in place by the tiles' matmuls) and the summed keys' share. `ref` is the first tile's maximum, and moves only
+    when a tile's maximum passes it by more than HEADROOM (weights up to 2^HEADROOM are exact in float32): the sums
+    are rescaled then, rarely, rather than at every tile as flash attention does, and nothing of a tile is kept once
+    it is added (a block over 32,768 keys once kept 64 tiles of output products, 19 MB, and streamed them from
+    memory three times to combine them). `peak` is the row's true maximum, to which `combined` refers the sums at
+    the end.
 
-    def __init__(self):
-        self.ref = self.peak = self.total = self.weighted = self.accumulated = self.summed = None
+    Once `ref` is known the later tiles come shifted by it from their matmul (`neg_ref`, block_in_tiles), one pass
+    fewer over each, while every row's `ref` is a logit (`folding`: within FOLD_LIMIT of 0): a fully masked first
+    tile's maximum (−1e30) would swallow q·k in the sum, so such a block shifts its tiles after their matmul until
+    a tile with a real maximum has moved its `ref`."""
 
-    def add(self, logits: torch.Tensor, value: torch.Tensor, in_range) -> None:
-        """One tile: logits (B, H, b, c) in base 2, masked (shifted in place), and its values (B, H_kv, c, d);
-        in_range: which of its keys each row sums (`_in_range`: None for no sum, True, False or a (b, c) mask)."""
+    def __init__(self, groups: int, expected: bool = True):
+        self.groups, self.expected = groups, expected  # groups: B·H_kv, the tiles' matmuls' batch
+        self.ref = self.neg_ref = self.peak = None
+        self.folding = False
+        self.total = self.weighted = self.accumulated = self.summed = None
+
+    def add(self, logits: torch.Tensor, shifted: bool, value: torch.Tensor, in_range) -> None:
+        """One tile: logits (B, H, b, c) in base 2, masked, relative to `ref` when `shifted` (else shifted here, in
+        place), and its values (B, H_kv, c, d); in_range: which of its keys each row sums (`_in_range`: None for no
+        sum, True, False or a (b, c) mask)."""
         B, H, b, c = logits.shape
         H_kv, d_head = value.shape[1], value.shape[-1]
-        tile_max = logits.amax(dim=-1)  # (B, H, b)
+        tile_max = logits.amax(dim=-1)  # (B, H, b), over `ref` when shifted
         if self.ref is None:
-            self.ref = self.peak = tile_max
+            self._refer(tile_max, tile_max)
         else:
+            over = float((tile_max if shifted else tile_max - self.ref).max()) > HEADROOM
+            if shifted:
+                tile_max += self.ref
             self.peak = torch.maximum(self.peak, tile_max)
-            if bool((tile_max > self.ref + HEADROOM).any()):
+            if over:
+                old = self.ref
                 self._rescale(self.peak)
+                if shifted:  # to the new reference
+                    logits.sub_((self.ref - old)[..., None])
+        if not shifted:
+            logits.sub_(self.ref[..., None])  # (B, H, b, c), <= HEADROOM
         # no floor before exp2, unlike the block path's exp: exp2 has no slow path for results that underflow, and
         # the capture flushes denormals, so a masked key weighs exactly 0 (0 · −1e30 stays 0 in the weighted sum)
-        shifted = logits.sub_(self.ref[..., None])  # (B, H, b, c), <= HEADROOM
-        weights = torch.exp2(shifted)  # (B, H, b, c)
+        weights = torch.exp2(logits) if self.expected else logits.exp2_()  # (B, H, b, c); in place: logits not read
         total = weights.sum(dim=-1)  # (B, H, b)
         summed = None
         if in_range is True:
             summed = total
         elif in_range is not None and in_range is not False:
             summed = (weights * in_range).sum(dim=-1)
-        weighted = shifted.mul_(weights).sum(dim=-1)  # Σ_j w_ij (s_ij − ref), in place: the logits are done
+        # Σ_j w_ij (s_ij − ref), multiplying in place: the logits are done (torch.linalg.vecdot, one pass without the
+        # write, measured no faster: 0.12 ms a tile against 0.10; a batched (1 × c)(c × 1) product 0.7 ms)
+        weighted = logits.mul_(weights).sum(dim=-1) if self.expected else None
         grouped = weights.view(B * H_kv, -1, c)  # (B·H_kv, G·b, c)
         values = value.reshape(B * H_kv, c, d_head)  # (B·H_kv, c, d_head), a view of the layer's contiguous values
         if self.total is None:
@@ -213,7 +251,8 @@ class _TileSums:
             self.accumulated = torch.bmm(grouped.to(value.dtype), values).float()  # (B·H_kv, G·b, d_head)
             return
         self.total += total
-        self.weighted += weighted
+        if weighted is not None:
+            self.weighted += weighted
         if summed is not None:
             self.summed += summed
         if value.dtype == torch.float32:
@@ -221,21 +260,28 @@ class _TileSums:
         else:
             self.accumulated += torch.bmm(grouped.to(value.dtype), values).float()
 
+    def _refer(self, ref: torch.Tensor, peak: torch.Tensor) -> None:
+        """`ref` (B, H, b) the reference from now on, and whether later tiles may be shifted by it in their matmul."""
+        self.ref, self.peak = ref, peak
+        self.folding = bool((ref > -FOLD_LIMIT).all())
+        self.neg_ref = (-ref).view(self.groups, -1, 1) if self.folding else None  # (B·H_kv, G·b, 1)
+
     def _rescale(self, ref: torch.Tensor) -> None:
         """Refer the sums to a new reference maximum `ref` (B, H, b), at least the old one: with a = 2^(old − ref),
         l ← a·l, t ← a·(t + (old − ref)·l), the accumulator and the summed share ← a·them."""
         lead = (self.ref - ref).clamp_(min=FAR)  # (B, H, b), <= 0
         scale = torch.exp2(lead)
-        self.weighted = scale * (self.weighted + lead * self.total)
+        if self.weighted is not None:
+            self.weighted = scale * (self.weighted + lead * self.total)
         self.total = scale * self.total
         if self.summed is not None:
             self.summed = scale * self.summed
         self.accumulated = self.accumulated * scale.view(self.accumulated.shape[0], -1, 1)
-        self.ref = ref
+        self._refer(ref, self.peak)
 
-    def combined(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(m, l, t, output accumulator, summed), relative to the block's maximum m (B, H, b) = `peak`: the running
-        sums referred from `ref` to m once (see `_rescale`); the accumulator (B·H_kv, G·b, d_head) float32."""
+    def combined(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        """(m, l, t or None, output accumulator, summed), relative to the block's maximum m (B, H, b) = `peak`: the
+        running sums referred from `ref` to m once (see `_rescale`); the accumulator (B·H_kv, G·b, d_head) float32."""
         self._rescale(self.peak)
         return self.peak, self.total, self.weighted, self.accumulated, self.summed
 

@@ -14,7 +14,7 @@ import torch
 from attnscope import api
 from attnscope.errors import AttnscopeError
 from attnscope.models.loading import load_model
-from attnscope.pipeline import distant
+from attnscope.pipeline import capture, distant
 from attnscope.pipeline.inputs import Text
 from attnscope.pipeline.passkey import passkey_prompts
 from attnscope.pipeline.reducers import DistantAttention
@@ -56,7 +56,9 @@ def _long_rows(path: str, monkeypatch):
     if path == "blocks":
         yield calls
         return
-    monkeypatch.setattr(DistantAttention, "summed_only", path == "distant")
+    if path == "tiles":  # kvplan's reducer as it is (no expected logit in the tiles), the fused kernel's path off
+        monkeypatch.setattr(distant, "KERNEL", None)
+    monkeypatch.setattr(distant, "BAND_ROWS", 4)  # bands of 4 rows: several a window, a last one shorter
     taken = distant.attention
     monkeypatch.setattr(distant, "attention", lambda *args: calls.append(args[1].layer) or taken(*args))
     with tiles_everywhere() as tiled:
@@ -83,6 +85,24 @@ def test_gpt2_scores_equal_the_eager_maps_sums(tiny, path, monkeypatch):
     streamed = {(layer, head) for layer, head in zip(*np.nonzero(~result.full), strict=True)}
     kept = {(layer, head) for layer, head in zip(*np.nonzero(result.full), strict=True)}
     assert max(result.kv_scores[lh] for lh in streamed) <= min(result.kv_scores[lh] for lh in kept)
+
+
+def test_the_distant_path_leaves_the_models_output_as_eager_attention(tiny, monkeypatch):
+    """pipeline.distant computes the layer's output by torch's fused kernel: the model's last hidden states on a
+    padded window equal eager attention's."""
+    windows = tokenize(tiny, TEXTS[2:]).windows
+    batch = next(batches(windows, 1, tiny.device, pad_id(tiny.tokenizer)))
+    outputs = []
+    hook = tiny.model.register_forward_hook(lambda module, args, output: outputs.append(output[0]))
+    try:
+        with _long_rows("distant", monkeypatch) as taken:
+            capture.run(tiny.model, [batch], DistantAttention(tiny.n_layer, tiny.n_head, tiny.device, 2, 3))
+    finally:
+        hook.remove()
+    assert taken == list(range(tiny.n_layer))
+    with torch.no_grad():
+        eager = tiny.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)[0]
+    torch.testing.assert_close(outputs[0], eager, atol=1e-5, rtol=1e-5)
 
 
 @pytest.fixture(scope="module")
