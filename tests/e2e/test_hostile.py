@@ -530,7 +530,8 @@ main()
 @pytest.mark.skipif(sys.platform != "linux", reason="sends signals")
 def test_sigterm_and_sighup_while_writing_end_like_ctrl_c_and_leave_nothing(tmp_path):
     """Killed while --out is being written: one line, the staging folder and the parent folders it made removed,
-    and the exit status of a program killed by that signal (143, 129), as a shell reports it."""
+    and the exit status of a program killed by that signal (143, 129), as a shell reports it. Each run starts as
+    from a terminal, SIGHUP not ignored, even where the suite itself runs under nohup (which attnscope respects)."""
     runs = {}
     for stop in (signal.SIGTERM, signal.SIGHUP):
         cue, out = tmp_path / f"cue-{stop.name}", tmp_path / stop.name / "deep" / "out"
@@ -540,6 +541,7 @@ def test_sigterm_and_sighup_while_writing_end_like_ctrl_c_and_leave_nothing(tmp_
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
         )
         runs[stop] = (process, cue, out)
     for stop, (process, cue, _) in runs.items():
